@@ -1,0 +1,45 @@
+# The two commands: `make run` starts the playground, `make test` runs the tests. Both set themselves up.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# Re-install whenever the dependency list changes.
+STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-10)
+
+.PHONY: run test setup system-deps lint format gpu-check clean
+
+run: setup
+	$(PY) -m playground.run
+
+test: setup system-deps
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# The CPU wheel of torch lies on disk here; an unpinned torch would pull gigabytes of CUDA packages.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+# Chromium for the browser tests (Debian's package, driven by playwright; never `playwright install`).
+system-deps:
+	@bash scripts/system_deps.sh
+
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: setup
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+# On a GPU machine: GPU kernel tests in bf16, correctness against the reference, the benchmark.
+gpu-check:
+	bash scripts/gpu_check.sh
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .ruff_cache

@@ -1,0 +1,120 @@
+"""What a generation takes and what it yields: the contract between the engine, the worker and the web.
+
+Torch-free on purpose: the web process imports it to validate requests.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+
+class InvalidRequest(ValueError):
+    """A request the engine refuses before any compute; `field` names the offending parameter."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 256
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0  # in (0, 1]
+    top_k: int = 0  # 0 means no top-k cut
+    repetition_penalty: float = 1.0  # 1 means none; > 1 discourages tokens already seen
+    seed: int | None = None
+    stop: tuple[str, ...] = ()  # stop strings; the text stops before the first match
+
+    def __post_init__(self):
+        def bad(name: str, why: str):
+            raise InvalidRequest(name, why)
+
+        if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool):
+            bad("max_new_tokens", "must be an integer")
+        if self.max_new_tokens < 1:
+            bad("max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
+        for name in ("temperature", "top_p", "repetition_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                bad(name, f"must be a finite number, got {value!r}")
+        if self.temperature < 0:
+            bad("temperature", f"must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            bad("top_p", f"must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            bad("top_k", f"must be an integer >= 0, got {self.top_k!r}")
+        if self.repetition_penalty <= 0:
+            bad("repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            bad("seed", f"must be an integer, got {self.seed!r}")
+        if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
+            bad("stop", "must be a list of non-empty strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Prefilled:
+    """The prompt went through the model; the first token is being sampled."""
+
+    prompt_tokens: int
+    prefill_ms: float
+    kind: Literal["prefilled"] = "prefilled"
+
+
+@dataclass
+class TextDelta:
+    """New text. `text` may be empty while a multi-byte character is incomplete.
+
+    `t` is seconds since `generate` was called, taken when the last of `token_ids` was produced:
+    the live counters come from these worker-side stamps, never from arrival times.
+    """
+
+    text: str
+    token_ids: list[int]
+    t: float
+    kind: Literal["delta"] = "delta"
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int
+    completion_tokens: int
+    prefill_ms: float
+    ttft_ms: float
+    decode_tok_s: float  # (n - 1) / (t_last - t_first); 0 when fewer than two tokens
+    total_ms: float
+    token_times: list[float] = field(default_factory=list)  # seconds since start, one per token
+    bytes_per_token: int = 0  # weight + KV bytes one decode step reads; 0 when unknown
+    peak_bandwidth_gbs: float | None = None  # the device's measured or rated read bandwidth; None on CPU
+
+    @property
+    def bandwidth_gbs(self) -> float:
+        return self.bytes_per_token * self.decode_tok_s / 1e9
+
+
+@dataclass
+class Done:
+    finish_reason: Literal["stop", "length", "cancelled"]
+    text: str
+    stats: Stats
+    kind: Literal["done"] = "done"
+
+
+Event = Prefilled | TextDelta | Done
+
+
+def decode_tok_s(token_times: list[float]) -> float:
+    if len(token_times) < 2 or token_times[-1] <= token_times[0]:
+        return 0.0
+    return (len(token_times) - 1) / (token_times[-1] - token_times[0])
+
+
+def to_dict(event: Event) -> dict:
+    return asdict(event)

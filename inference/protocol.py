@@ -1,0 +1,245 @@
+"""The Redis job protocol that joins web processes and inference workers.
+
+Torch-free: the web process imports it. Keys (all under `PREFIX`):
+
+    queue:<model>     list of job ids, RPUSH by the web, BLPOP by a worker serving <model>: FIFO
+    job:<id>          hash: spec (json), model, status, worker, created/started/finished (unix s)
+    events:<id>       stream of {type, data(json)}: started, prefilled, delta, done, error.
+                      Readers resume from the last entry id they saw, so a reconnect loses nothing
+                      and repeats nothing.
+    cancel:<id>       set by whoever wants the job stopped; the worker looks at each flush
+    worker:<wid>      heartbeat (json: models, device, job, ...) that expires after HEARTBEAT_TTL_S
+
+Job status goes queued -> running -> done | error | cancelled. A job is never lost silently: a
+reader that finds its job's worker gone (heartbeat expired) writes the error event itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, field
+
+from inference.events import SamplingParams
+
+PREFIX = os.environ.get("KOG_REDIS_PREFIX", "kog:")
+HEARTBEAT_INTERVAL_S = 1.0
+HEARTBEAT_TTL_S = 3.0
+EVENTS_TTL_S = 3600  # finished streams stay readable for an hour (share links read the database)
+LOST_CLAIM_S = 5.0  # a job popped from the queue but never claimed for this long is reported lost
+
+TERMINAL = ("done", "error")
+
+
+def queue_key(model: str) -> str:
+    return f"{PREFIX}queue:{model}"
+
+
+def job_key(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}"
+
+
+def events_key(job_id: str) -> str:
+    return f"{PREFIX}events:{job_id}"
+
+
+def cancel_key(job_id: str) -> str:
+    return f"{PREFIX}cancel:{job_id}"
+
+
+def worker_key(worker_id: str) -> str:
+    return f"{PREFIX}worker:{worker_id}"
+
+
+class QueueFull(Exception):
+    """The model's queue holds `max_queue` jobs already."""
+
+
+@dataclass
+class JobSpec:
+    model: str
+    prompt: str | None = None
+    messages: list[dict] | None = None  # chat: [{"role": ..., "content": ...}]
+    chat: bool = False  # render `prompt` (or `messages`) through the model's chat template
+    params: dict = field(default_factory=dict)  # SamplingParams fields
+    source: str = "web"  # web | api: for metrics and logs
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: float = field(default_factory=time.time)
+
+    def sampling_params(self) -> SamplingParams:
+        params = dict(self.params)
+        if "stop" in params:
+            params["stop"] = tuple(params["stop"] or ())
+        return SamplingParams(**params)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        return cls(**json.loads(text))
+
+
+def _entry(event_type: str, data: dict) -> dict:
+    return {"type": event_type, "data": json.dumps(data)}
+
+
+# ---- the worker's side (sync redis client) -----------------------------------------------------
+
+
+class WorkerChannel:
+    """What a worker does to Redis. `r` is a sync `redis.Redis(decode_responses=True)`."""
+
+    def __init__(self, r, worker_id: str, models: list[str]):
+        self.r = r
+        self.worker_id = worker_id
+        self.models = models
+
+    def heartbeat(self, info: dict) -> None:
+        payload = {"id": self.worker_id, "models": self.models, "time": time.time(), **info}
+        self.r.set(worker_key(self.worker_id), json.dumps(payload), px=int(HEARTBEAT_TTL_S * 1000))
+
+    def retire(self) -> None:
+        self.r.delete(worker_key(self.worker_id))
+
+    def next_job(self, timeout_s: float = 1.0) -> JobSpec | None:
+        """Block for the next job of any served model; claim it (status running) before returning."""
+        popped = self.r.blpop([queue_key(m) for m in self.models], timeout=timeout_s)
+        if popped is None:
+            return None
+        job_id = popped[1]
+        spec_json = self.r.hget(job_key(job_id), "spec")
+        if spec_json is None:  # expired or deleted while queued
+            return None
+        now = time.time()
+        self.r.hset(job_key(job_id), mapping={"status": "running", "worker": self.worker_id, "started": now})
+        spec = JobSpec.from_json(spec_json)
+        self.publish(job_id, "started", {"worker": self.worker_id, "queue_ms": (now - spec.created) * 1000})
+        return spec
+
+    def publish(self, job_id: str, event_type: str, data: dict) -> str:
+        return self.r.xadd(events_key(job_id), _entry(event_type, data))
+
+    def cancelled(self, job_id: str) -> bool:
+        return bool(self.r.exists(cancel_key(job_id)))
+
+    def finish(self, job_id: str, event_type: str, data: dict) -> None:
+        """Publish the terminal event (done or error) and mark the job, in one round trip."""
+        status = "error" if event_type == "error" else "done"
+        if data.get("finish_reason") == "cancelled":
+            status = "cancelled"
+        pipe = self.r.pipeline()
+        pipe.xadd(events_key(job_id), _entry(event_type, data))
+        pipe.hset(job_key(job_id), mapping={"status": status, "finished": time.time()})
+        for key in (events_key(job_id), job_key(job_id)):
+            pipe.expire(key, EVENTS_TTL_S)
+        pipe.execute()
+
+
+# ---- the web's side (redis.asyncio client) -----------------------------------------------------
+
+
+class JobClient:
+    """What a web process does to Redis. `r` is a `redis.asyncio.Redis(decode_responses=True)`."""
+
+    # Atomic "push unless the queue is full": KEYS[1]=queue, KEYS[2]=job hash; ARGV: id, spec, max, now.
+    _SUBMIT = """
+    if tonumber(ARGV[3]) > 0 and redis.call('LLEN', KEYS[1]) >= tonumber(ARGV[3]) then return -1 end
+    redis.call('HSET', KEYS[2], 'spec', ARGV[2], 'status', 'queued', 'created', ARGV[4], 'model', ARGV[5])
+    redis.call('EXPIRE', KEYS[2], ARGV[6])
+    return redis.call('RPUSH', KEYS[1], ARGV[1])
+    """
+
+    def __init__(self, r, max_queue: int = 0):
+        self.r = r
+        self.max_queue = max_queue  # 0: unbounded
+        self._submit = r.register_script(self._SUBMIT)
+
+    async def submit(self, spec: JobSpec) -> str:
+        """Queue a job; returns its id. Raises QueueFull when the model's queue is at `max_queue`."""
+        args = [spec.id, spec.to_json(), self.max_queue, spec.created, spec.model, EVENTS_TTL_S * 24]
+        length = await self._submit(keys=[queue_key(spec.model), job_key(spec.id)], args=args)
+        if length == -1:
+            raise QueueFull(
+                f"the queue for {spec.model} is full ({self.max_queue} waiting); try again shortly"
+            )
+        return spec.id
+
+    async def status(self, job_id: str) -> dict:
+        return await self.r.hgetall(job_key(job_id))
+
+    async def position(self, job_id: str, model: str) -> int | None:
+        """Jobs ahead of this one in its queue; None once a worker has taken it."""
+        return await self.r.lpos(queue_key(model), job_id)
+
+    async def cancel(self, job_id: str) -> None:
+        """Stop a job: a queued one leaves the queue at once, a running one stops at the next flush."""
+        job = await self.r.hgetall(job_key(job_id))
+        await self.r.set(cancel_key(job_id), "1", ex=EVENTS_TTL_S)
+        if job.get("status") == "queued" and await self.r.lrem(queue_key(job["model"]), 0, job_id):
+            await self._fail_terminal(job_id, "done", _cancelled_before_start())
+
+    async def workers(self) -> list[dict]:
+        keys = [key async for key in self.r.scan_iter(match=worker_key("*"), count=100)]
+        values = await self.r.mget(keys) if keys else []
+        return [json.loads(v) for v in values if v]
+
+    async def events(
+        self, job_id: str, after: str = "0-0", block_ms: int = 250
+    ) -> AsyncIterator[tuple[str, str, dict]]:
+        """Yield (entry_id, type, data) from entry `after` on, until done or error.
+
+        While waiting it also yields ("", "queue", {"position", "workers"}) when the position changes,
+        and turns a dead worker or a lost job into an error event that every reader then sees.
+        """
+        last_position: tuple | None = None
+        waiting_since = time.monotonic()
+        while True:
+            reply = await self.r.xread({events_key(job_id): after}, block=block_ms, count=512)
+            for _, entries in reply or []:
+                for entry_id, fields in entries:
+                    after = entry_id
+                    event_type = fields["type"]
+                    yield entry_id, event_type, json.loads(fields["data"])
+                    if event_type in TERMINAL:
+                        return
+                waiting_since = time.monotonic()
+            if reply:
+                continue
+            job = await self.r.hgetall(job_key(job_id))
+            if not job:
+                await self._fail_terminal(job_id, "error", {"code": "unknown_job", "message": "no such job"})
+                continue
+            if job["status"] == "queued":
+                position = await self.position(job_id, job["model"])
+                serving = [w for w in await self.workers() if job["model"] in w.get("models", [])]
+                if position is None and time.monotonic() - waiting_since > LOST_CLAIM_S:
+                    await self._fail_terminal(
+                        job_id, "error", _lost("was taken by a worker that never started it")
+                    )
+                elif (position, len(serving)) != last_position:
+                    last_position = (position, len(serving))
+                    yield "", "queue", {"position": position, "workers": len(serving)}
+            elif job["status"] == "running" and not await self.r.exists(worker_key(job.get("worker", ""))):
+                await self._fail_terminal(job_id, "error", _lost("lost its worker mid-generation"))
+
+    async def _fail_terminal(self, job_id: str, event_type: str, data: dict) -> None:
+        """Write a terminal event unless one is there already (several readers may race here)."""
+        status = "cancelled" if data.get("finish_reason") == "cancelled" else event_type
+        if await self.r.hsetnx(job_key(job_id), "finished", time.time()):
+            pipe = self.r.pipeline()
+            pipe.xadd(events_key(job_id), _entry(event_type, data))
+            pipe.hset(job_key(job_id), "status", status)
+            pipe.expire(events_key(job_id), EVENTS_TTL_S)
+            await pipe.execute()
+
+
+def _lost(why: str) -> dict:
+    return {"code": "worker_lost", "message": f"The job {why}; please try again."}
+
+
+def _cancelled_before_start() -> dict:
+    return {"finish_reason": "cancelled", "text": "", "stats": None}

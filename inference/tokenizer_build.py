@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 Style = Literal["bytelevel", "sentencepiece"]
 
@@ -151,12 +151,18 @@ def write_tokenizer_files(
     that must already be in the vocabulary."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out_dir / "tokenizer.json"))
-
     named = [t for t in (unk, bos, eos, *extra_special) if t is not None]
     missing = [t for t in named if tok.token_to_id(t) is None]
     if missing:
         raise ValueError(f"special tokens not in the vocabulary: {missing}")
+    if bos is not None:
+        # As Llama's tokenizer.json: the post-processor prepends BOS (transformers 5 reads only this).
+        tok = Tokenizer.from_str(tok.to_str())
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
+        )
+    tok.save(str(out_dir / "tokenizer.json"))
+
     added = {
         str(tok.token_to_id(t)): {
             "content": t,

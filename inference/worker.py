@@ -2,8 +2,10 @@
 
     python -m inference.worker [--model DIR_OR_PRESET ...] [--redis-url URL] [--device cpu|cuda]
 
-Models come from --model, else $MODELS (comma-separated), else the shipped default model. Any
-number of workers, on any machines, may serve the same queues: each job goes to exactly one.
+Models come from --model, else $MODELS (comma-separated), else the shipped default model; a model
+named `standin:<tokens/s>` is the torch-free stand-in engine (inference/standin.py). Any number of
+workers, on any machines, may serve the same queues: each job goes to exactly one.
+With $KOG_HEALTH_FILE set, each heartbeat also touches that file (a container healthcheck reads it).
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ import threading
 import time
 import uuid
 from dataclasses import asdict
+from pathlib import Path
 
 import redis
 
 from inference.events import Done, InvalidRequest, Prefilled, TextDelta
 from inference.protocol import HEARTBEAT_INTERVAL_S, JobSpec, WorkerChannel
+from inference.standin import PREFIX as STANDIN_PREFIX
+from inference.standin import StandinEngine
 
 log = logging.getLogger("inference.worker")
 
@@ -92,12 +97,23 @@ class Worker:
             "job": self.current_job,
             "jobs_done": self.jobs_done,
             "peak_bandwidth_gbs": getattr(any_engine, "peak_bandwidth_gbs", None),
+            # what a client needs to build a request: whether to send chat messages, how long a prompt fits
+            "model_info": {
+                name: {
+                    "chat": bool(getattr(engine.tokenizer, "has_chat_template", False)),
+                    "max_context": engine.max_context,
+                }
+                for name, engine in self.engines.items()
+            },
         }
 
     def _heartbeat_loop(self) -> None:
+        health_file = os.environ.get("KOG_HEALTH_FILE")
         while not self.stopping.is_set():
             try:
                 self.channel.heartbeat(self.info())
+                if health_file:
+                    Path(health_file).touch()
             except redis.RedisError as exc:
                 log.warning("heartbeat failed: %s", exc)
             self.stopping.wait(HEARTBEAT_INTERVAL_S)
@@ -185,6 +201,14 @@ def configured_models(cli_models: list[str] | None) -> list[str]:
     return [str(DEFAULT_MODEL)]
 
 
+def load_engine(model: str, device: str | None, dtype: str | None):
+    if model.startswith(STANDIN_PREFIX):
+        return StandinEngine.load(model)
+    from inference.engine import Engine  # torch loads here, not at import
+
+    return Engine.load(model, device=device, dtype=dtype)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m inference.worker", description=__doc__.splitlines()[0])
     parser.add_argument("--model", action="append", help="checkpoint dir or synthetic preset (repeatable)")
@@ -195,11 +219,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s %(message)s")
 
-    from inference.engine import Engine  # torch loads here, not at import
-
     engines = {}
     for model in configured_models(args.model):
-        engine = Engine.load(model, device=args.device, dtype=args.dtype)
+        engine = load_engine(model, device=args.device, dtype=args.dtype)
         engines[engine.name] = engine
         log.info("loaded %s on %s", engine.name, engine.device)
     worker = Worker(engines, redis.Redis.from_url(args.redis_url, decode_responses=True), args.worker_id)

@@ -1,1 +1,33 @@
-"""Triton kernels for batch-1 decode, one op per file."""
+"""Triton kernels for batch-1 decode, one op per file.
+
+Each file holds one `@triton.jit` kernel and its host launcher. The launchers take `use_pdl`: the kernel then
+waits on the previous kernel with `griddepcontrol.wait` (issued after its first weight loads, which depend on
+nothing) and lets the next one launch early; every kernel waits unconditionally so that the chain of
+dependencies stays transitive.
+
+Without a CUDA device the kernels run under Triton's interpreter (that is how CI tests them on the CPU). The
+choice is made when a `@triton.jit` decorator runs, so it is made here, before any kernel module is imported.
+"""
+
+import os
+
+import torch
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors to fill; the H200's 132 when there is no GPU (block sizes then match the real ones)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
+def pdl_kwargs(use_pdl: bool) -> dict:
+    """Launch options for programmatic dependent launch (the interpreter knows no such option)."""
+    return {"launch_pdl": True} if use_pdl else {}

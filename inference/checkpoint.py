@@ -1,0 +1,226 @@
+"""Load a safetensors checkpoint (Laneformer or HF Llama/Qwen naming) into the model's internal layout.
+
+The internal layout is documented at the top of model.py. Every tensor the config implies is checked
+for presence and shape before any is loaded, and all the differences come back in one error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from inference.config import ModelConfig
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+class CheckpointError(Exception):
+    """A checkpoint directory the engine cannot load; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str  # in the checkpoint
+    internal: str  # in the model's state dict
+    shape: tuple[int, ...]  # in the checkpoint
+    convert: Callable[[torch.Tensor], torch.Tensor]
+
+
+def checkpoint_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor name a checkpoint for `cfg` holds, with its shape (used by synth.py too)."""
+    return {e.name: e.shape for e in _entries(cfg)}
+
+
+def load_weights(
+    path: str | Path, cfg: ModelConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
+    """The validated weights of the checkpoint in `path`, in the internal layout, on `device` in `dtype`."""
+    path = Path(path)
+    files = _safetensors_files(path)
+    entries = _entries(cfg)
+    # A tied head may still be saved; it is the embedding, so it is neither needed nor unexpected.
+    optional = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
+    located: dict[str, tuple[Path, tuple[int, ...]]] = {}
+    for file in files:
+        try:
+            with safe_open(file, framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    located[name] = (file, tuple(f.get_slice(name).get_shape()))
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"{file}: corrupt or truncated safetensors file ({_one_line(e)})") from None
+    _check(path, entries, located, optional)
+
+    weights: dict[str, torch.Tensor] = {}
+    handles = {}
+    try:
+        for e in entries:
+            file = located[e.name][0]
+            if file not in handles:
+                handles[file] = safe_open(file, framework="pt")
+            tensor = handles[file].get_tensor(e.name).to(device=device, dtype=dtype)
+            weights[e.internal] = e.convert(tensor).contiguous()
+    except (SafetensorError, OSError, RuntimeError) as err:
+        raise CheckpointError(f"{path}: could not read tensor data ({_one_line(err)})") from None
+    finally:
+        handles.clear()
+    return weights
+
+
+def _one_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a checkpoint directory")
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{index}: not a valid safetensors index ({_one_line(e)})") from None
+        missing = [n for n in names if not (path / n).is_file()]
+        if missing:
+            raise CheckpointError(f"{index}: lists shard files that are not there: {', '.join(missing)}")
+        return [path / n for n in names]
+    if (path / "model.safetensors").is_file():
+        return [path / "model.safetensors"]
+    shards = sorted(path.glob("*.safetensors"))
+    if shards:
+        return shards
+    pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise CheckpointError(
+            f"{path}: only pickle checkpoints found ({', '.join(pickles)}); they are refused because "
+            "unpickling can run arbitrary code. Convert them to safetensors first."
+        )
+    raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json")
+
+
+def _check(path: Path, entries: list[Entry], located: dict, optional: set[str]) -> None:
+    expected = {e.name: e.shape for e in entries}
+    missing = [n for n in expected if n not in located]
+    unexpected = sorted(n for n in located if n not in expected and n not in optional)
+    misshaped = [
+        f"{n} {list(located[n][1])} (expected {list(s)})"
+        for n, s in expected.items()
+        if n in located and located[n][1] != s
+    ]
+    problems = []
+    for label, names in (("missing", missing), ("unexpected", unexpected), ("wrong shape", misshaped)):
+        if names:
+            shown = ", ".join(names[:6]) + (f", ... ({len(names) - 6} more)" if len(names) > 6 else "")
+            problems.append(f"{label} {len(names)}: {shown}")
+    if problems:
+        raise CheckpointError(f"{path}: checkpoint does not match config.json: {'; '.join(problems)}")
+
+
+def _entries(cfg: ModelConfig) -> list[Entry]:
+    return _laneformer_entries(cfg) if cfg.model_type == "laneformer_tp" else _hf_entries(cfg)
+
+
+def _keep(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _laneformer_entries(cfg: ModelConfig) -> list[Entry]:
+    L, D, hd, V = cfg.num_lanes, cfg.hidden_size, cfg.head_dim, cfg.vocab_size
+    q_rows, kv_rows, ffn = cfg.heads_per_lane * hd, cfg.kv_heads_per_lane * hd, cfg.ffn_per_lane
+
+    def norm(ckpt: str, internal: str, shared: bool, lanes: int = L) -> Entry:
+        # A shared scale is stored once as `.weight` [D] and expanded to one row per lane;
+        # per-lane scales are stored as `.scale` [L, D].
+        if shared:
+            return Entry(f"{ckpt}.weight", internal, (D,), lambda t: t.expand(lanes, D))
+        return Entry(f"{ckpt}.scale", internal, (L, D), _keep)
+
+    shared = cfg.replicated_rmsn_scale
+    entries = [Entry("model.tok_embeddings.weight", "tok_embeddings", (V, D), _keep)]
+    for i in range(cfg.num_layers):
+        p, q = f"model.layers.{i}.", f"layers.{i}."
+        entries += [
+            norm(p + "attention_norm", q + "attention_norm", shared),
+            Entry(p + "attention.wq.weight", q + "wq", (L, q_rows, D), _keep),
+            Entry(p + "attention.wk.weight", q + "wk", (L, kv_rows, D), _keep),
+            Entry(p + "attention.wv.weight", q + "wv", (L, kv_rows, D), _keep),
+            Entry(p + "attention.wo.weight", q + "wo", (L, D, q_rows), _keep),
+            norm(p + "ffn_norm", q + "ffn_norm", shared),
+            Entry(p + "feed_forward.w1.weight", q + "w1", (L, ffn, D), _keep),
+            Entry(p + "feed_forward.w2.weight", q + "w2", (L, D, ffn), _keep),
+            Entry(p + "feed_forward.w3.weight", q + "w3", (L, ffn, D), _keep),
+        ]
+    # With pre_norm_lane_agg the final norm sees one vector (the lane sum): one lane's worth of scale.
+    if cfg.pre_norm_lane_agg:
+        entries.append(norm("model.norm", "norm", shared=True, lanes=1))
+    else:
+        entries.append(norm("model.norm", "norm", shared))
+    if cfg.lm_head_type == "lane":
+        entries.append(Entry("lm_head.linear.weight", "lm_head", (V, L * D), _keep))
+    elif cfg.lm_head_type == "vocab_parallel":
+        entries.append(Entry("lm_head.weight", "lm_head", (L, V // L, D), _keep))
+    elif not cfg.tie_word_embeddings:
+        entries.append(Entry("lm_head.weight", "lm_head", (V, D), _keep))
+    return entries
+
+
+def rotate_half_to_interleaved(head_dim: int) -> torch.Tensor:
+    """Index that reorders one head's q/k dims from HF's rotate-half RoPE layout to interleaved pairs.
+
+    Rotate-half rotates dims (j, j + hd/2) together; interleaved rotates (2j, 2j + 1). Permuting the
+    rows of wq and wk the same way leaves every q.k score unchanged.
+    """
+    half = head_dim // 2
+    return torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten()
+
+
+def _hf_entries(cfg: ModelConfig) -> list[Entry]:
+    D, hd, V, F = cfg.hidden_size, cfg.head_dim, cfg.vocab_size, cfg.intermediate_size
+    H, KV = cfg.num_heads, cfg.num_kv_heads
+    perm = rotate_half_to_interleaved(hd)
+
+    def lane(t: torch.Tensor) -> torch.Tensor:  # a one-lane model: add the lane dim
+        return t.unsqueeze(0)
+
+    def rope_rows(heads: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        def convert(t: torch.Tensor) -> torch.Tensor:  # [heads*hd, ...] -> [1, heads*hd, ...]
+            per_head = t.reshape(heads, hd, *t.shape[1:])
+            return per_head[:, perm.to(t.device)].reshape(1, *t.shape)
+
+        return convert
+
+    entries = [Entry("model.embed_tokens.weight", "tok_embeddings", (V, D), _keep)]
+    for i in range(cfg.num_layers):
+        p, q = f"model.layers.{i}.", f"layers.{i}."
+        entries += [
+            Entry(p + "input_layernorm.weight", q + "attention_norm", (D,), lane),
+            Entry(p + "self_attn.q_proj.weight", q + "wq", (H * hd, D), rope_rows(H)),
+            Entry(p + "self_attn.k_proj.weight", q + "wk", (KV * hd, D), rope_rows(KV)),
+            Entry(p + "self_attn.v_proj.weight", q + "wv", (KV * hd, D), lane),
+            Entry(p + "self_attn.o_proj.weight", q + "wo", (D, H * hd), lane),
+            Entry(p + "post_attention_layernorm.weight", q + "ffn_norm", (D,), lane),
+            Entry(p + "mlp.gate_proj.weight", q + "w1", (F, D), lane),
+            Entry(p + "mlp.down_proj.weight", q + "w2", (D, F), lane),
+            Entry(p + "mlp.up_proj.weight", q + "w3", (F, D), lane),
+        ]
+        if cfg.qkv_bias:
+            entries += [
+                Entry(p + "self_attn.q_proj.bias", q + "bq", (H * hd,), rope_rows(H)),
+                Entry(p + "self_attn.k_proj.bias", q + "bk", (KV * hd,), rope_rows(KV)),
+                Entry(p + "self_attn.v_proj.bias", q + "bv", (KV * hd,), lane),
+            ]
+        if cfg.qk_norm:
+            entries += [
+                Entry(p + "self_attn.q_norm.weight", q + "q_norm", (hd,), lambda t: t[perm.to(t.device)]),
+                Entry(p + "self_attn.k_norm.weight", q + "k_norm", (hd,), lambda t: t[perm.to(t.device)]),
+            ]
+    entries.append(Entry("model.norm.weight", "norm", (D,), lane))
+    if not cfg.tie_word_embeddings:
+        entries.append(Entry("lm_head.weight", "lm_head", (V, D), _keep))
+    return entries

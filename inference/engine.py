@@ -1,0 +1,304 @@
+"""The engine the worker and the CLI use: load a model once, then stream generations as events.
+
+    engine = Engine.load("tiny-laneformer")           # a checkpoint directory or a synthetic preset
+    ids = engine.encode_prompt("def fib(n):")
+    for event in engine.generate(ids, SamplingParams(max_new_tokens=64)):
+        ...                                            # Prefilled, TextDelta..., Done
+
+Token ids come from a runner (runner.ReferenceRunner, or the fast CUDA runner on a GPU); the engine
+turns them into text, applies EOS and stop strings, honours cancellation and keeps the timings.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from inference.checkpoint import CheckpointError, load_weights
+from inference.config import ModelConfig
+from inference.events import (
+    Done,
+    Event,
+    InvalidRequest,
+    Prefilled,
+    SamplingParams,
+    Stats,
+    TextDelta,
+    decode_tok_s,
+)
+from inference.model import Transformer
+from inference.presets import PRESETS
+from inference.runner import ReferenceRunner
+from inference.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+# The shipped model (trained by inference/train.py); the tiny synthetic preset stands in until it exists.
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "default"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_MAX_CONTEXT = int(
+    os.environ.get("KOG_MAX_CONTEXT", "4096")
+)  # caps the KV cache of long-context models
+# Below this many weight bytes a CPU decode step is too short to pay for waking a second thread.
+SMALL_MODEL_BYTES = 200 * 1024**2
+
+
+def default_model() -> str:
+    return str(DEFAULT_MODEL_DIR) if (DEFAULT_MODEL_DIR / "config.json").is_file() else "tiny-laneformer"
+
+
+DEFAULT_MODEL = default_model()
+
+
+def synth_cache_dir() -> Path:
+    root = os.environ.get("KOG_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return Path(root) / "kog-playground" / "synth"
+
+
+def resolve_model(model: str | Path) -> Path:
+    """The checkpoint directory for `model`: a directory as is, a preset synthesised once into the cache."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    name = str(model)
+    if name not in PRESETS:
+        raise CheckpointError(f"{name}: neither a checkpoint directory nor a preset ({', '.join(PRESETS)})")
+    target = synth_cache_dir() / f"{name}-0"
+    if not (target / "config.json").is_file():
+        from inference.synth import synth  # tokenizer training code loads only when needed
+
+        # Written aside then renamed, so a concurrent or interrupted run never leaves half a checkpoint.
+        scratch = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        log.info("synthesising preset %s (random weights) into %s", name, target)
+        synth(name, scratch, seed=0)
+        try:
+            scratch.rename(target)
+        except OSError:  # another process finished first
+            shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+def parse_dtype(name: str | None, device: torch.device) -> torch.dtype:
+    if name is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def parse_device(name: str | None) -> torch.device:
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"device: must be cpu or cuda, got {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: cuda was asked for but no CUDA GPU is available")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: must be cpu or cuda, got {name!r}")
+    return device
+
+
+class StopStrings:
+    """Holds back text that could be the start of a stop string; cuts before the first match."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops = stops
+        self.pending = ""
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """(text safe to show now, whether a stop string matched)."""
+        if not self.stops:
+            return text, False
+        self.pending += text
+        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            shown, self.pending = self.pending[: min(hits)], ""
+            return shown, True
+        hold = next(
+            (k for k in range(min(len(self.pending), max(map(len, self.stops)) - 1), 0, -1)
+             if any(s.startswith(self.pending[-k:]) for s in self.stops)),
+            0,
+        )  # fmt: skip
+        cut = len(self.pending) - hold
+        shown, self.pending = self.pending[:cut], self.pending[cut:]
+        return shown, False
+
+
+class Engine:
+    def __init__(self, name: str, path: Path, config: ModelConfig, tokenizer: Tokenizer, model: Transformer,
+                 runner, max_context: int):  # fmt: skip
+        self.name, self.path, self.config, self.tokenizer = name, path, config, tokenizer
+        self.model, self.runner, self.max_context = model, runner, max_context
+        self.device, self.dtype = model.tok_embeddings.device, model.tok_embeddings.dtype
+        env_peak = os.environ.get("KOG_PEAK_BANDWIDTH_GBS")
+        self.peak_bandwidth_gbs = float(env_peak) if env_peak and self.device.type == "cuda" else None
+        item = self.dtype.itemsize
+        # A decode step reads every weight once, except the embedding: one row (all of it when it is the head).
+        head_reads_embedding = config.tie_word_embeddings
+        self._weight_bytes_per_token = (
+            sum(p.numel() * item for n, p in model.named_parameters() if n != "tok_embeddings")
+            + (config.vocab_size if head_reads_embedding else 1) * config.hidden_size * item
+        )
+
+    @classmethod
+    def load(
+        cls,
+        model: str | Path | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
+        max_context: int | None = None,
+    ) -> Engine:
+        model = model or DEFAULT_MODEL
+        path = resolve_model(model)
+        name = str(model) if str(model) in PRESETS else path.name
+        config = ModelConfig.from_hf(path)
+        tokenizer = Tokenizer.from_dir(path)
+        torch_device = parse_device(device)
+        torch_dtype = parse_dtype(dtype, torch_device)
+        context = min(config.max_position_embeddings, max_context or DEFAULT_MAX_CONTEXT)
+        weights = load_weights(path, config, torch_device, torch_dtype)
+        if torch_device.type == "cpu":
+            size = sum(w.numel() * w.element_size() for w in weights.values())
+            threads = os.environ.get("KOG_CPU_THREADS")
+            torch.set_num_threads(
+                int(threads) if threads else 1 if size < SMALL_MODEL_BYTES else os.cpu_count()
+            )
+        transformer = Transformer.from_weights(config, weights)
+        runner = _make_runner(transformer, context, tokenizer.vocab_size)
+        log.info(
+            "loaded %s from %s on %s (%s, %s)", name, path, torch_device, torch_dtype, type(runner).__name__
+        )
+        return cls(name, path, config, tokenizer, transformer, runner, context)
+
+    def bytes_per_token(self, context_len: int) -> int:
+        """Bytes one decode step reads at `context_len` cached positions: weights plus K and V."""
+        cfg = self.config
+        kv_row = 2 * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize
+        positions = sum(min(context_len, cfg.window(i) or context_len) for i in range(cfg.num_layers))
+        return self._weight_bytes_per_token + kv_row * positions
+
+    def encode_prompt(
+        self, prompt: str | None = None, messages: list[dict] | None = None, chat: bool = False
+    ) -> list[int]:
+        if messages is not None or chat:
+            if messages is None:
+                if not prompt:
+                    raise InvalidRequest("prompt", "must not be empty")
+                messages = [{"role": "user", "content": prompt}]
+            if not messages:
+                raise InvalidRequest("messages", "must not be empty")
+            # The template writes BOS itself where the model expects one.
+            ids = self.tokenizer.encode(self.tokenizer.apply_chat_template(messages), add_special=False)
+        else:
+            if not prompt:
+                raise InvalidRequest("prompt", "must not be empty")
+            ids = self.tokenizer.encode(prompt)
+        self._check_fits(ids)
+        return ids
+
+    def _check_fits(self, prompt_ids: list[int]) -> None:
+        if not prompt_ids:
+            raise InvalidRequest("prompt", "must not be empty")
+        if len(prompt_ids) >= self.max_context:
+            raise InvalidRequest(
+                "prompt",
+                f"{len(prompt_ids)} tokens do not fit the {self.max_context}-token context "
+                "(prompt plus at least one new token)",
+            )
+
+    def generate(
+        self, prompt_ids: list[int], params: SamplingParams, should_stop: Callable[[], bool] | None = None
+    ) -> Iterator[Event]:
+        """Prefilled, then one TextDelta per token (its text may be empty), then exactly one Done."""
+        start = time.perf_counter()
+        self._check_fits(prompt_ids)
+        if not all(0 <= i < self.config.vocab_size for i in prompt_ids):
+            raise InvalidRequest("prompt", f"token ids must be in [0, {self.config.vocab_size})")
+        params = replace(
+            params, max_new_tokens=min(params.max_new_tokens, self.max_context - len(prompt_ids))
+        )
+        eos_ids = self.tokenizer.eos_ids
+        decoder = self.tokenizer.stream_decoder(prompt_ids)
+        stops = StopStrings(params.stop)
+        shown: list[str] = []
+        token_times: list[float] = []
+        finish, stop_matched = "length", False
+
+        tokens = self.runner.generate_tokens(prompt_ids, params, eos_ids)
+        try:
+            for token in tokens:
+                now = time.perf_counter() - start
+                if not token_times:
+                    yield Prefilled(prompt_tokens=len(prompt_ids), prefill_ms=self.runner.last_prefill_ms)
+                token_times.append(now)
+                if token in eos_ids:
+                    finish = "stop"
+                    yield TextDelta("", [token], now)
+                    break
+                text, stop_matched = stops.push(decoder.push(token))
+                shown.append(text)
+                yield TextDelta(text, [token], now)
+                if stop_matched:
+                    finish = "stop"
+                    break
+                if should_stop is not None and should_stop():
+                    finish = "cancelled"
+                    break
+        finally:
+            tokens.close()  # frees the runner at once, even when our caller stops iterating
+
+        if not stop_matched:  # what the decoder and the stop-string filter still hold is part of the text
+            tail, stop_matched = stops.push(decoder.flush())
+            if not stop_matched:
+                tail += stops.pending
+            if stop_matched and finish == "length":
+                finish = "stop"
+            if tail:
+                shown.append(tail)
+                yield TextDelta(tail, [], time.perf_counter() - start)
+
+        total_ms = (time.perf_counter() - start) * 1e3
+        context_len = len(prompt_ids) + len(token_times)
+        stats = Stats(
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=len(token_times),
+            prefill_ms=self.runner.last_prefill_ms,
+            ttft_ms=token_times[0] * 1e3 if token_times else total_ms,
+            decode_tok_s=decode_tok_s(token_times),
+            total_ms=total_ms,
+            token_times=token_times,
+            bytes_per_token=self.bytes_per_token(context_len),
+            peak_bandwidth_gbs=self.peak_bandwidth_gbs,
+        )
+        yield Done(finish_reason=finish, text="".join(shown), stats=stats)
+
+
+def _make_runner(model: Transformer, max_context: int, vocab_limit: int):
+    """The fast CUDA runner on a GPU when it supports the model, else the reference runner.
+    KOG_BACKEND=reference|fast forces one (fast on the CPU runs its kernels in Triton's interpreter)."""
+    forced = os.environ.get("KOG_BACKEND", "").strip()
+    if forced not in ("", "reference", "fast"):
+        raise ValueError(f"KOG_BACKEND: must be reference or fast, got {forced!r}")
+    on_gpu = model.tok_embeddings.device.type == "cuda"
+    if forced == "fast" or (not forced and on_gpu):
+        try:
+            from inference.fast import FastRunner, supports
+
+            why = supports(model.cfg)
+        except ImportError as e:
+            why = f"its imports ({e})"
+        if why is None:
+            return FastRunner(model, max_context)
+        if forced == "fast":
+            raise ValueError(f"KOG_BACKEND=fast: the fast path does not support {why}")
+        log.warning("fast path unavailable for this model (%s); using the reference runner", why)
+    return ReferenceRunner(model, max_context, vocab_limit)

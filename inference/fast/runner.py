@@ -1,0 +1,327 @@
+"""Batch-1 decode with the Triton kernels of `kernels/`: the runner the Engine picks on a GPU.
+
+A decode step is five kernels a layer (model.py's math, fused):
+    rmsnorm_gemv       attention norm + q|k|v of every lane (+ Qwen2 bias); layer 0 reads the embedding row
+    decode_attention   q/k norm, RoPE, KV-cache write, split-KV attention
+    lane_reduce_gemv   o-proj of every lane + the cross-lane reduction + the residual add
+    rmsnorm_gemv       ffn norm + gate/up + SiLU
+    lane_reduce_gemv   down-proj + reduction + residual add
+then the head: final_norm (L > 1 only) and lm_head (norm, logits, argmax, token and position bookkeeping).
+The step reads its token and position from device buffers and leaves the next ones there, so it is captured
+once as a CUDA graph and replayed per token. The host never waits on the token it is about to launch for:
+it keeps LOOKAHEAD steps queued and reads finished ids from pinned memory behind an event per step.
+
+Prefill is the reference model's forward (cuBLAS + SDPA) writing the same KV cache the kernels read.
+On the CPU (tests) the same kernels run eagerly under Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from inference.config import ModelConfig
+from inference.events import SamplingParams
+from inference.model import KVCache, Transformer
+from kernels.decode_attention import AttentionScratch, decode_attention, default_splits
+from kernels.final_norm import final_norm
+from kernels.lane_reduce_gemv import lane_reduce_gemv
+from kernels.lm_head import HeadScratch, lm_head
+from kernels.rmsnorm_gemv import rmsnorm_gemv
+
+LOOKAHEAD = 8  # decode steps queued on the GPU ahead of the token handed to the caller
+RING = 16  # pinned slots for finished token ids (> LOOKAHEAD)
+
+
+def supports(cfg: ModelConfig) -> str | None:
+    """None when the fast path can run `cfg`, else what it lacks."""
+    if cfg.lm_head_type != "replicate":
+        return f"lm_head_type {cfg.lm_head_type!r} (the fast path has the replicated head only)"
+    return None
+
+
+@dataclass
+class LayerWeights:
+    attention_norm: torch.Tensor  # [L, D]
+    wqkv: torch.Tensor  # [L, (H/L + 2 KV/L) * hd, D]: each lane's q rows, then k, then v
+    bqkv: torch.Tensor | None  # [L, (H/L + 2 KV/L) * hd]
+    q_norm: torch.Tensor | None  # [hd]
+    k_norm: torch.Tensor | None
+    wo: torch.Tensor  # [L, D, H/L * hd]
+    ffn_norm: torch.Tensor  # [L, D]
+    w1: torch.Tensor  # [L, F/L, D]
+    w3: torch.Tensor
+    w2: torch.Tensor  # [L, D, F/L]
+    window: int | None
+    mode: str  # how the lane partials reach the residual (kernels/lane_reduce_gemv.py)
+    history_in: int | None  # the layer whose partials DELAYED mode adds
+
+
+def reduction(cfg: ModelConfig, layer: int) -> tuple[str, int | None]:
+    """model.Transformer._reduce as a kernel mode: (mode, layer whose raw partials it reads)."""
+    lanes, d = cfg.num_lanes, cfg.broadcast_delay
+    if lanes == 1:
+        return "sum", None
+    if layer < d:
+        return ("sum" if cfg.use_early_comm else "scaled"), None
+    if not cfg.use_comm:
+        return "scaled", None
+    if d == 0:
+        return "sum", None
+    return "delayed", layer - d
+
+
+class FastRunner:
+    def __init__(self, model: Transformer, max_context: int, *, use_pdl: bool = True):
+        cfg = model.cfg
+        if (why := supports(cfg)) is not None:
+            raise ValueError(f"model: the fast path does not support {why}")
+        if not 1 < max_context <= cfg.max_position_embeddings:
+            raise ValueError(f"max_context: must be in (1, {cfg.max_position_embeddings}], got {max_context}")
+        device = model.tok_embeddings.device
+        self.model, self.cfg, self.device, self.max_context = model, cfg, device, max_context
+        self.use_pdl = use_pdl and device.type == "cuda"
+        self.last_prefill_ms = 0.0
+        lanes, dim, hd = cfg.num_lanes, cfg.hidden_size, cfg.head_dim
+        dtype = model.tok_embeddings.dtype
+
+        self.layers = [self._layer_weights(i, block) for i, block in enumerate(model.layers)]
+        self.history_layers = {w.history_in for w in self.layers if w.history_in is not None}
+        self.embed = model.tok_embeddings  # [V, D]
+        self.head_weight = model.tok_embeddings if model.lm_head is None else model.lm_head  # [V, D]
+        self.final_norm_weight = model.norm  # [L, D], or [1, D] with pre_norm_lane_agg
+
+        def zeros(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        # The static buffers every captured step reads and writes.
+        q_rows, kv_rows = cfg.heads_per_lane * hd, cfg.kv_heads_per_lane * hd
+        self.x = zeros(lanes, dim)  # the residual stream of every lane, fp32
+        self.qkv = zeros(lanes, q_rows + 2 * kv_rows)
+        self.attn = zeros(lanes, q_rows, dtype=dtype)
+        self.h = zeros(lanes, cfg.ffn_per_lane, dtype=dtype)
+        self.history = zeros(2, cfg.num_layers, lanes, dim) if self.history_layers else None  # raw partials
+        self.head_in = zeros(dim)
+        self.logits = zeros(cfg.vocab_size)
+        self.token = zeros(1, dtype=torch.int32)  # the step's input token; the step leaves the next one
+        self.pos = zeros(1, dtype=torch.int32)  # its position
+        self.out_tokens = zeros(max_context + 1, dtype=torch.int32)  # out_tokens[p]: the token at position p
+        self.seen = zeros(cfg.vocab_size, dtype=torch.bool)  # prompt + output, for the repetition penalty
+        self.sampling = zeros(4)  # temperature, top_k, top_p, repetition_penalty
+        self.ranks = torch.arange(cfg.vocab_size, device=device)
+        self.cache = KVCache(cfg, max_context, 1, device, dtype)
+        group = cfg.num_heads // cfg.num_kv_heads
+        self.attn_scratch = AttentionScratch(
+            cfg.num_kv_heads, group, hd, default_splits(cfg.num_kv_heads, device), device
+        )
+        self.head_scratch = HeadScratch(device)
+
+        self.graphs: dict[bool, torch.cuda.CUDAGraph] = {}
+        if device.type == "cuda":
+            self.host_tokens = torch.zeros(RING, dtype=torch.int32, pin_memory=True)
+            self.events = [torch.cuda.Event() for _ in range(RING)]
+            self.capture(greedy=True)
+
+    def _layer_weights(self, i: int, block) -> LayerWeights:
+        mode, history_in = reduction(self.cfg, i)
+        bqkv = None
+        if block.bq is not None:
+            bqkv = torch.cat([block.bq, block.bk, block.bv], dim=1).contiguous()
+        return LayerWeights(
+            attention_norm=block.attention_norm,
+            wqkv=torch.cat([block.wq, block.wk, block.wv], dim=1).contiguous(),
+            bqkv=bqkv,
+            q_norm=block.q_norm,
+            k_norm=block.k_norm,
+            wo=block.wo,
+            ffn_norm=block.ffn_norm,
+            w1=block.w1,
+            w3=block.w3,
+            w2=block.w2,
+            window=block.window,
+            mode=mode,
+            history_in=history_in,
+        )
+
+    # --- one decode step -------------------------------------------------------------------------------
+
+    def decode_step(self, greedy: bool = True) -> None:
+        """Launch one step: consumes token/pos, leaves logits, the next token, out_tokens[pos + 1], pos + 1."""
+        cfg, eps, pdl = self.cfg, self.cfg.norm_eps, self.use_pdl
+        for i, w in enumerate(self.layers):
+            first = i == 0
+            rmsnorm_gemv(
+                self.embed if first else self.x,
+                w.wqkv,
+                self.qkv,
+                norm_weight=w.attention_norm,
+                eps=eps,
+                bias=w.bqkv,
+                token=self.token if first else None,
+                use_pdl=pdl,
+            )
+            decode_attention(
+                self.qkv,
+                self.cache.k[i, 0],
+                self.cache.v[i, 0],
+                self.pos,
+                self.model.rope_cos,
+                self.model.rope_sin,
+                self.attn,
+                self.attn_scratch,
+                num_heads=cfg.num_heads,
+                window=w.window,
+                q_norm=w.q_norm,
+                k_norm=w.k_norm,
+                eps=eps,
+                use_pdl=pdl,
+                num_warps=8,
+            )
+            self._add_partials(i, w, 0, self.attn, w.wo, first)
+            rmsnorm_gemv(self.x, w.w1, self.h, norm_weight=w.ffn_norm, eps=eps, weight_up=w.w3, use_pdl=pdl)
+            self._add_partials(i, w, 1, self.h, w.w2, False)
+
+        if cfg.num_lanes > 1:
+            final_norm(self.x, self.final_norm_weight, self.head_in, eps=eps,
+                       norm_of_sum=cfg.pre_norm_lane_agg, use_pdl=pdl)  # fmt: skip
+            head_x, head_norm = self.head_in, None
+        else:
+            head_x, head_norm = self.x[0], self.final_norm_weight[0]
+        lm_head(head_x, self.head_weight, self.logits, self.head_scratch, norm_weight=head_norm, eps=eps,
+                greedy=greedy, token=self.token, pos=self.pos, out_tokens=self.out_tokens, use_pdl=pdl)  # fmt: skip
+        if not greedy:
+            self._sample_next()
+
+    def _add_partials(self, i: int, w: LayerWeights, block: int, act: torch.Tensor, weight: torch.Tensor,
+                      first: bool) -> None:  # fmt: skip
+        history = self.history
+        lane_reduce_gemv(
+            act,
+            weight,
+            self.x,
+            mode=w.mode,
+            history_out=history[block, i] if i in self.history_layers else None,
+            history_in=history[block, w.history_in] if w.history_in is not None else None,
+            embedding=self.embed if first else None,
+            token=self.token if first else None,
+            use_pdl=self.use_pdl,
+        )
+
+    def _sample_next(self) -> None:
+        """Sampler's knobs on the device, without a host sync: repetition penalty, temperature, top-k, top-p,
+        then a draw (argmax of p / Exp(1) noise is a sample from p). Temperature 0 is greedy."""
+        temperature, top_k, top_p, penalty = self.sampling.unbind()
+        logits = self.logits
+        logits = torch.where(self.seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
+        greedy = logits.argmax()
+        sorted_logits, order = torch.sort(logits / temperature.clamp_min(1e-6), descending=True)
+        sorted_logits = sorted_logits.masked_fill((top_k > 0) & (self.ranks >= top_k), float("-inf"))
+        probs = sorted_logits.softmax(-1)
+        above = probs.cumsum(-1) - probs  # mass strictly above each token
+        probs = probs.masked_fill((above >= top_p) & (self.ranks > 0), 0.0)
+        choice = (probs / torch.empty_like(probs).exponential_()).argmax()
+        token = torch.where(temperature > 0, order[choice], greedy).to(torch.int32).view(1)
+        self.token.copy_(token)
+        self.out_tokens.index_copy_(0, self.pos.long() + 1, token)
+        self.seen.index_fill_(0, token.long(), True)
+        self.pos.add_(1)
+
+    # --- graphs --------------------------------------------------------------------------------------
+
+    def capture(self, greedy: bool) -> torch.cuda.CUDAGraph:
+        """Capture one decode step (warmed up first so every kernel is compiled outside the capture)."""
+        if greedy in self.graphs:
+            return self.graphs[greedy]
+        saved = [t.clone() for t in (self.token, self.pos, self.out_tokens, self.seen)]
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            self.decode_step(greedy)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.decode_step(greedy)
+        for t, s in zip((self.token, self.pos, self.out_tokens, self.seen), saved, strict=True):
+            t.copy_(s)
+        self.graphs[greedy] = graph
+        return graph
+
+    def step(self, greedy: bool = True) -> None:
+        """One decode step: a graph replay on CUDA, eager kernels under the interpreter."""
+        if self.device.type == "cuda":
+            self.capture(greedy).replay()
+        else:
+            self.decode_step(greedy)
+
+    # --- the runner contract -------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def prefill(self, prompt_ids: list[int], greedy: bool = True) -> None:
+        """The prompt through the reference model into the cache; leaves the first token in token/out_tokens
+        and pos = len(prompt_ids), exactly as a decode step would."""
+        n = len(prompt_ids)
+        if not 0 < n < self.max_context:
+            raise ValueError(f"prompt_ids: length must be in [1, {self.max_context - 1}], got {n}")
+        ids = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
+        self.logits.copy_(self.model(ids[None], 0, self.cache, last_only=True).view(-1))
+        self.seen.zero_()
+        self.seen[ids] = True
+        self.pos.fill_(n - 1)
+        if greedy:
+            token = self.logits.argmax().to(torch.int32).view(1)
+            self.token.copy_(token)
+            self.out_tokens[n : n + 1].copy_(token)
+            self.pos.add_(1)
+        else:
+            self._sample_next()
+
+    def generate_tokens(self, prompt_ids: list[int], params: SamplingParams,
+                        stop_ids: frozenset[int] = frozenset()) -> Iterator[int]:  # fmt: skip
+        """Token ids after the prompt, the first from prefill; stops after a stop id or max_new_tokens
+        (clipped to the context)."""
+        budget = min(params.max_new_tokens, self.max_context - len(prompt_ids))
+        greedy = params.greedy and params.repetition_penalty == 1
+        self.sampling.copy_(torch.tensor([params.temperature, params.top_k, params.top_p,
+                                          params.repetition_penalty]))  # fmt: skip
+        if params.seed is not None:
+            torch.manual_seed(params.seed)  # the draws come from the default generator (captured in the graph)
+        start = time.perf_counter()
+        self.prefill(prompt_ids, greedy)
+        first = int(self.token.item())
+        self.last_prefill_ms = (time.perf_counter() - start) * 1e3
+        yield first
+        if first in stop_ids or budget <= 1:
+            return
+        if self.device.type != "cuda":
+            for _ in range(budget - 1):
+                self.decode_step(greedy)
+                token = int(self.token.item())
+                yield token
+                if token in stop_ids:
+                    return
+            return
+
+        graph = self.capture(greedy)
+        pending: deque[int] = deque()
+        launched = 1
+        while True:
+            # Keep the GPU LOOKAHEAD steps ahead of the caller; it never waits for the host.
+            while launched < budget and len(pending) < LOOKAHEAD:
+                graph.replay()
+                slot = launched % RING
+                self.host_tokens[slot].copy_(self.token[0], non_blocking=True)
+                self.events[slot].record()
+                pending.append(slot)
+                launched += 1
+            if not pending:
+                return
+            slot = pending.popleft()
+            self.events[slot].synchronize()
+            token = int(self.host_tokens[slot])
+            yield token
+            if token in stop_ids:
+                return

@@ -1,0 +1,275 @@
+"""One decode step of attention: RoPE (and Qwen3's q/k norm) on this token's q and k, the KV-cache write, and
+split-KV (flash-decoding) attention with GQA and sliding windows, combined in the same launch.
+
+For KV head g (lane l = g // (KV/L), heads are lane-major) and the token at position p:
+    q_j = rope(qknorm(q_j), p) * hd^-0.5 for the G = H/KV query heads j of g;  k_p = rope(qknorm(k), p);  v_p = v
+    cache[g, p] = (k_p, v_p)
+    out_j = softmax_t(q_j . k_t) @ v_t   over t in [p - W + 1, p] (windowed layers) or [0, p]
+
+RoPE rotates dim d with its partner: d ^ 1 (interleaved pairs) or d +- hd/2 (rotate-half); the cache keeps
+keys in the model's layout. Grid: (KV heads, SPLITS); each program streams one contiguous chunk of the cache
+with the next block's loads in flight while it computes the current one, and writes its unnormalised partial
+(o, max, sum). The last split of a head to finish (an atomic counter) merges the partials and writes the
+output: no second launch. The token's own key and value come from registers, not from a re-read of the cache.
+
+Bytes: (p + 1) * hd * 2 cache elements per KV head (W of them in windowed layers), this token's q/k/v once.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from kernels import pdl_kwargs, sm_count
+
+
+@triton.jit
+def _decode_attention_kernel(
+    qkv_ptr,
+    stride_qkv_lane,
+    k_cache_ptr,
+    v_cache_ptr,
+    pos_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_norm_ptr,
+    k_norm_ptr,
+    part_o_ptr,
+    part_ml_ptr,
+    counter_ptr,
+    out_ptr,
+    stride_out_lane,
+    heads_per_lane,
+    kv_per_lane,
+    window,
+    max_len,
+    scale_log2e,
+    eps,
+    HD: tl.constexpr,
+    HDP: tl.constexpr,
+    G: tl.constexpr,
+    GP: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    QK_NORM: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    kv = tl.program_id(0)
+    split = tl.program_id(1)
+    lane = kv // kv_per_lane
+    kv_in_lane = kv % kv_per_lane
+    heads = tl.arange(0, GP)
+    head_ok = heads < G
+    d = tl.arange(0, HDP)
+    d_ok = d < HD
+    if INTERLEAVED:
+        partner = d ^ 1
+        pair = d // 2
+        first = d % 2 == 0
+    else:
+        partner = tl.where(d < HD // 2, d + HD // 2, d - HD // 2)
+        pair = tl.where(d < HD // 2, d, d - HD // 2)
+        first = d < HD // 2
+    sign = tl.where(first, -1.0, 1.0)
+
+    # This split's keys [lo, hi); the cache holds positions < pos, the token itself comes from qkv.
+    pos = tl.load(pos_ptr, cache_modifier=".cg")
+    start = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)
+    n_keys = pos + 1 - start
+    chunk = tl.cdiv(tl.cdiv(n_keys, SPLITS), BLOCK_T) * BLOCK_T
+    lo = start + split * chunk
+    hi = tl.minimum(lo + chunk, pos + 1)
+    hi_cached = tl.minimum(hi, pos)
+    kv_base = kv.to(tl.int64) * max_len * HD
+    t = lo + tl.arange(0, BLOCK_T)
+    kv_offs = kv_base + t[:, None] * HD + d[None, :]
+    kv_mask = (t < hi_cached)[:, None] & d_ok[None, :]
+    # The first block of cached keys was written by earlier steps: in flight before we wait for q, k, v.
+    k_next = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0, cache_modifier=".cg")
+    v_next = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0, cache_modifier=".cg")
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+    lane_qkv = qkv_ptr + lane * stride_qkv_lane
+    q_rows = lane_qkv + (kv_in_lane * G + heads)[:, None] * HD  # [GP, 1]
+    q_mask = head_ok[:, None] & d_ok[None, :]
+    q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0).to(tl.float32)
+    q_partner = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0).to(tl.float32)
+    k_row = lane_qkv + (heads_per_lane + kv_in_lane) * HD
+    k = tl.load(k_row + d, mask=d_ok, other=0.0).to(tl.float32)
+    k_partner = tl.load(k_row + partner, mask=d_ok, other=0.0).to(tl.float32)
+    v_row = lane_qkv + (heads_per_lane + kv_per_lane + kv_in_lane) * HD
+    v = tl.load(v_row + d, mask=d_ok, other=0.0)
+    if QK_NORM:
+        q_rstd = 1.0 / tl.sqrt(tl.sum(q * q, axis=1) / HD + eps)
+        q = q * q_rstd[:, None] * tl.load(q_norm_ptr + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        q_partner = q_partner * q_rstd[:, None] * tl.load(q_norm_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        k_rstd = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / HD + eps)
+        k = k * k_rstd * tl.load(k_norm_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
+        k_partner = k_partner * k_rstd * tl.load(k_norm_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)
+    cos = tl.load(cos_ptr + pos * (HD // 2) + pair, mask=d_ok, other=0.0)
+    sin = tl.load(sin_ptr + pos * (HD // 2) + pair, mask=d_ok, other=0.0)
+    q = (q * cos[None, :] + sign[None, :] * q_partner * sin[None, :]) * scale_log2e
+    k = k * cos + sign * k_partner * sin
+
+    # The split holding `pos` writes this token into the cache and starts its softmax from it.
+    owns = (pos >= lo) & (pos < hi)
+    k_cached = k.to(k_cache_ptr.dtype.element_ty)
+    v_cached = v.to(v_cache_ptr.dtype.element_ty)
+    cur = kv_base + pos * HD + d
+    tl.store(k_cache_ptr + cur, k_cached, mask=d_ok & owns & (pos < max_len))
+    tl.store(v_cache_ptr + cur, v_cached, mask=d_ok & owns & (pos < max_len))
+    s_cur = tl.sum(q * k_cached.to(tl.float32)[None, :], axis=1)  # [GP]
+    m = tl.where(owns, s_cur, float("-inf"))
+    l_sum = tl.where(owns, 1.0, 0.0) + tl.zeros([GP], dtype=tl.float32)
+    acc = tl.where(owns, v_cached.to(tl.float32)[None, :], 0.0) + tl.zeros([GP, HDP], dtype=tl.float32)
+
+    t0 = lo
+    while t0 < hi_cached:
+        k_blk = k_next
+        v_blk = v_next
+        t = t0 + tl.arange(0, BLOCK_T)
+        t_next = t + BLOCK_T
+        next_offs = kv_base + t_next[:, None] * HD + d[None, :]
+        next_mask = (t_next < hi_cached)[:, None] & d_ok[None, :]
+        k_next = tl.load(k_cache_ptr + next_offs, mask=next_mask, other=0.0, cache_modifier=".cg")
+        v_next = tl.load(v_cache_ptr + next_offs, mask=next_mask, other=0.0, cache_modifier=".cg")
+
+        s = tl.sum(q[:, None, :] * k_blk.to(tl.float32)[None, :, :], axis=2)  # [GP, BLOCK_T]
+        s = tl.where((t < hi_cached)[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a head that has seen no key yet
+        alpha = tl.exp2(m - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_sum = l_sum * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v_blk.to(tl.float32)[None, :, :], axis=1)
+        m = m_new
+        t0 += BLOCK_T
+
+    part = kv * SPLITS + split
+    tl.store(part_o_ptr + (part * GP + heads[:, None]) * HDP + d[None, :], acc)
+    tl.store(part_ml_ptr + (part * 2) * GP + heads, m)
+    tl.store(part_ml_ptr + (part * 2 + 1) * GP + heads, l_sum)
+    # Every thread's partial is written before one thread publishes it; the last split merges.
+    tl.debug_barrier()
+    done = tl.atomic_add(counter_ptr + kv, 1, sem="acq_rel", scope="gpu")
+    if done == SPLITS - 1:
+        splits = tl.arange(0, SPLITS)
+        parts = kv * SPLITS + splits
+        ml_offs = (parts[:, None] * 2) * GP + heads[None, :]  # [SPLITS, GP]
+        ms = tl.load(part_ml_ptr + ml_offs, cache_modifier=".cg")
+        ls = tl.load(part_ml_ptr + ml_offs + GP, cache_modifier=".cg")
+        m_all = tl.max(ms, axis=0)
+        m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
+        w = tl.exp2(ms - m_all[None, :])  # [SPLITS, GP]; empty splits weigh 0
+        o_offs = (parts[:, None, None] * GP + heads[None, :, None]) * HDP + d[None, None, :]
+        os = tl.load(part_o_ptr + o_offs, cache_modifier=".cg")
+        o = tl.sum(os * w[:, :, None], axis=0) / tl.sum(w * ls, axis=0)[:, None]
+        out_offs = lane * stride_out_lane + (kv_in_lane * G + heads[:, None]) * HD + d[None, :]
+        tl.store(out_ptr + out_offs, o.to(out_ptr.dtype.element_ty), mask=q_mask)
+        tl.atomic_xchg(counter_ptr + kv, 0)
+
+
+class AttentionScratch:
+    """Partials and counters of the split-KV merge, allocated once per model (counters start at, and return
+    to, zero)."""
+
+    def __init__(self, num_kv_heads: int, group: int, head_dim: int, splits: int, device: torch.device):
+        gp, hdp = triton.next_power_of_2(group), triton.next_power_of_2(head_dim)
+        self.splits = splits
+        self.part_o = torch.empty(num_kv_heads, splits, gp, hdp, dtype=torch.float32, device=device)
+        self.part_ml = torch.empty(num_kv_heads, splits, 2, gp, dtype=torch.float32, device=device)
+        self.counter = torch.zeros(num_kv_heads, dtype=torch.int32, device=device)
+
+
+def default_splits(num_kv_heads: int, device: torch.device) -> int:
+    """Enough (power-of-two) splits that the KV heads together fill the multiprocessors once."""
+    splits = 1
+    while splits * 2 * num_kv_heads <= sm_count(device) and splits < 64:
+        splits *= 2
+    return splits
+
+
+def decode_attention(
+    qkv: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    pos: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    out: torch.Tensor,
+    scratch: AttentionScratch,
+    *,
+    num_heads: int,
+    window: int | None = None,
+    interleaved: bool = True,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    use_pdl: bool = False,
+    block_t: int = 32,
+    num_warps: int = 4,
+) -> torch.Tensor:
+    """Attention of the token at position pos[0] (a device int tensor) over the cache, writing its k, v there.
+
+    qkv: [L, (H/L + 2 KV/L) * hd]: per lane this token's q heads, then k heads, then v heads (before RoPE).
+    k_cache, v_cache: [KV, max_len, hd] of this layer. cos, sin: [max_positions, hd/2] fp32.
+    out: [L, H/L * hd]. q_norm, k_norm: [hd] (Qwen3). scratch: from AttentionScratch for this model.
+    """
+    if k_cache.dim() != 3 or k_cache.shape != v_cache.shape or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError(f"k_cache: expected contiguous [KV, max_len, hd] like v_cache, got {tuple(k_cache.shape)}")
+    num_kv, max_len, hd = k_cache.shape
+    lanes = qkv.shape[0]
+    if num_heads % num_kv or num_heads % lanes or num_kv % lanes:
+        raise ValueError(f"num_heads: {num_heads} must be a multiple of the KV heads ({num_kv}) and lanes ({lanes})")
+    heads_per_lane, kv_per_lane = num_heads // lanes, num_kv // lanes
+    if qkv.dim() != 2 or qkv.shape[1] != (heads_per_lane + 2 * kv_per_lane) * hd or qkv.stride(1) != 1:
+        raise ValueError(f"qkv: expected [{lanes}, {(heads_per_lane + 2 * kv_per_lane) * hd}], got {tuple(qkv.shape)}")
+    if out.shape != (lanes, heads_per_lane * hd) or out.stride(1) != 1:
+        raise ValueError(f"out: expected [{lanes}, {heads_per_lane * hd}], got {tuple(out.shape)}")
+    if cos.shape != sin.shape or cos.dim() != 2 or cos.shape[1] != hd // 2 or cos.dtype != torch.float32:
+        raise ValueError(f"cos: expected fp32 [max_positions, {hd // 2}] like sin, got {tuple(cos.shape)}")
+    if pos.numel() != 1 or pos.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"pos: expected one int32/int64 element, got {pos.dtype} {tuple(pos.shape)}")
+    if (q_norm is None) != (k_norm is None) or (q_norm is not None and (q_norm.shape != (hd,) or k_norm.shape != (hd,))):
+        raise ValueError(f"q_norm: expected q_norm and k_norm both [{hd}] or both None")
+    group = num_heads // num_kv
+    if scratch.part_o.shape[:3] != (num_kv, scratch.splits, triton.next_power_of_2(group)):
+        raise ValueError("scratch: allocated for another head layout")
+
+    _decode_attention_kernel[(num_kv, scratch.splits)](
+        qkv,
+        qkv.stride(0),
+        k_cache,
+        v_cache,
+        pos,
+        cos,
+        sin,
+        q_norm if q_norm is not None else cos,
+        k_norm if k_norm is not None else cos,
+        scratch.part_o,
+        scratch.part_ml,
+        scratch.counter,
+        out,
+        out.stride(0),
+        heads_per_lane,
+        kv_per_lane,
+        window or 0,
+        max_len,
+        hd**-0.5 * 1.4426950408889634,
+        eps,
+        HD=hd,
+        HDP=triton.next_power_of_2(hd),
+        G=group,
+        GP=triton.next_power_of_2(group),
+        SPLITS=scratch.splits,
+        BLOCK_T=block_t,
+        INTERLEAVED=interleaved,
+        QK_NORM=q_norm is not None,
+        USE_PDL=use_pdl,
+        num_warps=num_warps,
+        **pdl_kwargs(use_pdl),
+    )
+    return out

@@ -1,0 +1,189 @@
+"""o-proj / down-proj of every lane, fused with Laneformer's cross-lane reduction and the residual add.
+
+    p[l, n]  = sum_k W[l, n, k] * act[l, k]                       (lane l's partial output; L = 1 for Llama)
+    x[l, n] += r[l, n], with r chosen per layer (LANEFORMER.md, "Reduction"):
+        SUM      r[l] = sum_m p[m]                                (layers i < d with early comm; L = 1; d = 0)
+        DELAYED  r[l] = p[l] + sum_{m != l} p_past[m]             (p_past: the raw partials of layer i - d)
+        SCALED   r[l] = sqrt(L) * p[l]                            (no communication)
+
+A program owns a block of output rows n for *all* lanes, so every lane's partial for those rows is in its
+registers and the reduction, whatever the layer, needs no second kernel and no atomics. The raw partials are
+stored for layer i + d when it needs them ([L, N] fp32, tiny next to the weights).
+
+Bytes: the weight once (L * N * K elements), act once per program (L1/L2 hits), x read and written once.
+Grid: row blocks only; rows are split finely enough that every multiprocessor holds several programs.
+With layer 0 the residual before the block is the embedding row of a token id that lives on the device.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from kernels import pdl_kwargs, sm_count
+
+SUM, DELAYED, SCALED = 0, 1, 2
+MODES = {"sum": SUM, "delayed": DELAYED, "scaled": SCALED}
+
+
+@triton.jit
+def _weight_tile(ptr, offs, mask, cols, k0: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    if k0 + BLOCK_K <= K:
+        return tl.load(ptr + offs + k0, mask=mask, other=0.0, eviction_policy="evict_first")
+    k_ok = (k0 + cols < K)[None, None, :]
+    return tl.load(ptr + offs + k0, mask=mask & k_ok, other=0.0, eviction_policy="evict_first")
+
+
+@triton.jit
+def _lane_reduce_gemv_kernel(
+    act_ptr,
+    stride_act_lane,
+    w_ptr,
+    x_ptr,
+    embed_ptr,
+    token_ptr,
+    hist_out_ptr,
+    hist_in_ptr,
+    N,
+    lane_scale,
+    K: tl.constexpr,
+    LANES: tl.constexpr,
+    LANES_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    MODE: tl.constexpr,
+    X_FROM_TOKEN: tl.constexpr,
+    STORE_HISTORY: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    lanes = tl.arange(0, LANES_P)
+    cols = tl.arange(0, BLOCK_K)
+    lane_ok = lanes < LANES
+    tile_ok = lane_ok[:, None] & (rows < N)[None, :]  # [LANES_P, BLOCK_N]
+    w_offs = ((lanes[:, None] * N + rows[None, :]).to(tl.int64) * K)[:, :, None] + cols[None, None, :]
+    w_mask = tile_ok[:, :, None]
+
+    # The first weight tile is in flight before we wait for the kernel that produces act.
+    w_first = _weight_tile(w_ptr, w_offs, w_mask, cols, 0, K, BLOCK_K)
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+    act_rows = act_ptr + lanes[:, None] * stride_act_lane  # [LANES_P, 1]
+    acc = tl.zeros([LANES_P, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for i in tl.static_range(0, (K + BLOCK_K - 1) // BLOCK_K):
+        if i == 0:
+            w = w_first
+        else:
+            w = _weight_tile(w_ptr, w_offs, w_mask, cols, i * BLOCK_K, K, BLOCK_K)
+        a_mask = lane_ok[:, None] & (i * BLOCK_K + cols < K)[None, :]
+        a = tl.load(act_rows + i * BLOCK_K + cols[None, :], mask=a_mask, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * a[:, None, :]
+    p = tl.sum(acc, axis=2)  # [LANES_P, BLOCK_N]; padded lanes are 0
+
+    lane_rows = lanes[:, None] * N + rows[None, :]
+    if STORE_HISTORY:
+        tl.store(hist_out_ptr + lane_rows, p, mask=tile_ok)
+    if MODE == 0:
+        r = tl.zeros_like(p) + tl.sum(p, axis=0)[None, :]
+    elif MODE == 1:
+        past = tl.load(hist_in_ptr + lane_rows, mask=tile_ok, other=0.0)
+        r = p + tl.sum(past, axis=0)[None, :] - past
+    else:
+        r = p * lane_scale
+    if X_FROM_TOKEN:
+        token = tl.load(token_ptr).to(tl.int64)
+        row_ok = rows < N
+        old = tl.load(embed_ptr + token * N + rows, mask=row_ok, other=0.0).to(tl.float32)[None, :]
+    else:
+        old = tl.load(x_ptr + lane_rows, mask=tile_ok, other=0.0)
+    tl.store(x_ptr + lane_rows, old + r, mask=tile_ok)
+
+
+def _pick_blocks(lanes: int, n: int, k: int, device: torch.device) -> tuple[int, int, int]:
+    lanes_p = triton.next_power_of_2(lanes)
+    block_k = min(512, triton.next_power_of_2(k))
+    while k % block_k and block_k > 64:  # avoid a half-masked last tile (K = 384 -> 128)
+        block_k //= 2
+    while lanes_p * block_k > 4096 and block_k > 64:
+        block_k //= 2
+    # The K loop is unrolled, so all of a program's weight loads are in flight at once: keep that under about
+    # 96 elements a thread so that two or more programs fit on a multiprocessor.
+    block_n = 16
+    while block_n > 1 and lanes_p * block_n * k > 96 * 256:
+        block_n //= 2
+    while block_n > 1 and triton.cdiv(n, block_n) < 2 * sm_count(device):
+        block_n //= 2
+    num_warps = 8 if lanes_p * block_n * k > 96 * 128 else 4
+    if lanes_p * block_n * block_k < 8 * 32 * num_warps:  # fewer than 8 elements a thread: no 16-byte loads
+        num_warps = 4
+    return block_n, block_k, num_warps
+
+
+def lane_reduce_gemv(
+    act: torch.Tensor,
+    weight: torch.Tensor,
+    x: torch.Tensor,
+    *,
+    mode: str = "sum",
+    history_out: torch.Tensor | None = None,
+    history_in: torch.Tensor | None = None,
+    embedding: torch.Tensor | None = None,
+    token: torch.Tensor | None = None,
+    use_pdl: bool = False,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """x[l] += r[l] from the lane partials p[l] = weight[l] @ act[l] (see the module docstring for `mode`).
+
+    act: [L, K]; weight: [L, N, K]; x: [L, N] fp32, updated in place (with `embedding` [V, N] and `token`
+    (int tensor [1] on the device), x is overwritten with embedding[token] + r instead: layer 0).
+    history_out: [L, N] fp32 to store p in; history_in: [L, N] fp32, the partials of layer i - d (DELAYED).
+    """
+    if weight.dim() != 3 or not weight.is_contiguous():
+        raise ValueError(f"weight: expected a contiguous [L, N, K] tensor, got {tuple(weight.shape)}")
+    lanes, n, k = weight.shape
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    if act.shape != (lanes, k) or act.stride(1) != 1:
+        raise ValueError(f"act: expected ({lanes}, {k}) with unit inner stride, got {tuple(act.shape)}")
+    if x.shape != (lanes, n) or not x.is_contiguous() or x.dtype != torch.float32:
+        raise ValueError(f"x: expected a contiguous fp32 ({lanes}, {n}), got {x.dtype} {tuple(x.shape)}")
+    for name, t in (("history_out", history_out), ("history_in", history_in)):
+        if t is not None and (t.shape != (lanes, n) or not t.is_contiguous() or t.dtype != torch.float32):
+            raise ValueError(f"{name}: expected a contiguous fp32 ({lanes}, {n}), got {t.dtype} {tuple(t.shape)}")
+    if mode == "delayed" and history_in is None:
+        raise ValueError("history_in: required with mode 'delayed'")
+    if (embedding is None) != (token is None):
+        raise ValueError("embedding: give both embedding and token, or neither")
+    if embedding is not None and (embedding.dim() != 2 or embedding.shape[1] != n or not embedding.is_contiguous()):
+        raise ValueError(f"embedding: expected a contiguous [V, {n}] table, got {tuple(embedding.shape)}")
+
+    auto_n, auto_k, auto_warps = _pick_blocks(lanes, n, k, weight.device)
+    block_n, block_k, num_warps = block_n or auto_n, block_k or auto_k, num_warps or auto_warps
+    _lane_reduce_gemv_kernel[(triton.cdiv(n, block_n),)](
+        act,
+        act.stride(0),
+        weight,
+        x,
+        embedding if embedding is not None else x,
+        token if token is not None else x,
+        history_out if history_out is not None else x,
+        history_in if history_in is not None else x,
+        n,
+        float(lanes) ** 0.5,
+        K=k,
+        LANES=lanes,
+        LANES_P=triton.next_power_of_2(lanes),
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        MODE=MODES[mode],
+        X_FROM_TOKEN=embedding is not None,
+        STORE_HISTORY=history_out is not None,
+        USE_PDL=use_pdl,
+        num_warps=num_warps,
+        **pdl_kwargs(use_pdl),
+    )
+    return x

@@ -1,0 +1,212 @@
+"""RMSNorm fused into a lane-grouped matrix-vector product (the QKV and the gate/up projections of decode).
+
+    out[l, n] = epilogue( sum_k W[l, n, k] * x[l, k] * g[k] * rstd[l] ),   rstd[l] = 1 / sqrt(mean_k x[l, k]^2 + eps)
+
+The norm is linear in x up to the scalar rstd, so the kernel never materialises the normed vector: every
+program streams its rows against x * g while summing x^2 in the same pass, and scales by rstd at the end. Each
+program covers full rows (all of K), so no second pass and no split-K reduction is needed.
+
+Epilogues: `+ bias` (Qwen2's q/k/v), or `silu(W x) * (W_up x)` (gate/up of the MLP, both matrices streamed in
+one pass).
+
+Bytes: the weight once (L * N * K elements), x and g once per program (L1/L2 hits), out once. Grid: row
+blocks x lanes, sized so that every multiprocessor holds several programs (latency hiding without split-K).
+With layer 0, x is a row of the embedding table chosen by a token id that lives on the device.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from kernels import pdl_kwargs, sm_count
+
+
+@triton.jit
+def _weight_tile(ptr, offs, row_ok, cols, k0: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    # Weights are read once per token: evict them first so activations and the KV cache stay in L2.
+    if k0 + BLOCK_K <= K:
+        return tl.load(ptr + offs + k0, mask=row_ok[:, None], other=0.0, eviction_policy="evict_first")
+    return tl.load(
+        ptr + offs + k0,
+        mask=row_ok[:, None] & (k0 + cols < K)[None, :],
+        other=0.0,
+        eviction_policy="evict_first",
+    )
+
+
+@triton.jit
+def _rmsnorm_gemv_kernel(
+    x_ptr,
+    stride_x_lane,
+    token_ptr,
+    norm_ptr,
+    stride_norm_lane,
+    w_ptr,
+    w_up_ptr,
+    bias_ptr,
+    out_ptr,
+    N,
+    eps,
+    K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    GATED: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    X_FROM_TOKEN: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    lane = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    cols = tl.arange(0, BLOCK_K)
+    w_offs = (lane * N + rows).to(tl.int64)[:, None] * K + cols[None, :]  # [BLOCK_N, BLOCK_K]
+
+    # The first weight tile is in flight before we wait for the kernel that produces x.
+    w_first = _weight_tile(w_ptr, w_offs, row_ok, cols, 0, K, BLOCK_K)
+    if GATED:
+        up_first = _weight_tile(w_up_ptr, w_offs, row_ok, cols, 0, K, BLOCK_K)
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+    if X_FROM_TOKEN:
+        x_row = x_ptr + tl.load(token_ptr).to(tl.int64) * K  # every lane starts from the same embedding row
+    else:
+        x_row = x_ptr + lane * stride_x_lane
+    norm_row = norm_ptr + lane * stride_norm_lane
+
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for i in tl.static_range(0, (K + BLOCK_K - 1) // BLOCK_K):
+        k_ok = i * BLOCK_K + cols < K
+        if i == 0:
+            w = w_first
+        else:
+            w = _weight_tile(w_ptr, w_offs, row_ok, cols, i * BLOCK_K, K, BLOCK_K)
+        xk = tl.load(x_row + i * BLOCK_K + cols, mask=k_ok, other=0.0).to(tl.float32)
+        if HAS_NORM:
+            sumsq += xk * xk
+            xk = xk * tl.load(norm_row + i * BLOCK_K + cols, mask=k_ok, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * xk[None, :]
+        if GATED:
+            if i == 0:
+                u = up_first
+            else:
+                u = _weight_tile(w_up_ptr, w_offs, row_ok, cols, i * BLOCK_K, K, BLOCK_K)
+            acc_up += u.to(tl.float32) * xk[None, :]
+
+    y = tl.sum(acc, axis=1)  # [BLOCK_N]
+    if HAS_NORM:
+        rstd = 1.0 / tl.sqrt(tl.sum(sumsq, axis=0) / K + eps)
+        y = y * rstd
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + lane * N + rows, mask=row_ok, other=0.0).to(tl.float32)
+    if GATED:
+        up = tl.sum(acc_up, axis=1)
+        if HAS_NORM:
+            up = up * rstd
+        y = y * tl.sigmoid(y) * up
+    tl.store(out_ptr + lane * N + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
+
+
+def _pick_blocks(lanes: int, n: int, k: int, gated: bool, device: torch.device) -> tuple[int, int, int]:
+    block_k = min(512, triton.next_power_of_2(k))
+    # The K loop is unrolled, so all of a program's weight loads are in flight at once: keep that under about
+    # 96 elements a thread (about half the registers) so that two or more programs fit on a multiprocessor
+    # and one streams while the other starts.
+    per_program = (2 if gated else 1) * k
+    block_n = 16
+    while block_n > 1 and block_n * per_program > 96 * 256:
+        block_n //= 2
+    while block_n > 1 and lanes * triton.cdiv(n, block_n) < 2 * sm_count(device):
+        block_n //= 2
+    num_warps = 8 if block_n * per_program > 96 * 128 else 4
+    if block_n * block_k < 8 * 32 * num_warps:  # fewer than 8 elements a thread: no 16-byte loads
+        num_warps = 4
+    return block_n, block_k, num_warps
+
+
+def rmsnorm_gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    weight_up: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    token: torch.Tensor | None = None,
+    use_pdl: bool = False,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """out[l] = W[l] @ (rmsnorm(x[l]) * norm_weight) (+ bias[l]), or silu(W[l] @ h) * (W_up[l] @ h) with weight_up.
+
+    x: [L, K] residual (any float dtype), or, with `token` (an int tensor [1] on the device), the embedding table
+    [V, K] whose row token[0] every lane reads. weight, weight_up: [L, N, K]; bias, out: [L, N];
+    norm_weight: [K] (shared by the lanes) or [L, K]; None skips the norm.
+    """
+    if weight.dim() != 3 or not weight.is_contiguous():
+        raise ValueError(f"weight: expected a contiguous [L, N, K] tensor, got {tuple(weight.shape)}")
+    lanes, n, k = weight.shape
+    if weight_up is not None and (weight_up.shape != weight.shape or not weight_up.is_contiguous()):
+        raise ValueError(f"weight_up: expected contiguous {tuple(weight.shape)}, got {tuple(weight_up.shape)}")
+    if weight_up is not None and bias is not None:
+        raise ValueError("bias: not supported together with weight_up")
+    if out.shape != (lanes, n) or not out.is_contiguous():
+        raise ValueError(f"out: expected contiguous ({lanes}, {n}), got {tuple(out.shape)}")
+    if token is None:
+        if x.dim() != 2 or x.shape[1] != k or x.shape[0] not in (1, lanes) or x.stride(1) != 1:
+            raise ValueError(f"x: expected [{lanes} or 1, {k}] with unit inner stride, got {tuple(x.shape)}")
+        stride_x_lane = x.stride(0) if x.shape[0] == lanes else 0
+    else:
+        if x.dim() != 2 or x.shape[1] != k or not x.is_contiguous():
+            raise ValueError(f"x: expected the embedding table [V, {k}], got {tuple(x.shape)}")
+        if token.numel() != 1 or token.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"token: expected one int32/int64 element, got {token.dtype} {tuple(token.shape)}")
+        stride_x_lane = 0
+    stride_norm_lane = 0
+    if norm_weight is not None:
+        if norm_weight.shape == (k,):
+            stride_norm_lane = 0
+        elif norm_weight.shape == (lanes, k) and norm_weight.is_contiguous():
+            stride_norm_lane = k
+        else:
+            raise ValueError(f"norm_weight: expected [{k}] or [{lanes}, {k}], got {tuple(norm_weight.shape)}")
+    if bias is not None and (bias.shape != (lanes, n) or not bias.is_contiguous()):
+        raise ValueError(f"bias: expected contiguous ({lanes}, {n}), got {tuple(bias.shape)}")
+    for name, t in (("x", x), ("weight", weight), ("out", out)):
+        if t.device != weight.device:
+            raise ValueError(f"{name}: on {t.device}, expected {weight.device}")
+
+    auto_n, auto_k, auto_warps = _pick_blocks(lanes, n, k, weight_up is not None, weight.device)
+    block_n, block_k, num_warps = block_n or auto_n, block_k or auto_k, num_warps or auto_warps
+    grid = (triton.cdiv(n, block_n), lanes)
+    _rmsnorm_gemv_kernel[grid](
+        x,
+        stride_x_lane,
+        token if token is not None else x,
+        norm_weight if norm_weight is not None else x,
+        stride_norm_lane,
+        weight,
+        weight_up if weight_up is not None else weight,
+        bias if bias is not None else weight,
+        out,
+        n,
+        eps,
+        K=k,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        HAS_NORM=norm_weight is not None,
+        GATED=weight_up is not None,
+        HAS_BIAS=bias is not None,
+        X_FROM_TOKEN=token is not None,
+        USE_PDL=use_pdl,
+        num_warps=num_warps,
+        **pdl_kwargs(use_pdl),
+    )
+    return out

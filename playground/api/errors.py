@@ -1,0 +1,18 @@
+"""Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}} with an HTTP status."""
+
+from __future__ import annotations
+
+from django.http import JsonResponse
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type="invalid_request_error", param=None, code=None):
+        super().__init__(message)
+        self.status = status
+        self.body = {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+    def response(self) -> JsonResponse:
+        response = JsonResponse(self.body, status=self.status)
+        if self.status == 401:
+            response["WWW-Authenticate"] = "Bearer"
+        return response

@@ -1,0 +1,157 @@
+"""OpenAI request bodies -> a JobSpec, validated once at the edge; every refusal names its field.
+
+Unknown fields are ignored (clients send many optional ones); fields we cannot honour with a
+non-default value (n, logprobs, tools, penalties) are refused rather than silently dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from inference.events import InvalidRequest, SamplingParams
+from inference.protocol import JobSpec
+
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+@dataclass
+class ApiRequest:
+    spec: JobSpec
+    stream: bool
+    include_usage: bool
+
+
+def parse_request(body: dict, chat: bool, max_new_tokens: int, max_prompt_chars: int) -> ApiRequest:
+    """Raises InvalidRequest(field, message) with the client's own field name.
+
+    Without max_tokens a reply may run to `max_new_tokens` (the server's cap, which also clips larger
+    requests): like OpenAI's chat API and llama.cpp's server it ends at a stop token, the cap, or the
+    end of the context (the engine clips to what fits after the prompt). Whether a prompt fits the
+    context only the worker's tokenizer can tell; `max_prompt_chars` turns away the absurd ones early.
+    """
+    if not isinstance(body, dict):
+        raise InvalidRequest("body", "must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model", "is required: one of the ids that GET /v1/models lists")
+    _refuse_unsupported(body)
+    stream = _optional(body, "stream", bool, False)
+    include_usage = False
+    if body.get("stream_options") is not None:
+        options = body["stream_options"]
+        if not stream:
+            raise InvalidRequest("stream_options", "is only allowed when stream is true")
+        if not isinstance(options, dict):
+            raise InvalidRequest("stream_options", "must be an object")
+        include_usage = _optional(options, "include_usage", bool, False, "stream_options.include_usage")
+
+    params = _sampling_params(body, max_new_tokens)
+    if chat:
+        messages = _messages(body.get("messages"))
+        spec = JobSpec(model, messages=messages, chat=True, params=params, source="api")
+        prompt_field, chars = "messages", sum(len(m["content"]) for m in messages)
+    else:
+        spec = JobSpec(model, prompt=_prompt(body.get("prompt")), params=params, source="api")
+        prompt_field, chars = "prompt", len(spec.prompt)
+    if chars > max_prompt_chars:
+        raise InvalidRequest(
+            prompt_field, f"is {chars} characters long; the server takes at most {max_prompt_chars}"
+        )
+    return ApiRequest(spec=spec, stream=stream, include_usage=include_usage)
+
+
+def _sampling_params(body: dict, max_new_tokens: int) -> dict:
+    # max_completion_tokens is the newer name of max_tokens; when both are sent it wins.
+    tokens_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    fields = {
+        "max_new_tokens": body.get(tokens_field),
+        "temperature": body.get("temperature"),
+        "top_p": body.get("top_p"),
+        "top_k": body.get("top_k"),  # vLLM / llama.cpp extensions (extra_body in the openai client)
+        "repetition_penalty": body.get("repetition_penalty"),
+        "seed": body.get("seed"),
+        "stop": _stop(body.get("stop")),
+    }
+    defaults = {"max_new_tokens": max_new_tokens, "temperature": 1.0}  # 1.0: OpenAI's default
+    given = {name: value for name, value in fields.items() if value is not None}
+    try:
+        params = SamplingParams(**{**defaults, **given})
+    except InvalidRequest as exc:
+        field = tokens_field if exc.field == "max_new_tokens" else exc.field
+        raise InvalidRequest(field, exc.message) from None
+    if params.temperature > 2:
+        raise InvalidRequest("temperature", f"must be in [0, 2], got {params.temperature}")
+    return {
+        **asdict(params),
+        "max_new_tokens": min(params.max_new_tokens, max_new_tokens),
+        "stop": list(params.stop),
+    }
+
+
+def _stop(stop) -> tuple | None:
+    if stop is None or isinstance(stop, list | tuple):
+        return tuple(stop) if stop else None
+    if isinstance(stop, str):
+        return (stop,)
+    raise InvalidRequest("stop", "must be a string or a list of strings")
+
+
+def _messages(messages) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("messages", "must be a non-empty list of {role, content} objects")
+    rendered = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise InvalidRequest(where, "must be an object with role and content")
+        role = CHAT_ROLES.get(message.get("role"))
+        if role is None:
+            raise InvalidRequest(f"{where}.role", f"must be one of {', '.join(CHAT_ROLES)}")
+        rendered.append({"role": role, "content": _content(message.get("content"), f"{where}.content")})
+    return rendered
+
+
+def _content(content, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    # The list form: [{"type": "text", "text": "..."}, ...]; only text parts mean anything to us.
+    if isinstance(content, list) and all(isinstance(part, dict) for part in content):
+        if any(part.get("type") != "text" or not isinstance(part.get("text"), str) for part in content):
+            raise InvalidRequest(where, "only text parts ({type: text, text}) are supported")
+        return "".join(part["text"] for part in content)
+    raise InvalidRequest(where, "must be a string or a list of text parts")
+
+
+def _prompt(prompt) -> str:
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise InvalidRequest("prompt", "must be a string (or a list of exactly one string)")
+    return prompt
+
+
+def _optional(body: dict, name: str, kind: type, default, field: str | None = None):
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, kind):
+        raise InvalidRequest(field or name, f"must be a {kind.__name__}, got {value!r}")
+    return value
+
+
+def _refuse_unsupported(body: dict) -> None:
+    if body.get("n") not in (None, 1):
+        raise InvalidRequest("n", f"only n=1 is supported (one reply per request), got {body['n']!r}")
+    if body.get("best_of") not in (None, 1):
+        raise InvalidRequest("best_of", f"only best_of=1 is supported, got {body['best_of']!r}")
+    for name in ("frequency_penalty", "presence_penalty"):
+        if body.get(name) not in (None, 0, 0.0):
+            raise InvalidRequest(name, "is not supported; use repetition_penalty (> 1 discourages repeats)")
+    if body.get("logprobs") not in (None, False, 0):
+        raise InvalidRequest("logprobs", "is not supported")
+    if body.get("tools") or body.get("functions"):
+        raise InvalidRequest("tools", "tool calling is not supported")
+    if body.get("echo"):
+        raise InvalidRequest("echo", "is not supported")
+    if body.get("suffix") is not None:
+        raise InvalidRequest("suffix", "is not supported")

@@ -1,0 +1,314 @@
+"""The OpenAI-compatible API: GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
+
+Async views in daphne's event loop: an open stream is a coroutine reading its job's Redis stream,
+never a thread. Jobs take the same queue and workers as the page. Every error before the first byte
+is an OpenAI-shaped JSON body with its HTTP status; a failure mid-stream is an error chunk, then
+`data: [DONE]`. A client that goes away cancels its job: Django cancels the view (or closes the
+stream's generator) on http.disconnect, and the cleanup below tells the worker to stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from redis.exceptions import RedisError
+
+from inference.events import InvalidRequest
+from inference.protocol import TERMINAL, JobSpec, QueueFull
+from playground.api.auth import authenticate
+from playground.api.errors import ApiError
+from playground.api.params import ApiRequest, parse_request
+from playground.jobs import job_client, served_models
+from playground.store import save_generation
+
+log = logging.getLogger("playground.api")
+INTERNAL_ERROR = "Internal server error (the details are in the server's log)"
+
+
+def endpoint(*methods: str):
+    """An API view: CSRF-exempt (bearer keys, not cookies), method and key checked, ApiError -> JSON."""
+
+    def decorate(view):
+        @csrf_exempt
+        @functools.wraps(view)
+        async def wrapped(request, *args, **kwargs):
+            try:
+                if request.method not in methods:
+                    error = ApiError(405, f"{request.method} is not allowed here; use {', '.join(methods)}")
+                    response = error.response()
+                    response["Allow"] = ", ".join(methods)
+                    return response
+                await authenticate(request)
+                return await view(request, *args, **kwargs)
+            except ApiError as error:
+                return error.response()
+            except RedisError as exc:
+                log.warning("api: the job queue is unreachable: %s", exc)
+                return ApiError(
+                    503, "The job queue is unavailable", "server_error", code="queue_down"
+                ).response()
+            except Exception:  # an API client wants JSON, never Django's HTML error page
+                log.exception("api: %s %s failed", request.method, request.path)
+                return ApiError(500, INTERNAL_ERROR, "server_error").response()
+
+        return wrapped
+
+    return decorate
+
+
+async def known_models() -> dict[str, dict]:
+    """id -> its /v1/models entry: what the live workers serve, then the configured MODELS."""
+    models = served_models(await job_client().workers())
+    return {
+        name: {
+            "id": name,
+            "object": "model",
+            "created": 0,  # unknown: models come and go with their workers
+            "owned_by": "kog",
+            "max_model_len": info["max_context"],  # vLLM's name for the context length
+            "workers": info["workers"],
+        }
+        for name, info in sorted(models.items())
+    }
+
+
+@endpoint("GET")
+async def models(request):
+    return JsonResponse({"object": "list", "data": list((await known_models()).values())})
+
+
+@endpoint("GET")
+async def model_detail(request, model: str):
+    card = (await known_models()).get(model)
+    if card is None:
+        raise ApiError(404, f"The model {model!r} does not exist", param="model", code="model_not_found")
+    return JsonResponse(card)
+
+
+@endpoint("GET", "POST", "PUT", "PATCH", "DELETE")
+async def not_found(request, path: str = ""):
+    raise ApiError(404, f"Unknown API route {request.path}", code="unknown_url")
+
+
+@endpoint("POST")
+async def completions(request):
+    return await complete(request, chat=False)
+
+
+@endpoint("POST")
+async def chat_completions(request):
+    return await complete(request, chat=True)
+
+
+async def complete(request, chat: bool):
+    try:
+        body = json.loads(request.body)
+    except RequestDataTooBig:
+        raise ApiError(413, "The request body is too large", code="body_too_large") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"The body is not valid JSON: {exc}", code="invalid_json") from None
+    try:
+        limits = settings.PLAYGROUND_MAX_NEW_TOKENS, settings.PLAYGROUND_MAX_PROMPT_CHARS
+        api_request = parse_request(body, chat, *limits)
+    except InvalidRequest as exc:
+        raise ApiError(400, str(exc), param=exc.field, code="invalid_value") from None
+    spec = api_request.spec
+    models = await known_models()
+    if spec.model not in models:
+        served = ", ".join(models) or "none"
+        raise ApiError(400, f"The model {spec.model!r} does not exist; served: {served}", "invalid_request_error",
+                       "model", "model_not_found")  # fmt: skip
+    if not models[spec.model]["workers"]:
+        raise ApiError(503, f"No worker serves {spec.model!r} right now", "server_error", code="no_workers")
+    try:
+        await job_client().submit(spec)
+    except QueueFull as exc:
+        raise ApiError(429, str(exc), type="rate_limit_error", code="queue_full") from None
+
+    run = JobRun(spec)
+    try:
+        # Wait for the job's first real event before any status line goes out, so that a refusal
+        # from the worker (a prompt over the context) is still a plain 400, streaming or not.
+        first = await run.next()
+        if first[0] == "error":
+            raise job_error(first[1])
+        if api_request.stream:
+            response = StreamingHttpResponse(
+                sse_stream(run, first, api_request), content_type="text/event-stream"
+            )
+            response["Cache-Control"] = "no-cache"
+            response["X-Accel-Buffering"] = "no"  # nginx: pass each chunk on at once
+            return response
+        event = first
+        while event[0] not in TERMINAL:
+            event = await run.next()
+        if event[0] == "error":
+            raise job_error(event[1])
+        return JsonResponse(await run.finish(api_request, event[1]))
+    except BaseException:  # the client left (CancelledError) or we failed: stop the job
+        await run.cancel_unless_finished()
+        raise
+
+
+async def save(spec: JobSpec, done: dict) -> None:
+    """Keep the generation like the page's; a database hiccup must not fail the reply."""
+    try:
+        await save_generation(spec, done)
+    except Exception:
+        log.exception("could not save api generation %s", spec.id)
+
+
+class JobRun:
+    """One submitted job's events without the queue chatter, and what the reply needs from them."""
+
+    def __init__(self, spec: JobSpec):
+        self.spec = spec
+        self.jobs = job_client()
+        self.events = self.jobs.events(spec.id)
+        self.queue_ms = 0.0
+        self.finished = False
+
+    async def next(self) -> tuple[str, dict]:
+        while True:
+            _, kind, data = await anext(self.events)
+            if kind == "started":
+                self.queue_ms = data["queue_ms"]
+            elif kind != "queue":
+                self.finished = kind in TERMINAL
+                return kind, data
+
+    async def cancel_unless_finished(self) -> None:
+        if not self.finished:
+            self.finished = True
+            await self.jobs.cancel(self.spec.id)
+            log.info("api job %s cancelled: the client went away", self.spec.id)
+
+    async def finish(self, api_request: ApiRequest, done: dict) -> dict:
+        """The non-streamed body for a `done` event (a job cancelled elsewhere is an error)."""
+        if done["finish_reason"] == "cancelled":
+            raise job_error({"code": "cancelled", "message": "The job was cancelled before it finished"})
+        await save(self.spec, done)
+        body = reply_envelope(self.spec, "chat.completion" if self.spec.chat else "text_completion")
+        if self.spec.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": done["text"]}}
+        else:
+            choice = {"index": 0, "text": done["text"]}
+        body["choices"] = [{**choice, "finish_reason": done["finish_reason"], "logprobs": None}]
+        body["usage"] = usage(done["stats"])
+        body["timings"] = timings(done["stats"], self.queue_ms)
+        return body
+
+
+async def sse_stream(run: JobRun, first: tuple[str, dict], api_request: ApiRequest):
+    """`data: {chunk}` lines: the deltas, a last chunk with finish_reason and timings, then [DONE]."""
+    spec = run.spec
+    chunk = Chunks(spec, api_request.include_usage)
+    streamed = []
+    try:
+        if spec.chat:
+            yield chunk.delta({"role": "assistant", "content": ""})
+        kind, data = first
+        while True:
+            if kind == "delta" and data["text"]:
+                streamed.append(data["text"])
+                yield chunk.delta({"content": data["text"]} if spec.chat else data["text"])
+            elif kind == "error":
+                yield sse(job_error(data).body)
+                break
+            elif kind == "done":
+                if data["finish_reason"] == "cancelled":
+                    yield sse(job_error({"code": "cancelled", "message": "The job was cancelled"}).body)
+                    break
+                await save(spec, data)
+                # Text the engine held back (a possible stop-string prefix) arrives only in `done`.
+                sent = "".join(streamed)
+                tail = data["text"][len(sent) :] if data["text"].startswith(sent) else ""
+                yield chunk.last(tail, data["finish_reason"], data["stats"], run.queue_ms)
+                if api_request.include_usage:
+                    yield chunk.usage(data["stats"], run.queue_ms)
+                break
+            kind, data = await run.next()
+        yield b"data: [DONE]\n\n"
+    except (asyncio.CancelledError, GeneratorExit):
+        raise
+    except Exception:  # keep the protocol whole: an error chunk, then [DONE]
+        log.exception("api stream for job %s failed", spec.id)
+        yield sse(ApiError(500, INTERNAL_ERROR, type="server_error").body)
+        yield b"data: [DONE]\n\n"
+    finally:
+        await run.cancel_unless_finished()
+
+
+class Chunks:
+    """The SSE chunk bodies of one stream: chat.completion.chunk or text_completion."""
+
+    def __init__(self, spec: JobSpec, include_usage: bool):
+        self.spec = spec
+        self.envelope = reply_envelope(spec, "chat.completion.chunk" if spec.chat else "text_completion")
+        if include_usage:
+            self.envelope["usage"] = None  # as OpenAI does: null on every chunk but the usage one
+
+    def _choice(self, content, finish_reason=None) -> dict:
+        key = "delta" if self.spec.chat else "text"
+        return {"index": 0, key: content, "finish_reason": finish_reason, "logprobs": None}
+
+    def delta(self, content) -> bytes:
+        return sse({**self.envelope, "choices": [self._choice(content)]})
+
+    def last(self, tail: str, finish_reason: str, stats: dict, queue_ms: float) -> bytes:
+        content = ({"content": tail} if tail else {}) if self.spec.chat else tail
+        choices = [self._choice(content, finish_reason)]
+        return sse({**self.envelope, "choices": choices, "timings": timings(stats, queue_ms)})
+
+    def usage(self, stats: dict, queue_ms: float) -> bytes:
+        return sse(
+            {**self.envelope, "choices": [], "usage": usage(stats), "timings": timings(stats, queue_ms)}
+        )
+
+
+def sse(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+
+
+def reply_envelope(spec: JobSpec, object_type: str) -> dict:
+    prefix = "chatcmpl-" if spec.chat else "cmpl-"
+    return {"id": prefix + spec.id, "object": object_type, "created": int(spec.created), "model": spec.model}
+
+
+def usage(stats: dict) -> dict:
+    prompt, completion = stats["prompt_tokens"], stats["completion_tokens"]
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def timings(stats: dict, queue_ms: float) -> dict:
+    """llama.cpp's server timings (prompt = prefill, predicted = the tokens after it) plus ttft and queue."""
+    prompt_ms = stats["prefill_ms"]
+    predicted_ms = max(stats["total_ms"] - prompt_ms, 0.0)
+    prompt_n, predicted_n = stats["prompt_tokens"], stats["completion_tokens"]
+    return {
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_second": prompt_n * 1000 / prompt_ms if prompt_ms > 0 else 0.0,
+        "predicted_n": predicted_n,
+        "predicted_ms": predicted_ms,
+        "predicted_per_second": predicted_n * 1000 / predicted_ms if predicted_ms > 0 else 0.0,
+        "ttft_ms": stats["ttft_ms"],
+        "queue_ms": queue_ms,
+    }
+
+
+def job_error(data: dict) -> ApiError:
+    """A worker's error event as the HTTP error a client expects."""
+    code = data.get("code") or "internal_error"
+    message = data.get("message") or "The job failed"
+    if code == "invalid_request":
+        return ApiError(400, message, param=data.get("param"), code=code)
+    status = 503 if code in ("worker_lost", "out_of_memory", "cancelled") else 500
+    return ApiError(status, message, type="server_error", code=code)

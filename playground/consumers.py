@@ -1,0 +1,220 @@
+"""The page's websocket at /ws/generate/: submit a job, stream it, stop it, resume it after a reconnect.
+
+Frames are JSON objects with a "type". The consumer only awaits Redis; the model runs in a worker.
+
+Client -> server
+    {"type": "generate", "prompt": str, "model": str, "system_prompt": str,
+     "temperature": float, "top_p": float, "top_k": int, "max_tokens": int, "seed": int,
+     "repetition_penalty": float}                   everything but prompt is optional
+    {"type": "stop"}                                stop the job this socket follows; its partial text is kept
+    {"type": "resume", "job_id": str, "after": str} follow a job again after a reconnect, from the entry
+                                                    after `after` (the last "id" the client applied)
+
+Server -> client. Job frames carry "job_id" and "id", the Redis stream entry id ("" for queue frames,
+which are not stream entries): a client that applies each id once, in order, never shows a gap or
+a duplicate, whatever reconnects happen.
+    {"type": "workers", "up": bool, "count": int, "busy": int, "devices": [str],
+     "models": [{"name", "chat", "max_context", "workers"}]}       on connect, then on every change
+    {"type": "queue", "position": int | null, "workers": int}      jobs ahead; workers serving the model
+    {"type": "started", "worker": str, "queue_ms": float}
+    {"type": "prefilled", "prompt_tokens": int, "prefill_ms": float}
+    {"type": "delta", "text": str, "n": int, "t": float, "t_first": float}
+        n tokens so far; t and t_first are the worker's clock (s) at the last and first token, so
+        decode tokens/s = (n - 1) / (t - t_first) whenever the bytes arrive
+    {"type": "done", "finish_reason": "stop" | "length" | "cancelled", "text": str,
+     "stats": {...} | null, "share_url": str | null}
+    {"type": "error", "code": str, "message": str, "param": str?}
+        codes: bad_frame, invalid_request (with param), busy, queue_full, unknown_job,
+        worker_lost, unavailable, and the worker's own (internal_error, out_of_memory)
+A bad frame gets an error frame and the socket stays open.
+
+A job outlives its socket so that a reconnect can resume it; when the last socket following it
+closes and none resumes it within PLAYGROUND_ORPHAN_GRACE_S, it is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+
+import redis
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from inference.events import InvalidRequest
+from inference.protocol import EVENTS_TTL_S, PREFIX, JobClient, JobSpec, QueueFull
+from playground.jobs import job_client, served_models, spec_from_frame, worker_summary
+from playground.store import save_generation
+
+log = logging.getLogger("playground.consumers")
+
+ENTRY_ID = re.compile(r"\d+(-\d+)?")
+JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_orphan_checks: set[asyncio.Task] = set()  # strong references, so pending checks are not collected
+
+
+def watchers_key(job_id: str) -> str:
+    return f"{PREFIX}web:watchers:{job_id}"
+
+
+class GenerateConsumer(AsyncWebsocketConsumer):
+    async def connect(self):
+        self.jobs: JobClient = job_client()
+        self.spec: JobSpec | None = None  # the job this socket follows
+        self.follower: asyncio.Task | None = None
+        await self.accept()
+        self.status_task = asyncio.create_task(self.watch_workers())
+
+    async def disconnect(self, code):
+        self.status_task.cancel()
+        if self.following():
+            self.follower.cancel()
+            await self.detach(self.spec.id)
+
+    async def receive(self, text_data=None, bytes_data=None):
+        try:
+            frame = json.loads(text_data) if text_data is not None else None
+        except ValueError:
+            frame = None
+        if not isinstance(frame, dict):
+            return await self.send_error("bad_frame", "frames must be JSON objects with a type")
+        handler = {"generate": self.generate, "stop": self.stop, "resume": self.resume}.get(frame.get("type"))
+        if handler is None:
+            return await self.send_error(
+                "bad_frame", f"type: must be generate, stop or resume, got {frame.get('type')!r}"
+            )
+        try:
+            await handler(frame)
+        except InvalidRequest as exc:
+            await self.send_error("invalid_request", str(exc), param=exc.field)
+        except QueueFull as exc:
+            await self.send_error("queue_full", str(exc))
+        except redis.RedisError as exc:
+            log.warning("redis unavailable: %s", exc)
+            await self.send_error("unavailable", "the job queue is unreachable; try again shortly")
+
+    # ---- client frames ----------------------------------------------------------------------------
+
+    async def generate(self, frame: dict) -> None:
+        if self.following():
+            return await self.send_error("busy", "a generation is running on this connection; stop it first")
+        models = served_models(await self.jobs.workers())
+        spec = spec_from_frame(frame, models)
+        await self.jobs.submit(spec)
+        await self.attach(spec)
+        position = await self.jobs.position(spec.id, spec.model)
+        await self.send_frame(
+            spec.id, "", "queue", {"position": position, "workers": models[spec.model]["workers"]}
+        )
+        self.follow(after="0-0")
+
+    async def stop(self, frame: dict) -> None:
+        # Stopping a job that has just ended is not an error: the click and the end crossed paths.
+        if self.following():
+            await self.jobs.cancel(self.spec.id)
+
+    async def resume(self, frame: dict) -> None:
+        job_id, after = frame.get("job_id"), frame.get("after") or "0-0"
+        if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
+            raise InvalidRequest("job_id", "must be the job_id of an earlier queue frame")
+        if not isinstance(after, str) or not ENTRY_ID.fullmatch(after):
+            raise InvalidRequest("after", "must be a stream entry id such as 1700000000000-0")
+        if self.following():
+            return await self.send_error("busy", "a generation is running on this connection; stop it first")
+        job = await self.jobs.status(job_id)
+        if not job:
+            return await self.send_error("unknown_job", f"job_id: no job {job_id}; finished jobs expire")
+        await self.attach(JobSpec.from_json(job["spec"]))
+        self.follow(after=after)
+
+    # ---- following a job --------------------------------------------------------------------------
+
+    def following(self) -> bool:
+        return self.follower is not None and not self.follower.done()
+
+    def follow(self, after: str) -> None:
+        self.follower = asyncio.create_task(self.stream(self.spec, after))
+
+    async def stream(self, spec: JobSpec, after: str) -> None:
+        try:
+            async for entry_id, kind, data in self.jobs.events(spec.id, after=after):
+                if kind == "delta":
+                    data = {key: data[key] for key in ("text", "n", "t", "t_first")}  # token ids stay home
+                elif kind == "prefilled":
+                    data = {key: data[key] for key in ("prompt_tokens", "prefill_ms")}
+                elif kind == "done":
+                    data = await self.finished(spec, data)
+                await self.send_frame(spec.id, entry_id, kind, data)
+        except redis.RedisError as exc:
+            log.warning("lost redis while streaming %s: %s", spec.id, exc)
+            await self.send_error("unavailable", "lost the job queue; reconnect to resume", job_id=spec.id)
+
+    async def finished(self, spec: JobSpec, done: dict) -> dict:
+        stats = done.get("stats")
+        if stats:
+            stats = {key: value for key, value in stats.items() if key != "token_times"}
+        share_url = None
+        if done.get("stats") is not None:  # a job cancelled before it started has nothing to share
+            try:
+                share_url = (await save_generation(spec, done)).get_absolute_url()
+            except Exception:  # the run itself succeeded: show it even if the database is down
+                log.exception("could not save generation %s", spec.id)
+        return {
+            "finish_reason": done["finish_reason"],
+            "text": done["text"],
+            "stats": stats,
+            "share_url": share_url,
+        }
+
+    async def attach(self, spec: JobSpec) -> None:
+        self.spec = spec
+        pipe = self.jobs.r.pipeline()
+        pipe.incr(watchers_key(spec.id))
+        pipe.expire(watchers_key(spec.id), EVENTS_TTL_S)
+        await pipe.execute()
+
+    async def detach(self, job_id: str) -> None:
+        try:
+            if await self.jobs.r.decr(watchers_key(job_id)) <= 0:
+                task = asyncio.create_task(cancel_if_orphaned(self.jobs, job_id))
+                _orphan_checks.add(task)
+                task.add_done_callback(_orphan_checks.discard)
+        except redis.RedisError as exc:
+            log.warning("could not detach from %s: %s", job_id, exc)
+
+    # ---- worker status ----------------------------------------------------------------------------
+
+    async def watch_workers(self) -> None:
+        last = None
+        while True:
+            try:
+                summary = worker_summary(await self.jobs.workers())
+            except redis.RedisError:
+                summary = {**worker_summary([]), "error": "the job queue is unreachable"}
+            if summary != last:
+                await self.send(text_data=json.dumps({"type": "workers", **summary}))
+                last = summary
+            await asyncio.sleep(settings.PLAYGROUND_STATUS_INTERVAL_S)
+
+    # ---- sending ----------------------------------------------------------------------------------
+
+    async def send_frame(self, job_id: str, entry_id: str, kind: str, data: dict) -> None:
+        await self.send(text_data=json.dumps({"type": kind, "job_id": job_id, "id": entry_id, **data}))
+
+    async def send_error(self, code: str, message: str, **extra) -> None:
+        await self.send(text_data=json.dumps({"type": "error", "code": code, "message": message, **extra}))
+
+
+async def cancel_if_orphaned(jobs: JobClient, job_id: str) -> None:
+    """Cancel a job nobody watches any more, unless a client resumes it within the grace period."""
+    await asyncio.sleep(settings.PLAYGROUND_ORPHAN_GRACE_S)
+    try:
+        if int(await jobs.r.get(watchers_key(job_id)) or 0) > 0:
+            return
+        if (await jobs.status(job_id)).get("status") in ("queued", "running"):
+            log.info("cancelling %s: its page closed", job_id)
+            await jobs.cancel(job_id)
+    except redis.RedisError as exc:
+        log.warning("orphan check for %s failed: %s", job_id, exc)

@@ -1,0 +1,139 @@
+"""Settings, all from the environment: safe for production by default, `DJANGO_DEBUG=1` for development.
+
+DJANGO_SECRET_KEY       required in production (a random per-process key is used otherwise, with a warning)
+DJANGO_DEBUG            1/true to enable debug pages (default off)
+DJANGO_ALLOWED_HOSTS    comma-separated host names (default 127.0.0.1,localhost)
+DJANGO_CSRF_TRUSTED_ORIGINS  comma-separated origins, e.g. https://play.example.com (admin login behind a proxy)
+DJANGO_BEHIND_HTTPS_PROXY    1 when a TLS-terminating proxy sets X-Forwarded-Proto (secure cookies)
+DATABASE_URL            sqlite:///path or postgres://user:pass@host/db (default var/db.sqlite3)
+REDIS_URL               the job queue and the channel layer (default redis://127.0.0.1:6379/0)
+MODELS                  models offered before any worker has announced itself (comma-separated)
+PLAYGROUND_MAX_QUEUE    jobs that may wait per model before new ones are refused (default 32)
+PLAYGROUND_MAX_NEW_TOKENS   the largest max_tokens the page may ask for (default 8192)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    return os.environ.get(name, str(default)).strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_list(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+DEBUG = env_bool("DJANGO_DEBUG")
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG:
+        logging.getLogger("playground").warning(
+            "DJANGO_SECRET_KEY is unset: using a random key (sessions end when the process restarts)"
+        )
+    SECRET_KEY = "dev-only-insecure-key" if DEBUG else secrets.token_urlsafe(50)
+
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost")
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS")
+if env_bool("DJANGO_BEHIND_HTTPS_PROXY"):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+
+INSTALLED_APPS = [
+    "daphne",  # first: its runserver serves the websocket routes too
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "playground",
+    "playground.api",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "playground.urls"
+ASGI_APPLICATION = "playground.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DEFAULT_SQLITE = BASE_DIR / "var" / "db.sqlite3"
+if "DATABASE_URL" not in os.environ:
+    DEFAULT_SQLITE.parent.mkdir(exist_ok=True)
+# conn_max_age=0: Django's async views and consumers run ORM calls in a thread pool, where
+# persistent connections would outlive their requests.
+DATABASES = {"default": dj_database_url.config(default=f"sqlite:///{DEFAULT_SQLITE}", conn_max_age=0)}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+CHANNEL_LAYERS = {
+    "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}},
+}
+
+PLAYGROUND_MODELS = env_list("MODELS")
+PLAYGROUND_MAX_QUEUE = int(os.environ.get("PLAYGROUND_MAX_QUEUE", "32"))
+PLAYGROUND_MAX_NEW_TOKENS = int(os.environ.get("PLAYGROUND_MAX_NEW_TOKENS", "8192"))
+PLAYGROUND_MAX_PROMPT_CHARS = int(os.environ.get("PLAYGROUND_MAX_PROMPT_CHARS", "100000"))
+PLAYGROUND_STATUS_INTERVAL_S = float(os.environ.get("PLAYGROUND_STATUS_INTERVAL_S", "1.0"))
+# A job whose every watcher left (tab closed) is cancelled after this long unless a client resumes it.
+PLAYGROUND_ORPHAN_GRACE_S = float(os.environ.get("PLAYGROUND_ORPHAN_GRACE_S", "15"))
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+# Served by Django's ASGIStaticFilesHandler (see asgi.py) straight from the app folders: daphne
+# serves them with DEBUG off and no collectstatic step. STATIC_ROOT is for a CDN or proxy.
+STATIC_URL = "/static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_REFERRER_POLICY = "same-origin"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+}

@@ -1,0 +1,295 @@
+"""The OpenAI-compatible API end to end: the official `openai` client against daphne, Redis and real
+workers (the E2E model; the stand-in engine where a test needs a generation of known length)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import httpx
+import openai
+import pytest
+import redis
+from conftest import ROOT, WebServer, WorkerProcess, e2e_model
+
+from inference.protocol import job_key
+
+STANDIN = "standin:200"  # echoes its prompt at 200 tokens/s: a generation as long as a test needs
+
+
+@pytest.fixture(scope="module")
+def stack(redis_server, tmp_path_factory):
+    """One worker with the E2E model and one daphne for the whole module (Redis flushed once)."""
+    redis.Redis.from_url(redis_server).flushall()
+    tmp = tmp_path_factory.mktemp("api")
+    worker = WorkerProcess(redis_server, [e2e_model()], tmp / "worker.log")
+    web = None
+    try:
+        ready = worker.wait_ready()
+        # room in the queue for the fifty concurrent clients below (the default turns the 33rd away: 429)
+        web = WebServer(redis_server, tmp, env={"PLAYGROUND_MAX_QUEUE": "64"})
+        yield SimpleNamespace(web=web, worker=worker, model=ready["models"][0], redis_url=redis_server)
+    finally:
+        if web is not None:
+            web.stop()
+        worker.stop()
+
+
+@pytest.fixture
+def standin(stack, tmp_path):
+    worker = WorkerProcess(stack.redis_url, [STANDIN], tmp_path / "standin.log")
+    try:
+        worker.wait_ready()
+        yield worker
+    finally:
+        worker.stop()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(stack):
+    from inference.engine import resolve_model
+    from inference.tokenizer import Tokenizer
+
+    return Tokenizer.from_dir(resolve_model(e2e_model()))
+
+
+def api(web, key: str = "no-key-needed") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{web.url}/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def sse_lines(response: httpx.Response) -> list[str]:
+    return [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+
+
+# ---- what a client gets ------------------------------------------------------------------------
+
+
+def test_models_lists_what_the_workers_serve(stack):
+    models = api(stack.web).models.list().data
+    assert [m.id for m in models] == [stack.model]
+    assert models[0].model_extra["max_model_len"] > 0
+    assert api(stack.web).models.retrieve(stack.model).id == stack.model
+
+
+def test_chat_streamed_and_not_agree_with_usage_from_our_tokenizer(stack, tokenizer):
+    client = api(stack.web)
+    messages = [
+        {"role": "system", "content": "You write Python."},
+        {"role": "user", "content": "def add(a, b):"},
+    ]
+    kwargs = {"model": stack.model, "messages": messages, "max_tokens": 12, "temperature": 0}
+    reply = client.chat.completions.create(**kwargs)
+    text = reply.choices[0].message.content
+    assert reply.object == "chat.completion" and reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].finish_reason in ("stop", "length")
+
+    prompt_ids = tokenizer.encode(tokenizer.apply_chat_template(messages), add_special=False)
+    assert reply.usage.prompt_tokens == len(prompt_ids)
+    assert 1 <= reply.usage.completion_tokens <= 12
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+    assert_timings(reply.model_extra["timings"], reply.usage)
+
+    chunks = list(
+        client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True})
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    finished = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finished) == 1 and finished[0].choices[0].finish_reason == reply.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage == reply.usage  # the usage chunk comes last
+    assert {c.id for c in chunks} == {chunks[0].id} and chunks[0].id != reply.id  # one job per request
+    assert_timings(finished[0].model_extra["timings"], reply.usage)
+
+
+def test_completions_streamed_and_not_agree_with_usage_from_our_tokenizer(stack, tokenizer):
+    client = api(stack.web)
+    prompt = "import os\n\ndef list_files(path):\n"
+    kwargs = {"model": stack.model, "prompt": prompt, "max_tokens": 10, "temperature": 0.8, "seed": 7}
+    reply = client.completions.create(**kwargs)
+    assert reply.object == "text_completion"
+    assert reply.usage.prompt_tokens == len(tokenizer.encode(prompt))
+    assert_timings(reply.model_extra["timings"], reply.usage)
+
+    chunks = list(client.completions.create(**kwargs, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == reply.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks][-1] == reply.choices[0].finish_reason
+    assert all(c.usage is None for c in chunks)  # no include_usage: no usage chunk
+    assert_timings(chunks[-1].model_extra["timings"], reply.usage)
+
+
+def assert_timings(timings: dict, usage) -> None:
+    assert timings["prompt_n"] == usage.prompt_tokens
+    assert timings["predicted_n"] == usage.completion_tokens
+    for name in ("prompt_ms", "predicted_ms", "ttft_ms", "queue_ms"):
+        assert timings[name] >= 0, name
+    assert timings["prompt_per_second"] == pytest.approx(timings["prompt_n"] * 1000 / timings["prompt_ms"])
+    assert timings["predicted_per_second"] == pytest.approx(
+        timings["predicted_n"] * 1000 / timings["predicted_ms"]
+    )
+    assert timings["ttft_ms"] >= timings["prompt_ms"]  # the first token comes after the prefill
+
+
+def test_sse_framing_ends_with_done(stack):
+    body = {"model": stack.model, "prompt": "x = ", "max_tokens": 3, "stream": True}
+    with httpx.stream("POST", f"{stack.web.url}/v1/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = sse_lines(response)
+    assert lines[-1] == "[DONE]" and lines.count("[DONE]") == 1
+    chunks = [json.loads(line) for line in lines[:-1]]
+    assert [c["choices"][0]["finish_reason"] is not None for c in chunks] == [False] * (len(chunks) - 1) + [
+        True
+    ]
+
+
+# ---- what goes wrong ---------------------------------------------------------------------------
+
+
+def error_of(response: httpx.Response) -> dict:
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    return error
+
+
+def test_bad_requests_are_openai_errors_and_the_server_stays_up(stack):
+    url = f"{stack.web.url}/v1"
+    malformed = httpx.post(f"{url}/chat/completions", content=b'{"model": ', timeout=10)
+    assert malformed.status_code == 400 and error_of(malformed)["code"] == "invalid_json"
+
+    client = api(stack.web)
+    chat = {"model": stack.model, "messages": [{"role": "user", "content": "hi"}]}
+    bad = [
+        ({**chat, "model": "no-such-model"}, "model"),
+        ({**chat, "temperature": -1}, "temperature"),
+        ({**chat, "top_p": 1.5}, "top_p"),
+        ({**chat, "max_tokens": 0}, "max_tokens"),
+        ({**chat, "n": 2}, "n"),
+        ({**chat, "messages": []}, "messages"),
+        ({**chat, "stop": 3}, "stop"),
+    ]
+    for body, param in bad:
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(**body)
+        assert info.value.status_code == 400 and info.value.body["param"] == param, body
+        assert info.value.body["type"] == "invalid_request_error"
+
+    assert error_of(httpx.get(f"{url}/embeddings", timeout=10))["code"] == "unknown_url"
+    wrong_method = httpx.get(f"{url}/chat/completions", timeout=10)
+    assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
+    assert error_of(httpx.get(f"{url}/models/nope", timeout=10))["code"] == "model_not_found"
+
+    reply = client.chat.completions.create(**chat, max_tokens=2)  # still serving
+    assert reply.usage.completion_tokens >= 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_prompt_over_the_context_is_a_400_streaming_or_not(stack, stream):
+    max_context = api(stack.web).models.retrieve(stack.model).model_extra["max_model_len"]
+    prompt = "def f(x):\n    return x\n" * max_context  # several tokens a line: well over the context
+    with pytest.raises(openai.BadRequestError) as info:
+        api(stack.web).completions.create(model=stack.model, prompt=prompt, max_tokens=2, stream=stream)
+    assert info.value.body["param"] == "prompt"
+    assert (
+        api(stack.web).completions.create(model=stack.model, prompt="a", max_tokens=1).usage.completion_tokens
+    )
+
+
+def test_a_client_that_disconnects_frees_the_worker_within_a_second(stack, standin):
+    client = api(stack.web)
+    stream = client.completions.create(model=STANDIN, prompt="abc", max_tokens=100_000, stream=True)
+    chunks = iter(stream)
+    job_id = next(chunks).id.removeprefix("cmpl-")
+    next(chunks)
+    stream.close()  # hang up mid-stream: without a cancel the worker would be busy for 40 s
+
+    reply = client.completions.create(model=STANDIN, prompt="next", max_tokens=1)
+    assert reply.choices[0].text == "n"
+    assert reply.model_extra["timings"]["queue_ms"] < 1000
+    job = redis.Redis.from_url(stack.redis_url, decode_responses=True).hgetall(job_key(job_id))
+    assert job["status"] == "cancelled"
+
+
+def test_a_client_that_gives_up_on_a_whole_reply_frees_the_worker_too(stack, standin):
+    body = {"model": STANDIN, "prompt": "abc", "max_tokens": 100_000}
+    with pytest.raises(httpx.ReadTimeout):  # a non-streamed reply: the view is waiting for `done`
+        httpx.post(f"{stack.web.url}/v1/completions", json=body, timeout=httpx.Timeout(10, read=0.5))
+
+    reply = api(stack.web).completions.create(model=STANDIN, prompt="next", max_tokens=1)
+    assert reply.model_extra["timings"]["queue_ms"] < 1000
+
+
+def test_a_worker_lost_mid_stream_is_an_error_chunk_then_done(stack, standin):
+    body = {
+        "model": STANDIN,
+        "messages": [{"role": "user", "content": "abc"}],
+        "max_tokens": 5000,
+        "stream": True,
+    }
+    with httpx.stream("POST", f"{stack.web.url}/v1/chat/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        assert next(lines).startswith("data: ")  # the role chunk
+        standin.kill()
+        rest = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "[DONE]"
+    assert json.loads(rest[-2])["error"]["code"] == "worker_lost"
+    assert all("choices" in json.loads(line) for line in rest[:-2])
+
+
+# ---- many clients at once ----------------------------------------------------------------------
+
+
+def test_fifty_concurrent_streams_each_match_the_unstreamed_reply(stack):
+    client = openai.AsyncOpenAI(base_url=f"{stack.web.url}/v1", api_key="x", max_retries=0, timeout=300)
+    common = {"model": stack.model, "max_tokens": 8, "temperature": 1.0}
+
+    def messages(seed):
+        return [{"role": "user", "content": f"Write function number {seed}."}]
+
+    async def streamed(seed: int):
+        stream = await client.chat.completions.create(
+            **common, messages=messages(seed), seed=seed, stream=True, stream_options={"include_usage": True}
+        )
+        return [chunk async for chunk in stream]
+
+    async def unstreamed(seed: int):
+        return await client.chat.completions.create(**common, messages=messages(seed), seed=seed)
+
+    async def run():
+        streams = await asyncio.gather(*(streamed(seed) for seed in range(50)))
+        replies = await asyncio.gather(*(unstreamed(seed) for seed in range(50)))
+        await client.close()
+        return streams, replies
+
+    streams, replies = asyncio.run(run())
+    assert len({chunks[0].id for chunks in streams}) == 50
+    assert len({reply.choices[0].message.content for reply in replies}) > 1  # the seeds do matter
+    for chunks, reply in zip(streams, replies, strict=True):
+        assert {c.id for c in chunks} == {chunks[0].id}  # no chunk strayed into another stream
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == reply.choices[0].message.content
+        assert sum(1 for c in chunks if c.choices and c.choices[0].finish_reason) == 1
+        assert chunks[-1].usage == reply.usage
+
+
+# ---- keys --------------------------------------------------------------------------------------
+
+
+def test_with_a_key_configured_only_that_key_gets_in(stack, tmp_path):
+    web = WebServer(stack.redis_url, tmp_path)  # a database of its own: keys close the whole API
+    try:
+        create = [sys.executable, "manage.py", "apikey", "create", "ci"]
+        key = subprocess.run(create, cwd=ROOT, env=web.env, check=True, capture_output=True, text=True).stdout
+        key = key.strip()
+        missing = httpx.get(f"{web.url}/v1/models", timeout=10)  # no Authorization header at all
+        assert missing.status_code == 401 and error_of(missing)["code"] == "invalid_api_key"
+        with pytest.raises(openai.AuthenticationError):
+            api(web, "kog-wrong").models.list()
+        assert [m.id for m in api(web, key).models.list().data] == [stack.model]
+        reply = api(web, key).completions.create(model=stack.model, prompt="a", max_tokens=1)
+        assert reply.usage.completion_tokens == 1
+    finally:
+        web.stop()

@@ -1,0 +1,81 @@
+"""API keys: the management command, hashing, and the bearer check against a real database."""
+
+import hashlib
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.test import RequestFactory
+
+from playground.api.auth import authenticate
+from playground.api.errors import ApiError
+from playground.api.models import ApiKey
+
+
+def create_key(name: str, capsys) -> str:
+    call_command("apikey", "create", name)
+    return capsys.readouterr().out.strip()
+
+
+@pytest.mark.django_db
+def test_create_prints_the_key_once_and_stores_only_its_hash(capsys):
+    key = create_key("ci", capsys)
+    row = ApiKey.objects.get(name="ci")
+    assert key.startswith("kog-") and len(key) > 40
+    assert row.key_hash == hashlib.sha256(key.encode()).hexdigest()
+    assert key.startswith(row.prefix) and len(row.prefix) < len(key) // 2
+    assert key not in str(ApiKey.objects.values().get(name="ci"))
+
+    call_command("apikey", "list")
+    listing = capsys.readouterr().out
+    assert "ci" in listing and row.prefix in listing and key not in listing and "active" in listing
+
+    with pytest.raises(CommandError, match="exists already"):
+        call_command("apikey", "create", "ci")
+
+
+@pytest.mark.django_db
+def test_revoke_by_name_or_prefix(capsys):
+    create_key("a", capsys)
+    create_key("b", capsys)
+    call_command("apikey", "revoke", "a")
+    call_command("apikey", "revoke", ApiKey.objects.get(name="b").prefix)
+    assert all(k.revoked is not None for k in ApiKey.objects.all())
+    with pytest.raises(CommandError, match="revoked already"):
+        call_command("apikey", "revoke", "a")
+    with pytest.raises(CommandError, match="no key named"):
+        call_command("apikey", "revoke", "nobody")
+
+
+def request_with(authorization: str | None):
+    headers = {} if authorization is None else {"Authorization": authorization}
+    return RequestFactory().post("/v1/completions", headers=headers)
+
+
+async def status_of(authorization: str | None) -> int:
+    try:
+        await authenticate(request_with(authorization))
+    except ApiError as error:
+        assert error.body["error"]["code"] == "invalid_api_key"
+        return error.status
+    return 200
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_open_until_the_first_key_then_only_active_keys_pass(capsys):
+    assert await status_of(None) == 200  # no keys: the API is open
+
+    key = ApiKey(name="ci")
+    secret = key.set_new_key()
+    await key.asave()
+    assert await status_of(None) == 401
+    assert await status_of("Bearer ") == 401
+    assert await status_of(f"Basic {secret}") == 401
+    assert await status_of("Bearer kog-wrong") == 401
+    assert await status_of(f"Bearer {secret}") == 200
+    await key.arefresh_from_db()
+    assert key.last_used is not None
+
+    key.revoked = key.last_used
+    await key.asave()
+    assert await status_of(f"Bearer {secret}") == 401  # revoked, and the API stays closed
+    assert await status_of(None) == 401

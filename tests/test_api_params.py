@@ -1,0 +1,113 @@
+"""OpenAI request bodies -> JobSpec: what is accepted, what each refusal names."""
+
+import pytest
+
+from inference.events import InvalidRequest
+from playground.api.params import parse_request
+
+CAP = 100
+MAX_CHARS = 50
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def parse(body: dict, chat: bool):
+    return parse_request(body, chat, max_new_tokens=CAP, max_prompt_chars=MAX_CHARS)
+
+
+def refused_field(body: dict, chat: bool = True) -> str:
+    with pytest.raises(InvalidRequest) as info:
+        parse(body, chat)
+    assert info.value.field in str(info.value)  # the one-line message names the field
+    return info.value.field
+
+
+def test_chat_request_becomes_a_chat_job_with_openai_defaults():
+    request = parse(CHAT, chat=True)
+    spec = request.spec
+    assert (spec.model, spec.chat, spec.prompt, spec.source) == ("m", True, None, "api")
+    assert spec.messages == [{"role": "user", "content": "hi"}]
+    assert spec.params["temperature"] == 1.0 and spec.params["max_new_tokens"] == CAP
+    assert (request.stream, request.include_usage) == (False, False)
+    assert spec.sampling_params().temperature == 1.0  # what the worker rebuilds validates again
+
+
+def test_completion_parameters_map_onto_sampling_params():
+    body = {"model": "m", "prompt": ["def f():"], "max_tokens": 7, "temperature": 0, "top_p": 0.5,
+            "seed": 3, "stop": "\n\n", "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    request = parse(body, chat=False)
+    params = request.spec.sampling_params()
+    assert request.spec.prompt == "def f():" and not request.spec.chat
+    assert (params.max_new_tokens, params.temperature, params.top_p, params.seed) == (7, 0, 0.5, 3)
+    assert params.stop == ("\n\n",)
+    assert (request.stream, request.include_usage) == (True, True)
+
+
+def test_max_completion_tokens_wins_over_max_tokens():
+    spec = parse({**CHAT, "max_tokens": 5, "max_completion_tokens": 9}, chat=True).spec
+    assert spec.params["max_new_tokens"] == 9
+
+
+def test_max_tokens_over_the_servers_cap_is_clipped_to_it():
+    spec = parse({**CHAT, "max_tokens": CAP + 1}, chat=True).spec
+    assert spec.params["max_new_tokens"] == CAP
+
+
+def test_message_parts_roles_and_stop_lists():
+    messages = [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+    ]
+    spec = parse({"model": "m", "messages": messages, "stop": ["x", "y"]}, chat=True).spec
+    assert spec.messages == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "ab"}]
+    assert spec.sampling_params().stop == ("x", "y")
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"model": None}, "model"),
+        ({"messages": []}, "messages"),
+        ({"messages": ["hi"]}, "messages[0]"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_completion_tokens": "many"}, "max_completion_tokens"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"temperature": 2.5}, "temperature"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"seed": 1.5}, "seed"),
+        ({"stop": 5}, "stop"),
+        ({"stop": ["ok", 3]}, "stop"),
+        ({"n": 2}, "n"),
+        ({"stream": "yes"}, "stream"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"stream": True, "stream_options": {"include_usage": "y"}}, "stream_options.include_usage"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"logprobs": True}, "logprobs"),
+        ({"tools": [{"type": "function"}]}, "tools"),
+    ],
+)
+def test_bad_chat_parameters_name_their_field(change, field):
+    assert refused_field({**CHAT, **change}) == field
+
+
+@pytest.mark.parametrize("prompt", [None, 3, ["a", "b"], [1, 2, 3]])
+def test_completion_prompt_must_be_one_string(prompt):
+    assert refused_field({"model": "m", "prompt": prompt}, chat=False) == "prompt"
+
+
+def test_body_must_be_an_object():
+    assert refused_field([CHAT]) == "body"
+
+
+def test_unknown_and_default_valued_fields_are_accepted():
+    body = {**CHAT, "user": "me", "n": 1, "presence_penalty": 0, "logprobs": False, "metadata": {}}
+    assert parse(body, chat=True).spec.model == "m"
+
+
+def test_prompts_over_the_servers_character_cap_are_refused():
+    long_turns = [{"role": "user", "content": "x" * 30}, {"role": "assistant", "content": "y" * 30}]
+    assert refused_field({"model": "m", "messages": long_turns}) == "messages"
+    assert refused_field({"model": "m", "prompt": "x" * (MAX_CHARS + 1)}, chat=False) == "prompt"

@@ -1,0 +1,134 @@
+"""What a person sees: Debian's chromium, driven by playwright, on the page that daphne serves.
+
+The stand-in engine echoes the prompt, so the expected output is known exactly.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+XSS = '<img src=x onerror=alert(1)>\n<script>alert("pwned")</script>\n<b onmouseover=alert(2)>bold</b>\n'
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian's chromium is missing: apt-get install -y chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    page.dialogs = []
+    page.errors = []
+    page.on("dialog", lambda dialog: (page.dialogs.append(dialog.message), dialog.dismiss()))
+    page.on("pageerror", lambda error: page.errors.append(str(error)))
+    yield page
+    context.close()
+
+
+def open_playground(page, url: str) -> None:
+    page.goto(url)
+    page.wait_for_selector("#worker-status[data-up=true]", timeout=15_000)
+
+
+def generate(page, prompt: str, max_tokens: int) -> None:
+    page.fill("#prompt", prompt)
+    page.fill("#max-tokens", str(max_tokens))
+    page.click("#generate")
+
+
+def test_prompt_streams_with_live_speed_and_stop_keeps_partial_text(start_worker, start_web, page):
+    start_worker(models=["standin:300"])
+    server = start_web()
+    open_playground(page, server.url)
+    assert page.input_value("#model") == "standin:300"
+    prompt = "def greet(name):\n    return f'hello {name}'\n\n"
+    generate(page, prompt, 3000)
+
+    page.wait_for_function("document.getElementById('tokens').textContent > 20", timeout=15_000)
+    assert page.get_attribute("#state", "data-state") == "streaming"
+    assert float(page.text_content("#tok-s")) > 0
+    assert float(page.text_content("#ttft")) >= 0
+    assert (prompt * 100).startswith(page.text_content("#output"))
+    assert page.is_disabled("#generate")
+
+    page.click("#stop")
+    page.wait_for_selector("#state[data-state=stopped]", timeout=10_000)
+    shown = page.text_content("#output")
+    tokens = int(page.text_content("#tokens"))
+    assert 20 < tokens < 3000 and len(shown) == tokens  # one character per stand-in token
+    assert shown == (prompt * 100)[:tokens]
+    assert page.get_attribute("#output", "data-stream-check") == "ok"
+    assert page.is_visible("#final-stats") and "tok/s" in page.text_content("#stat-decode")
+    assert page.is_enabled("#generate") and page.is_visible("#copy")
+
+    share = page.get_attribute("#share", "href")
+    assert re.fullmatch(r"/g/[\w-]+", share)
+    page.goto(server.url + share)
+    assert page.text_content("#output") == shown
+    assert page.errors == []
+
+
+def test_model_output_is_shown_as_text_never_run_as_html(start_worker, start_web, page):
+    start_worker(models=["standin:2000"])
+    server = start_web()
+    open_playground(page, server.url)
+    generate(page, XSS, len(XSS))
+    page.wait_for_selector("#state[data-state=done]", timeout=15_000)
+
+    assert page.text_content("#output") == XSS
+    for selector in ("#output img", "#output script", "#output b", "img[src=x]"):
+        assert page.locator(selector).count() == 0, selector
+    assert page.locator("#output span").count() > 0  # highlighted, with spans of our own making
+
+    page.goto(server.url + page.get_attribute("#share", "href"))
+    assert page.text_content("#output") == XSS
+    assert page.locator("main img, main script").count() == 0
+    page.wait_for_timeout(300)  # give an injected onerror handler the chance to fire
+    assert page.dialogs == [] and page.errors == []
+
+
+def test_dropped_connection_reconnects_and_resumes_without_gap_or_duplicate(start_worker, start_web, page):
+    start_worker(models=["standin:400"])
+    server = start_web()
+    sockets = []
+
+    def through(ws):  # a pass-through proxy for the page's websocket, so the test can cut it
+        ws.connect_to_server()
+        sockets.append(ws)
+
+    page.route_web_socket(re.compile(r".*/ws/generate/$"), through)
+    open_playground(page, server.url)
+    prompt = "".join(f"line {i:04d}\n" for i in range(120))  # 1,200 characters, all different
+    generate(page, prompt, len(prompt))
+    page.wait_for_function("document.getElementById('tokens').textContent > 100", timeout=15_000)
+    sockets[0].close(code=1012, reason="service restart")  # what a restarting server sends
+
+    page.wait_for_selector("#state[data-state=done]", timeout=20_000)
+    assert len(sockets) == 2  # it reconnected once
+    assert page.text_content("#output") == prompt
+    assert page.get_attribute("#output", "data-stream-check") == "ok"
+    assert int(page.text_content("#tokens")) == len(prompt)
+    assert page.errors == []

@@ -1,0 +1,146 @@
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from inference import synth
+from inference.checkpoint import CheckpointError, checkpoint_shapes, load_weights
+from inference.config import ModelConfig
+from inference.model import Transformer
+
+
+@pytest.fixture(scope="module")
+def tiny_laneformer(tmp_path_factory):
+    return synth.synth("tiny-laneformer", tmp_path_factory.mktemp("tiny-laneformer"), seed=0)
+
+
+def copy_checkpoint(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_loads_into_the_model_layout_without_copies(tiny_laneformer):
+    cfg = ModelConfig.from_hf(tiny_laneformer)
+    weights = load_weights(tiny_laneformer, cfg)
+    expected = Transformer(cfg, device="meta").state_dict()
+    assert {k: tuple(v.shape) for k, v in weights.items()} == {k: tuple(v.shape) for k, v in expected.items()}
+    L, D = cfg.num_lanes, cfg.hidden_size
+    assert weights["layers.0.wq"].shape == (L, cfg.heads_per_lane * cfg.head_dim, D)
+    assert weights["layers.0.attention_norm"].shape == (L, D)
+    model = Transformer.from_weights(cfg, weights)
+    assert model.layers[0].wq.data_ptr() == weights["layers.0.wq"].data_ptr()
+
+
+def test_sharded_checkpoint_loads_like_a_single_file(tmp_path, tiny_laneformer, monkeypatch):
+    monkeypatch.setattr(synth, "SHARD_BYTES", 300_000)
+    sharded = synth.synth("tiny-laneformer", tmp_path / "sharded", seed=0)
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 2 and not (sharded / "model.safetensors").exists()
+    cfg = ModelConfig.from_hf(sharded)
+    single, split = load_weights(tiny_laneformer, cfg), load_weights(sharded, cfg)
+    assert single.keys() == split.keys()
+    assert all(torch.equal(single[k], split[k]) for k in single)
+
+
+def test_target_dtype(tiny_laneformer):
+    cfg = ModelConfig.from_hf(tiny_laneformer)
+    weights = load_weights(tiny_laneformer, cfg, dtype=torch.bfloat16)
+    assert {w.dtype for w in weights.values()} == {torch.bfloat16}
+
+
+def test_one_error_lists_missing_unexpected_and_misshaped(tmp_path, tiny_laneformer):
+    ckpt = copy_checkpoint(tiny_laneformer, tmp_path / "bad")
+    tensors = load_file(ckpt / "model.safetensors")
+    del tensors["model.layers.1.attention.wk.weight"]
+    tensors["model.layers.0.attention.extra.weight"] = torch.zeros(3)
+    tensors["model.layers.2.feed_forward.w2.weight"] = torch.zeros(4, 64, 40)
+    save_file(tensors, ckpt / "model.safetensors")
+    with pytest.raises(CheckpointError) as info:
+        load_weights(ckpt, ModelConfig.from_hf(ckpt))
+    message = str(info.value)
+    assert "\n" not in message
+    assert "missing 1: model.layers.1.attention.wk.weight" in message
+    assert "unexpected 1: model.layers.0.attention.extra.weight" in message
+    assert (
+        "wrong shape 1: model.layers.2.feed_forward.w2.weight [4, 64, 40] (expected [4, 64, 48])" in message
+    )
+
+
+def test_wrong_config_for_the_weights(tmp_path, tiny_laneformer):
+    ckpt = copy_checkpoint(tiny_laneformer, tmp_path / "other")
+    raw = json.loads((ckpt / "config.json").read_text())
+    raw["num_lanes"] = 2
+    (ckpt / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(
+        CheckpointError, match=r"wrong shape \d+: model.layers.0.attention.wq.weight \[4, 16, 64\]"
+    ):
+        load_weights(ckpt, ModelConfig.from_hf(ckpt))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_damaged_file_is_one_line_error(tmp_path, tiny_laneformer, damage):
+    ckpt = copy_checkpoint(tiny_laneformer, tmp_path / "damaged")
+    data = (ckpt / "model.safetensors").read_bytes()
+    damaged = {"truncate": data[: len(data) // 2], "garbage": b"\x07not safetensors" * 50, "empty": b""}[
+        damage
+    ]
+    (ckpt / "model.safetensors").write_bytes(damaged)
+    with pytest.raises(CheckpointError, match="corrupt or truncated safetensors") as info:
+        load_weights(ckpt, ModelConfig.from_hf(ckpt))
+    assert "\n" not in str(info.value) and "model.safetensors" in str(info.value)
+
+
+def test_pickle_checkpoints_are_refused(tmp_path, tiny_laneformer):
+    torch.save({"model.tok_embeddings.weight": torch.zeros(2, 2)}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="pytorch_model.bin.*arbitrary code.*safetensors") as info:
+        load_weights(tmp_path, ModelConfig.from_hf(tiny_laneformer))
+    assert "\n" not in str(info.value)
+
+
+def test_missing_directory_weights_and_shards(tmp_path, tiny_laneformer):
+    cfg = ModelConfig.from_hf(tiny_laneformer)
+    with pytest.raises(CheckpointError, match="not a checkpoint directory"):
+        load_weights(tmp_path / "nowhere", cfg)
+    with pytest.raises(CheckpointError, match="no model.safetensors"):
+        load_weights(tmp_path, cfg)
+    index = {"weight_map": {"model.norm.weight": "model-00002-of-00002.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="shard files that are not there: model-00002-of-00002"):
+        load_weights(tmp_path, cfg)
+    (tmp_path / "model.safetensors.index.json").write_text("[1, 2]")
+    with pytest.raises(CheckpointError, match="not a valid safetensors index"):
+        load_weights(tmp_path, cfg)
+
+
+def test_tied_checkpoint_may_still_carry_its_head(tmp_path):
+    ckpt = synth.synth("tiny-qwen2", tmp_path / "q", seed=0)
+    cfg = ModelConfig.from_hf(ckpt)
+    assert cfg.tie_word_embeddings and "lm_head.weight" not in checkpoint_shapes(cfg)
+    tensors = load_file(ckpt / "model.safetensors")
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+    save_file(tensors, ckpt / "model.safetensors")
+    weights = load_weights(ckpt, cfg)
+    assert "lm_head" not in weights  # the model reads the embedding as its head
+
+
+def test_laneformer_names_follow_the_published_modules():
+    base = {
+        "model_type": "laneformer_tp",
+        "hidden_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+    }
+    base |= {"intermediate_size": 64, "vocab_size": 40, "num_lanes": 2}
+    lane = checkpoint_shapes(
+        ModelConfig.from_hf({**base, "lm_head_type": "lane", "replicated_rmsn_scale": False})
+    )
+    assert lane["lm_head.linear.weight"] == (40, 64)
+    assert lane["model.layers.0.attention_norm.scale"] == (2, 32) and lane["model.norm.scale"] == (2, 32)
+    vocab = checkpoint_shapes(ModelConfig.from_hf({**base, "lm_head_type": "vocab_parallel"}))
+    assert vocab["lm_head.weight"] == (2, 20, 32) and vocab["model.norm.weight"] == (32,)
+    agg = checkpoint_shapes(
+        ModelConfig.from_hf({**base, "pre_norm_lane_agg": True, "replicated_rmsn_scale": False})
+    )
+    assert agg["model.norm.weight"] == (32,) and agg["model.layers.0.ffn_norm.scale"] == (2, 32)

@@ -1,0 +1,128 @@
+"""The fast runner against the reference model, on the tiny presets (kernels under the interpreter on CPU)."""
+
+import pytest
+import torch
+from kernel_testing import DEVICE, ON_GPU
+
+from inference.config import ModelConfig
+from inference.events import SamplingParams
+from inference.fast.runner import FastRunner, reduction
+from inference.model import KVCache, Transformer
+from inference.presets import preset_config
+from inference.sampling import Sampler
+
+DTYPE = torch.bfloat16 if ON_GPU else torch.float32
+LOGIT_TOL = 2e-2 if ON_GPU else 1e-4  # relative error of the logits per step
+
+
+def make_model(preset: str, seed: int = 0, **overrides) -> Transformer:
+    cfg = ModelConfig.from_hf({**preset_config(preset), **overrides})
+    model = Transformer(cfg, device=DEVICE, dtype=DTYPE)
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    model.init_weights(std=0.05, generator=gen)
+    with torch.no_grad():  # norms and biases away from 1 and 0, so that the kernels must apply them
+        for name, p in model.named_parameters():
+            if "norm" in name or name.rsplit(".", 1)[-1] in ("bq", "bk", "bv"):
+                p.add_(torch.randn(p.shape, generator=gen, device=DEVICE, dtype=torch.float32).to(p.dtype) * 0.2)
+    return model.eval()
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@torch.no_grad()
+def teacher_forced(model: Transformer, prompt: list[int], steps: int, max_context: int = 128):
+    """Feed the reference's own greedy tokens to both paths; yield (fast logits, reference logits, fast token)."""
+    runner = FastRunner(model, max_context)
+    ref_cache = KVCache(model.cfg, max_context, 1, DEVICE, DTYPE)
+    ids = torch.tensor([prompt], device=DEVICE)
+    ref_logits = model(ids, 0, ref_cache, last_only=True).view(-1)
+    runner.prefill(prompt)
+    assert int(runner.token) == int(ref_logits.argmax())
+    pos = len(prompt)
+    for _ in range(steps):
+        token = int(ref_logits.argmax())
+        runner.token.fill_(token)
+        runner.step()
+        ref_logits = model(torch.tensor([[token]], device=DEVICE), pos, ref_cache).view(-1)
+        pos += 1
+        assert int(runner.pos) == pos
+        yield runner.logits.clone(), ref_logits, int(runner.token)
+
+
+@pytest.mark.parametrize("preset", ["tiny-laneformer", "tiny-llama", "tiny-qwen2", "tiny-qwen3"])
+def test_decode_steps_match_the_reference(preset):
+    model = make_model(preset)
+    prompt = torch.randint(0, model.cfg.vocab_size, (9,), generator=torch.Generator().manual_seed(1)).tolist()
+    for fast, ref, token in teacher_forced(model, prompt, steps=4):
+        assert rel_err(fast, ref) < LOGIT_TOL
+        assert token == int(fast.argmax())
+
+
+def test_laneformer_reductions_and_windows():
+    # past the window of the windowed layers, and every reduction mode: early sum, delayed, scaled
+    for overrides in ({"sliding_window": 8}, {"use_comm": False, "use_early_comm": False, "sliding_window": 8},
+                      {"broadcast_delay": 1, "pre_norm_lane_agg": True}):  # fmt: skip
+        model = make_model("tiny-laneformer", seed=3, **overrides)
+        modes = {reduction(model.cfg, i)[0] for i in range(model.cfg.num_layers)}
+        assert modes <= {"sum", "delayed", "scaled"}
+        prompt = list(range(5, 17))
+        for fast, ref, _ in teacher_forced(model, prompt, steps=2):
+            assert rel_err(fast, ref) < LOGIT_TOL, overrides
+
+
+def test_greedy_generation_equals_the_reference_loop():
+    model = make_model("tiny-llama", seed=5)
+    prompt = [3, 14, 15, 92, 65]
+    runner = FastRunner(model, 64)
+    got = list(runner.generate_tokens(prompt, SamplingParams(max_new_tokens=6)))
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(6):
+            ids.append(int(model(torch.tensor([ids], device=DEVICE))[0, -1].argmax()))
+    assert got == ids[len(prompt) :]
+    assert runner.last_prefill_ms > 0
+
+
+def test_stop_ids_and_budget():
+    model = make_model("tiny-qwen3", seed=2)
+    runner = FastRunner(model, 32)
+    free = list(runner.generate_tokens([1, 2, 3], SamplingParams(max_new_tokens=5)))
+    assert len(free) == 5
+    stopped = list(runner.generate_tokens([1, 2, 3], SamplingParams(max_new_tokens=5), frozenset({free[1]})))
+    assert stopped == free[: free.index(free[1]) + 1]
+    # the context bounds the budget: 30 prompt tokens leave 2 positions
+    assert len(list(runner.generate_tokens(list(range(30)), SamplingParams(max_new_tokens=50)))) == 2
+
+
+def test_repetition_penalty_matches_the_sampler():
+    model = make_model("tiny-laneformer", seed=7)
+    params = SamplingParams(max_new_tokens=5, repetition_penalty=1.8)
+    prompt = [10, 11, 12, 10]
+    got = list(FastRunner(model, 64).generate_tokens(prompt, params))
+    ids, sampler = list(prompt), Sampler(params)
+    with torch.no_grad():
+        for _ in range(5):
+            ids.append(sampler(model(torch.tensor([ids], device=DEVICE))[0, -1], ids))
+    assert got == ids[len(prompt) :]
+
+
+def test_sampling_top_k_one_is_greedy_and_seeds_repeat():
+    model = make_model("tiny-llama", seed=9)
+    runner = FastRunner(model, 64)
+    prompt = [7, 8, 9]
+    greedy = list(runner.generate_tokens(prompt, SamplingParams(max_new_tokens=4)))
+    top1 = list(runner.generate_tokens(prompt, SamplingParams(max_new_tokens=4, temperature=1.3, top_k=1)))
+    assert top1 == greedy
+    hot = SamplingParams(max_new_tokens=6, temperature=5.0, top_p=0.95, seed=123)
+    first, second = list(runner.generate_tokens(prompt, hot)), list(runner.generate_tokens(prompt, hot))
+    assert first == second
+    assert all(0 <= t < model.cfg.vocab_size for t in first)
+
+
+def test_rejects_what_it_cannot_run():
+    with pytest.raises(ValueError, match="lm_head_type"):
+        FastRunner(make_model("tiny-laneformer", lm_head_type="lane"), 32)
+    with pytest.raises(ValueError, match="max_context"):
+        FastRunner(make_model("tiny-llama"), 4096)

@@ -1,0 +1,120 @@
+import pytest
+import torch
+from kernel_testing import DEVICE, assert_close, dtype_params, poisoned, randn
+
+from kernels.decode_attention import AttentionScratch, decode_attention
+
+
+def rope(x, cos, sin, interleaved):
+    """x [..., hd] rotated at one position (cos, sin [hd/2]), in either layout."""
+    if interleaved:
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), -1).flatten(-2)
+    half = x.shape[-1] // 2
+    x0, x1 = x[..., :half], x[..., half:]
+    return torch.cat((x0 * cos - x1 * sin, x1 * cos + x0 * sin), -1)
+
+
+def rms(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def reference(qkv, k_cache, v_cache, pos, cos, sin, num_heads, window, interleaved, q_norm, k_norm, eps):
+    """fp64 attention of one token; returns (out [L, H/L*hd], k_p [KV, hd], v_p [KV, hd]) with k_p, v_p as cached."""
+    lanes = qkv.shape[0]
+    num_kv, _, hd = k_cache.shape
+    hl, kvl, group = num_heads // lanes, num_kv // lanes, num_heads // num_kv
+    qkv = qkv.double().cpu()
+    q = qkv[:, : hl * hd].reshape(num_heads, hd)
+    k = qkv[:, hl * hd : (hl + kvl) * hd].reshape(num_kv, hd)
+    v = qkv[:, (hl + kvl) * hd :].reshape(num_kv, hd)
+    if q_norm is not None:
+        q, k = rms(q, q_norm.double().cpu(), eps), rms(k, k_norm.double().cpu(), eps)
+    c, s = cos[pos].double().cpu(), sin[pos].double().cpu()
+    q, k = rope(q, c, s, interleaved), rope(k, c, s, interleaved)
+    # what the cache holds (and the kernel attends with) is rounded to the cache dtype
+    k_p, v_p = k.to(k_cache.dtype).double(), v.to(v_cache.dtype).double()
+    start = 0 if window is None else max(0, pos - window + 1)
+    keys = torch.cat((k_cache[:, start:pos].double().cpu(), k_p[:, None]), 1)  # [KV, n, hd]
+    values = torch.cat((v_cache[:, start:pos].double().cpu(), v_p[:, None]), 1)
+    keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)  # [H, n, hd]
+    scores = torch.einsum("hd,hnd->hn", q, keys) * hd**-0.5
+    out = torch.einsum("hn,hnd->hd", scores.softmax(-1), values)
+    return out.reshape(lanes, hl * hd), k_p, v_p
+
+
+def run_case(dtype, lanes, num_heads, num_kv, hd, pos, max_len, window=None, interleaved=True, qk_norm=False,
+             splits=4, block_t=8):
+    qkv = randn(lanes, (num_heads + 2 * num_kv) // lanes * hd, scale=2.0)
+    # Positions the kernel must not read (beyond pos, before the window) are NaN.
+    k_cache, v_cache = randn(num_kv, max_len, hd, dtype=dtype), randn(num_kv, max_len, hd, dtype=dtype)
+    start = 0 if window is None else max(0, pos - window + 1)
+    for cache in (k_cache, v_cache):
+        cache[:, pos:] = float("nan")
+        cache[:, :start] = float("nan")
+    angles = torch.rand(max_len, hd // 2, dtype=torch.float32) * 6.3
+    cos, sin = angles.cos().to(DEVICE), angles.sin().to(DEVICE)
+    q_norm = randn(hd, dtype=dtype).abs() + 0.5 if qk_norm else None
+    k_norm = randn(hd, dtype=dtype).abs() + 0.5 if qk_norm else None
+    want, want_k, want_v = reference(qkv, k_cache, v_cache, pos, cos, sin, num_heads, window, interleaved,
+                                     q_norm, k_norm, 1e-6)  # fmt: skip
+    scratch = AttentionScratch(num_kv, num_heads // num_kv, hd, splits, DEVICE)
+    out = poisoned(lanes, num_heads // lanes * hd, dtype=torch.float32)
+    pos_t = torch.tensor([pos], dtype=torch.int32, device=DEVICE)
+    decode_attention(qkv, k_cache, v_cache, pos_t, cos, sin, out, scratch, num_heads=num_heads, window=window,
+                     interleaved=interleaved, q_norm=q_norm, k_norm=k_norm, block_t=block_t)  # fmt: skip
+    assert_close(out, want, dtype, "out")
+    assert_close(k_cache[:, pos], want_k, dtype, "cached k")
+    assert_close(v_cache[:, pos], want_v, dtype, "cached v")
+    assert (scratch.counter == 0).all(), "split counters must return to zero for the next layer"
+    return scratch
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize(
+    "lanes,num_heads,num_kv,hd,pos",
+    [
+        (1, 4, 1, 16, 0),  # the first token: only itself
+        (1, 8, 2, 32, 37),  # GQA group 4, a position not a multiple of anything
+        (2, 4, 2, 24, 19),  # two lanes, head dim not a power of two (Laneformer's is 96)
+        (2, 6, 2, 16, 50),  # group 3 (padded), more keys than splits * block
+    ],
+)
+def test_decode_attention_matches_reference(dtype, lanes, num_heads, num_kv, hd, pos):
+    run_case(dtype, lanes, num_heads, num_kv, hd, pos, max_len=64)
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_rope_layouts_and_qk_norm(dtype, interleaved):
+    run_case(dtype, 1, 4, 2, 16, 21, max_len=32, interleaved=interleaved, qk_norm=True)
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("pos,window", [(40, 8), (5, 8), (33, 1)])
+def test_sliding_window_reads_only_the_window(dtype, pos, window):
+    run_case(dtype, 2, 4, 2, 16, pos, max_len=48, window=window)
+
+
+def test_one_split_and_many_splits_agree():
+    for splits in (1, 16):
+        run_case(torch.float32, 1, 2, 1, 16, 29, max_len=32, splits=splits, block_t=4)
+
+
+def test_counters_survive_repeated_calls():
+    # the scratch is shared by every layer: a second call must see clean counters
+    scratch = run_case(torch.float32, 1, 2, 1, 16, 9, max_len=16)
+    assert scratch.counter.sum().item() == 0
+    run_case(torch.float32, 1, 2, 1, 16, 10, max_len=16)
+
+
+def test_rejects_bad_shapes():
+    k_cache = randn(2, 16, 8)
+    cos = torch.ones(16, 4, device=DEVICE)
+    scratch = AttentionScratch(2, 2, 8, 2, DEVICE)
+    with pytest.raises(ValueError, match="qkv:"):
+        decode_attention(randn(1, 31), k_cache, k_cache.clone(), torch.zeros(1, dtype=torch.int32, device=DEVICE),
+                         cos, cos, randn(1, 32), scratch, num_heads=4)  # fmt: skip
+    with pytest.raises(ValueError, match="num_heads:"):
+        decode_attention(randn(1, 64), k_cache, k_cache.clone(), torch.zeros(1, dtype=torch.int32, device=DEVICE),
+                         cos, cos, randn(1, 24), scratch, num_heads=3)  # fmt: skip

@@ -1,0 +1,77 @@
+import math
+
+import pytest
+import torch
+from kernel_testing import DEVICE, assert_close, dtype_params, poisoned, randn
+
+from kernels.lane_reduce_gemv import lane_reduce_gemv
+
+
+def reference(act, weight, x, mode, history_in=None, base=None):
+    """fp64: the lane partials, then the reduction of LANEFORMER.md, then the residual add."""
+    p = torch.einsum("lnk,lk->ln", weight.double().cpu(), act.double().cpu())
+    lanes = p.shape[0]
+    if mode == "sum":
+        r = p.sum(0, keepdim=True).expand_as(p)
+    elif mode == "delayed":
+        past = history_in.double().cpu()
+        r = p + (past.sum(0, keepdim=True) - past)
+    else:
+        r = p * math.sqrt(lanes)
+    old = x.double().cpu() if base is None else base.double().cpu().expand_as(p)
+    return old + r, p
+
+
+# (lanes, rows, K): one lane (Llama), a lane count that is not a power of two, odd sizes and round ones
+SHAPES = [(1, 37, 40), (2, 24, 64), (3, 21, 48), (8, 16, 96)]
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("mode", ["sum", "delayed", "scaled"])
+@pytest.mark.parametrize("lanes,n,k", SHAPES)
+def test_lane_reduce_gemv_matches_reference(dtype, mode, lanes, n, k):
+    act = randn(lanes, k, dtype=dtype)
+    w = randn(lanes, n, k, dtype=dtype, scale=k**-0.5)
+    x = randn(lanes, n)
+    history_in = randn(lanes, n) if mode == "delayed" else None
+    history_out = poisoned(lanes, n, dtype=torch.float32)
+    want_x, want_p = reference(act, w, x, mode, history_in)
+    lane_reduce_gemv(act, w, x, mode=mode, history_out=history_out, history_in=history_in)
+    assert_close(x, want_x, dtype, "x")
+    assert_close(history_out, want_p, dtype, "history_out")
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+def test_layer_zero_starts_from_the_embedding_row(dtype):
+    lanes, n, k, vocab = 4, 40, 32, 9
+    table = randn(vocab, n, dtype=dtype)
+    act = randn(lanes, k, dtype=dtype)
+    w = randn(lanes, n, k, dtype=dtype, scale=k**-0.5)
+    x = poisoned(lanes, n, dtype=torch.float32)
+    token = torch.tensor([5], dtype=torch.int64, device=DEVICE)
+    lane_reduce_gemv(act, w, x, mode="sum", embedding=table, token=token)
+    want_x, _ = reference(act, w, None, "sum", base=table[5:6])
+    assert_close(x, want_x, dtype, "x")
+
+
+def test_strided_act_and_explicit_blocks():
+    lanes, n, k = 2, 30, 100
+    act = randn(lanes, 2 * k)[:, :k]  # a view into a wider buffer
+    w = randn(lanes, n, k, scale=0.1)
+    x = randn(lanes, n)
+    want_x, _ = reference(act, w, x, "scaled")
+    lane_reduce_gemv(act, w, x, mode="scaled", block_n=4, block_k=32, num_warps=2)
+    assert_close(x, want_x, torch.float32, "x")
+
+
+def test_rejects_bad_arguments():
+    w = randn(2, 8, 16)
+    x = randn(2, 8)
+    with pytest.raises(ValueError, match="mode:"):
+        lane_reduce_gemv(randn(2, 16), w, x, mode="mean")
+    with pytest.raises(ValueError, match="history_in:"):
+        lane_reduce_gemv(randn(2, 16), w, x, mode="delayed")
+    with pytest.raises(ValueError, match="x:"):
+        lane_reduce_gemv(randn(2, 16), w, x.half())
+    with pytest.raises(ValueError, match="act:"):
+        lane_reduce_gemv(randn(3, 16), w, x)

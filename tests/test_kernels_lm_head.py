@@ -1,0 +1,87 @@
+import pytest
+import torch
+from kernel_testing import DEVICE, assert_close, dtype_params, poisoned, randn
+
+from kernels.final_norm import final_norm
+from kernels.lm_head import HeadScratch, lm_head
+
+
+def reference_logits(x, weight, norm_weight=None, eps=1e-6):
+    x = x.double().cpu()
+    if norm_weight is not None:
+        x = x * torch.rsqrt(x.pow(2).mean() + eps) * norm_weight.double().cpu()
+    return weight.double().cpu() @ x
+
+
+def device_ints(*values, dtype=torch.int32):
+    return torch.tensor(values, dtype=dtype, device=DEVICE)
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("vocab,k,programs", [(203, 40, 3), (64, 96, 5), (1000, 24, 528)])
+def test_greedy_head_writes_logits_token_and_advances(dtype, vocab, k, programs):
+    x = randn(k, scale=2.0)
+    w = randn(vocab, k, dtype=dtype, scale=k**-0.5)
+    g = randn(k, dtype=dtype)
+    logits = poisoned(vocab, dtype=torch.float32)
+    token, pos, out_tokens = device_ints(-1), device_ints(6), device_ints(*([-1] * 10))
+    scratch = HeadScratch(DEVICE, programs=programs)
+    lm_head(x, w, logits, scratch, norm_weight=g, eps=1e-5, token=token, pos=pos, out_tokens=out_tokens)
+    want = reference_logits(x, w, g, 1e-5)
+    assert_close(logits, want, dtype, "logits")
+    # the kernel's own logits decide the argmax (rounding may reorder near-ties with the fp64 reference)
+    assert token.item() == int(logits.cpu().argmax())
+    assert pos.item() == 7
+    assert out_tokens.cpu().tolist() == [-1] * 7 + [token.item()] + [-1] * 2
+    assert scratch.counter.item() == 0
+
+
+def test_ties_go_to_the_first_index_across_programs():
+    vocab, k = 50, 16
+    x = randn(k)
+    w = randn(vocab, k, scale=0.01)
+    best = torch.sign(x).cpu() * 3
+    w[41], w[9], w[23] = best.to(DEVICE), best.to(DEVICE), best.to(DEVICE)  # three rows, three different programs
+    logits = poisoned(vocab, dtype=torch.float32)
+    token, pos, out_tokens = device_ints(-1), device_ints(0), device_ints(-1, -1, dtype=torch.int64)
+    lm_head(x, w, logits, HeadScratch(DEVICE, programs=4), token=token, pos=pos, out_tokens=out_tokens, block_n=2)
+    assert token.item() == 9
+    assert out_tokens.cpu().tolist() == [-1, 9]
+
+
+def test_sampling_mode_only_writes_logits():
+    vocab, k = 77, 32
+    x, w = randn(k), randn(vocab, k, scale=0.2)
+    logits = poisoned(vocab, dtype=torch.float32)
+    lm_head(x, w, logits, HeadScratch(DEVICE, programs=2), greedy=False)
+    assert_close(logits, reference_logits(x, w), torch.float32, "logits")
+
+
+def test_rejects_missing_bookkeeping():
+    with pytest.raises(ValueError, match="token:"):
+        lm_head(randn(8), randn(4, 8), torch.empty(4, device=DEVICE), HeadScratch(DEVICE))
+    with pytest.raises(ValueError, match="logits:"):
+        lm_head(randn(8), randn(4, 8), torch.empty(5, device=DEVICE), HeadScratch(DEVICE), greedy=False)
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("lanes,d", [(8, 96), (3, 50), (2, 1030)])
+def test_final_norm_mean_of_normed_lanes(dtype, lanes, d):
+    x = randn(lanes, d, scale=3.0)
+    g = randn(lanes, d, dtype=dtype)
+    out = poisoned(d, dtype=torch.float32)
+    final_norm(x, g, out, eps=1e-5)
+    xd = x.double().cpu()
+    want = (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5) * g.double().cpu()).mean(0)
+    assert_close(out, want, dtype)
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+def test_final_norm_of_the_lane_sum(dtype):
+    lanes, d = 4, 70
+    x = randn(lanes, d)
+    g = randn(1, d, dtype=dtype)
+    out = poisoned(d, dtype=torch.float32)
+    final_norm(x, g, out, eps=1e-6, norm_of_sum=True)
+    s = x.double().cpu().sum(0)
+    assert_close(out, s * torch.rsqrt(s.pow(2).mean() + 1e-6) * g.double().cpu()[0], dtype)

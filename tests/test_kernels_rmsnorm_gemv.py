@@ -1,0 +1,87 @@
+import pytest
+import torch
+from kernel_testing import DEVICE, assert_close, dtype_params, poisoned, randn
+
+from kernels.rmsnorm_gemv import rmsnorm_gemv
+
+
+def reference(x, weight, norm_weight=None, eps=1e-6, weight_up=None, bias=None):
+    """fp64: out[l] = W[l] @ (rmsnorm(x[l]) * g) (+ bias) or silu(W h) * (W_up h)."""
+    x, weight = x.double().cpu(), weight.double().cpu()
+    h = x
+    if norm_weight is not None:
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.double().cpu()
+    y = torch.einsum("lnk,lk->ln", weight, h.expand(weight.shape[0], -1))
+    if bias is not None:
+        y = y + bias.double().cpu()
+    if weight_up is not None:
+        y = torch.nn.functional.silu(y) * torch.einsum("lnk,lk->ln", weight_up.double().cpu(), h.expand(weight.shape[0], -1))
+    return y
+
+
+# (lanes, rows, K): odd rows and a K that is not a multiple of the tile, and round ones
+SHAPES = [(1, 37, 40), (2, 24, 64), (3, 10, 200), (4, 64, 96)]
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("lanes,n,k", SHAPES)
+def test_rmsnorm_gemv_matches_reference(dtype, lanes, n, k):
+    x = randn(lanes, k, scale=3.0)  # the residual stream is fp32
+    w = randn(lanes, n, k, dtype=dtype, scale=k**-0.5)
+    g = randn(lanes, k, dtype=dtype).abs() + 0.5
+    out = poisoned(lanes, n, dtype=torch.float32)
+    rmsnorm_gemv(x, w, out, norm_weight=g, eps=1e-5)
+    assert_close(out, reference(x, w, g, 1e-5), dtype)
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+def test_shared_norm_weight_and_bias_and_low_precision_out(dtype):
+    lanes, n, k = 2, 33, 72
+    x = randn(lanes, k)
+    w = randn(lanes, n, k, dtype=dtype, scale=k**-0.5)
+    g = randn(k, dtype=dtype)
+    b = randn(lanes, n, dtype=dtype)
+    out = poisoned(lanes, n, dtype=dtype)
+    rmsnorm_gemv(x, w, out, norm_weight=g, bias=b)
+    assert_close(out, reference(x, w, g, bias=b), dtype)
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("lanes,n,k", [(1, 19, 48), (2, 16, 128)])
+def test_gated_silu(dtype, lanes, n, k):
+    x = randn(lanes, k, scale=2.0)
+    w, w_up = randn(lanes, n, k, dtype=dtype, scale=k**-0.5), randn(lanes, n, k, dtype=dtype, scale=k**-0.5)
+    g = randn(lanes, k, dtype=dtype)
+    out = poisoned(lanes, n, dtype=torch.float32)
+    rmsnorm_gemv(x, w, out, norm_weight=g, weight_up=w_up)
+    assert_close(out, reference(x, w, g, weight_up=w_up), dtype)
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+def test_input_row_chosen_by_token_on_device(dtype):
+    lanes, n, k, vocab = 3, 20, 56, 11
+    table = randn(vocab, k, dtype=dtype)
+    w = randn(lanes, n, k, dtype=dtype, scale=k**-0.5)
+    g = randn(lanes, k, dtype=dtype)
+    token = torch.tensor([7], dtype=torch.int32, device=DEVICE)
+    out = poisoned(lanes, n, dtype=torch.float32)
+    rmsnorm_gemv(table, w, out, norm_weight=g, token=token)
+    assert_close(out, reference(table[7:8].float(), w, g), dtype)
+
+
+def test_no_norm_and_explicit_blocks():
+    x = randn(1, 100)
+    w = randn(1, 45, 100, scale=0.1)
+    out = poisoned(1, 45, dtype=torch.float32)
+    rmsnorm_gemv(x, w, out, block_n=8, block_k=32, num_warps=2)
+    assert_close(out, reference(x, w), torch.float32)
+
+
+def test_rejects_mismatched_shapes():
+    w = randn(2, 8, 16)
+    with pytest.raises(ValueError, match="x:"):
+        rmsnorm_gemv(randn(2, 15), w, torch.empty(2, 8, device=DEVICE))
+    with pytest.raises(ValueError, match="out:"):
+        rmsnorm_gemv(randn(2, 16), w, torch.empty(2, 9, device=DEVICE))
+    with pytest.raises(ValueError, match="norm_weight:"):
+        rmsnorm_gemv(randn(2, 16), w, torch.empty(2, 8, device=DEVICE), norm_weight=randn(3, 16))

@@ -1,0 +1,110 @@
+"""The Redis job protocol on a real Redis server: queue order, positions, cancel, lost workers, resume."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from inference.protocol import JobClient, JobSpec, QueueFull, WorkerChannel
+
+
+@pytest.fixture
+async def client(redis_url):
+    r = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    yield JobClient(r, max_queue=3)
+    await r.aclose()
+
+
+@pytest.fixture
+def channel(redis_url):
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield WorkerChannel(r, "w1", ["m"])
+    r.close()
+
+
+async def collect(client: JobClient, job_id: str, after: str = "0-0", limit: int = 100) -> list:
+    out = []
+    async for item in client.events(job_id, after=after, block_ms=50):
+        out.append(item)
+        if len(out) >= limit:
+            break
+    return out
+
+
+async def test_fifo_positions_and_bounded_queue(client, channel):
+    ids = [await client.submit(JobSpec(model="m", prompt=f"p{i}")) for i in range(3)]
+    assert [await client.position(i, "m") for i in ids] == [0, 1, 2]
+    with pytest.raises(QueueFull, match="full"):
+        await client.submit(JobSpec(model="m", prompt="one too many"))
+    channel.heartbeat({})
+    taken = channel.next_job(timeout_s=0.1)
+    assert taken.id == ids[0] and taken.prompt == "p0"
+    assert [await client.position(i, "m") for i in ids] == [None, 0, 1]
+    assert (await client.status(ids[0]))["status"] == "running"
+
+
+async def test_events_resume_from_any_entry_without_gap_or_duplicate(client, channel):
+    job_id = await client.submit(JobSpec(model="m", prompt="x"))
+    channel.heartbeat({})
+    channel.next_job(timeout_s=0.1)
+    for i in range(5):
+        channel.publish(job_id, "delta", {"text": str(i)})
+    channel.finish(job_id, "done", {"finish_reason": "length", "text": "01234"})
+    everything = await collect(client, job_id)
+    assert [t for _, t, _ in everything] == ["started"] + ["delta"] * 5 + ["done"]
+    cut = everything[2][0]  # resume after the second delta ("1")
+    rest = await collect(client, job_id, after=cut)
+    assert [d["text"] for _, t, d in rest if t == "delta"] == ["2", "3", "4"]
+    assert (await client.status(job_id))["status"] == "done"
+
+
+async def test_cancel_queued_job_leaves_queue_and_ends_stream(client):
+    job_id = await client.submit(JobSpec(model="m", prompt="x"))
+    await client.cancel(job_id)
+    assert await client.position(job_id, "m") is None
+    events = await collect(client, job_id)
+    assert events[-1][1] == "done" and events[-1][2]["finish_reason"] == "cancelled"
+
+
+async def test_running_job_sees_cancel_flag(client, channel):
+    job_id = await client.submit(JobSpec(model="m", prompt="x"))
+    channel.heartbeat({})
+    channel.next_job(timeout_s=0.1)
+    assert not channel.cancelled(job_id)
+    await client.cancel(job_id)
+    assert channel.cancelled(job_id)
+
+
+async def test_dead_worker_turns_into_error_event(client, channel, redis_url):
+    job_id = await client.submit(JobSpec(model="m", prompt="x"))
+    channel.heartbeat({})
+    channel.next_job(timeout_s=0.1)
+    channel.publish(job_id, "delta", {"text": "partial"})
+    channel.retire()  # the heartbeat vanishes as if the worker had died
+    events = await asyncio.wait_for(collect(client, job_id), timeout=5)
+    assert events[-1][1] == "error"
+    assert events[-1][2]["code"] == "worker_lost"
+    assert (await client.status(job_id))["status"] == "error"
+    # A second reader sees the same single error, not a second one.
+    again = await collect(client, job_id)
+    assert [t for _, t, _ in again].count("error") == 1
+
+
+async def test_queue_event_reports_position_and_workers(client, channel):
+    first = await client.submit(JobSpec(model="m", prompt="a"))
+    second = await client.submit(JobSpec(model="m", prompt="b"))
+    channel.heartbeat({})
+    events = client.events(second, block_ms=50)
+    _, kind, data = await events.__anext__()
+    assert kind == "queue" and data == {"position": 1, "workers": 1}
+    await events.aclose()
+    assert first != second
+
+
+def test_sampling_params_roundtrip_through_spec():
+    spec = JobSpec(model="m", prompt="x", params={"temperature": 0.5, "stop": ["\n\n"], "seed": 3})
+    params = JobSpec.from_json(spec.to_json()).sampling_params()
+    assert params.temperature == 0.5 and params.stop == ("\n\n",) and params.seed == 3

@@ -1,0 +1,51 @@
+"""Saving finished generations: the mapping from a job and its done event, and idempotence."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference.protocol import JobSpec
+from playground.models import Generation
+from playground.store import save_generation
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def done_event(text="out", peak=None) -> dict:
+    stats = {
+        "prompt_tokens": 5, "completion_tokens": 3, "prefill_ms": 1.5, "ttft_ms": 2.5, "decode_tok_s": 400.0,
+        "total_ms": 9.0, "token_times": [0.1, 0.2, 0.3], "bytes_per_token": 4_000_000_000,
+        "peak_bandwidth_gbs": peak, "bandwidth_gbs": 1600.0,
+    }  # fmt: skip
+    return {"finish_reason": "length", "text": text, "stats": stats, "kind": "done"}
+
+
+async def test_saving_twice_keeps_one_row():
+    spec = JobSpec(model="m", prompt="hello", params={"max_new_tokens": 3})
+    first = await save_generation(spec, done_event())
+    second = await save_generation(spec, done_event(text="something else"))
+    assert first.id == second.id and second.output == "out"
+    assert await Generation.objects.acount() == 1
+    row = await Generation.objects.aget(job_id=spec.id)
+    assert (row.prompt, row.output, row.params, row.source) == ("hello", "out", {"max_new_tokens": 3}, "web")
+    assert (row.prompt_tokens, row.completion_tokens, row.decode_tok_s, row.ttft_ms) == (5, 3, 400.0, 2.5)
+    assert row.bandwidth_gbs is None and row.peak_pct is None  # a CPU run has no peak to compare with
+    assert len(row.id) == 12 and row.get_absolute_url() == f"/g/{row.id}"
+
+
+async def test_gpu_bandwidth_and_chat_messages():
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "second"},
+    ]
+    spec = JobSpec(model="m", messages=messages, chat=True, source="api")
+    row = await save_generation(spec, done_event(peak=3200.0))
+    assert (row.prompt, row.system_prompt, row.messages, row.source) == (
+        "second",
+        "be brief",
+        messages,
+        "api",
+    )
+    assert row.bandwidth_gbs == 1600.0 and row.peak_pct == 50.0

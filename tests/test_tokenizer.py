@@ -1,0 +1,227 @@
+import json
+
+import pytest
+
+from inference.events import InvalidRequest
+from inference.tokenizer import CheckpointError, Tokenizer
+from inference.tokenizer_build import (
+    CHAT_TEMPLATES,
+    synthetic_tokenizer,
+    train_bpe,
+    write_synthetic_tokenizer,
+    write_tokenizer_files,
+)
+
+# Characters that take 3 and 4 UTF-8 bytes, which no small vocabulary holds whole.
+WIDE_TEXT = 'def 你好():\n    return "😀 naïve 日本語 👍🏽 é"  # 中文注释 🐍\n'
+PLAIN_TEXT = "import os\n\ndef main(argv):\n    for name in argv:\n        print(os.path.join(name, 'x'))\n"
+
+
+@pytest.fixture(scope="module", params=["llama2", "chatml"])
+def tok_dir(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp(request.param)
+    write_synthetic_tokenizer(out, request.param, 3000)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sp_tok(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sp")
+    write_synthetic_tokenizer(out, "llama2", 3000)
+    return Tokenizer.from_dir(out)
+
+
+def stream(tok, ids, context=()):
+    decoder = tok.stream_decoder(context)
+    deltas = [decoder.push(i) for i in ids]
+    return deltas, decoder.flush()
+
+
+def test_roundtrip_and_bos(tok_dir):
+    tok = Tokenizer.from_dir(tok_dir)
+    ids = tok.encode(WIDE_TEXT)
+    assert tok.decode(ids) == WIDE_TEXT
+    if tok.bos_id is None:
+        assert not tok.add_bos and ids == tok.encode(WIDE_TEXT, add_special=False)
+    else:
+        assert tok.add_bos and ids[0] == tok.bos_id
+        assert ids[1:] == tok.encode(WIDE_TEXT, add_special=False)
+
+
+def test_stream_never_emits_a_broken_character(tok_dir):
+    tok = Tokenizer.from_dir(tok_dir)
+    ids = tok.encode(WIDE_TEXT, add_special=False)
+    # The hazard is real: some characters span several tokens, and decoding those alone breaks them.
+    assert any("\ufffd" in tok.decode([i]) for i in ids)
+    deltas, rest = stream(tok, ids)
+    assert all("\ufffd" not in d for d in deltas)
+    assert rest == ""  # every character was complete when its last token came
+    assert "".join(deltas) == WIDE_TEXT
+    # Each character is emitted as soon as its last byte arrives: the emoji comes out in one piece.
+    assert any(d.endswith("😀") or "😀" in d for d in deltas)
+
+
+def test_stream_long_text_slides_window(tok_dir):
+    tok = Tokenizer.from_dir(tok_dir)
+    text = (PLAIN_TEXT + WIDE_TEXT) * 20
+    ids = tok.encode(text, add_special=False)
+    deltas, rest = stream(tok, ids)
+    assert "".join(deltas) + rest == text
+    assert all("\ufffd" not in d for d in deltas)
+
+
+def test_stream_flush_gives_up_on_unfinished_character(sp_tok):
+    emoji = sp_tok.encode("😀", add_special=False)[-4:]  # the 4 byte tokens <0xF0> <0x9F> <0x98> <0x80>
+    assert len(emoji) == 4 and sp_tok.decode(emoji) == "😀"
+    decoder = sp_tok.stream_decoder()
+    assert [decoder.push(i) for i in emoji[:2]] == ["", ""]
+    assert decoder.flush() == "\ufffd" * 2
+
+
+def test_sentencepiece_leading_spaces(sp_tok):
+    ids = sp_tok.encode("hello world  and   more", add_special=False)
+    # Token by token, SentencePiece's decoder strips each piece's "▁": the naive stream loses spaces.
+    assert "".join(sp_tok.decode([i]) for i in ids) != "hello world  and   more"
+    deltas, rest = stream(sp_tok, ids)
+    assert "".join(deltas) + rest == "hello world  and   more"
+    assert " world" in deltas
+
+
+def test_stream_continues_a_prompt_with_its_space(sp_tok):
+    prompt = sp_tok.encode("def add(a, b):\n    return", add_special=True)
+    completion = sp_tok.encode("def add(a, b):\n    return a + b", add_special=True)[len(prompt) :]
+    deltas, rest = stream(sp_tok, completion, context=prompt)
+    assert "".join(deltas) + rest == " a + b"
+    # Without the context the first space is stripped, as a fresh decode would.
+    deltas, rest = stream(sp_tok, completion)
+    assert "".join(deltas) + rest == "a + b"
+
+
+def test_chatml_template_and_special_tokens(tmp_path):
+    ids = write_synthetic_tokenizer(tmp_path, "chatml", 3000)
+    tok = Tokenizer.from_dir(tmp_path)
+    # Stop tokens come from the ids a checkpoint writes to generation_config.json.
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": ids["eos_token_id"]}))
+    tok = Tokenizer.from_dir(tmp_path)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Sort a list."}]
+    text = tok.apply_chat_template(messages)
+    assert text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nSort a list.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert tok.apply_chat_template(messages, add_generation_prompt=False).endswith("Sort a list.<|im_end|>\n")
+    encoded = tok.encode(text)
+    im_start, im_end = tok._tok.token_to_id("<|im_start|>"), tok._tok.token_to_id("<|im_end|>")
+    assert encoded.count(im_start) == 3 and encoded.count(im_end) == 2
+    assert im_end in tok.eos_ids
+    assert tok.decode(encoded) == "system\nBe brief.\nuser\nSort a list.\nassistant\n"  # specials skipped
+
+
+def test_llama2_template_bos_once_and_role_errors(sp_tok):
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "yo"},
+        {"role": "user", "content": "x"},
+    ]
+    text = sp_tok.apply_chat_template(messages)
+    assert text == "<s>[INST] hi [/INST] yo</s><s>[INST] x [/INST]"
+    ids = sp_tok.encode(text)
+    assert ids[0] == sp_tok.bos_id and ids[1] != sp_tok.bos_id  # the template's BOS, not a second one
+    with pytest.raises(InvalidRequest, match="alternate") as err:
+        sp_tok.apply_chat_template([{"role": "assistant", "content": "yo"}])
+    assert err.value.field == "messages"
+    with pytest.raises(InvalidRequest, match="messages"):
+        sp_tok.apply_chat_template([{"role": "user"}])
+
+
+def test_matches_transformers(tok_dir):
+    transformers = pytest.importorskip("transformers")
+    ours = Tokenizer.from_dir(tok_dir)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tok_dir))
+    for text in (WIDE_TEXT, PLAIN_TEXT, "  leading spaces"):
+        assert ours.encode(text) == theirs(text)["input_ids"]
+    messages = [{"role": "user", "content": "Write fizzbuzz."}]
+    assert ours.apply_chat_template(messages) == theirs.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
+
+
+def test_special_ids_precedence(tmp_path):
+    tok = train_bpe([PLAIN_TEXT * 5], 400, "bytelevel", ["<|endoftext|>", "<|im_end|>", "<|x|>"])
+    write_tokenizer_files(tmp_path, tok, style="bytelevel", bos=None, eos="<|im_end|>", chat_template=None)
+    assert Tokenizer.from_dir(tmp_path).eos_ids == {1}  # tokenizer_config.json's eos_token
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 0, "bos_token_id": None}))
+    assert Tokenizer.from_dir(tmp_path).eos_ids == {0}
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 2]}))
+    loaded = Tokenizer.from_dir(tmp_path)
+    assert loaded.eos_ids == {1, 2}
+    assert loaded.bos_id is None and not loaded.has_chat_template
+    with pytest.raises(InvalidRequest, match="no chat template"):
+        loaded.apply_chat_template([{"role": "user", "content": "x"}])
+
+
+def test_bos_from_post_processor(tmp_path):
+    # Without add_bos_token, follow tokenizer.json's TemplateProcessing, as transformers does.
+    tok = train_bpe([PLAIN_TEXT * 5], 400, "bytelevel", ["<bos>", "<eos>"])
+    spec = json.loads(tok.to_str())
+    spec["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<bos>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<bos>": {"id": "<bos>", "ids": [0], "tokens": ["<bos>"]}},
+    }
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>", "eos_token": "<eos>"}))
+    loaded = Tokenizer.from_dir(tmp_path)
+    assert loaded.add_bos and loaded.encode("import os")[0] == 0
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<bos>", "add_bos_token": False})
+    )
+    assert Tokenizer.from_dir(tmp_path).encode("import os")[0] != 0
+
+
+def test_missing_or_corrupt_tokenizer(tmp_path):
+    with pytest.raises(CheckpointError, match="tokenizer.json: missing"):
+        Tokenizer.from_dir(tmp_path)
+    (tmp_path / "tokenizer.json").write_text('{"model": ')
+    with pytest.raises(CheckpointError, match="tokenizer.json: cannot be parsed"):
+        Tokenizer.from_dir(tmp_path)
+    write_synthetic_tokenizer(tmp_path, "chatml", 1000)
+    (tmp_path / "tokenizer_config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="tokenizer_config.json: not valid JSON"):
+        Tokenizer.from_dir(tmp_path)
+
+
+@pytest.mark.parametrize("style", ["bytelevel", "sentencepiece"])
+def test_synthetic_tokenizer_is_deterministic_and_capped(style):
+    assert synthetic_tokenizer(style, 2000).to_str() == train_bpe_again(style, 2000)
+    assert synthetic_tokenizer(style, 2000).get_vocab_size() <= 2000
+    assert synthetic_tokenizer(style, 100_000).get_vocab_size() < 100_000  # the corpus runs out of merges
+    with pytest.raises(ValueError, match="vocab_size"):
+        synthetic_tokenizer(style, 100)
+
+
+def train_bpe_again(style, vocab_size):
+    from inference import tokenizer_build
+
+    return train_bpe(
+        tokenizer_build._synthetic_corpus(), vocab_size, style, tokenizer_build._default_specials(style)
+    ).to_str()
+
+
+def test_chat_template_names():
+    assert {"chatml", "llama3", "llama2", "laneformer", "pycomment"} <= CHAT_TEMPLATES.keys()
+
+
+def test_pycomment_template(tmp_path):
+    tok = train_bpe([PLAIN_TEXT * 5], 400, "bytelevel", ["<|endoftext|>"])
+    write_tokenizer_files(
+        tmp_path,
+        tok,
+        style="bytelevel",
+        bos=None,
+        eos="<|endoftext|>",
+        chat_template=CHAT_TEMPLATES["pycomment"],
+    )
+    loaded = Tokenizer.from_dir(tmp_path)
+    text = loaded.apply_chat_template([{"role": "user", "content": "Reverse a string.\n\nKeep it short."}])
+    assert text == "# Reverse a string.\n#\n# Keep it short.\n"

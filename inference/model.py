@@ -84,16 +84,24 @@ def rope_tables(
     return angles.cos().to(device), angles.sin().to(device)
 
 
+def rope_pairs(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[T, hd/2] tables -> [T, hd] ones for apply_rope: (c0, c0, c1, c1, ...) and (-s0, s0, -s1, s1, ...)."""
+    return cos.repeat_interleave(2, dim=-1), torch.stack((-sin, sin), dim=-1).flatten(-2)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs: x [..., T, hd], cos/sin [T, hd/2]; computed in fp32."""
-    x0, x1 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
-    return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).type_as(x)
+    """Rotate interleaved pairs in fp32: x [..., T, hd], cos/sin [T, hd] from rope_pairs.
+
+    (x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin): x * cos plus x with each pair swapped * sin.
+    """
+    xf = x.float()
+    swapped = xf.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return (xf * cos + swapped * sin).type_as(x)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    # Normalised in fp32, cast back, then scaled: the order HF's Llama RMSNorm uses.
+    return weight * F.rms_norm(x.float(), x.shape[-1:], eps=eps).to(x.dtype)
 
 
 def attention_mask(
@@ -134,13 +142,17 @@ class Block(nn.Module):
         h: torch.Tensor,  # [L, B*T, D], normalised
         batch: int,
         start_pos: int,
-        cos: torch.Tensor,  # [T, hd/2]
+        cos: torch.Tensor,  # [T, hd], rope_pairs
         sin: torch.Tensor,
         cache: KVCache | None,
     ) -> torch.Tensor:  # lane partials [L, B*T, D]
         cfg, L = self.cfg, self.cfg.num_lanes
         T = h.shape[1] // batch
-        q, k, v = h @ self.wq.mT, h @ self.wk.mT, h @ self.wv.mT  # [L, B*T, H/L*hd], [L, B*T, KV/L*hd]
+        q, k, v = (
+            torch.bmm(h, self.wq.mT),
+            torch.bmm(h, self.wk.mT),
+            torch.bmm(h, self.wv.mT),
+        )  # [L, B*T, H/L*hd], [L, B*T, KV/L*hd]
         if self.bq is not None:
             q, k, v = q + self.bq[:, None], k + self.bk[:, None], v + self.bv[:, None]
         q, k, v = (self._heads(t, batch, T) for t in (q, k, v))  # [B, H, T, hd], [B, KV, T, hd]
@@ -166,7 +178,7 @@ class Block(nn.Module):
             q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=cfg.num_heads != cfg.num_kv_heads
         )  # [B, H, T, hd]
         out = out.unflatten(1, (L, -1)).permute(1, 0, 3, 2, 4).reshape(L, batch * T, -1)
-        return out @ self.wo.mT
+        return torch.bmm(out, self.wo.mT)
 
     def _heads(self, x: torch.Tensor, batch: int, T: int) -> torch.Tensor:
         # [L, B*T, n*hd] -> [B, L*n, T, hd]: lane-major heads
@@ -174,7 +186,7 @@ class Block(nn.Module):
         return x.view(L, batch, T, -1, hd).permute(1, 0, 3, 2, 4).flatten(1, 2)
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:  # [L, B*T, D] -> lane partials [L, B*T, D]
-        return (F.silu(h @ self.w1.mT) * (h @ self.w3.mT)) @ self.w2.mT
+        return torch.bmm(F.silu(torch.bmm(h, self.w1.mT)) * torch.bmm(h, self.w3.mT), self.w2.mT)
 
 
 class Transformer(nn.Module):
@@ -228,7 +240,9 @@ class Transformer(nn.Module):
         cfg = self.cfg
         L, D = cfg.num_lanes, cfg.hidden_size
         B, T = input_ids.shape
-        cos, sin = self.rope_cos[start_pos : start_pos + T], self.rope_sin[start_pos : start_pos + T]
+        cos, sin = rope_pairs(
+            self.rope_cos[start_pos : start_pos + T], self.rope_sin[start_pos : start_pos + T]
+        )
         x = F.embedding(input_ids, self.tok_embeddings).view(1, B * T, D).expand(L, B * T, D)
         attn_partials: list[torch.Tensor] = []
         mlp_partials: list[torch.Tensor] = []

@@ -60,6 +60,31 @@ def workers_key() -> str:
     return f"{PREFIX}workers"
 
 
+def connect(url: str, use_asyncio: bool = False):
+    """A Redis client that rides out a Redis restart: a command that meets a dropped connection is
+    retried on a new one with backoff (about 1.5 s in all), and a dead peer is noticed (keepalive,
+    timeouts) instead of hanging. Longer outages surface as redis.ConnectionError to the caller."""
+    if use_asyncio:
+        import redis.asyncio as client_module
+        from redis.asyncio.retry import Retry
+    else:
+        import redis as client_module
+        from redis.retry import Retry
+    from redis.backoff import ExponentialBackoff
+    from redis.exceptions import ConnectionError, TimeoutError
+
+    return client_module.Redis.from_url(
+        url,
+        decode_responses=True,
+        socket_connect_timeout=2,
+        socket_timeout=10,  # well above the blocking reads' own timeouts (BLPOP 1 s, XREAD 250 ms)
+        socket_keepalive=True,
+        health_check_interval=15,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=5),
+        retry_on_error=[ConnectionError, TimeoutError],
+    )
+
+
 class QueueFull(Exception):
     """The model's queue holds `max_queue` jobs already."""
 
@@ -99,10 +124,29 @@ def _entry(event_type: str, data: dict) -> dict:
 class WorkerChannel:
     """What a worker does to Redis. `r` is a sync `redis.Redis(decode_responses=True)`."""
 
+    # A job's events are written only while its hash exists: after a Redis restart that lost the
+    # job, the worker learns so from its next write instead of re-creating a stream nobody reads.
+    # KEYS: events, job. ARGV: type, data.
+    _PUBLISH = """
+    if redis.call('EXISTS', KEYS[2]) == 0 then return false end
+    return redis.call('XADD', KEYS[1], '*', 'type', ARGV[1], 'data', ARGV[2])
+    """
+    # The same for the terminal event, which also marks the job; ARGV: type, data, status, now, ttl.
+    _FINISH = """
+    if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+    redis.call('XADD', KEYS[1], '*', 'type', ARGV[1], 'data', ARGV[2])
+    redis.call('HSET', KEYS[2], 'status', ARGV[3], 'finished', ARGV[4])
+    redis.call('EXPIRE', KEYS[1], ARGV[5])
+    redis.call('EXPIRE', KEYS[2], ARGV[5])
+    return 1
+    """
+
     def __init__(self, r, worker_id: str, models: list[str]):
         self.r = r
         self.worker_id = worker_id
         self.models = models
+        self._publish = r.register_script(self._PUBLISH)
+        self._finish = r.register_script(self._FINISH)
 
     def heartbeat(self, info: dict) -> None:
         now = time.time()
@@ -133,23 +177,26 @@ class WorkerChannel:
         self.publish(job_id, "started", {"worker": self.worker_id, "queue_ms": (now - spec.created) * 1000})
         return spec
 
-    def publish(self, job_id: str, event_type: str, data: dict) -> str:
-        return self.r.xadd(events_key(job_id), _entry(event_type, data))
+    def publish(self, job_id: str, event_type: str, data: dict) -> str | None:
+        """Append an event; returns its entry id, or None when the job no longer exists."""
+        return self._publish(keys=[events_key(job_id), job_key(job_id)], args=[event_type, json.dumps(data)])
 
     def cancelled(self, job_id: str) -> bool:
-        return bool(self.r.exists(cancel_key(job_id)))
+        """Someone asked to stop the job, or the job is gone (a Redis restart emptied it): stop either way."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.exists(cancel_key(job_id))
+        pipe.exists(job_key(job_id))
+        cancel, job = pipe.execute()
+        return bool(cancel) or not job
 
-    def finish(self, job_id: str, event_type: str, data: dict) -> None:
-        """Publish the terminal event (done or error) and mark the job, in one round trip."""
+    def finish(self, job_id: str, event_type: str, data: dict) -> bool:
+        """Publish the terminal event (done or error) and mark the job, in one round trip.
+        Returns False when the job no longer exists (nothing is written then)."""
         status = "error" if event_type == "error" else "done"
         if data.get("finish_reason") == "cancelled":
             status = "cancelled"
-        pipe = self.r.pipeline()
-        pipe.xadd(events_key(job_id), _entry(event_type, data))
-        pipe.hset(job_key(job_id), mapping={"status": status, "finished": time.time()})
-        for key in (events_key(job_id), job_key(job_id)):
-            pipe.expire(key, EVENTS_TTL_S)
-        pipe.execute()
+        args = [event_type, json.dumps(data), status, time.time(), EVENTS_TTL_S]
+        return bool(self._finish(keys=[events_key(job_id), job_key(job_id)], args=args))
 
 
 # ---- the web's side (redis.asyncio client) -----------------------------------------------------
@@ -215,6 +262,7 @@ class JobClient:
         """
         last_position: tuple | None = None
         waiting_since = time.monotonic()
+        seen_job = after != "0-0"  # a resumed reader knows the job existed
         while True:
             reply = await self.r.xread({events_key(job_id): after}, block=block_ms, count=512)
             for _, entries in reply or []:
@@ -225,12 +273,19 @@ class JobClient:
                     if event_type in TERMINAL:
                         return
                 waiting_since = time.monotonic()
+                seen_job = True
             if reply:
                 continue
             job = await self.r.hgetall(job_key(job_id))
+            if not job and seen_job:
+                # It was there: Redis restarted without its data. Nothing is written back (that
+                # would re-create the job's keys); each reader reports it itself.
+                yield "", "error", _queue_restarted()
+                return
             if not job:
                 await self._fail_terminal(job_id, "error", {"code": "unknown_job", "message": "no such job"})
                 continue
+            seen_job = True
             if job["status"] == "queued":
                 position = await self.position(job_id, job["model"])
                 serving = [w for w in await self.workers() if job["model"] in w.get("models", [])]
@@ -252,11 +307,19 @@ class JobClient:
             pipe.xadd(events_key(job_id), _entry(event_type, data))
             pipe.hset(job_key(job_id), "status", status)
             pipe.expire(events_key(job_id), EVENTS_TTL_S)
+            pipe.expire(job_key(job_id), EVENTS_TTL_S)  # hsetnx made a stub when the job was unknown
             await pipe.execute()
 
 
 def _lost(why: str) -> dict:
     return {"code": "worker_lost", "message": f"The job {why}; please try again."}
+
+
+def _queue_restarted() -> dict:
+    return {
+        "code": "queue_restarted",
+        "message": "The job queue restarted and lost this generation; please run it again.",
+    }
 
 
 def _cancelled_before_start() -> dict:

@@ -6,11 +6,21 @@ Models come from --model, else $MODELS (comma-separated), else the shipped defau
 named `standin:<tokens/s>` is the torch-free stand-in engine (inference/standin.py). Any number of
 workers, on any machines, may serve the same queues: each job goes to exactly one.
 With $KOG_HEALTH_FILE set, each heartbeat also touches that file (a container healthcheck reads it).
+
+Faults it survives: a job that raises (the client gets an error event; GPU out of memory says so
+and frees the cache), Redis going away (it retries and serves again once Redis is back; a job
+whose Redis state vanished is stopped), and a token stall: when no token comes for
+KOG_STALL_TIMEOUT_S seconds (default 60) a watchdog thread ends the job with a `stalled` error,
+and the generation loop stops at its next token. If the loop is still stuck KOG_STALL_EXIT_S
+seconds later (default 60; 0: never) the process exits, for its supervisor to restart it.
+KOG_MAX_PROMPT_TOKENS caps prompts below the context (default 0: no cap but the context).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import logging
 import os
 import signal
@@ -24,13 +34,20 @@ from pathlib import Path
 import redis
 
 from inference.events import Done, InvalidRequest, Prefilled, TextDelta
-from inference.protocol import HEARTBEAT_INTERVAL_S, JobSpec, WorkerChannel
+from inference.logs import configure_logging, job_context
+from inference.protocol import HEARTBEAT_INTERVAL_S, JobSpec, WorkerChannel, connect
 from inference.standin import PREFIX as STANDIN_PREFIX
 from inference.standin import StandinEngine
 
 log = logging.getLogger("inference.worker")
 
 FLUSH_INTERVAL_S = float(os.environ.get("KOG_FLUSH_MS", "25")) / 1000  # coalescing: 16-50 ms per frame
+STALL_TIMEOUT_S = float(os.environ.get("KOG_STALL_TIMEOUT_S", "60"))
+STALL_EXIT_S = float(os.environ.get("KOG_STALL_EXIT_S", "60"))
+STALL_EXIT_CODE = 75  # EX_TEMPFAIL: "restart me"
+# A public demo's cap on prompt length, below the context (0: the context is the only limit). The
+# web process has no tokenizer, so the cap on tokens is kept here.
+MAX_PROMPT_TOKENS = int(os.environ.get("KOG_MAX_PROMPT_TOKENS", "0"))
 
 
 class DeltaCoalescer:
@@ -81,14 +98,34 @@ class DeltaCoalescer:
         self.last_flush = now or time.monotonic()
 
 
+class RunningJob:
+    """The job in progress, shared by the generation loop and the stall watchdog."""
+
+    def __init__(self, spec: JobSpec):
+        self.spec = spec
+        self.progress_at = time.monotonic()  # the last sign of life: start, prefill or a token
+        self.prompt_tokens: int | None = None
+        self.stalled = False
+        self.gone = False  # its Redis state vanished (a restart): stop, and write nothing more
+        self.finished = False  # a terminal event is out: nothing more is published for this job
+        self.lock = threading.Lock()
+
+
 class Worker:
     def __init__(self, engines: dict, r: redis.Redis, worker_id: str | None = None):
         self.engines = engines  # public model name -> Engine
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.channel = WorkerChannel(r, self.worker_id, list(engines))
-        self.current_job: str | None = None
+        self.job: RunningJob | None = None
         self.jobs_done = 0
         self.stopping = threading.Event()
+        self.stall_timeout_s = STALL_TIMEOUT_S
+        self.stall_exit_s = STALL_EXIT_S
+
+    @property
+    def current_job(self) -> str | None:
+        job = self.job
+        return job.spec.id if job else None
 
     def info(self) -> dict:
         any_engine = next(iter(self.engines.values()))
@@ -118,38 +155,94 @@ class Worker:
                 log.warning("heartbeat failed: %s", exc)
             self.stopping.wait(HEARTBEAT_INTERVAL_S)
 
+    def _watchdog_loop(self) -> None:
+        """End a job that produces no token for stall_timeout_s; exit if its loop never comes back."""
+        tick = min(0.5, self.stall_timeout_s / 4)
+        while not self.stopping.wait(tick):
+            job = self.job
+            if job is None:
+                continue
+            idle = time.monotonic() - job.progress_at
+            if not job.stalled and idle > self.stall_timeout_s:
+                job.stalled = True  # the generation loop stops at its next token
+                log.error("no token for %.1f s: ending the job", idle, extra={"job_id": job.spec.id})
+                message = (
+                    f"The model produced no token for {self.stall_timeout_s:g} s, so the job was ended; "
+                    "please try again."
+                )
+                self._finish(job, "error", {"code": "stalled", "message": message})
+            elif job.stalled and self.stall_exit_s > 0 and idle > self.stall_timeout_s + self.stall_exit_s:
+                log.critical(
+                    "the stalled job never returned: exiting for a restart", extra={"job_id": job.spec.id}
+                )
+                os._exit(STALL_EXIT_CODE)
+
     def serve_forever(self) -> None:
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
+        if self.stall_timeout_s > 0:
+            threading.Thread(target=self._watchdog_loop, name="stall-watchdog", daemon=True).start()
         log.info("worker %s serving %s", self.worker_id, ", ".join(self.engines))
+        redis_down = False
         while not self.stopping.is_set():
             try:
                 spec = self.channel.next_job(timeout_s=1.0)
-            except redis.ConnectionError as exc:
-                log.warning("redis unavailable (%s); retrying", exc)
-                time.sleep(1.0)
+            except redis.RedisError as exc:
+                if not redis_down:
+                    log.warning("redis unavailable (%s); retrying every second", exc)
+                redis_down = True
+                self.stopping.wait(1.0)
                 continue
+            if redis_down:
+                log.info("redis is back")
+                redis_down = False
             if spec is not None:
                 self.run_job(spec)
-        self.channel.retire()
+        with contextlib.suppress(redis.RedisError):  # else the heartbeat expires by itself
+            self.channel.retire()
 
     def run_job(self, spec: JobSpec) -> None:
-        self.current_job = spec.id
-        try:
-            self._run(spec)
-        except InvalidRequest as exc:
-            self.channel.finish(
-                spec.id, "error", {"code": "invalid_request", "param": exc.field, "message": str(exc)}
-            )
-        except Exception as exc:  # the worker outlives any one job
-            code = "out_of_memory" if "out of memory" in str(exc).lower() else "internal_error"
-            log.exception("job %s failed", spec.id)
-            self.channel.finish(spec.id, "error", {"code": code, "message": f"{type(exc).__name__}: {exc}"})
+        job = self.job = RunningJob(spec)
+        out_of_memory = False
+        with job_context(spec.id):
+            log.info("job started", extra={"model": spec.model, "source": spec.source})
+            try:
+                self._run(job)
+            except InvalidRequest as exc:
+                self._finish(
+                    job, "error", {"code": "invalid_request", "param": exc.field, "message": str(exc)}
+                )
+            except redis.RedisError as exc:
+                # Our reads and writes failed: the web side cannot read this job either and tells its client.
+                log.warning("lost redis during the job; dropping it: %s", exc)
+            except Exception as exc:  # the worker outlives any one job
+                out_of_memory = is_out_of_memory(exc)
+                if out_of_memory:
+                    log.error("out of memory: %s", str(exc))  # not exc: a kept record would keep its frames
+                    error = {"code": "out_of_memory", "message": out_of_memory_message(job)}
+                else:
+                    log.exception("job failed")
+                    error = {"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
+                self._finish(job, "error", error)
+            finally:
+                self.job = None
+                self.jobs_done += 1
+            log.info("job ended")
+        if out_of_memory:  # out here, once the traceback holding the failed step's tensors is gone
             _release_gpu_memory()
-        finally:
-            self.current_job = None
-            self.jobs_done += 1
 
-    def _run(self, spec: JobSpec) -> None:
+    def _finish(self, job: RunningJob, event_type: str, data: dict) -> None:
+        """Publish the job's one terminal event; the watchdog and the loop may race here."""
+        with job.lock:
+            if job.finished:
+                return
+            job.finished = True
+            try:
+                self.channel.finish(job.spec.id, event_type, data)
+            except redis.RedisError as exc:
+                log.warning("could not publish the job's end: %s", exc, extra={"job_id": job.spec.id})
+
+    def _run(self, job: RunningJob) -> None:
+        spec = job.spec
         engine = self.engines.get(spec.model)
         if engine is None:
             raise InvalidRequest(
@@ -157,14 +250,25 @@ class Worker:
             )
         params = spec.sampling_params()
         prompt_ids = engine.encode_prompt(prompt=spec.prompt, messages=spec.messages, chat=spec.chat)
-        publish = lambda kind, data: self.channel.publish(spec.id, kind, data)  # noqa: E731
+        job.prompt_tokens = len(prompt_ids)
+        if 0 < MAX_PROMPT_TOKENS < len(prompt_ids):
+            raise InvalidRequest(
+                "prompt", f"{len(prompt_ids)} tokens is over this server's limit of {MAX_PROMPT_TOKENS}"
+            )
+
+        def publish(kind: str, data: dict) -> None:
+            if not job.finished and self.channel.publish(spec.id, kind, data) is None:
+                job.gone = True  # after a stall error the late tokens go nowhere; gone, nowhere either
+
         coalescer = DeltaCoalescer(publish)
         cancelled = False
 
         def should_stop() -> bool:
-            return cancelled
+            return cancelled or job.stalled or job.gone
 
+        job.progress_at = time.monotonic()
         for event in engine.generate(prompt_ids, params, should_stop=should_stop):
+            job.progress_at = time.monotonic()
             if isinstance(event, TextDelta):
                 if coalescer.add(event):
                     cancelled = cancelled or self.channel.cancelled(spec.id)
@@ -172,15 +276,34 @@ class Worker:
                 publish("prefilled", asdict(event))
                 cancelled = self.channel.cancelled(spec.id)
             elif isinstance(event, Done):
+                if job.finished:
+                    return
+                if job.gone:
+                    log.warning("the job vanished from Redis (a restart?): dropped")
+                    return
                 coalescer.flush()
                 done = asdict(event)
                 done["stats"]["bandwidth_gbs"] = event.stats.bandwidth_gbs
-                self.channel.finish(spec.id, "done", done)
+                self._finish(job, "done", done)
                 return
         raise RuntimeError("the engine ended without a Done event")
 
 
+def is_out_of_memory(exc: BaseException) -> bool:
+    """torch.cuda.OutOfMemoryError, or an allocator's error that says so (CPU, Triton, cuBLAS)."""
+    return type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower()
+
+
+def out_of_memory_message(job: RunningJob) -> str:
+    size = f" ({job.prompt_tokens} prompt tokens)" if job.prompt_tokens else ""
+    return (
+        f"The GPU ran out of memory for this request{size}; try a shorter prompt or fewer new tokens. "
+        "The worker is still serving."
+    )
+
+
 def _release_gpu_memory() -> None:
+    gc.collect()  # the failed step's frames may sit in reference cycles, holding their tensors
     try:
         import torch
 
@@ -217,14 +340,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default=os.environ.get("KOG_DTYPE"))
     parser.add_argument("--worker-id", default=os.environ.get("WORKER_ID"))
     args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s %(message)s")
+    configure_logging()
 
     engines = {}
     for model in configured_models(args.model):
         engine = load_engine(model, device=args.device, dtype=args.dtype)
         engines[engine.name] = engine
         log.info("loaded %s on %s", engine.name, engine.device)
-    worker = Worker(engines, redis.Redis.from_url(args.redis_url, decode_responses=True), args.worker_id)
+    worker = Worker(engines, connect(args.redis_url), args.worker_id)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stopping.set())
     worker.serve_forever()

@@ -22,10 +22,11 @@ def interpreted() -> bool:
 
 
 def sm_count(device: torch.device) -> int:
-    """Multiprocessors to fill; the H200's 132 when there is no GPU (block sizes then match the real ones)."""
-    if device.type == "cuda":
+    """Multiprocessors the grids should fill. The interpreter runs programs one after another, so there a
+    handful of large programs is fastest."""
+    if device.type == "cuda" and not interpreted():
         return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132
+    return 1
 
 
 def pdl_kwargs(use_pdl: bool) -> dict:

@@ -20,18 +20,10 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels import pdl_kwargs, sm_count
+from kernels import interpreted, pdl_kwargs, sm_count
 
 SUM, DELAYED, SCALED = 0, 1, 2
 MODES = {"sum": SUM, "delayed": DELAYED, "scaled": SCALED}
-
-
-@triton.jit
-def _weight_tile(ptr, offs, mask, cols, k0: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    if k0 + BLOCK_K <= K:
-        return tl.load(ptr + offs + k0, mask=mask, other=0.0, eviction_policy="evict_first")
-    k_ok = (k0 + cols < K)[None, None, :]
-    return tl.load(ptr + offs + k0, mask=mask & k_ok, other=0.0, eviction_policy="evict_first")
 
 
 @triton.jit
@@ -62,10 +54,11 @@ def _lane_reduce_gemv_kernel(
     lane_ok = lanes < LANES
     tile_ok = lane_ok[:, None] & (rows < N)[None, :]  # [LANES_P, BLOCK_N]
     w_offs = ((lanes[:, None] * N + rows[None, :]).to(tl.int64) * K)[:, :, None] + cols[None, None, :]
-    w_mask = tile_ok[:, :, None]
 
-    # The first weight tile is in flight before we wait for the kernel that produces act.
-    w_first = _weight_tile(w_ptr, w_offs, w_mask, cols, 0, K, BLOCK_K)
+    # The first weight tile is in flight before we wait for the kernel that produces act (weights are read once
+    # per token: evict them first).
+    w_mask = tile_ok[:, :, None] & (cols < K)[None, None, :]
+    w_first = tl.load(w_ptr + w_offs, mask=w_mask, other=0.0, eviction_policy="evict_first")
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -73,11 +66,13 @@ def _lane_reduce_gemv_kernel(
     act_rows = act_ptr + lanes[:, None] * stride_act_lane  # [LANES_P, 1]
     acc = tl.zeros([LANES_P, BLOCK_N, BLOCK_K], dtype=tl.float32)
     for i in tl.static_range(0, (K + BLOCK_K - 1) // BLOCK_K):
+        k_ok = i * BLOCK_K + cols < K  # K is a constexpr: a multiple of 8 keeps the loads 16 bytes wide
         if i == 0:
             w = w_first
         else:
-            w = _weight_tile(w_ptr, w_offs, w_mask, cols, i * BLOCK_K, K, BLOCK_K)
-        a_mask = lane_ok[:, None] & (i * BLOCK_K + cols < K)[None, :]
+            w_mask = tile_ok[:, :, None] & k_ok[None, None, :]
+            w = tl.load(w_ptr + w_offs + i * BLOCK_K, mask=w_mask, other=0.0, eviction_policy="evict_first")
+        a_mask = lane_ok[:, None] & k_ok[None, :]
         a = tl.load(act_rows + i * BLOCK_K + cols[None, :], mask=a_mask, other=0.0).to(tl.float32)
         acc += w.to(tl.float32) * a[:, None, :]
     p = tl.sum(acc, axis=2)  # [LANES_P, BLOCK_N]; padded lanes are 0
@@ -102,6 +97,8 @@ def _lane_reduce_gemv_kernel(
 
 
 def _pick_blocks(lanes: int, n: int, k: int, device: torch.device) -> tuple[int, int, int]:
+    if interpreted():  # programs run one after another there: few, large ones
+        return min(64, triton.next_power_of_2(n)), min(128, triton.next_power_of_2(k)), 4
     lanes_p = triton.next_power_of_2(lanes)
     block_k = min(512, triton.next_power_of_2(k))
     while k % block_k and block_k > 64:  # avoid a half-masked last tile (K = 384 -> 128)

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels import pdl_kwargs, sm_count
+from kernels import interpreted, pdl_kwargs, sm_count
 
 
 @triton.jit
@@ -168,8 +168,10 @@ def lm_head(
         if token.numel() != 1 or pos.numel() != 1:
             raise ValueError("token: token and pos must hold one element each")
     block_k = min(512, triton.next_power_of_2(k))
-    # rows per block: 8 elements a thread per K tile (16-byte loads), the row's tiles in flight together
-    block_n = block_n or max(1, min(16, (8 * 32 * num_warps) // block_k))
+    if block_n is None and interpreted():  # programs run one after another there: one large row block each
+        block_n = min(1024, triton.next_power_of_2(triton.cdiv(vocab, scratch.programs)))
+    elif block_n is None:  # 8 elements a thread per K tile (16-byte loads)
+        block_n = max(1, min(16, (8 * 32 * num_warps) // block_k))
     programs = min(scratch.programs, triton.cdiv(vocab, block_n))
     _lm_head_kernel[(programs,)](
         x,

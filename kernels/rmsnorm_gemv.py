@@ -19,20 +19,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels import pdl_kwargs, sm_count
-
-
-@triton.jit
-def _weight_tile(ptr, offs, row_ok, cols, k0: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    # Weights are read once per token: evict them first so activations and the KV cache stay in L2.
-    if k0 + BLOCK_K <= K:
-        return tl.load(ptr + offs + k0, mask=row_ok[:, None], other=0.0, eviction_policy="evict_first")
-    return tl.load(
-        ptr + offs + k0,
-        mask=row_ok[:, None] & (k0 + cols < K)[None, :],
-        other=0.0,
-        eviction_policy="evict_first",
-    )
+from kernels import interpreted, pdl_kwargs, sm_count
 
 
 @triton.jit
@@ -63,10 +50,12 @@ def _rmsnorm_gemv_kernel(
     cols = tl.arange(0, BLOCK_K)
     w_offs = (lane * N + rows).to(tl.int64)[:, None] * K + cols[None, :]  # [BLOCK_N, BLOCK_K]
 
-    # The first weight tile is in flight before we wait for the kernel that produces x.
-    w_first = _weight_tile(w_ptr, w_offs, row_ok, cols, 0, K, BLOCK_K)
+    # The first weight tile is in flight before we wait for the kernel that produces x. Weights are read once
+    # per token: evict them first so that activations and the KV cache stay in L2.
+    w_mask = row_ok[:, None] & (cols < K)[None, :]
+    w_first = tl.load(w_ptr + w_offs, mask=w_mask, other=0.0, eviction_policy="evict_first")
     if GATED:
-        up_first = _weight_tile(w_up_ptr, w_offs, row_ok, cols, 0, K, BLOCK_K)
+        up_first = tl.load(w_up_ptr + w_offs, mask=w_mask, other=0.0, eviction_policy="evict_first")
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -81,11 +70,12 @@ def _rmsnorm_gemv_kernel(
     acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
     for i in tl.static_range(0, (K + BLOCK_K - 1) // BLOCK_K):
-        k_ok = i * BLOCK_K + cols < K
+        k_ok = i * BLOCK_K + cols < K  # K is a constexpr: a multiple of 8 keeps the loads 16 bytes wide
+        w_mask = row_ok[:, None] & k_ok[None, :]
         if i == 0:
             w = w_first
         else:
-            w = _weight_tile(w_ptr, w_offs, row_ok, cols, i * BLOCK_K, K, BLOCK_K)
+            w = tl.load(w_ptr + w_offs + i * BLOCK_K, mask=w_mask, other=0.0, eviction_policy="evict_first")
         xk = tl.load(x_row + i * BLOCK_K + cols, mask=k_ok, other=0.0).to(tl.float32)
         if HAS_NORM:
             sumsq += xk * xk
@@ -95,7 +85,7 @@ def _rmsnorm_gemv_kernel(
             if i == 0:
                 u = up_first
             else:
-                u = _weight_tile(w_up_ptr, w_offs, row_ok, cols, i * BLOCK_K, K, BLOCK_K)
+                u = tl.load(w_up_ptr + w_offs + i * BLOCK_K, mask=w_mask, other=0.0, eviction_policy="evict_first")
             acc_up += u.to(tl.float32) * xk[None, :]
 
     y = tl.sum(acc, axis=1)  # [BLOCK_N]
@@ -113,6 +103,8 @@ def _rmsnorm_gemv_kernel(
 
 
 def _pick_blocks(lanes: int, n: int, k: int, gated: bool, device: torch.device) -> tuple[int, int, int]:
+    if interpreted():  # programs run one after another there: few, large ones
+        return min(64, triton.next_power_of_2(n)), min(128, triton.next_power_of_2(k)), 4
     block_k = min(512, triton.next_power_of_2(k))
     # The K loop is unrolled, so all of a program's weight loads are in flight at once: keep that under about
     # 96 elements a thread (about half the registers) so that two or more programs fit on a multiprocessor

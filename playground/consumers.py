@@ -24,8 +24,9 @@ a duplicate, whatever reconnects happen.
     {"type": "done", "finish_reason": "stop" | "length" | "cancelled", "text": str,
      "stats": {...} | null, "share_url": str | null}
     {"type": "error", "code": str, "message": str, "param": str?}
-        codes: bad_frame, invalid_request (with param), busy, queue_full, unknown_job,
-        worker_lost, unavailable, and the worker's own (internal_error, out_of_memory)
+        codes: bad_frame, invalid_request (with param), busy, queue_full, unknown_job, unavailable,
+        internal_error, and those of the job protocol and the worker (worker_lost, queue_restarted,
+        stalled, out_of_memory, ...), passed on as they come
 A bad frame gets an error frame and the socket stays open.
 
 A job outlives its socket so that a reconnect can resume it; when the last socket following it
@@ -60,15 +61,18 @@ def watchers_key(job_id: str) -> str:
 
 
 class GenerateConsumer(AsyncWebsocketConsumer):
+    spec: JobSpec | None = None  # the job this socket follows
+    follower: asyncio.Task | None = None  # streams that job's events to the socket
+    status_task: asyncio.Task | None = None  # sends worker status changes
+
     async def connect(self):
         self.jobs: JobClient = job_client()
-        self.spec: JobSpec | None = None  # the job this socket follows
-        self.follower: asyncio.Task | None = None
         await self.accept()
         self.status_task = asyncio.create_task(self.watch_workers())
 
     async def disconnect(self, code):
-        self.status_task.cancel()
+        if self.status_task is not None:
+            self.status_task.cancel()
         if self.following():
             self.follower.cancel()
             await self.detach(self.spec.id)
@@ -150,6 +154,9 @@ class GenerateConsumer(AsyncWebsocketConsumer):
         except redis.RedisError as exc:
             log.warning("lost redis while streaming %s: %s", spec.id, exc)
             await self.send_error("unavailable", "lost the job queue; reconnect to resume", job_id=spec.id)
+        except Exception:  # a bug here must not leave the page waiting forever
+            log.exception("streaming %s failed", spec.id)
+            await self.send_error("internal_error", "the server failed while streaming", job_id=spec.id)
 
     async def finished(self, spec: JobSpec, done: dict) -> dict:
         stats = done.get("stats")

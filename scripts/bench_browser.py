@@ -98,7 +98,9 @@ def run(args, page_url: str) -> dict:
         page.add_init_script(PROBE)
         page.on(
             "websocket",
-            lambda ws: ws.on("framereceived", lambda f: received.append({**json.loads(f), "_at": time.monotonic()})),
+            lambda ws: ws.on(
+                "framereceived", lambda f: received.append({**json.loads(f), "_at": time.monotonic()})
+            ),
         )
         page.goto(page_url)
         page.wait_for_selector("#worker-status[data-up=true]", timeout=60_000)
@@ -137,7 +139,8 @@ def run(args, page_url: str) -> dict:
         "long_tasks": bench["longTasks"],
         "highlight_ms": bench.get("highlightMs", 0.0),
         "finish_gap_ms": max(
-            (b - a for a, b in zip(bench["frames"], bench["frames"][1:], strict=False) if b >= end), default=0.0
+            (b - a for a, b in zip(bench["frames"], bench["frames"][1:], strict=False) if b >= end),
+            default=0.0,
         ),
     }
 
@@ -191,11 +194,15 @@ def main() -> int:
     shown_rate = live[-1] if live else 0.0
     error = abs(shown_rate - engine_rate) / engine_rate if engine_rate else 1.0
     complete = result["shown"] == result["expected"] and result["last_n"] == args.tokens
-    print(f"stand-in engine          {args.rate:,.0f} tokens/s nominal, {engine_rate:,.1f} tokens/s measured by the engine")
+    print(
+        f"stand-in engine          {args.rate:,.0f} tokens/s nominal, {engine_rate:,.1f} tokens/s measured by the engine"
+    )
     print(f"tokens                   {args.tokens:,} generated, {result['last_n']:,} counted by the page, "
           f"text {'identical' if result['shown'] == result['expected'] else 'DIFFERENT'} "
           f"(stream check: {result['stream_check']})")  # fmt: skip
-    print(f"websocket frames         {result['deltas']:,} deltas ({args.tokens / max(result['deltas'], 1):.0f} tokens each)")
+    print(
+        f"websocket frames         {result['deltas']:,} deltas ({args.tokens / max(result['deltas'], 1):.0f} tokens each)"
+    )
     print(f"arrival                  deltas over {result['deltas_s']:.2f} s (engine: "
           f"{(stats['token_times'][-1] - stats['token_times'][0]) if stats.get('token_times') else stats['total_ms'] / 1000:.2f} s), "
           f"done frame {1000 * result['done_lag_s']:.0f} ms after the last delta")  # fmt: skip

@@ -79,3 +79,16 @@ async def test_open_until_the_first_key_then_only_active_keys_pass(capsys):
     await key.asave()
     assert await status_of(f"Bearer {secret}") == 401  # revoked, and the API stays closed
     assert await status_of(None) == 401
+
+
+@pytest.mark.django_db
+def test_the_admin_makes_a_key_and_shows_it_once(admin_client):
+    response = admin_client.post("/admin/api/apikey/add/", {"name": "editor"}, follow=True)
+    shown = [str(m) for m in response.context["messages"]]
+    row = ApiKey.objects.get(name="editor")
+    key = next(word for message in shown for word in message.split() if word.startswith("kog-"))
+    assert row.key_hash == hashlib.sha256(key.encode()).hexdigest() and key.startswith(row.prefix)
+
+    admin_client.post("/admin/api/apikey/", {"action": "revoke", "_selected_action": [row.pk]})
+    row.refresh_from_db()
+    assert row.revoked is not None

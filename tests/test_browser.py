@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import WebServer, WorkerProcess
+
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
 CHROMIUM = "/usr/bin/chromium"
@@ -21,6 +23,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--no-first-run",
 ]
+MODEL = "standin:400"  # echoes the prompt at 400 tokens/s
 XSS = '<img src=x onerror=alert(1)>\n<script>alert("pwned")</script>\n<b onmouseover=alert(2)>bold</b>\n'
 
 
@@ -34,6 +37,18 @@ def browser():
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield browser
         browser.close()
+
+
+@pytest.fixture(scope="module")
+def server(redis_server, tmp_path_factory):
+    """One daphne and one stand-in worker for the whole module: starting them is most of the cost."""
+    tmp = tmp_path_factory.mktemp("browser")
+    worker = WorkerProcess(redis_server, [MODEL], tmp / "worker.log")
+    worker.wait_ready()
+    web = WebServer(redis_server, tmp)
+    yield web
+    web.stop()
+    worker.stop()
 
 
 @pytest.fixture
@@ -59,11 +74,9 @@ def generate(page, prompt: str, max_tokens: int) -> None:
     page.click("#generate")
 
 
-def test_prompt_streams_with_live_speed_and_stop_keeps_partial_text(start_worker, start_web, page):
-    start_worker(models=["standin:300"])
-    server = start_web()
+def test_prompt_streams_with_live_speed_and_stop_keeps_partial_text(server, page):
     open_playground(page, server.url)
-    assert page.input_value("#model") == "standin:300"
+    assert page.input_value("#model") == MODEL
     prompt = "def greet(name):\n    return f'hello {name}'\n\n"
     generate(page, prompt, 3000)
 
@@ -91,9 +104,7 @@ def test_prompt_streams_with_live_speed_and_stop_keeps_partial_text(start_worker
     assert page.errors == []
 
 
-def test_model_output_is_shown_as_text_never_run_as_html(start_worker, start_web, page):
-    start_worker(models=["standin:2000"])
-    server = start_web()
+def test_model_output_is_shown_as_text_never_run_as_html(server, page):
     open_playground(page, server.url)
     generate(page, XSS, len(XSS))
     page.wait_for_selector("#state[data-state=done]", timeout=15_000)
@@ -110,9 +121,7 @@ def test_model_output_is_shown_as_text_never_run_as_html(start_worker, start_web
     assert page.dialogs == [] and page.errors == []
 
 
-def test_dropped_connection_reconnects_and_resumes_without_gap_or_duplicate(start_worker, start_web, page):
-    start_worker(models=["standin:400"])
-    server = start_web()
+def test_dropped_connection_reconnects_and_resumes_without_gap_or_duplicate(server, page):
     sockets = []
 
     def through(ws):  # a pass-through proxy for the page's websocket, so the test can cut it
@@ -124,10 +133,17 @@ def test_dropped_connection_reconnects_and_resumes_without_gap_or_duplicate(star
     prompt = "".join(f"line {i:04d}\n" for i in range(120))  # 1,200 characters, all different
     generate(page, prompt, len(prompt))
     page.wait_for_function("document.getElementById('tokens').textContent > 100", timeout=15_000)
+    page.evaluate("""() => {
+        window.seenStates = [];
+        const state = document.getElementById("state");
+        new MutationObserver(() => window.seenStates.push(state.dataset.state))
+            .observe(state, {attributes: true, attributeFilter: ["data-state"]});
+    }""")
     sockets[0].close(code=1012, reason="service restart")  # what a restarting server sends
 
     page.wait_for_selector("#state[data-state=done]", timeout=20_000)
     assert len(sockets) == 2  # it reconnected once
+    assert page.evaluate("window.seenStates")[:2] == ["reconnecting", "streaming"]
     assert page.text_content("#output") == prompt
     assert page.get_attribute("#output", "data-stream-check") == "ok"
     assert int(page.text_content("#tokens")) == len(prompt)

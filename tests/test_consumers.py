@@ -151,11 +151,11 @@ async def test_stop_ends_the_run_and_keeps_the_partial_text(start_worker):
 
 
 async def test_reconnect_mid_stream_resumes_without_gap_or_duplicate(start_worker):
-    start_worker(models=["standin:400"])
+    start_worker(models=["standin:1000"])
     prompt = "".join(chr(ord("a") + i % 26) for i in range(800))
     first = await connect()
     await first.send_json_to(
-        {"type": "generate", "prompt": prompt, "model": "standin:400", "max_tokens": 800}
+        {"type": "generate", "prompt": prompt, "model": "standin:1000", "max_tokens": 800}
     )
     before = []
     while sum(f["type"] == "delta" for f in before) < 3:

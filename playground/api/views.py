@@ -30,6 +30,8 @@ from playground.store import save_generation
 
 log = logging.getLogger("playground.api")
 INTERNAL_ERROR = "Internal server error (the details are in the server's log)"
+STREAM_START_GRACE_S = 5.0
+_background: set[asyncio.Task] = set()
 
 
 def endpoint(*methods: str):
@@ -145,6 +147,7 @@ async def complete(request, chat: bool):
             )
             response["Cache-Control"] = "no-cache"
             response["X-Accel-Buffering"] = "no"  # nginx: pass each chunk on at once
+            run.cancel_unless_streaming_within(STREAM_START_GRACE_S)
             return response
         event = first
         while event[0] not in TERMINAL:
@@ -174,6 +177,7 @@ class JobRun:
         self.events = self.jobs.events(spec.id)
         self.queue_ms = 0.0
         self.finished = False
+        self.streaming = False
 
     async def next(self) -> tuple[str, dict]:
         while True:
@@ -189,6 +193,18 @@ class JobRun:
             self.finished = True
             await self.jobs.cancel(self.spec.id)
             log.info("api job %s cancelled: the client went away", self.spec.id)
+
+    def cancel_unless_streaming_within(self, seconds: float) -> None:
+        """A client that leaves after the view returned but before the first chunk never starts the
+        stream's generator, so the generator's cleanup never runs: look once more a little later."""
+
+        def check():
+            if not self.streaming and not self.finished:
+                task = asyncio.ensure_future(self.cancel_unless_finished())
+                _background.add(task)  # the loop keeps only a weak reference to a task
+                task.add_done_callback(_background.discard)
+
+        asyncio.get_running_loop().call_later(seconds, check)
 
     async def finish(self, api_request: ApiRequest, done: dict) -> dict:
         """The non-streamed body for a `done` event (a job cancelled elsewhere is an error)."""
@@ -208,6 +224,7 @@ class JobRun:
 
 async def sse_stream(run: JobRun, first: tuple[str, dict], api_request: ApiRequest):
     """`data: {chunk}` lines: the deltas, a last chunk with finish_reason and timings, then [DONE]."""
+    run.streaming = True
     spec = run.spec
     chunk = Chunks(spec, api_request.include_usage)
     streamed = []

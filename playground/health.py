@@ -1,0 +1,110 @@
+"""Probes for a load balancer or an orchestrator.
+
+/healthz  the process is alive: answers without touching Redis, the database or a worker.
+/readyz   the whole path works: Redis answers, every configured model has a live worker, and a
+          one-token generation goes through the queue and back within PLAYGROUND_READY_TIMEOUT_S.
+
+A probe generation takes a worker for a moment, so a result is kept for PLAYGROUND_READY_CACHE_S
+(shared through Redis by every web process) and concurrent probes of one process wait for the
+same check: however often the orchestrator asks, the GPU sees at most one probe per interval.
+A model whose every worker is busy is not probed: a worker that is generating is, by the stall
+watchdog's guarantee, making progress, and a probe would only measure the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+import weakref
+
+import redis
+from django.conf import settings
+from django.http import JsonResponse
+
+from inference.protocol import PREFIX, TERMINAL, JobSpec, QueueFull
+from playground.jobs import job_client
+
+READY_TIMEOUT_S = float(os.environ.get("PLAYGROUND_READY_TIMEOUT_S", "10"))
+READY_CACHE_S = float(os.environ.get("PLAYGROUND_READY_CACHE_S", "5"))
+CACHE_KEY = f"{PREFIX}web:readyz"
+PROBE_PROMPT = "def"
+
+_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # one per event loop
+
+
+async def healthz(request):
+    return JsonResponse({"ok": True})
+
+
+async def readyz(request):
+    result = await readiness()
+    return JsonResponse(result, status=200 if result["ready"] else 503)
+
+
+async def readiness(cache_s: float | None = None, timeout_s: float | None = None) -> dict:
+    cache_s = READY_CACHE_S if cache_s is None else cache_s
+    jobs = job_client()
+    lock = _locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
+    async with lock:  # a burst of probes shares one check
+        try:
+            cached = await jobs.r.get(CACHE_KEY) if cache_s > 0 else None
+        except redis.RedisError as exc:
+            return {"ready": False, "redis": False, "reason": f"the job queue is unreachable: {exc}"}
+        if cached:
+            return json.loads(cached)
+        result = await check(jobs, READY_TIMEOUT_S if timeout_s is None else timeout_s)
+        if cache_s > 0:
+            with contextlib.suppress(redis.RedisError):  # uncached, the next probe checks again
+                await jobs.r.set(CACHE_KEY, json.dumps(result), px=int(cache_s * 1000))
+        return result
+
+
+async def check(jobs, timeout_s: float) -> dict:
+    result = {"ready": False, "redis": True, "checked_at": time.time(), "models": {}}
+    try:
+        workers = await jobs.workers()
+    except redis.RedisError as exc:
+        return {**result, "redis": False, "reason": f"the job queue is unreachable: {exc}"}
+    result["workers"] = len(workers)
+    models = list(settings.PLAYGROUND_MODELS) or sorted({m for w in workers for m in w.get("models", [])})
+    if not models:
+        return {**result, "reason": "no worker is up"}
+    probes = [probe_model(jobs, model, workers, timeout_s) for model in models]
+    result["models"] = dict(zip(models, await asyncio.gather(*probes), strict=True))
+    failed = [f"{model}: {state['detail']}" for model, state in result["models"].items() if not state["ok"]]
+    result["ready"] = not failed
+    if failed:
+        result["reason"] = "; ".join(failed)
+    return result
+
+
+async def probe_model(jobs, model: str, workers: list[dict], timeout_s: float) -> dict:
+    serving = [w for w in workers if model in w.get("models", [])]
+    if not serving:
+        return {"ok": False, "workers": 0, "detail": "no worker serves it"}
+    state = {"workers": len(serving)}
+    if all(w.get("job") for w in serving):
+        return {**state, "ok": True, "detail": "busy"}
+    # A worker is idle, so its queue is empty: the probe goes straight through and delays nobody.
+    spec = JobSpec(model=model, prompt=PROBE_PROMPT, params={"max_new_tokens": 1}, source="probe")
+    started = time.monotonic()
+    try:
+        await jobs.submit(spec)
+    except QueueFull:
+        return {**state, "ok": True, "detail": "busy"}
+    kind, data = "", {}
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for _, kind, data in jobs.events(spec.id, block_ms=100):  # noqa: B007 - read after the loop
+                if kind in TERMINAL:
+                    break
+    except TimeoutError:
+        await jobs.cancel(spec.id)
+        return {**state, "ok": False, "detail": f"a one-token probe did not finish within {timeout_s:g} s"}
+    ms = round((time.monotonic() - started) * 1000, 1)
+    if kind == "error":
+        return {**state, "ok": False, "detail": f"probe failed: {data.get('code')}: {data.get('message')}"}
+    return {**state, "ok": True, "detail": "generated", "probe_ms": ms}

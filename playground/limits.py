@@ -1,0 +1,252 @@
+"""Rate limits shared by every web process through Redis: per client IP and per API key.
+
+Two budgets per identity, each over a sliding window (`window_s`, a minute by default):
+requests (counted when a job is admitted) and generated tokens (charged when a job finishes,
+checked before the next one starts). A budget of 0 switches that limit off.
+
+    PLAYGROUND_IP_REQUESTS_PER_MIN     requests per client IP (default 30)
+    PLAYGROUND_IP_TOKENS_PER_MIN       generated tokens per client IP (default 50000)
+    PLAYGROUND_KEY_REQUESTS_PER_MIN    requests per API key (default 120)
+    PLAYGROUND_KEY_TOKENS_PER_MIN      generated tokens per API key (default 200000)
+    PLAYGROUND_RATE_WINDOW_S           the window, in seconds (default 60; the tests shorten it)
+    PLAYGROUND_TRUSTED_PROXIES         comma-separated IPs or networks (10.0.0.0/8) whose
+                                       X-Forwarded-For is believed; empty: the peer is the client
+
+A request with an API key is limited by the key, not by the IP: a team behind one NAT address
+with its own key is not throttled as one stranger. Each budget is a sorted set of
+(member, time) entries that only ever holds one window's worth, so it stays as small as its limit:
+the check, the eviction and the record happen in one Lua script, atomic across processes.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+import time
+import uuid
+from dataclasses import dataclass
+
+from inference.protocol import PREFIX
+from playground import metrics
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    try:
+        value = int(raw) if raw else default
+    except ValueError:
+        raise ValueError(f"{name}: must be an integer, got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"{name}: must be >= 0 (0 switches the limit off), got {value}")
+    return value
+
+
+def parse_networks(text: str, name: str = "PLAYGROUND_TRUSTED_PROXIES") -> tuple[IPNetwork, ...]:
+    networks = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ValueError(f"{name}: {item!r} is not an IP address or network") from None
+    return tuple(networks)
+
+
+@dataclass(frozen=True)
+class LimitConfig:
+    ip_requests: int = 30
+    ip_tokens: int = 50_000
+    key_requests: int = 120
+    key_tokens: int = 200_000
+    window_s: float = 60.0
+    trusted_proxies: tuple[IPNetwork, ...] = ()
+
+    @classmethod
+    def from_env(cls) -> LimitConfig:
+        window = float(os.environ.get("PLAYGROUND_RATE_WINDOW_S", "60") or 60)
+        if not window > 0:
+            raise ValueError(f"PLAYGROUND_RATE_WINDOW_S: must be > 0, got {window}")
+        return cls(
+            ip_requests=_env_int("PLAYGROUND_IP_REQUESTS_PER_MIN", cls.ip_requests),
+            ip_tokens=_env_int("PLAYGROUND_IP_TOKENS_PER_MIN", cls.ip_tokens),
+            key_requests=_env_int("PLAYGROUND_KEY_REQUESTS_PER_MIN", cls.key_requests),
+            key_tokens=_env_int("PLAYGROUND_KEY_TOKENS_PER_MIN", cls.key_tokens),
+            window_s=window,
+            trusted_proxies=parse_networks(os.environ.get("PLAYGROUND_TRUSTED_PROXIES", "")),
+        )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    retry_after_s: int = 0  # whole seconds, as Retry-After wants; 0 when allowed
+    limit: str = ""  # which budget refused: "ip_requests", "key_tokens", ...
+    message: str = ""  # one line for the person: what the limit is and when to come back
+
+
+# ---- who is asking ---------------------------------------------------------------------------------
+
+
+def client_ip(peer: str | None, forwarded_for: str | None, trusted: tuple[IPNetwork, ...]) -> str:
+    """The client's address: the peer, unless the peer is a trusted proxy.
+
+    Then X-Forwarded-For is read right to left (each proxy appends the address it saw), skipping
+    trusted proxies: the first untrusted hop is the client. Anything left of it was written by the
+    client itself and proves nothing.
+    """
+    hop = _parse_ip(peer)
+    if hop is None:
+        return peer or "unknown"
+    if not forwarded_for or not _trusted(hop, trusted):
+        return str(hop)
+    for item in reversed(forwarded_for.split(",")):
+        address = _parse_ip(item)
+        if address is None:  # garbage from a hop we cannot vouch for: stop at the last good one
+            break
+        hop = address
+        if not _trusted(hop, trusted):
+            break
+    return str(hop)
+
+
+def rate_identity(ip: str) -> str:
+    """The unit an IP budget is kept for: the address, or its /64 for IPv6 (one host's usual share)."""
+    address = _parse_ip(ip)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is None:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else address or ip)
+
+
+def ip_from_request(request, trusted: tuple[IPNetwork, ...]) -> str:
+    return client_ip(request.META.get("REMOTE_ADDR"), request.META.get("HTTP_X_FORWARDED_FOR"), trusted)
+
+
+def ip_from_scope(scope: dict, trusted: tuple[IPNetwork, ...]) -> str:
+    """The same for a Channels (ASGI) scope: the peer is scope["client"], headers are raw bytes."""
+    peer = (scope.get("client") or [None])[0]
+    forwarded = [v.decode("latin-1") for k, v in scope.get("headers", []) if k.lower() == b"x-forwarded-for"]
+    return client_ip(peer, ",".join(forwarded) or None, trusted)
+
+
+def _parse_ip(text: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address((text or "").strip())
+    except ValueError:
+        return None
+
+
+def _trusted(address, trusted: tuple[IPNetwork, ...]) -> bool:
+    return any(address.version == net.version and address in net for net in trusted)
+
+
+# ---- the budgets -----------------------------------------------------------------------------------
+
+# KEYS: the budgets' sorted sets. ARGV: now, window, then per key: kind (r|t), limit; then the member
+# recorded in every request budget. Entries older than the window go first. A request budget is full
+# at `limit` entries; a token budget's members end in ":<tokens>" and it is full at `limit` tokens.
+# Returns {index of the refusing key (1-based) or 0, seconds until it has room}.
+_ADMIT = """
+local now, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local member = ARGV[3 + 2 * #KEYS]
+for i, key in ipairs(KEYS) do
+  local kind, limit = ARGV[1 + 2 * i], tonumber(ARGV[2 + 2 * i])
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+  if kind == 'r' then
+    local count = redis.call('ZCARD', key)
+    if count >= limit then
+      local oldest = redis.call('ZRANGE', key, count - limit, count - limit, 'WITHSCORES')
+      return {i, tostring(tonumber(oldest[2]) + window - now)}
+    end
+  else
+    local entries = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
+    local total = 0
+    for j = 1, #entries, 2 do total = total + tonumber(string.match(entries[j], ':(%d+)$')) end
+    if total >= limit then
+      -- room comes back when enough of the oldest entries have left the window
+      for j = 1, #entries, 2 do
+        total = total - tonumber(string.match(entries[j], ':(%d+)$'))
+        if total < limit then return {i, tostring(tonumber(entries[j + 1]) + window - now)} end
+      end
+    end
+  end
+end
+for i, key in ipairs(KEYS) do
+  if ARGV[1 + 2 * i] == 'r' then
+    redis.call('ZADD', key, now, member)
+    redis.call('PEXPIRE', key, math.ceil(window * 1000))
+  end
+end
+return {0, '0'}
+"""
+
+_CHARGE = """
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', tonumber(ARGV[1]) - tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) * 1000))
+"""
+
+LIMIT_WORDS = {
+    "ip_requests": ("requests", "per IP address"),
+    "ip_tokens": ("generated tokens", "per IP address"),
+    "key_requests": ("requests", "per API key"),
+    "key_tokens": ("generated tokens", "per API key"),
+}
+
+
+class RateLimiter:
+    """`r` is a redis.asyncio client (decode_responses=True), shared with the JobClient."""
+
+    def __init__(self, r, config: LimitConfig):
+        self.r = r
+        self.config = config
+        self._admit = r.register_script(_ADMIT)
+        self._charge = r.register_script(_CHARGE)
+
+    def _budgets(self, ip: str, api_key: str | None) -> list[tuple[str, str, int]]:
+        """(name, redis key, limit) of the budgets that apply and are switched on."""
+        c = self.config
+        if api_key is not None:
+            who, budgets = f"key:{api_key}", [("key_requests", c.key_requests), ("key_tokens", c.key_tokens)]
+        else:
+            who, budgets = (
+                f"ip:{rate_identity(ip)}",
+                [("ip_requests", c.ip_requests), ("ip_tokens", c.ip_tokens)],
+            )
+        return [(name, f"{PREFIX}rate:{name}:{who}", limit) for name, limit in budgets if limit > 0]
+
+    async def admit(self, ip: str, api_key: str | None = None, now: float | None = None) -> Verdict:
+        """Check every budget and, when all have room, count this request. `api_key` is an id of the
+        key (never the secret); with one, the key's budgets apply instead of the IP's."""
+        budgets = self._budgets(ip, api_key)
+        if not budgets:
+            return Verdict(True)
+        now = time.time() if now is None else now
+        args: list = [now, self.config.window_s]
+        for name, _, limit in budgets:
+            args += ["r" if name.endswith("requests") else "t", limit]
+        args.append(f"{now}:{uuid.uuid4().hex}")
+        refused, wait = await self._admit(keys=[key for _, key, _ in budgets], args=args)
+        if not refused:
+            return Verdict(True)
+        name, _, limit = budgets[int(refused) - 1]
+        retry_after = max(1, math.ceil(float(wait)))
+        what, per = LIMIT_WORDS[name]
+        window = f"{self.config.window_s:g} s" if self.config.window_s != 60 else "minute"
+        message = f"Rate limit reached: {limit} {what} per {window} {per}; try again in {retry_after} s"
+        metrics.RATE_LIMITED.labels(limit=name).inc()
+        return Verdict(False, retry_after, name, message)
+
+    async def charge_tokens(
+        self, ip: str, api_key: str | None, tokens: int, job_id: str, now: float | None = None
+    ) -> None:
+        """Count a finished job's generated tokens against its budget (once per job id)."""
+        if tokens <= 0:
+            return
+        now = time.time() if now is None else now
+        for name, key, _ in self._budgets(ip, api_key):
+            if name.endswith("tokens"):
+                await self._charge(keys=[key], args=[now, self.config.window_s, f"{job_id}:{int(tokens)}"])

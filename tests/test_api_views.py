@@ -1,0 +1,60 @@
+"""The API views' pieces that a live client cannot reach on purpose: timings arithmetic, worker error
+mapping, and the safety net for a client that leaves before its stream's first chunk."""
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+
+from inference.protocol import JobSpec, cancel_key
+from playground.api.views import JobRun, job_error, timings
+from playground.jobs import job_client
+
+STATS = {"prompt_tokens": 40, "completion_tokens": 11, "prefill_ms": 20.0, "ttft_ms": 25.0, "total_ms": 120.0}
+
+
+def test_timings_follow_llama_cpp_and_add_ttft_and_queue():
+    assert timings(STATS, queue_ms=7.5) == {
+        "prompt_n": 40,
+        "prompt_ms": 20.0,
+        "prompt_per_second": 2000.0,
+        "predicted_n": 11,
+        "predicted_ms": 100.0,
+        "predicted_per_second": 110.0,
+        "ttft_ms": 25.0,
+        "queue_ms": 7.5,
+    }
+    instant = timings({**STATS, "prefill_ms": 0.0, "total_ms": 0.0}, queue_ms=0.0)
+    assert instant["prompt_per_second"] == instant["predicted_per_second"] == 0.0  # no division by zero
+
+
+@pytest.mark.parametrize(
+    "event, status, param",
+    [
+        ({"code": "invalid_request", "param": "prompt", "message": "prompt: too long"}, 400, "prompt"),
+        ({"code": "worker_lost", "message": "lost its worker"}, 503, None),
+        ({"code": "internal_error", "message": "RuntimeError: x"}, 500, None),
+        ({}, 500, None),
+    ],
+)
+def test_worker_errors_become_http_errors(event, status, param):
+    error = job_error(event)
+    assert error.status == status
+    assert error.body["error"]["param"] == param and error.body["error"]["message"]
+
+
+@pytest.fixture
+def queue(redis_url, settings):
+    settings.REDIS_URL = redis_url
+    return aioredis.Redis.from_url(redis_url, decode_responses=True)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+async def test_a_stream_never_started_cancels_its_job(queue, streaming):
+    spec = JobSpec(model="m", prompt="p")
+    await job_client().submit(spec)
+    run = JobRun(spec)
+    run.streaming = streaming
+    run.cancel_unless_streaming_within(0.01)
+    await asyncio.sleep(0.3)
+    assert await queue.exists(cancel_key(spec.id)) == (not streaming)

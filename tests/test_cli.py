@@ -1,0 +1,134 @@
+"""`python -m inference.generate` as a user runs it: a real subprocess, its stdout, stderr and exit status."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from inference.synth import synth
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return synth("tiny-laneformer", tmp_path_factory.mktemp("cli") / "tiny", seed=0)
+
+
+def generate(*args, tmp_path=None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "KOG_CACHE_DIR": str(tmp_path or ROOT / "var"), "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "inference.generate", *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_streams_text_and_json_agrees(tiny):
+    streamed = generate(
+        "--model", tiny, "--prompt", "def add(a, b):", "--max-new-tokens", 16, "--device", "cpu"
+    )
+    assert streamed.returncode == 0, streamed.stderr
+    as_json = generate("--model", tiny, "--prompt", "def add(a, b):", "--max-new-tokens", 16, "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    result = json.loads(as_json.stdout)
+    assert streamed.stdout == result["text"] + "\n"
+    assert len(result["token_ids"]) == result["completion_tokens"] == 16
+    assert result["prompt_tokens"] > 3 and result["ttft_ms"] > 0 and result["decode_tok_s"] > 0
+    assert result["finish_reason"] == "length"
+
+
+def test_chat_sampling_and_bfloat16(tiny):
+    args = [
+        "--model",
+        tiny,
+        "--prompt",
+        "hi",
+        "--chat",
+        "--max-new-tokens",
+        8,
+        "--json",
+        "--dtype",
+        "bfloat16",
+    ]
+    first = generate(*args, "--temperature", 0.8, "--top-p", 0.9, "--top-k", 50, "--seed", 3)
+    again = generate(*args, "--temperature", 0.8, "--top-p", 0.9, "--top-k", 50, "--seed", 3)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["token_ids"] == json.loads(again.stdout)["token_ids"]
+    assert json.loads(first.stdout)["prompt_tokens"] > 5  # the chat template wrapped the prompt
+
+
+def broken(tiny: Path, tmp_path: Path, damage: str) -> Path:
+    path = Path(shutil.copytree(tiny, tmp_path / damage))
+    weights = path / "model.safetensors"
+    if damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[:50_000])
+    elif damage == "corrupt":
+        weights.write_bytes(b"\xff" * 4000)
+    elif damage == "wrong-shapes":
+        tensors = load_file(weights)
+        tensors["model.layers.0.attention.wq.weight"] = torch.zeros(4, 8, 64)
+        save_file(tensors, weights)
+    elif damage == "no-tokenizer":
+        (path / "tokenizer.json").unlink()
+    elif damage == "unknown-model-type":
+        config = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({**config, "model_type": "mamba"}))
+    elif damage == "pickle-only":
+        weights.unlink()
+        torch.save({}, path / "pytorch_model.bin")
+    elif damage == "short-context":
+        config = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 16}))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [
+        ("truncated", "corrupt or truncated safetensors"),
+        ("corrupt", "corrupt or truncated safetensors"),
+        ("wrong-shapes", "wrong shape 1: model.layers.0.attention.wq.weight [4, 8, 64]"),
+        ("no-tokenizer", "tokenizer.json"),
+        ("unknown-model-type", "'model_type': unsupported 'mamba'"),
+        ("pickle-only", "pickle"),
+        ("short-context", "do not fit the 16-token context"),
+    ],
+)
+def test_bad_checkpoints_fail_in_one_line(tiny, tmp_path, damage, words):
+    model = broken(tiny, tmp_path, damage)
+    result = generate("--model", model, "--prompt", "a line of text that is long enough " * 3)
+    assert result.returncode != 0
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert words in result.stderr and "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--prompt", ""], "prompt: must not be empty"),
+        (["--prompt", "x", "--temperature", "-0.5"], "temperature: must be >= 0"),
+        (["--prompt", "x", "--top-p", "0"], "top_p: must be in (0, 1]"),
+        (["--prompt", "x", "--top-p", "1.5"], "top_p: must be in (0, 1]"),
+        (["--prompt", "x", "--max-new-tokens", "0"], "max_new_tokens"),
+        (["--prompt", "x", "--top-k", "lots"], "--top-k: invalid int value"),
+        (["--prompt", "x", "--model", "no-such-model"], "neither a checkpoint directory nor a preset"),
+        (["--max-new-tokens", "3"], "--prompt"),
+    ],
+)
+def test_bad_requests_fail_in_one_line(tiny, tmp_path, flags, words):
+    args = flags if "--model" in flags else ["--model", tiny, *flags]
+    result = generate(*args, tmp_path=tmp_path)
+    assert result.returncode != 0
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert words in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,231 @@
+import json
+import math
+import shutil
+
+import pytest
+import torch
+
+from inference import engine as engine_module
+from inference.checkpoint import CheckpointError, checkpoint_shapes
+from inference.engine import Engine, StopStrings, resolve_model
+from inference.events import Done, InvalidRequest, Prefilled, SamplingParams, TextDelta, decode_tok_s
+from inference.synth import synth
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("engine")
+    return {name: synth(name, root / name, seed=0) for name in ("tiny-laneformer", "tiny-llama")}
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoints):
+    return Engine.load(checkpoints["tiny-laneformer"], device="cpu")
+
+
+def run(engine, prompt_ids, **params):
+    events = list(engine.generate(prompt_ids, SamplingParams(**params)))
+    return events, events[-1]
+
+
+def continuation(tokenizer, prompt_ids, new_ids):
+    """The text new_ids add after the prompt (SentencePiece keeps the space a token starts with)."""
+    return tokenizer.decode(prompt_ids + new_ids)[len(tokenizer.decode(prompt_ids)) :]
+
+
+def greedy_by_recomputation(engine, prompt_ids, n):
+    """The model's greedy continuation, each step a full forward without a cache."""
+    ids = list(prompt_ids)
+    with torch.inference_mode():
+        for _ in range(n):
+            logits = engine.model(torch.tensor([ids]))[0, -1, : engine.tokenizer.vocab_size]
+            ids.append(int(logits.argmax()))
+    return ids[len(prompt_ids) :]
+
+
+def test_event_sequence_and_text(engine):
+    prompt = engine.encode_prompt("def fibonacci(n):")
+    events, done = run(engine, prompt, max_new_tokens=24)
+    assert isinstance(events[0], Prefilled) and events[0].prompt_tokens == len(prompt)
+    assert isinstance(done, Done) and sum(isinstance(e, Done) for e in events) == 1
+    deltas = [e for e in events if isinstance(e, TextDelta)]
+    assert len(events) == len(deltas) + 2
+    assert "".join(d.text for d in deltas) == done.text
+    token_ids = [t for d in deltas for t in d.token_ids]
+    assert done.finish_reason == "length" and len(token_ids) == done.stats.completion_tokens == 24
+    assert token_ids == greedy_by_recomputation(engine, prompt, 24)
+    assert done.text == continuation(engine.tokenizer, prompt, token_ids)
+
+
+def test_timings_are_consistent(engine):
+    events, done = run(engine, engine.encode_prompt("import os\n"), max_new_tokens=16)
+    stats = done.stats
+    times = stats.token_times
+    assert len(times) == stats.completion_tokens == 16
+    assert times == sorted(times) and [e.t for e in events if isinstance(e, TextDelta)] == times
+    assert 0 < stats.prefill_ms <= stats.ttft_ms <= stats.total_ms
+    assert math.isclose(stats.ttft_ms, times[0] * 1e3)
+    assert stats.decode_tok_s == decode_tok_s(times) > 0
+    assert events[0].prefill_ms == stats.prefill_ms
+    assert stats.bytes_per_token == engine.bytes_per_token(stats.prompt_tokens + 16) > 0
+    assert stats.peak_bandwidth_gbs is None  # on the CPU
+
+
+def test_greedy_is_reproducible_and_seeded_sampling_too(engine):
+    prompt = engine.encode_prompt("class Stack:")
+    first = run(engine, prompt, max_new_tokens=12)[1]
+    assert run(engine, prompt, max_new_tokens=12)[1].text == first.text
+    sampled = [run(engine, prompt, max_new_tokens=12, temperature=1.0, seed=s)[1].text for s in (7, 7, 8)]
+    assert sampled[0] == sampled[1] != sampled[2]
+
+
+def test_eos_stops_without_text(tmp_path, checkpoints):
+    path = shutil.copytree(checkpoints["tiny-laneformer"], tmp_path / "ckpt")
+    plain = Engine.load(path, device="cpu")
+    prompt = plain.encode_prompt("for i in range(10):")
+    tokens = greedy_by_recomputation(plain, prompt, 12)
+    eos = tokens[5]
+    cut = tokens.index(eos)
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos]}))
+    with_eos = Engine.load(path, device="cpu")
+    events, done = run(with_eos, prompt, max_new_tokens=12)
+    assert done.finish_reason == "stop" and done.stats.completion_tokens == cut + 1
+    assert events[-2].token_ids == [eos] and events[-2].text == ""
+    assert done.text == continuation(plain.tokenizer, prompt, tokens[:cut])
+
+
+def test_stop_strings_cut_before_the_match_and_never_leak(engine):
+    prompt = engine.encode_prompt("def main():")
+    full = run(engine, prompt, max_new_tokens=40)[1].text
+    assert len(full) > 30
+    start = len(full) // 2
+    stop = full[start : start + 5]
+    expected = full[: full.find(stop)]
+    events, done = run(engine, prompt, max_new_tokens=40, stop=("never appears \x00", stop))
+    assert done.finish_reason == "stop" and done.text == expected
+    streamed = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert streamed == expected  # nothing of the stop string was ever shown
+
+
+def test_text_held_back_for_a_stop_string_is_released_at_the_end(engine):
+    prompt = engine.encode_prompt("def main():")
+    full = run(engine, prompt, max_new_tokens=20)[1].text
+    events, done = run(engine, prompt, max_new_tokens=20, stop=(full[-2:] + "\x00",))
+    assert done.finish_reason == "length" and done.text == full
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == full
+
+
+def test_stop_string_matcher():
+    stops = StopStrings(("</end>", "##"))
+    assert stops.push("hello <") == ("hello ", False)
+    assert stops.push("/en") == ("", False)
+    assert stops.push("d>") == ("", True)
+    stops = StopStrings(("abc",))
+    assert stops.push("xab") == ("x", False)
+    assert stops.push("d") == ("abd", False)
+    assert stops.push("zzabcabc") == ("zz", True)
+    assert StopStrings(()).push("anything") == ("anything", False)
+
+
+def test_cancellation_between_tokens(engine):
+    count = 0
+
+    def should_stop():
+        nonlocal count
+        count += 1
+        return count >= 5
+
+    events = list(
+        engine.generate(engine.encode_prompt("x = "), SamplingParams(max_new_tokens=50), should_stop)
+    )
+    done = events[-1]
+    assert done.finish_reason == "cancelled" and done.stats.completion_tokens == 5
+    assert done.text == "".join(e.text for e in events if isinstance(e, TextDelta))
+
+
+def test_abandoned_generation_leaves_the_engine_usable(engine):
+    prompt = engine.encode_prompt("while True:")
+    expected = run(engine, prompt, max_new_tokens=10)[1].text
+    stream = engine.generate(
+        engine.encode_prompt("something else entirely"), SamplingParams(max_new_tokens=30)
+    )
+    for _, _ in zip(range(4), stream, strict=False):
+        pass
+    stream.close()
+    assert run(engine, prompt, max_new_tokens=10)[1].text == expected
+
+
+def test_context_limits(checkpoints):
+    small = Engine.load(checkpoints["tiny-laneformer"], device="cpu", max_context=32)
+    assert small.max_context == 32
+    prompt = list(range(3, 23))  # 20 tokens
+    events, done = run(small, prompt, max_new_tokens=100)
+    assert done.finish_reason == "length" and done.stats.completion_tokens == 12  # clipped to the context
+    with pytest.raises(InvalidRequest) as info:
+        next(small.generate(list(range(3, 35)), SamplingParams()))
+    assert info.value.field == "prompt" and "32-token context" in str(info.value)
+    with pytest.raises(InvalidRequest, match="prompt"):
+        small.encode_prompt("a long line of text " * 40)
+
+
+def test_encode_prompt(engine):
+    tok = engine.tokenizer
+    raw = engine.encode_prompt("print(1)")
+    assert raw[0] == tok.bos_id and tok.decode(raw) == "print(1)"
+    chat = engine.encode_prompt("print(1)", chat=True)
+    assert chat != raw and "[INST]" in tok.decode(chat) and chat.count(tok.bos_id) == 1
+    messages = [{"role": "user", "content": "print(1)"}]
+    assert engine.encode_prompt(messages=messages) == chat
+    for kwargs, field in (({"prompt": ""}, "prompt"), ({}, "prompt"), ({"messages": []}, "messages")):
+        with pytest.raises(InvalidRequest) as info:
+            engine.encode_prompt(**kwargs)
+        assert info.value.field == field
+    with pytest.raises(InvalidRequest, match="prompt"):
+        next(engine.generate([10**6], SamplingParams()))
+
+
+def test_bytes_per_token_counts_weights_once_and_the_kv_cache(checkpoints):
+    llama = Engine.load(checkpoints["tiny-llama"], device="cpu")
+    cfg = llama.config
+    assert cfg.tie_word_embeddings  # the head reads the whole embedding: counted once, in full
+    weights = sum(math.prod(s) for s in checkpoint_shapes(cfg).values()) * 4
+    kv_per_position = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4
+    assert llama.bytes_per_token(0) == weights
+    assert llama.bytes_per_token(100) == weights + 100 * kv_per_position
+
+
+def test_bfloat16_on_cpu(checkpoints):
+    half = Engine.load(checkpoints["tiny-llama"], device="cpu", dtype="bfloat16")
+    assert half.dtype == torch.bfloat16
+    done = run(half, half.encode_prompt("hello"), max_new_tokens=8)[1]
+    assert done.stats.completion_tokens == 8
+
+
+def test_presets_are_synthesised_once_into_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KOG_CACHE_DIR", str(tmp_path))
+    path = resolve_model("tiny-qwen3")
+    assert path == tmp_path / "kog-playground" / "synth" / "tiny-qwen3-0"
+    stamp = (path / "model.safetensors").stat().st_mtime_ns
+    assert resolve_model("tiny-qwen3") == path and (path / "model.safetensors").stat().st_mtime_ns == stamp
+    loaded = Engine.load("tiny-qwen3", device="cpu")
+    assert loaded.name == "tiny-qwen3" and loaded.path == path
+    with pytest.raises(CheckpointError, match="neither a checkpoint directory nor a preset"):
+        resolve_model("no-such-model")
+
+
+def test_default_model_falls_back_to_the_tiny_preset(tmp_path, monkeypatch, checkpoints):
+    monkeypatch.setattr(engine_module, "DEFAULT_MODEL_DIR", tmp_path / "default")
+    assert engine_module.default_model() == "tiny-laneformer"
+    shutil.copytree(checkpoints["tiny-llama"], tmp_path / "default")
+    assert engine_module.default_model() == str(tmp_path / "default")
+
+
+def test_bad_device_dtype_and_backend(checkpoints, monkeypatch):
+    path = checkpoints["tiny-llama"]
+    with pytest.raises(ValueError, match="dtype"):
+        Engine.load(path, device="cpu", dtype="int8")
+    with pytest.raises(ValueError, match="device"):
+        Engine.load(path, device="tpu")
+    monkeypatch.setenv("KOG_BACKEND", "turbo")
+    with pytest.raises(ValueError, match="KOG_BACKEND"):
+        Engine.load(path, device="cpu")

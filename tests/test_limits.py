@@ -1,0 +1,166 @@
+"""Rate limits (playground/limits.py) on the suite's real Redis: budgets, windows, atomicity, client IPs."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+
+import pytest
+import redis.asyncio as aioredis
+
+from playground.limits import (
+    LimitConfig,
+    RateLimiter,
+    client_ip,
+    ip_from_scope,
+    parse_networks,
+    rate_identity,
+)
+from playground.metrics import REGISTRY
+
+T0 = 1_700_000_000.0
+
+
+@pytest.fixture
+async def r(redis_url):
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+def limiter(r, **budgets) -> RateLimiter:
+    config = {"ip_requests": 0, "ip_tokens": 0, "key_requests": 0, "key_tokens": 0, **budgets}
+    return RateLimiter(r, LimitConfig(**config))
+
+
+def refusals(limit: str) -> float:
+    return REGISTRY.get_sample_value("kog_rate_limited_total", {"limit": limit}) or 0.0
+
+
+async def test_requests_per_ip_are_refused_at_the_limit_until_the_oldest_leaves_the_window(r):
+    limits = limiter(r, ip_requests=3)
+    before = refusals("ip_requests")
+    for i in range(3):
+        assert (await limits.admit("203.0.113.7", now=T0 + i)).allowed
+    refused = await limits.admit("203.0.113.7", now=T0 + 10)
+    assert not refused.allowed and refused.limit == "ip_requests"
+    assert refused.retry_after_s == 50  # the first request (T0) leaves the window at T0 + 60
+    assert "3 requests per minute per IP address" in refused.message and "50 s" in refused.message
+    assert refusals("ip_requests") == before + 1
+    # refusals are not counted: once the first request has left, exactly one more fits
+    assert (await limits.admit("203.0.113.7", now=T0 + 60.5)).allowed
+    assert not (await limits.admit("203.0.113.7", now=T0 + 60.6)).allowed
+    # another address has its own budget
+    assert (await limits.admit("203.0.113.8", now=T0 + 10)).allowed
+
+
+async def test_generated_tokens_are_charged_at_the_end_and_checked_before_the_next_job(r):
+    limits = limiter(r, ip_tokens=100)
+    ip = "198.51.100.1"
+    assert (await limits.admit(ip, now=T0)).allowed
+    await limits.charge_tokens(ip, None, 60, job_id="a", now=T0 + 1)
+    assert (await limits.admit(ip, now=T0 + 2)).allowed  # 60 < 100: the next job may start
+    await limits.charge_tokens(ip, None, 60, job_id="b", now=T0 + 5)
+    await limits.charge_tokens(ip, None, 60, job_id="b", now=T0 + 5)  # the same job twice counts once
+    refused = await limits.admit(ip, now=T0 + 6)
+    assert not refused.allowed and refused.limit == "ip_tokens"
+    assert refused.retry_after_s == 55  # job a's 60 tokens leave at T0 + 61, leaving 60 < 100
+    assert "100 generated tokens per minute" in refused.message
+    assert (await limits.admit(ip, now=T0 + 61.5)).allowed
+
+
+async def test_an_api_key_has_its_own_budget_instead_of_the_ip_one(r):
+    limits = limiter(r, ip_requests=1, key_requests=2)
+    ip = "192.0.2.10"
+    assert (await limits.admit(ip, now=T0)).allowed
+    assert not (await limits.admit(ip, now=T0)).allowed
+    # the same address with a key is limited by the key only
+    assert (await limits.admit(ip, api_key="7", now=T0)).allowed
+    assert (await limits.admit(ip, api_key="7", now=T0)).allowed
+    refused = await limits.admit(ip, api_key="7", now=T0)
+    assert not refused.allowed and refused.limit == "key_requests" and "per API key" in refused.message
+    assert (await limits.admit(ip, api_key="8", now=T0)).allowed
+
+
+async def test_a_zero_budget_switches_the_limit_off(r):
+    limits = limiter(r)
+    assert all([(await limits.admit("192.0.2.1", now=T0)).allowed for _ in range(50)])
+    assert await r.dbsize() == 0  # nothing is even recorded
+
+
+async def test_concurrent_requests_from_many_processes_never_exceed_the_budget(r, redis_url):
+    # Several clients (connections), as several daphne processes would have, all at once.
+    clients = [aioredis.Redis.from_url(redis_url, decode_responses=True) for _ in range(4)]
+    config = LimitConfig(ip_requests=10, ip_tokens=0, key_requests=0, key_tokens=0)
+    limiters = [RateLimiter(c, config) for c in clients]
+    verdicts = await asyncio.gather(*(limiters[i % 4].admit("192.0.2.77") for i in range(60)))
+    assert sum(v.allowed for v in verdicts) == 10
+    assert all(v.retry_after_s >= 1 for v in verdicts if not v.allowed)
+    for c in clients:
+        await c.aclose()
+
+
+async def test_a_real_short_window_expires_and_its_keys_expire_too(r):
+    limits = RateLimiter(r, LimitConfig(ip_requests=2, ip_tokens=0, window_s=0.4))
+    assert (await limits.admit("192.0.2.5")).allowed
+    assert (await limits.admit("192.0.2.5")).allowed
+    refused = await limits.admit("192.0.2.5")
+    assert not refused.allowed and refused.retry_after_s == 1  # rounded up to a whole second
+    assert "per 0.4 s" in refused.message
+    keys = await r.keys("*rate*")
+    assert keys and all(0 < ttl <= 400 for ttl in [await r.pttl(k) for k in keys])
+    await asyncio.sleep(0.5)
+    assert (await limits.admit("192.0.2.5")).allowed
+
+
+# ---- who the client is ---------------------------------------------------------------------------
+
+PROXIES = parse_networks("10.0.0.0/8, 127.0.0.1, fd00::/8")
+
+
+def test_x_forwarded_for_is_ignored_unless_the_peer_is_a_trusted_proxy():
+    assert client_ip("203.0.113.9", "1.2.3.4", PROXIES) == "203.0.113.9"
+    assert client_ip("203.0.113.9", None, ()) == "203.0.113.9"
+    assert client_ip("10.1.2.3", None, PROXIES) == "10.1.2.3"
+
+
+def test_the_client_is_the_first_untrusted_hop_from_the_right():
+    # the client wrote "6.6.6.6" itself to look like someone else; our proxies appended the rest
+    assert client_ip("10.0.0.2", "6.6.6.6, 203.0.113.50, 10.0.0.9", PROXIES) == "203.0.113.50"
+    assert client_ip("127.0.0.1", "203.0.113.50", PROXIES) == "203.0.113.50"
+    # only proxies in the chain: the leftmost one is as far as we can see
+    assert client_ip("10.0.0.2", "10.0.0.7, 10.0.0.9", PROXIES) == "10.0.0.7"
+    # garbage stops the walk at the last hop we could read
+    assert client_ip("10.0.0.2", "203.0.113.50, not-an-ip, 10.0.0.9", PROXIES) == "10.0.0.9"
+    assert client_ip("fd00::1", "2001:db8::5", PROXIES) == "2001:db8::5"
+
+
+def test_a_channels_scope_gives_the_same_answer():
+    scope = {"client": ["10.0.0.2", 50000], "headers": [(b"x-forwarded-for", b"203.0.113.50, 10.0.0.9")]}
+    assert ip_from_scope(scope, PROXIES) == "203.0.113.50"
+    assert ip_from_scope(scope, ()) == "10.0.0.2"
+    assert ip_from_scope({"headers": []}, PROXIES) == "unknown"
+
+
+def test_ipv6_clients_share_a_budget_per_64_and_mapped_ipv4_is_ipv4():
+    assert (
+        rate_identity("2001:db8:1:2:aaaa::1") == rate_identity("2001:db8:1:2:bbbb::9") == "2001:db8:1:2::/64"
+    )
+    assert rate_identity("2001:db8:1:3::1") != rate_identity("2001:db8:1:2::1")
+    assert rate_identity("::ffff:192.0.2.1") == "192.0.2.1"
+    assert rate_identity("192.0.2.1") == "192.0.2.1"
+
+
+def test_settings_from_the_environment_are_validated_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("PLAYGROUND_IP_REQUESTS_PER_MIN", "5")
+    monkeypatch.setenv("PLAYGROUND_TRUSTED_PROXIES", "10.0.0.0/8,::1")
+    config = LimitConfig.from_env()
+    assert config.ip_requests == 5 and config.key_requests == LimitConfig.key_requests
+    assert config.trusted_proxies == (ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("::1"))
+    monkeypatch.setenv("PLAYGROUND_KEY_TOKENS_PER_MIN", "lots")
+    with pytest.raises(ValueError, match="PLAYGROUND_KEY_TOKENS_PER_MIN"):
+        LimitConfig.from_env()
+    monkeypatch.setenv("PLAYGROUND_KEY_TOKENS_PER_MIN", "1")
+    monkeypatch.setenv("PLAYGROUND_TRUSTED_PROXIES", "10.0.0.0/33")
+    with pytest.raises(ValueError, match="PLAYGROUND_TRUSTED_PROXIES: '10.0.0.0/33'"):
+        LimitConfig.from_env()

@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-10)
 .PHONY: run test setup system-deps lint format gpu-check clean
 
 run: setup
-	$(PY) -m playground.run
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(PY) -m playground.run
 
 test: setup system-deps
 	$(PY) -m ruff check .

@@ -112,6 +112,7 @@ class StopStrings:
 
     def __init__(self, stops: tuple[str, ...]):
         self.stops = stops
+        self.longest = max(map(len, stops), default=0)
         self.pending = ""
 
     def push(self, text: str) -> tuple[str, bool]:
@@ -123,14 +124,16 @@ class StopStrings:
         if hits:
             shown, self.pending = self.pending[: min(hits)], ""
             return shown, True
-        hold = next(
-            (k for k in range(min(len(self.pending), max(map(len, self.stops)) - 1), 0, -1)
-             if any(s.startswith(self.pending[-k:]) for s in self.stops)),
-            0,
-        )  # fmt: skip
-        cut = len(self.pending) - hold
+        cut = len(self.pending) - self._held()
         shown, self.pending = self.pending[:cut], self.pending[cut:]
         return shown, False
+
+    def _held(self) -> int:
+        """Length of the longest end of `pending` that a stop string starts with."""
+        for k in range(min(len(self.pending), self.longest - 1), 0, -1):
+            if any(s.startswith(self.pending[-k:]) for s in self.stops):
+                return k
+        return 0
 
 
 class Engine:
@@ -143,10 +146,10 @@ class Engine:
         self.peak_bandwidth_gbs = float(env_peak) if env_peak and self.device.type == "cuda" else None
         item = self.dtype.itemsize
         # A decode step reads every weight once, except the embedding: one row (all of it when it is the head).
-        head_reads_embedding = config.tie_word_embeddings
+        embedding_rows = config.vocab_size if config.tie_word_embeddings else 1
         self._weight_bytes_per_token = (
             sum(p.numel() * item for n, p in model.named_parameters() if n != "tok_embeddings")
-            + (config.vocab_size if head_reads_embedding else 1) * config.hidden_size * item
+            + embedding_rows * config.hidden_size * item
         )
 
     @classmethod
@@ -164,6 +167,8 @@ class Engine:
         tokenizer = Tokenizer.from_dir(path)
         torch_device = parse_device(device)
         torch_dtype = parse_dtype(dtype, torch_device)
+        if max_context is not None and max_context < 2:
+            raise ValueError(f"max_context: must be >= 2 (a prompt token and a new one), got {max_context}")
         context = min(config.max_position_embeddings, max_context or DEFAULT_MAX_CONTEXT)
         weights = load_weights(path, config, torch_device, torch_dtype)
         if torch_device.type == "cpu":
@@ -297,7 +302,7 @@ def _make_runner(model: Transformer, max_context: int, vocab_limit: int):
         except ImportError as e:
             why = f"its imports ({e})"
         if why is None:
-            return FastRunner(model, max_context)
+            return FastRunner(model, max_context, vocab_limit)
         if forced == "fast":
             raise ValueError(f"KOG_BACKEND=fast: the fast path does not support {why}")
         log.warning("fast path unavailable for this model (%s); using the reference runner", why)

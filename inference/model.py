@@ -25,9 +25,11 @@ rotate together. HF rotate-half checkpoints are permuted into it at load time
 (checkpoint.rotate_half_to_interleaved), so the model, its cache and any kernel know one layout.
 A Llama-family model is L = 1.
 
+Buffers: rope_cos, rope_sin [max_position_embeddings, hd/2] fp32, cos/sin(position * inv_freq[j])
+for pair j (Llama-3 scaling applied).
+KV cache: k, v [N, B, KV, max_len, hd], keys stored after RoPE, preallocated once.
 Activations are [L, B*T, D]: each lane carries its own copy of the residual stream, and every
 projection is one batched matmul over the lane dimension.
-KV cache: k, v [N, B, KV, max_len, hd], keys stored after RoPE, preallocated once.
 """
 
 from __future__ import annotations

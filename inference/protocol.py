@@ -31,6 +31,7 @@ PREFIX = os.environ.get("KOG_REDIS_PREFIX", "kog:")
 HEARTBEAT_INTERVAL_S = 1.0
 HEARTBEAT_TTL_S = 3.0
 EVENTS_TTL_S = 3600  # finished streams stay readable for an hour (share links read the database)
+POOL_WAIT_S = 20.0  # how long a command waits for a free pooled connection before failing
 LOST_CLAIM_S = 5.0  # a job popped from the queue but never claimed for this long is reported lost
 
 TERMINAL = ("done", "error")
@@ -60,10 +61,15 @@ def workers_key() -> str:
     return f"{PREFIX}workers"
 
 
-def connect(url: str, use_asyncio: bool = False):
+def connect(url: str, use_asyncio: bool = False, max_connections: int = 100):
     """A Redis client that rides out a Redis restart: a command that meets a dropped connection is
     retried on a new one with backoff (about 1.5 s in all), and a dead peer is noticed (keepalive,
-    timeouts) instead of hanging. Longer outages surface as redis.ConnectionError to the caller."""
+    timeouts) instead of hanging. Longer outages surface as redis.ConnectionError to the caller.
+
+    Every blocking read (a websocket following its job) holds a connection while it waits, so the
+    pool is a blocking one: past `max_connections` a command waits for a free connection (up to
+    POOL_WAIT_S) instead of failing with "Too many connections".
+    """
     if use_asyncio:
         import redis.asyncio as client_module
         from redis.asyncio.retry import Retry
@@ -73,8 +79,10 @@ def connect(url: str, use_asyncio: bool = False):
     from redis.backoff import ExponentialBackoff
     from redis.exceptions import ConnectionError, TimeoutError
 
-    return client_module.Redis.from_url(
+    pool = client_module.BlockingConnectionPool.from_url(
         url,
+        max_connections=max_connections,
+        timeout=POOL_WAIT_S,
         decode_responses=True,
         socket_connect_timeout=2,
         socket_timeout=10,  # well above the blocking reads' own timeouts (BLPOP 1 s, XREAD 250 ms)
@@ -83,6 +91,7 @@ def connect(url: str, use_asyncio: bool = False):
         retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=5),
         retry_on_error=[ConnectionError, TimeoutError],
     )
+    return client_module.Redis(connection_pool=pool)
 
 
 class QueueFull(Exception):

@@ -1,7 +1,7 @@
 """Train BPE tokenizers and write them in the Hugging Face on-disk format.
 
 Two styles, matching the two families of real checkpoints:
-- "bytelevel": GPT-2 style byte-level BPE (Qwen, Llama 3, DeepSeek-Coder); every byte is a symbol.
+- "bytelevel": byte-level BPE as Qwen2 and Llama 3 (and DeepSeek-Coder) ship it: every byte is a symbol.
 - "sentencepiece": Llama-2 style (Laneformer): spaces become "▁", a BOS is prepended, and characters
   outside the vocabulary fall back to the 256 byte tokens <0x00>..<0xFF>.
 
@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 Style = Literal["bytelevel", "sentencepiece"]
 
@@ -68,6 +68,14 @@ CHAT_TEMPLATES: dict[str, str] = {
 CHAT_TEMPLATES["laneformer"] = CHAT_TEMPLATES["llama2"]
 
 SPIECE_UNDERLINE = "▁"
+# The pre-tokenizer regex of Qwen2 / Llama 3 (numbers in groups of up to 3). Unlike GPT-2's, it keeps a
+# newline apart from the next line's indentation ("\n", "   ", " return"), so a prompt that ends with
+# "\n" is cut into the same tokens as the training text was, and the model continues the next line
+# instead of assuming column 0.
+SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 BYTE_TOKENS = [f"<0x{b:02X}>" for b in range(256)]
 
 
@@ -77,7 +85,13 @@ def train_bpe(texts: Iterable[str], vocab_size: int, style: Style, special_token
     <0x00>, ...), and the first special token is the unknown token."""
     if style == "bytelevel":
         tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        # Qwen2 / Llama 3 style: split with SPLIT_PATTERN first, then map bytes to symbols.
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
             vocab_size=vocab_size,

@@ -3,8 +3,8 @@
     python -m inference.train --out models/default --device cuda      # one H200: a few minutes
     python -m inference.train --out /tmp/m --device cpu --steps 20     # slowly, anywhere
 
-The corpus is the running interpreter's own standard library (.py files, site-packages excluded),
-split by a hash of each file's relative path, so the split is the same on every machine: 5% held
+The corpus is the running interpreter's own standard library (.py files, site-packages excluded;
+--corpus names another one), split by a hash of each file's relative path, so the split is the same on every machine: 5% held
 out for the final figures (eval_default.py), 2% for the validation curve, the rest for training.
 A byte-level BPE tokenizer is trained on the training files, then the model (2 lanes, broadcast
 delay 1, windowed first layers) with AdamW and a cosine schedule; bf16 autocast and torch.compile
@@ -58,10 +58,10 @@ class TrainConfig:
     grad_clip: float = 1.0
     vocab_size: int = 8192
     hidden_size: int = 384
-    num_layers: int = 5
+    num_layers: int = 4
     num_heads: int = 6
     num_kv_heads: int = 2
-    intermediate_size: int = 1024
+    intermediate_size: int = 1152
     num_lanes: int = 2
     broadcast_delay: int = 1
     sliding_window: int = 256
@@ -70,19 +70,20 @@ class TrainConfig:
     eval_windows: int = 64  # validation windows of seq_len tokens per evaluation
     max_files: int = 0  # 0: the whole standard library; else the first N training files (tests)
     compile: bool = True  # CUDA only
+    deterministic: bool = True  # CUDA: refuse nondeterministic kernels (off: warn and run them)
+    corpus: str = ""  # a standard library directory; empty: the running interpreter's
     max_minutes: float = 0  # 0: no limit; else stop (and say so) when training runs past it
 
 
 # --- corpus -------------------------------------------------------------------------------------
 
 
-def stdlib_root() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
+def stdlib_root(corpus: str = "") -> Path:
+    return Path(corpus or sysconfig.get_paths()["stdlib"])
 
 
-def stdlib_files() -> list[str]:
+def stdlib_files(root: Path) -> list[str]:
     """Relative POSIX paths of the standard library's .py files, sorted."""
-    root = stdlib_root()
     return sorted(
         p.relative_to(root).as_posix()
         for p in root.rglob("*.py")
@@ -98,8 +99,15 @@ def split_of(rel_path: str) -> str:
     return "validation" if bucket < HELD_OUT_PERCENT + VALIDATION_PERCENT else "train"
 
 
-def read_source(rel_path: str) -> str:
-    return (stdlib_root() / rel_path).read_text(encoding="utf-8", errors="replace")
+def read_source(root: Path, rel_path: str) -> str:
+    return (root / rel_path).read_text(encoding="utf-8", errors="replace")
+
+
+def corpus_fingerprint(root: Path, files: list[str]) -> str:
+    digest = hashlib.sha256()
+    for rel in files:
+        digest.update(rel.encode() + b"\0" + (root / rel).read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def token_stream(tok, texts: list[str], eos_id: int) -> torch.Tensor:
@@ -197,6 +205,27 @@ def windows(stream: torch.Tensor, seq_len: int, count: int) -> tuple[torch.Tenso
     return chunk[:-1].view(count, seq_len), chunk[1:].view(count, seq_len)
 
 
+@torch.no_grad()
+def bits_per_byte(
+    model: Transformer, stream: torch.Tensor, n_bytes: int, seq_len: int, batch_size: int
+) -> float:
+    """Cross-entropy of a token stream in bits per UTF-8 byte of its text: non-overlapping windows of
+    seq_len, every target scored (so a window's first tokens have little context)."""
+    device = model.tok_embeddings.device
+    n = (len(stream) - 1) // seq_len * seq_len
+    x, y = stream[:n].view(-1, seq_len), stream[1 : n + 1].view(-1, seq_len)
+    tail_x, tail_y = stream[n:-1][None], stream[n + 1 :][None]  # the last partial window
+    nats = 0.0
+    for i in range(0, len(x), batch_size):
+        logits = model(x[i : i + batch_size].to(device))
+        nats += F.cross_entropy(
+            logits.flatten(0, 1), y[i : i + batch_size].to(device).flatten(), reduction="sum"
+        ).item()
+    if tail_x.shape[1]:
+        nats += F.cross_entropy(model(tail_x.to(device))[0], tail_y[0].to(device), reduction="sum").item()
+    return nats / math.log(2) / n_bytes
+
+
 def train(c: TrainConfig, command: str = "") -> dict:
     t_start = time.time()
     device = torch.device(c.device)
@@ -204,18 +233,22 @@ def train(c: TrainConfig, command: str = "") -> dict:
     if device.type == "cuda":
         # CPU kernels are deterministic already; on CUDA ask for the deterministic ones (a warning names any op without one).
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.use_deterministic_algorithms(True, warn_only=not c.deterministic)
 
-    files = stdlib_files()
+    root = stdlib_root(c.corpus)
+    files = stdlib_files(root)
+    if not files:
+        raise SystemExit(f"--corpus: no .py files under {root}")
     split = {f: split_of(f) for f in files}
     train_files = [f for f in files if split[f] == "train"]
     if c.max_files:
         train_files = train_files[: c.max_files]
     val_files = [f for f in files if split[f] == "validation"]
     test_files = [f for f in files if split[f] == "test"]
-    train_texts = [read_source(f) for f in train_files]
-    val_texts = [read_source(f) for f in val_files]
-    log(f"corpus: {stdlib_root()} ({platform.python_version()}): {len(train_files)} training files "
+    train_texts = [read_source(root, f) for f in train_files]
+    val_texts = [read_source(root, f) for f in val_files]
+    fingerprint = corpus_fingerprint(root, files)
+    log(f"corpus: {root} (fingerprint {fingerprint[:16]}): {len(train_files)} training files "
         f"({sum(map(len, train_texts)) / 1e6:.1f} M chars), {len(val_files)} validation, {len(test_files)} test")  # fmt: skip
 
     tok = train_bpe(train_texts, c.vocab_size, "bytelevel", [EOS])
@@ -300,6 +333,11 @@ def train(c: TrainConfig, command: str = "") -> dict:
             log(f"stopping at step {step + 1}: past --max-minutes {c.max_minutes}")
             break
     train_seconds = time.time() - t_train
+    test_texts = [read_source(root, f) for f in test_files]
+    with autocast:
+        test_bpb = bits_per_byte(model, token_stream(tok, test_texts, eos_id), sum(len(t.encode()) for t in test_texts),
+                                 c.seq_len, c.batch_size)  # fmt: skip
+    log(f"test split: {test_bpb:.4f} bits per byte over {len(test_files)} held-out files")
 
     out = Path(c.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -315,6 +353,8 @@ def train(c: TrainConfig, command: str = "") -> dict:
         "command": command,
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(c).items()},
         "python": platform.python_version(),
+        "corpus": str(root),
+        "corpus_fingerprint": fingerprint,  # sha256 over every file's path and bytes: same corpus, same hash
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(device) if on_cuda else platform.processor() or "cpu",
         "parameters": n_params,
@@ -323,6 +363,7 @@ def train(c: TrainConfig, command: str = "") -> dict:
         "total_seconds": round(time.time() - t_start, 1),
         "stopped_early_at_step": stopped_early,
         "final_val_loss": history["val_loss"][-1],
+        "test_bits_per_byte": test_bpb,
         "files": {"train": len(train_files), "validation": val_files, "test": test_files},
         "history": history,
     }

@@ -105,7 +105,11 @@ def _decode_attention_kernel(
     if QK_NORM:
         q_rstd = 1.0 / tl.sqrt(tl.sum(q * q, axis=1) / HD + eps)
         q = q * q_rstd[:, None] * tl.load(q_norm_ptr + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
-        q_partner = q_partner * q_rstd[:, None] * tl.load(q_norm_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        q_partner = (
+            q_partner
+            * q_rstd[:, None]
+            * tl.load(q_norm_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        )
         k_rstd = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / HD + eps)
         k = k * k_rstd * tl.load(k_norm_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
         k_partner = k_partner * k_rstd * tl.load(k_norm_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)
@@ -218,22 +222,34 @@ def decode_attention(
     k_cache, v_cache: [KV, max_len, hd] of this layer. cos, sin: [max_positions, hd/2] fp32.
     out: [L, H/L * hd]. q_norm, k_norm: [hd] (Qwen3). scratch: from AttentionScratch for this model.
     """
-    if k_cache.dim() != 3 or k_cache.shape != v_cache.shape or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError(f"k_cache: expected contiguous [KV, max_len, hd] like v_cache, got {tuple(k_cache.shape)}")
+    if (
+        k_cache.dim() != 3
+        or k_cache.shape != v_cache.shape
+        or not (k_cache.is_contiguous() and v_cache.is_contiguous())
+    ):
+        raise ValueError(
+            f"k_cache: expected contiguous [KV, max_len, hd] like v_cache, got {tuple(k_cache.shape)}"
+        )
     num_kv, max_len, hd = k_cache.shape
     lanes = qkv.shape[0]
     if num_heads % num_kv or num_heads % lanes or num_kv % lanes:
-        raise ValueError(f"num_heads: {num_heads} must be a multiple of the KV heads ({num_kv}) and lanes ({lanes})")
+        raise ValueError(
+            f"num_heads: {num_heads} must be a multiple of the KV heads ({num_kv}) and lanes ({lanes})"
+        )
     heads_per_lane, kv_per_lane = num_heads // lanes, num_kv // lanes
     if qkv.dim() != 2 or qkv.shape[1] != (heads_per_lane + 2 * kv_per_lane) * hd or qkv.stride(1) != 1:
-        raise ValueError(f"qkv: expected [{lanes}, {(heads_per_lane + 2 * kv_per_lane) * hd}], got {tuple(qkv.shape)}")
+        raise ValueError(
+            f"qkv: expected [{lanes}, {(heads_per_lane + 2 * kv_per_lane) * hd}], got {tuple(qkv.shape)}"
+        )
     if out.shape != (lanes, heads_per_lane * hd) or out.stride(1) != 1:
         raise ValueError(f"out: expected [{lanes}, {heads_per_lane * hd}], got {tuple(out.shape)}")
     if cos.shape != sin.shape or cos.dim() != 2 or cos.shape[1] != hd // 2 or cos.dtype != torch.float32:
         raise ValueError(f"cos: expected fp32 [max_positions, {hd // 2}] like sin, got {tuple(cos.shape)}")
     if pos.numel() != 1 or pos.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"pos: expected one int32/int64 element, got {pos.dtype} {tuple(pos.shape)}")
-    if (q_norm is None) != (k_norm is None) or (q_norm is not None and (q_norm.shape != (hd,) or k_norm.shape != (hd,))):
+    if (q_norm is None) != (k_norm is None) or (
+        q_norm is not None and (q_norm.shape != (hd,) or k_norm.shape != (hd,))
+    ):
         raise ValueError(f"q_norm: expected q_norm and k_norm both [{hd}] or both None")
     group = num_heads // num_kv
     if scratch.part_o.shape[:3] != (num_kv, scratch.splits, triton.next_power_of_2(group)):

@@ -42,7 +42,9 @@ def _final_norm_kernel(
         sumsq = tl.zeros([LANES_P, BLOCK_D], dtype=tl.float32)
     for i in tl.static_range(0, (D + BLOCK_D - 1) // BLOCK_D):
         c = i * BLOCK_D + cols
-        x = tl.load(x_ptr + lanes[:, None] * D + c[None, :], mask=lane_ok[:, None] & (c < D)[None, :], other=0.0)
+        x = tl.load(
+            x_ptr + lanes[:, None] * D + c[None, :], mask=lane_ok[:, None] & (c < D)[None, :], other=0.0
+        )
         if NORM_OF_SUM:
             s = tl.sum(x, axis=0)
             sumsq += s * s
@@ -57,7 +59,9 @@ def _final_norm_kernel(
         y = tl.sum(x, axis=0) / tl.sqrt(tl.sum(sumsq, axis=0) / D + eps) * g
     else:
         rstd = 1.0 / tl.sqrt(tl.sum(sumsq, axis=1) / D + eps)  # [LANES_P]
-        g = tl.load(norm_ptr + lanes[:, None] * stride_norm_lane + c[None, :], mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(norm_ptr + lanes[:, None] * stride_norm_lane + c[None, :], mask=mask, other=0.0).to(
+            tl.float32
+        )
         y = tl.sum(x * rstd[:, None] * g, axis=0) / LANES
     tl.store(out_ptr + c, y, mask=c < D)
 

@@ -150,12 +150,16 @@ def lane_reduce_gemv(
         raise ValueError(f"x: expected a contiguous fp32 ({lanes}, {n}), got {x.dtype} {tuple(x.shape)}")
     for name, t in (("history_out", history_out), ("history_in", history_in)):
         if t is not None and (t.shape != (lanes, n) or not t.is_contiguous() or t.dtype != torch.float32):
-            raise ValueError(f"{name}: expected a contiguous fp32 ({lanes}, {n}), got {t.dtype} {tuple(t.shape)}")
+            raise ValueError(
+                f"{name}: expected a contiguous fp32 ({lanes}, {n}), got {t.dtype} {tuple(t.shape)}"
+            )
     if mode == "delayed" and history_in is None:
         raise ValueError("history_in: required with mode 'delayed'")
     if (embedding is None) != (token is None):
         raise ValueError("embedding: give both embedding and token, or neither")
-    if embedding is not None and (embedding.dim() != 2 or embedding.shape[1] != n or not embedding.is_contiguous()):
+    if embedding is not None and (
+        embedding.dim() != 2 or embedding.shape[1] != n or not embedding.is_contiguous()
+    ):
         raise ValueError(f"embedding: expected a contiguous [V, {n}] table, got {tuple(embedding.shape)}")
 
     auto_n, auto_k, auto_warps = _pick_blocks(lanes, n, k, weight.device)

@@ -1,6 +1,6 @@
 """Final RMSNorm + LM head + greedy argmax, and the step's bookkeeping, in one launch.
 
-    logits[v] = sum_k W[v, k] * x[k] * g[k] * rstd,   token = argmax_v logits[v]  (first index on ties)
+    logits[v] = sum_k W[v, k] * x[k] * g[k] * rstd,   token = argmax_{v < vocab_limit} logits[v]  (first on ties)
     then, once: token_out <- token, out_tokens[pos + 1] <- token, pos <- pos + 1
 
 The head is the largest matrix of a small model (V x D), so it gets a persistent grid: a fixed number of
@@ -21,9 +21,20 @@ from kernels import interpreted, pdl_kwargs, sm_count
 
 
 @triton.jit
-def _row_block_logits(w_rows, row_ok, w_first, x_ptr, norm_ptr, eps, cols,
-                      USE_FIRST: tl.constexpr, BLOCK_N: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
-                      HAS_NORM: tl.constexpr):
+def _row_block_logits(
+    w_rows,
+    row_ok,
+    w_first,
+    x_ptr,
+    norm_ptr,
+    eps,
+    cols,
+    USE_FIRST: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+):
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
     for i in tl.static_range(0, (K + BLOCK_K - 1) // BLOCK_K):
@@ -57,6 +68,7 @@ def _lm_head_kernel(
     pos_ptr,
     out_tokens_ptr,
     V,
+    vocab_limit,
     eps,
     K: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -79,9 +91,11 @@ def _lm_head_kernel(
         gdc_wait()
         gdc_launch_dependents()
 
-    logits = _row_block_logits(w_rows, row_ok, w_first, x_ptr, norm_ptr, eps, cols, True, BLOCK_N, K, BLOCK_K, HAS_NORM)
+    logits = _row_block_logits(
+        w_rows, row_ok, w_first, x_ptr, norm_ptr, eps, cols, True, BLOCK_N, K, BLOCK_K, HAS_NORM
+    )
     tl.store(logits_ptr + rows, logits, mask=row_ok)
-    logits = tl.where(row_ok, logits, float("-inf"))
+    logits = tl.where(rows < vocab_limit, logits, float("-inf"))
     best_val = tl.max(logits, axis=0)
     best_idx = row0 + tl.argmax(logits, axis=0)
     row0 += step
@@ -89,10 +103,11 @@ def _lm_head_kernel(
         rows = row0 + tl.arange(0, BLOCK_N)
         row_ok = rows < V
         w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
-        logits = _row_block_logits(w_rows, row_ok, w_first, x_ptr, norm_ptr, eps, cols, False, BLOCK_N, K, BLOCK_K,
-                                   HAS_NORM)
+        logits = _row_block_logits(
+            w_rows, row_ok, w_first, x_ptr, norm_ptr, eps, cols, False, BLOCK_N, K, BLOCK_K, HAS_NORM
+        )
         tl.store(logits_ptr + rows, logits, mask=row_ok)
-        logits = tl.where(row_ok, logits, float("-inf"))
+        logits = tl.where(rows < vocab_limit, logits, float("-inf"))
         block_max = tl.max(logits, axis=0)
         better = block_max > best_val  # strict: earlier rows win ties
         best_idx = tl.where(better, row0 + tl.argmax(logits, axis=0), best_idx)
@@ -139,6 +154,7 @@ def lm_head(
     norm_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
     greedy: bool = True,
+    vocab_limit: int | None = None,
     token: torch.Tensor | None = None,
     pos: torch.Tensor | None = None,
     out_tokens: torch.Tensor | None = None,
@@ -147,7 +163,8 @@ def lm_head(
     num_warps: int = 4,
 ) -> torch.Tensor:
     """logits = weight @ (rmsnorm(x) * norm_weight) (no norm without norm_weight); with greedy, also
-    token[0] = argmax, out_tokens[pos[0] + 1] = token[0], pos[0] += 1, all on the device.
+    token[0] = argmax over the first vocab_limit rows (padded embedding rows are never chosen),
+    out_tokens[pos[0] + 1] = token[0], pos[0] += 1, all on the device.
 
     x: [K] (any float dtype); weight: [V, K]; logits: [V] fp32; token, pos: int tensors [1];
     out_tokens: int tensor longer than pos[0] + 1.
@@ -160,7 +177,9 @@ def lm_head(
     if norm_weight is not None and norm_weight.shape != (k,):
         raise ValueError(f"norm_weight: expected [{k}], got {tuple(norm_weight.shape)}")
     if logits.shape != (vocab,) or logits.dtype != torch.float32 or not logits.is_contiguous():
-        raise ValueError(f"logits: expected a contiguous fp32 [{vocab}], got {logits.dtype} {tuple(logits.shape)}")
+        raise ValueError(
+            f"logits: expected a contiguous fp32 [{vocab}], got {logits.dtype} {tuple(logits.shape)}"
+        )
     if greedy:
         for name, t in (("token", token), ("pos", pos), ("out_tokens", out_tokens)):
             if t is None or t.dtype not in (torch.int32, torch.int64):
@@ -185,6 +204,7 @@ def lm_head(
         pos if pos is not None else scratch.counter,
         out_tokens if out_tokens is not None else scratch.counter,
         vocab,
+        min(vocab_limit or vocab, vocab),
         eps,
         K=k,
         BLOCK_N=block_n,

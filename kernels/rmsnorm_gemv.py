@@ -60,10 +60,8 @@ def _rmsnorm_gemv_kernel(
         gdc_wait()
         gdc_launch_dependents()
 
-    if X_FROM_TOKEN:
-        x_row = x_ptr + tl.load(token_ptr).to(tl.int64) * K  # every lane starts from the same embedding row
-    else:
-        x_row = x_ptr + lane * stride_x_lane
+    # with X_FROM_TOKEN every lane starts from the same embedding row
+    x_row = x_ptr + tl.load(token_ptr).to(tl.int64) * K if X_FROM_TOKEN else x_ptr + lane * stride_x_lane
     norm_row = norm_ptr + lane * stride_norm_lane
 
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -85,7 +83,9 @@ def _rmsnorm_gemv_kernel(
             if i == 0:
                 u = up_first
             else:
-                u = tl.load(w_up_ptr + w_offs + i * BLOCK_K, mask=w_mask, other=0.0, eviction_policy="evict_first")
+                u = tl.load(
+                    w_up_ptr + w_offs + i * BLOCK_K, mask=w_mask, other=0.0, eviction_policy="evict_first"
+                )
             acc_up += u.to(tl.float32) * xk[None, :]
 
     y = tl.sum(acc, axis=1)  # [BLOCK_N]
@@ -146,7 +146,9 @@ def rmsnorm_gemv(
         raise ValueError(f"weight: expected a contiguous [L, N, K] tensor, got {tuple(weight.shape)}")
     lanes, n, k = weight.shape
     if weight_up is not None and (weight_up.shape != weight.shape or not weight_up.is_contiguous()):
-        raise ValueError(f"weight_up: expected contiguous {tuple(weight.shape)}, got {tuple(weight_up.shape)}")
+        raise ValueError(
+            f"weight_up: expected contiguous {tuple(weight.shape)}, got {tuple(weight_up.shape)}"
+        )
     if weight_up is not None and bias is not None:
         raise ValueError("bias: not supported together with weight_up")
     if out.shape != (lanes, n) or not out.is_contiguous():
@@ -159,7 +161,9 @@ def rmsnorm_gemv(
         if x.dim() != 2 or x.shape[1] != k or not x.is_contiguous():
             raise ValueError(f"x: expected the embedding table [V, {k}], got {tuple(x.shape)}")
         if token.numel() != 1 or token.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"token: expected one int32/int64 element, got {token.dtype} {tuple(token.shape)}")
+            raise ValueError(
+                f"token: expected one int32/int64 element, got {token.dtype} {tuple(token.shape)}"
+            )
         stride_x_lane = 0
     stride_norm_lane = 0
     if norm_weight is not None:

@@ -23,11 +23,16 @@ REL_TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
 
 def dtype_params() -> list:
     if ON_GPU:
-        return [pytest.param(torch.bfloat16, marks=pytest.mark.gpu), pytest.param(torch.float16, marks=pytest.mark.gpu)]
+        return [
+            pytest.param(torch.bfloat16, marks=pytest.mark.gpu),
+            pytest.param(torch.float16, marks=pytest.mark.gpu),
+        ]
     return [torch.float32, torch.float16]
 
 
-def randn(*shape: int, dtype: torch.dtype = torch.float32, scale: float = 1.0, gen: torch.Generator | None = None):
+def randn(
+    *shape: int, dtype: torch.dtype = torch.float32, scale: float = 1.0, gen: torch.Generator | None = None
+):
     return (torch.randn(shape, generator=gen, dtype=torch.float32) * scale).to(dtype).to(DEVICE)
 
 
@@ -39,7 +44,9 @@ def poisoned(*shape: int, dtype: torch.dtype) -> torch.Tensor:
 def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str = "out") -> None:
     out, ref = out.double().cpu(), ref.double().cpu()
     assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
-    assert torch.isfinite(out).all(), f"{what}: {int((~torch.isfinite(out)).sum())} elements not written or not finite"
+    assert torch.isfinite(out).all(), (
+        f"{what}: {int((~torch.isfinite(out)).sum())} elements not written or not finite"
+    )
     tol = REL_TOL[dtype]
     rel = ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
     assert rel <= tol, f"{what}: relative error {rel:.2e} > {tol:.0e}"

@@ -23,8 +23,15 @@ def make_model(preset: str, seed: int = 0, **overrides) -> Transformer:
     with torch.no_grad():  # norms and biases away from 1 and 0, so that the kernels must apply them
         for name, p in model.named_parameters():
             if "norm" in name or name.rsplit(".", 1)[-1] in ("bq", "bk", "bv"):
-                p.add_(torch.randn(p.shape, generator=gen, device=DEVICE, dtype=torch.float32).to(p.dtype) * 0.2)
+                p.add_(
+                    torch.randn(p.shape, generator=gen, device=DEVICE, dtype=torch.float32).to(p.dtype) * 0.2
+                )
     return model.eval()
+
+
+# Exact token equality with the reference holds in fp32; in bf16 near-ties may flip (the per-step logit
+# comparison above covers the GPU).
+fp32_only = pytest.mark.skipif(ON_GPU, reason="exact token equality is an fp32 property")
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -72,6 +79,7 @@ def test_laneformer_reductions_and_windows():
             assert rel_err(fast, ref) < LOGIT_TOL, overrides
 
 
+@fp32_only
 def test_greedy_generation_equals_the_reference_loop():
     model = make_model("tiny-llama", seed=5)
     prompt = [3, 14, 15, 92, 65]
@@ -96,6 +104,7 @@ def test_stop_ids_and_budget():
     assert len(list(runner.generate_tokens(list(range(30)), SamplingParams(max_new_tokens=50)))) == 2
 
 
+@fp32_only
 def test_repetition_penalty_matches_the_sampler():
     model = make_model("tiny-laneformer", seed=7)
     params = SamplingParams(max_new_tokens=5, repetition_penalty=1.8)

@@ -43,8 +43,20 @@ def reference(qkv, k_cache, v_cache, pos, cos, sin, num_heads, window, interleav
     return out.reshape(lanes, hl * hd), k_p, v_p
 
 
-def run_case(dtype, lanes, num_heads, num_kv, hd, pos, max_len, window=None, interleaved=True, qk_norm=False,
-             splits=4, block_t=8):
+def run_case(
+    dtype,
+    lanes,
+    num_heads,
+    num_kv,
+    hd,
+    pos,
+    max_len,
+    window=None,
+    interleaved=True,
+    qk_norm=False,
+    splits=4,
+    block_t=8,
+):
     qkv = randn(lanes, (num_heads + 2 * num_kv) // lanes * hd, scale=2.0)
     # Positions the kernel must not read (beyond pos, before the window) are NaN.
     k_cache, v_cache = randn(num_kv, max_len, hd, dtype=dtype), randn(num_kv, max_len, hd, dtype=dtype)

@@ -29,14 +29,16 @@ SHAPES = [(1, 37, 40), (2, 24, 64), (3, 21, 48), (8, 16, 96)]
 @pytest.mark.parametrize("dtype", dtype_params())
 @pytest.mark.parametrize("mode", ["sum", "delayed", "scaled"])
 @pytest.mark.parametrize("lanes,n,k", SHAPES)
-def test_lane_reduce_gemv_matches_reference(dtype, mode, lanes, n, k):
+@pytest.mark.parametrize("block_n,block_k", [(None, None), (4, 32)])  # the launcher's choice, and small tiles
+def test_lane_reduce_gemv_matches_reference(dtype, mode, lanes, n, k, block_n, block_k):
     act = randn(lanes, k, dtype=dtype)
     w = randn(lanes, n, k, dtype=dtype, scale=k**-0.5)
     x = randn(lanes, n)
     history_in = randn(lanes, n) if mode == "delayed" else None
     history_out = poisoned(lanes, n, dtype=torch.float32)
     want_x, want_p = reference(act, w, x, mode, history_in)
-    lane_reduce_gemv(act, w, x, mode=mode, history_out=history_out, history_in=history_in)
+    lane_reduce_gemv(act, w, x, mode=mode, history_out=history_out, history_in=history_in, block_n=block_n,
+                     block_k=block_k)  # fmt: skip
     assert_close(x, want_x, dtype, "x")
     assert_close(history_out, want_p, dtype, "history_out")
 

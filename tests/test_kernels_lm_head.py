@@ -41,12 +41,31 @@ def test_ties_go_to_the_first_index_across_programs():
     x = randn(k)
     w = randn(vocab, k, scale=0.01)
     best = torch.sign(x).cpu() * 3
-    w[41], w[9], w[23] = best.to(DEVICE), best.to(DEVICE), best.to(DEVICE)  # three rows, three different programs
+    w[41], w[9], w[23] = (
+        best.to(DEVICE),
+        best.to(DEVICE),
+        best.to(DEVICE),
+    )  # three rows, three different programs
     logits = poisoned(vocab, dtype=torch.float32)
     token, pos, out_tokens = device_ints(-1), device_ints(0), device_ints(-1, -1, dtype=torch.int64)
-    lm_head(x, w, logits, HeadScratch(DEVICE, programs=4), token=token, pos=pos, out_tokens=out_tokens, block_n=2)
+    lm_head(
+        x, w, logits, HeadScratch(DEVICE, programs=4), token=token, pos=pos, out_tokens=out_tokens, block_n=2
+    )
     assert token.item() == 9
     assert out_tokens.cpu().tolist() == [-1, 9]
+
+
+def test_rows_past_the_vocab_limit_are_never_chosen():
+    vocab, k = 40, 16
+    x = randn(k)
+    w = randn(vocab, k, scale=0.01)
+    w[35] = (torch.sign(x).cpu() * 3).to(DEVICE)  # the largest logit, in a padded row
+    logits = poisoned(vocab, dtype=torch.float32)
+    token, pos, out_tokens = device_ints(-1), device_ints(0), device_ints(-1, -1)
+    lm_head(x, w, logits, HeadScratch(DEVICE, programs=3), vocab_limit=32, token=token, pos=pos,
+            out_tokens=out_tokens, block_n=4)  # fmt: skip
+    assert int(logits.argmax()) == 35
+    assert token.item() == int(logits[:32].argmax())
 
 
 def test_sampling_mode_only_writes_logits():

@@ -15,7 +15,9 @@ def reference(x, weight, norm_weight=None, eps=1e-6, weight_up=None, bias=None):
     if bias is not None:
         y = y + bias.double().cpu()
     if weight_up is not None:
-        y = torch.nn.functional.silu(y) * torch.einsum("lnk,lk->ln", weight_up.double().cpu(), h.expand(weight.shape[0], -1))
+        y = torch.nn.functional.silu(y) * torch.einsum(
+            "lnk,lk->ln", weight_up.double().cpu(), h.expand(weight.shape[0], -1)
+        )
     return y
 
 
@@ -25,12 +27,13 @@ SHAPES = [(1, 37, 40), (2, 24, 64), (3, 10, 200), (4, 64, 96)]
 
 @pytest.mark.parametrize("dtype", dtype_params())
 @pytest.mark.parametrize("lanes,n,k", SHAPES)
-def test_rmsnorm_gemv_matches_reference(dtype, lanes, n, k):
+@pytest.mark.parametrize("block_n,block_k", [(None, None), (4, 32)])  # the launcher's choice, and small tiles
+def test_rmsnorm_gemv_matches_reference(dtype, lanes, n, k, block_n, block_k):
     x = randn(lanes, k, scale=3.0)  # the residual stream is fp32
     w = randn(lanes, n, k, dtype=dtype, scale=k**-0.5)
     g = randn(lanes, k, dtype=dtype).abs() + 0.5
     out = poisoned(lanes, n, dtype=torch.float32)
-    rmsnorm_gemv(x, w, out, norm_weight=g, eps=1e-5)
+    rmsnorm_gemv(x, w, out, norm_weight=g, eps=1e-5, block_n=block_n, block_k=block_k)
     assert_close(out, reference(x, w, g, 1e-5), dtype)
 
 
@@ -53,7 +56,7 @@ def test_gated_silu(dtype, lanes, n, k):
     w, w_up = randn(lanes, n, k, dtype=dtype, scale=k**-0.5), randn(lanes, n, k, dtype=dtype, scale=k**-0.5)
     g = randn(lanes, k, dtype=dtype)
     out = poisoned(lanes, n, dtype=torch.float32)
-    rmsnorm_gemv(x, w, out, norm_weight=g, weight_up=w_up)
+    rmsnorm_gemv(x, w, out, norm_weight=g, weight_up=w_up, block_n=8, block_k=32)
     assert_close(out, reference(x, w, g, weight_up=w_up), dtype)
 
 

@@ -8,7 +8,10 @@ import torch
 from inference import synth
 from inference.checkpoint import load_weights
 from inference.config import ModelConfig
+from inference.engine import Engine
+from inference.events import SamplingParams, TextDelta
 from inference.model import KVCache, Transformer
+from inference.tokenizer_build import write_synthetic_tokenizer
 
 transformers = pytest.importorskip("transformers")
 
@@ -117,6 +120,17 @@ def test_greedy_decode_matches_transformers(tmp_path, case):
             tokens.append(int(logits[-1].argmax()))
             logits = model(torch.tensor([[tokens[-1]]]), PROMPT_LEN + step, cache)[0]
     assert tokens == hf_tokens
+
+    # The whole engine on the same directory (plus tokenizer files): the same greedy tokens, up to EOS.
+    special = write_synthetic_tokenizer(tmp_path, "chatml", cfg.vocab_size)
+    engine = Engine.load(tmp_path, device="cpu")
+    assert engine.tokenizer.vocab_size == cfg.vocab_size  # no padded ids are masked out of the argmax
+    events = engine.generate(prompt[0].tolist(), SamplingParams(max_new_tokens=STEPS))
+    engine_tokens = [t for e in events if isinstance(e, TextDelta) for t in e.token_ids]
+    assert engine_tokens == hf_tokens[: len(engine_tokens)]
+    assert len(engine_tokens) == STEPS or engine_tokens[-1] in engine.tokenizer.eos_ids | set(
+        special["eos_token_id"]
+    )
 
 
 @pytest.mark.parametrize("preset", ["tiny-laneformer", "tiny-llama", "tiny-qwen2", "tiny-qwen3"])

@@ -76,7 +76,8 @@ def reduction(cfg: ModelConfig, layer: int) -> tuple[str, int | None]:
 
 
 class FastRunner:
-    def __init__(self, model: Transformer, max_context: int, *, use_pdl: bool = True):
+    def __init__(self, model: Transformer, max_context: int, vocab_limit: int | None = None, *,
+                 use_pdl: bool = True):  # fmt: skip
         cfg = model.cfg
         if (why := supports(cfg)) is not None:
             raise ValueError(f"model: the fast path does not support {why}")
@@ -85,6 +86,8 @@ class FastRunner:
         device = model.tok_embeddings.device
         self.model, self.cfg, self.device, self.max_context = model, cfg, device, max_context
         self.use_pdl = use_pdl and device.type == "cuda"
+        # Ids past the tokenizer's vocabulary (padded embedding rows) are never chosen: nothing decodes them.
+        self.vocab_limit = min(vocab_limit or cfg.vocab_size, cfg.vocab_size)
         self.last_prefill_ms = 0.0
         lanes, dim, hd = cfg.num_lanes, cfg.hidden_size, cfg.head_dim
         dtype = model.tok_embeddings.dtype
@@ -113,6 +116,7 @@ class FastRunner:
         self.seen = zeros(cfg.vocab_size, dtype=torch.bool)  # prompt + output, for the repetition penalty
         self.sampling = zeros(4)  # temperature, top_k, top_p, repetition_penalty
         self.ranks = torch.arange(cfg.vocab_size, device=device)
+        self.outside_vocab = self.ranks >= self.vocab_limit
         self.cache = KVCache(cfg, max_context, 1, device, dtype)
         group = cfg.num_heads // cfg.num_kv_heads
         self.attn_scratch = AttentionScratch(
@@ -192,7 +196,8 @@ class FastRunner:
         else:
             head_x, head_norm = self.x[0], self.final_norm_weight[0]
         lm_head(head_x, self.head_weight, self.logits, self.head_scratch, norm_weight=head_norm, eps=eps,
-                greedy=greedy, token=self.token, pos=self.pos, out_tokens=self.out_tokens, use_pdl=pdl)  # fmt: skip
+                greedy=greedy, vocab_limit=self.vocab_limit, token=self.token, pos=self.pos, out_tokens=self.out_tokens,
+                use_pdl=pdl)  # fmt: skip
         if not greedy:
             self._sample_next()
 
@@ -215,7 +220,7 @@ class FastRunner:
         """Sampler's knobs on the device, without a host sync: repetition penalty, temperature, top-k, top-p,
         then a draw (argmax of p / Exp(1) noise is a sample from p). Temperature 0 is greedy."""
         temperature, top_k, top_p, penalty = self.sampling.unbind()
-        logits = self.logits
+        logits = self.logits.masked_fill(self.outside_vocab, float("-inf"))
         logits = torch.where(self.seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
         greedy = logits.argmax()
         sorted_logits, order = torch.sort(logits / temperature.clamp_min(1e-6), descending=True)
@@ -272,7 +277,7 @@ class FastRunner:
         self.seen[ids] = True
         self.pos.fill_(n - 1)
         if greedy:
-            token = self.logits.argmax().to(torch.int32).view(1)
+            token = self.logits[: self.vocab_limit].argmax().to(torch.int32).view(1)
             self.token.copy_(token)
             self.out_tokens[n : n + 1].copy_(token)
             self.pos.add_(1)
@@ -288,7 +293,9 @@ class FastRunner:
         self.sampling.copy_(torch.tensor([params.temperature, params.top_k, params.top_p,
                                           params.repetition_penalty]))  # fmt: skip
         if params.seed is not None:
-            torch.manual_seed(params.seed)  # the draws come from the default generator (captured in the graph)
+            torch.manual_seed(
+                params.seed
+            )  # the draws come from the default generator (captured in the graph)
         start = time.perf_counter()
         self.prefill(prompt_ids, greedy)
         first = int(self.token.item())

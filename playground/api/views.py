@@ -155,7 +155,8 @@ async def complete(request, chat: bool):
         if event[0] == "error":
             raise job_error(event[1])
         return JsonResponse(await run.finish(api_request, event[1]))
-    except BaseException:  # the client left (CancelledError) or we failed: stop the job
+    except BaseException as exc:  # the client left (CancelledError) or we failed: stop the job
+        log.warning("DEBUG view interrupted %r job %s finished=%s", exc, spec.id, run.finished)
         await run.cancel_unless_finished()
         raise
 
@@ -191,6 +192,7 @@ class JobRun:
     async def cancel_unless_finished(self) -> None:
         if not self.finished:
             self.finished = True
+            log.warning("DEBUG cancelling %s", self.spec.id)
             await self.jobs.cancel(self.spec.id)
             log.info("api job %s cancelled: the client went away", self.spec.id)
 

@@ -1,0 +1,536 @@
+"""Batch-1 decode on one GPU against its memory-bandwidth limit, with the peers measured in the same run.
+
+    python -m inference.bench --model laneformer-2b [--prompt-len 512] [--new-tokens 256] [--peers]
+                              [--check] [--breakdown] [--json out.json]
+
+In one run: the device's read bandwidth (a large reduction; a copy too), the bytes one decode step reads,
+the fast runner's decode tokens/s (median of >= 5 timed runs after a warm-up, device-synchronised) with and
+without programmatic dependent launch and through the runner contract the engine uses, the time to first
+token, and each as a % of the ceiling (bandwidth / bytes per token).
+    --check      teacher-forced decode against the reference path (and an fp32 copy of it)
+    --breakdown  time per kernel of the captured step against the bytes each kernel must read
+    --peers      the reference model under torch.compile (reduce-overhead) and, for HF families,
+                 transformers with a static cache + torch.compile
+A preset gets random weights generated on the GPU (no checkpoint on disk); a directory is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from inference.checkpoint import load_weights
+from inference.config import ModelConfig
+from inference.events import SamplingParams, decode_tok_s
+from inference.model import KVCache, Transformer
+from inference.presets import PRESETS, preset_config
+
+KERNELS_PER_LAYER = ("qkv", "attention", "o-proj", "gate/up", "down")
+
+
+def build_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> Transformer:
+    path = Path(name)
+    if path.is_dir():
+        cfg = ModelConfig.from_hf(path)
+        return Transformer.from_weights(cfg, load_weights(path, cfg, device, dtype))
+    if name not in PRESETS:
+        raise SystemExit(
+            f"--model: {name!r} is neither a checkpoint directory nor a preset ({', '.join(PRESETS)})"
+        )
+    cfg = ModelConfig.from_hf(preset_config(name))
+    model = Transformer(cfg, device=device, dtype=dtype)
+    model.init_weights(generator=torch.Generator(device).manual_seed(seed))
+    return model.eval()
+
+
+def median_ms(fn, repeats: int = 10) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    times = []
+    for _ in range(repeats):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def measure_bandwidth(device: torch.device, gib: int = 4) -> dict:
+    """Read bandwidth of a large reduction (bytes read) and of a copy (bytes read + written), GB/s."""
+    src = torch.empty(gib * 2**30 // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    result = {
+        "read_gbs": src.numel() * 4 / median_ms(src.sum) / 1e6,
+        "copy_gbs": 2 * src.numel() * 4 / median_ms(lambda: dst.copy_(src)) / 1e6,
+    }
+    src = dst = None
+    torch.cuda.empty_cache()
+    return result
+
+
+def kernel_bytes(cfg: ModelConfig, itemsize: int, context: int) -> list[tuple[str, int]]:
+    """(kind, bytes it must read) for every kernel of one decode step, in launch order; `context` cached keys."""
+    D, hd, L = cfg.hidden_size, cfg.head_dim, cfg.num_lanes
+    qkv_rows = (cfg.num_heads + 2 * cfg.num_kv_heads) * hd
+    out = []
+    for i in range(cfg.num_layers):
+        keys = min(context + 1, cfg.window(i) or context + 1)
+        out += [
+            ("qkv", (qkv_rows * D + L * D + (qkv_rows if cfg.qkv_bias else 0)) * itemsize),
+            ("attention", 2 * cfg.num_kv_heads * hd * keys * itemsize),
+            ("o-proj", D * cfg.num_heads * hd * itemsize),
+            ("gate/up", (2 * cfg.intermediate_size * D + L * D) * itemsize),
+            ("down", D * cfg.intermediate_size * itemsize),
+        ]
+    if L > 1:
+        out.append(("final norm", L * D * itemsize))
+    out.append(("head", cfg.vocab_size * D * itemsize))
+    return out
+
+
+def step_bytes(model: Transformer, context: int) -> int:
+    """Bytes one decode step reads: every weight once (the embedding only one row unless it is the head), plus
+    the keys and values in each layer's window."""
+    cfg, item = model.cfg, model.tok_embeddings.element_size()
+    weights = sum(p.numel() for n, p in model.named_parameters() if n != "tok_embeddings") * item
+    embedding = (cfg.vocab_size if model.lm_head is None else 1) * cfg.hidden_size * item
+    kv = sum(b for kind, b in kernel_bytes(cfg, item, context) if kind == "attention")
+    return weights + embedding + kv
+
+
+# --- the fast path ---------------------------------------------------------------------------------------
+
+
+def time_fast(runner, prompt: list[int], new_tokens: int, runs: int) -> dict:
+    """Prefill, then new_tokens - 1 back-to-back graph replays; medians over `runs` after one warm-up."""
+    graph = runner.capture(greedy=True)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def one() -> tuple[float, float]:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        runner.prefill(prompt)
+        int(runner.token.item())
+        ttft = (time.perf_counter() - t0) * 1e3
+        start.record()
+        for _ in range(new_tokens - 1):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        return ttft, (new_tokens - 1) / (start.elapsed_time(end) / 1e3)
+
+    one()
+    results = [one() for _ in range(runs)]
+    return {"ttft_ms": statistics.median(r[0] for r in results), "tok_s": statistics.median(r[1] for r in results),
+            "tok_s_runs": [r[1] for r in results]}  # fmt: skip
+
+
+def time_contract(runner, prompt: list[int], new_tokens: int, runs: int) -> dict:
+    """The engine's view: generate_tokens with its pinned-memory hand-off, decode tok/s from token times."""
+    params = SamplingParams(max_new_tokens=new_tokens)
+
+    def one() -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        times = []
+        for _ in runner.generate_tokens(prompt, params):
+            times.append(time.perf_counter() - t0)
+        return decode_tok_s(times)
+
+    one()
+    return {"tok_s": statistics.median(one() for _ in range(runs))}
+
+
+@torch.no_grad()
+def check(model: Transformer, runner, steps: int, prompt_len: int = 32, seed: int = 1) -> dict:
+    """Teacher-forced: both paths take the reference's greedy tokens; logits compared at every step, against
+    the bf16 reference and an fp32 copy of it."""
+    cfg, device = model.cfg, model.tok_embeddings.device
+    model32 = Transformer(cfg, device=device, dtype=torch.float32)
+    model32.load_state_dict({k: v.float() for k, v in model.state_dict().items()}, strict=False)
+    model32.eval()
+    prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
+    prompt = prompt.to(device)
+    length = prompt_len + steps + 1
+    cache, cache32 = (
+        KVCache(cfg, length, 1, device, model.tok_embeddings.dtype),
+        KVCache(cfg, length, 1, device),
+    )
+    ref = model(prompt, 0, cache, last_only=True).view(-1)
+    ref32 = model32(prompt, 0, cache32, last_only=True).view(-1)
+    runner.prefill(prompt[0].tolist())
+
+    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        return ((a - b).norm() / b.norm()).item()
+
+    errs, errs32, ref_errs32, same, same32 = [], [], [], 0, 0
+    for pos in range(prompt_len, prompt_len + steps):
+        token = ref.argmax().view(1, 1)
+        runner.token.copy_(token.view(1))
+        runner.step()
+        ref = model(token, pos, cache).view(-1)
+        ref32 = model32(token, pos, cache32).view(-1)
+        fast = runner.logits
+        errs.append(rel(fast, ref))
+        errs32.append(rel(fast, ref32))
+        ref_errs32.append(rel(ref, ref32))
+        same += int(fast.argmax() == ref.argmax())
+        same32 += int(fast.argmax() == ref32.argmax())
+    del model32, cache32
+    torch.cuda.empty_cache()
+    return {
+        "steps": steps,
+        "max_rel_err": max(errs),
+        "mean_rel_err": statistics.mean(errs),
+        "argmax_agree": same / steps,
+        "fp32_max_rel_err": max(errs32),
+        "fp32_argmax_agree": same32 / steps,
+        "reference_vs_fp32_max_rel_err": max(ref_errs32),
+        "passed": max(errs) <= 2e-2 and same / steps >= 0.99,
+    }
+
+
+def breakdown(model: Transformer, runner, prompt: list[int], replays: int, read_gbs: float) -> dict:
+    """Per kind of kernel: time on the step's critical path (end to end of consecutive kernels, so PDL
+    overlap is not counted twice) and the bytes it must read."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cfg = model.cfg
+    graph = runner.capture(greedy=True)
+    runner.prefill(prompt)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels = sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "_kernel" in e.name),
+        key=lambda e: e.time_range.start,
+    )
+    expected = kernel_bytes(cfg, model.tok_embeddings.element_size(), len(prompt) + replays // 2)
+    per_step = len(expected)
+    if len(kernels) < per_step * replays:
+        return {"error": f"profiler saw {len(kernels)} kernels, expected {per_step * replays}"}
+    kinds: dict[str, dict] = {}
+    step_spans = []
+    for s in range(replays):
+        step = kernels[s * per_step : (s + 1) * per_step]
+        step_spans.append(step[-1].time_range.end - step[0].time_range.start)
+        prev_end = step[0].time_range.start
+        for e, (kind, nbytes) in zip(step, expected, strict=True):
+            k = kinds.setdefault(kind, {"count": 0, "busy_us": 0.0, "path_us": 0.0, "bytes": 0})
+            k["count"] += 1
+            k["busy_us"] += e.time_range.end - e.time_range.start
+            k["path_us"] += max(0.0, e.time_range.end - max(prev_end, e.time_range.start))
+            k["bytes"] += nbytes
+            prev_end = max(prev_end, e.time_range.end)
+    for k in kinds.values():
+        for field in ("busy_us", "path_us", "bytes"):
+            k[field] /= replays
+        k["count"] //= replays
+        k["gbs"] = k["bytes"] / k["path_us"] / 1e3 if k["path_us"] else 0.0
+        k["pct_of_read_bw"] = 100 * k["gbs"] / read_gbs
+        k["ideal_us"] = k["bytes"] / read_gbs / 1e3
+    return {"kinds": kinds, "kernels_per_step": per_step, "step_span_us": statistics.median(step_spans)}
+
+
+def sweep(model: Transformer, runner, read_gbs: float) -> dict:
+    """Block-size variants of each matrix-vector kernel, each timed as a CUDA graph of one launch per layer
+    (the real weights, so L2 serves nothing twice; PDL as in the step): us per launch and GB/s."""
+    from kernels import lane_reduce_gemv as lrg
+    from kernels import lm_head as lmh
+    from kernels import rmsnorm_gemv as rg
+
+    cfg, eps, device, item = model.cfg, model.cfg.norm_eps, runner.device, model.tok_embeddings.element_size()
+    layers, L = runner.layers, cfg.num_lanes
+    runner.x.normal_()
+    runner.attn.normal_()
+    runner.h.normal_()
+
+    def qkv(**blocks):
+        for w in layers:
+            rg.rmsnorm_gemv(runner.x, w.wqkv, runner.qkv, norm_weight=w.attention_norm, eps=eps, bias=w.bqkv,
+                            use_pdl=True, **blocks)  # fmt: skip
+
+    def gate_up(**blocks):
+        for w in layers:
+            rg.rmsnorm_gemv(runner.x, w.w1, runner.h, norm_weight=w.ffn_norm, eps=eps, weight_up=w.w3,
+                            use_pdl=True, **blocks)  # fmt: skip
+
+    def reduce(act, weight_of):
+        def launch(**blocks):
+            for w in layers:
+                lrg.lane_reduce_gemv(act, weight_of(w), runner.x, mode=w.mode,
+                                     history_in=runner.history[0, w.history_in] if w.history_in is not None else None,
+                                     use_pdl=True, **blocks)  # fmt: skip
+
+        return launch
+
+    head_x = runner.head_in if L > 1 else runner.x[0]
+
+    def head(**blocks):
+        for _ in range(4):
+            lmh.lm_head(head_x, runner.head_weight, runner.logits, runner.head_scratch, greedy=True,
+                        token=runner.token, pos=runner.pos, out_tokens=runner.out_tokens, use_pdl=True,
+                        block_n=blocks.get("block_n"), num_warps=blocks.get("num_warps", 4))  # fmt: skip
+
+    D, hd, F = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    qkv_rows = (cfg.num_heads + 2 * cfg.num_kv_heads) * hd // L
+    kinds = {
+        "qkv": (qkv, rg._pick_blocks(L, qkv_rows, D, False, device), qkv_rows * L * D, len(layers)),
+        "gate/up": (gate_up, rg._pick_blocks(L, F // L, D, True, device), 2 * F * D, len(layers)),
+        "o-proj": (
+            reduce(runner.attn, lambda w: w.wo),
+            lrg._pick_blocks(L, D, cfg.num_heads * hd // L, device),
+            D * cfg.num_heads * hd,
+            len(layers),
+        ),  # fmt: skip
+        "down": (
+            reduce(runner.h, lambda w: w.w2),
+            lrg._pick_blocks(L, D, F // L, device),
+            D * F,
+            len(layers),
+        ),
+        "head": (head, (None, None, 4), cfg.vocab_size * D, 4),
+    }
+    out = {}
+    for kind, (launch, (bn, bk, warps), elements, launches) in kinds.items():
+        variants = [{}]
+        if kind == "head":
+            variants += [
+                {"block_n": 4, "num_warps": 4},
+                {"block_n": 4, "num_warps": 8},
+                {"block_n": 8, "num_warps": 8},
+            ]
+        else:
+            for n, w in ((bn * 2, warps), (max(1, bn // 2), warps), (bn, 12 - warps), (bn * 2, 12 - warps)):
+                variants.append({"block_n": n, "block_k": bk, "num_warps": w})
+        rows = []
+        for blocks in variants:
+            try:
+                launch(**blocks)  # compiles
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    launch(**blocks)
+                us = median_ms(graph.replay, repeats=20) * 1e3 / launches
+                gbs = elements * item / us / 1e3
+                rows.append({"blocks": blocks or "auto", "us": us, "gbs": gbs, "pct": 100 * gbs / read_gbs})
+            except Exception as e:
+                rows.append({"blocks": blocks or "auto", "error": f"{type(e).__name__}: {e}".splitlines()[0]})
+        out[kind] = rows
+    return out
+
+
+# --- peers -----------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def peer_reference_compiled(model: Transformer, prompt: list[int], new_tokens: int, runs: int) -> dict:
+    """model.forward for one token under torch.compile(mode="reduce-overhead"), greedy on the device."""
+    cfg, device = model.cfg, model.tok_embeddings.device
+    cache = KVCache(cfg, len(prompt) + new_tokens + 1, 1, device, model.tok_embeddings.dtype)
+    step = torch.compile(model, mode="reduce-overhead")
+    ids = torch.tensor([prompt], device=device)
+
+    def one() -> float:
+        token = model(ids, 0, cache, last_only=True)[:, -1].argmax(-1, keepdim=True)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(new_tokens - 1):
+            token = step(token, len(prompt) + i, cache)[:, -1].argmax(-1, keepdim=True).clone()
+        torch.cuda.synchronize()
+        return (new_tokens - 1) / (time.perf_counter() - t0)
+
+    one()  # compiles, and records a graph per context length
+    one()
+    return {"tok_s": statistics.median(one() for _ in range(runs))}
+
+
+@torch.no_grad()
+def peer_hf_static_compiled(name: str, prompt: list[int], new_tokens: int, runs: int) -> dict:
+    """transformers' generate with a static cache and torch.compile(reduce-overhead), greedy."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    raw = preset_config(name)
+    hf_cfg = AutoConfig.for_model(**raw)
+    with torch.device("cuda"):
+        hf = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.bfloat16).eval()
+    hf.generation_config.cache_implementation = "static"
+    hf.forward = torch.compile(hf.forward, mode="reduce-overhead", fullgraph=True)
+    ids = torch.tensor([prompt], device="cuda")
+
+    def gen(n: int) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    gen(new_tokens)
+    gen(new_tokens)
+    full = statistics.median(gen(new_tokens) for _ in range(runs))
+    first = statistics.median(gen(1) for _ in range(runs))
+    return {"tok_s": (new_tokens - 1) / (full - first), "ttft_ms": first * 1e3}
+
+
+# --- the table -------------------------------------------------------------------------------------------
+
+
+def table(result: dict) -> str:
+    bw, ceiling = result["bandwidth"]["read_gbs"], result["ceiling_tok_s"]
+    lines = [
+        f"{result['model']} on {result['device']} · bf16 · prompt {result['prompt_len']} · "
+        f"{result['new_tokens']} new tokens · greedy, batch 1",
+        f"read bandwidth (measured now): {bw:,.0f} GB/s (copy {result['bandwidth']['copy_gbs']:,.0f} GB/s) · "
+        f"bytes/token {result['bytes_per_token'] / 1e9:.3f} GB · ceiling {ceiling:,.0f} tok/s "
+        f"({1e6 / ceiling:.0f} us/token)",
+        "",
+        "| path | decode tok/s | us/token | % of ceiling | TTFT ms |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for row in result["rows"]:
+        if "error" in row:
+            lines.append(f"| {row['path']} | failed: {row['error'][:80]} | | | |")
+            continue
+        ttft = f"{row['ttft_ms']:.1f}" if row.get("ttft_ms") is not None else ""
+        lines.append(f"| {row['path']} | {row['tok_s']:,.0f} | {1e6 / row['tok_s']:.0f} | "
+                     f"{100 * row['tok_s'] / ceiling:.1f}% | {ttft} |")  # fmt: skip
+    if "check" in result:
+        c = result["check"]
+        if "error" in c:
+            lines.append(f"\ncheck failed to run: {c['error']}")
+        else:
+            lines.append(
+                f"\ncheck ({c['steps']} teacher-forced steps vs the bf16 reference): max rel err "
+                f"{c['max_rel_err']:.2e}, mean {c['mean_rel_err']:.2e}, same argmax {100 * c['argmax_agree']:.1f}% "
+                f"-> {'PASS' if c['passed'] else 'FAIL'}; vs fp32: max rel err {c['fp32_max_rel_err']:.2e}, "
+                f"same argmax {100 * c['fp32_argmax_agree']:.1f}% (bf16 reference vs fp32: "
+                f"{c['reference_vs_fp32_max_rel_err']:.2e})"
+            )
+    if "breakdown" in result and "kinds" in result["breakdown"]:
+        b = result["breakdown"]
+        lines += [
+            f"\nper kernel (fast path, {b['kernels_per_step']} kernels/step, step span {b['step_span_us']:.0f} us):",
+            "| kernel | per step | us on path | us busy | MB read | GB/s | % of read bw | ideal us |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for kind, k in b["kinds"].items():
+            lines.append(
+                f"| {kind} | {k['count']} | {k['path_us']:.1f} | {k['busy_us']:.1f} | {k['bytes'] / 1e6:.1f} | "
+                f"{k['gbs']:,.0f} | {k['pct_of_read_bw']:.0f}% | {k['ideal_us']:.1f} |"
+            )
+    if "sweep" in result:
+        lines.append("\nblock-size sweep (us per launch, GB/s, % of read bandwidth):")
+        for kind, rows in result["sweep"].items():
+            if kind == "error":
+                lines.append(f"  failed: {rows}")
+                continue
+            cells = [f"{r['blocks']}: " + (f"{r['us']:.1f} us {r['gbs']:,.0f} GB/s {r['pct']:.0f}%" if "us" in r
+                                           else r["error"][:60]) for r in rows]  # fmt: skip
+            lines.append(f"  {kind}: " + " | ".join(cells))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m inference.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="a preset name or a checkpoint directory")
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument(
+        "--runs", type=int, default=5, help="timed runs (after one warm-up); the median is kept"
+    )
+    parser.add_argument("--peers", action="store_true")
+    parser.add_argument("--check", action="store_true", help="teacher-forced check against the reference")
+    parser.add_argument("--check-steps", type=int, default=512)
+    parser.add_argument("--breakdown", action="store_true", help="per-kernel time against bytes")
+    parser.add_argument("--no-pdl-row", action="store_true", help="skip the run without PDL")
+    parser.add_argument(
+        "--sweep", action="store_true", help="block-size variants of the matrix-vector kernels"
+    )
+    parser.add_argument("--json", type=Path, help="also write every number to this file")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    if args.new_tokens < 2 or args.prompt_len < 1:
+        raise SystemExit("--new-tokens must be >= 2 and --prompt-len >= 1")
+    from inference.fast import FastRunner
+
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    result: dict = {"model": args.model, "device": torch.cuda.get_device_name(device),
+                    "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "rows": []}  # fmt: skip
+    result["bandwidth"] = measure_bandwidth(device)
+    model = build_model(args.model, device, torch.bfloat16)
+    cfg = model.cfg
+    max_context = min(cfg.max_position_embeddings, max(args.prompt_len + args.new_tokens + 1,
+                                                       32 + args.check_steps + 2))  # fmt: skip
+    if args.prompt_len + args.new_tokens > max_context:
+        raise SystemExit(f"--prompt-len + --new-tokens must fit the model's {max_context} positions")
+    result["bytes_per_token"] = step_bytes(model, args.prompt_len + args.new_tokens // 2)
+    result["ceiling_tok_s"] = result["bandwidth"]["read_gbs"] * 1e9 / result["bytes_per_token"]
+    prompt = torch.randint(
+        0, cfg.vocab_size, (args.prompt_len,), generator=torch.Generator().manual_seed(0)
+    ).tolist()
+
+    def row(path: str, fn) -> dict | None:
+        print(f"bench: {path} ...", file=sys.stderr, flush=True)
+        try:
+            out = {"path": path, **fn()}
+        except Exception as e:  # one failing row must not lose the others
+            out = {"path": path, "error": f"{type(e).__name__}: {e}".splitlines()[0]}
+        result["rows"].append(out)
+        return out
+
+    runner = None
+    try:
+        runner = FastRunner(model, max_context, use_pdl=True)
+    except Exception as e:
+        result["rows"].append({"path": "fast, CUDA graph + PDL", "error": f"{type(e).__name__}: {e}"})
+    if runner is not None:
+        row("fast, CUDA graph + PDL", lambda: time_fast(runner, prompt, args.new_tokens, args.runs))
+        row(
+            "fast, runner contract (engine path)",
+            lambda: time_contract(runner, prompt, args.new_tokens, args.runs),
+        )
+    if not args.no_pdl_row:
+        plain = FastRunner(model, max_context, use_pdl=False)
+        row("fast, CUDA graph, no PDL", lambda: time_fast(plain, prompt, args.new_tokens, args.runs))
+        runner = runner or plain
+    if args.breakdown and runner is not None:
+        try:
+            result["breakdown"] = breakdown(model, runner, prompt, 20, result["bandwidth"]["read_gbs"])
+        except Exception as e:
+            result["breakdown"] = {"error": f"{type(e).__name__}: {e}"}
+    if args.sweep and runner is not None:
+        try:
+            result["sweep"] = sweep(model, runner, result["bandwidth"]["read_gbs"])
+        except Exception as e:
+            result["sweep"] = {"error": f"{type(e).__name__}: {e}"}
+    if args.check and runner is not None:
+        try:
+            result["check"] = check(model, runner, args.check_steps)
+        except Exception as e:
+            result["check"] = {"error": f"{type(e).__name__}: {e}"}
+    if args.peers:
+        row("reference + torch.compile (reduce-overhead)",
+            lambda: peer_reference_compiled(model, prompt, args.new_tokens, args.runs))  # fmt: skip
+        if cfg.model_type in ("llama", "qwen2", "qwen3") and not Path(args.model).is_dir():
+            row("HF transformers, static cache + compile",
+                lambda: peer_hf_static_compiled(args.model, prompt, args.new_tokens, args.runs))  # fmt: skip
+
+    print(table(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

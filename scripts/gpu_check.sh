@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Everything the fast path must show, in one command on a GPU machine:
+#   the benchmark with the teacher-forced check and the per-kernel breakdown for llama-3.2-1b, qwen3-1.7b and
+#   laneformer-2b at 512 tokens of prompt, decode at ~4096 tokens of context and prefill at 4094, the kernel
+#   and runner tests compiled in bf16, and a short table last.
+#   Results go to $OUT (default ./gpu_out): bench.log, tests.log, results.json, summary.txt.
+#
+#   scripts/gpu_check.sh                 # everything (about 10 minutes; BUDGET_S caps it, stages that would
+#                                        # start past it are skipped and say so)
+#   PEERS=1 scripts/gpu_check.sh         # also the torch.compile and HF transformers peers (minutes more)
+#   MODELS="llama-3.2-1b" TESTS=0 LONG_MODELS="" scripts/gpu_check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
+PY=${PYTHON:-python3}
+MODELS=${MODELS:-"llama-3.2-1b laneformer-2b qwen3-1.7b"}
+LONG_MODELS=${LONG_MODELS-"laneformer-2b llama-3.2-1b qwen3-1.7b"}
+TESTS=${TESTS:-1}
+PEERS=${PEERS:-0}
+BUDGET_S=${BUDGET_S:-560}
+
+# run LIMIT_S CMD...: runs CMD under a timeout that ends by the budget; skipped when under 30 s remain.
+run() {
+  local limit=$1; shift
+  local left=$((BUDGET_S - SECONDS))
+  if [ "$left" -lt 30 ]; then echo "SKIPPED (budget): $*" | tee -a "$OUT/bench.log"; return; fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  timeout "$limit" "$@" 2>&1 | tee -a "$OUT/bench.log"
+}
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/bench.log"
+$PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/bench.log"
+
+peers=""
+[ "$PEERS" = 1 ] && peers="--peers"
+for model in $MODELS; do
+  run 240 $PY -m inference.bench --model "$model" --check --breakdown $peers --json "$OUT/$model.512.json"
+done
+for model in $LONG_MODELS; do
+  # decode with ~4096 tokens of context (the prompt ends 256 tokens short of it), and prefill at 4094
+  run 90 $PY -m inference.bench --model "$model" --prompt-len 3840 --new-tokens 256 --no-pdl-row \
+    --json "$OUT/$model.4096.json"
+  run 60 $PY -m inference.bench --model "$model" --prompt-len 4094 --new-tokens 2 --no-pdl-row --runs 5 \
+    --json "$OUT/$model.ttft4094.json"
+done
+if [ "$TESTS" = 1 ]; then
+  left=$((BUDGET_S - SECONDS))
+  if [ "$left" -gt 60 ]; then
+    timeout "$left" $PY -m pytest -q -p no:cacheprovider --noconftest -n 8 \
+      tests/test_kernels_*.py tests/test_fast_runner.py > "$OUT/tests.log" 2>&1
+    tail -4 "$OUT/tests.log"
+  else
+    echo "SKIPPED (budget): tests" | tee "$OUT/tests.log"
+  fi
+fi
+
+$PY - "$OUT" <<'PYEOF' | tee "$OUT/summary.txt"
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+merged = {}
+lines = ["| model | prompt+new | ceiling tok/s | fast + PDL tok/s | % of ceiling | no PDL | engine path | TTFT ms | check |",
+         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+for f in sorted(out.glob("*.json")):
+    if f.name == "results.json":
+        continue
+    r = json.loads(f.read_text())
+    merged[f.stem] = r
+    rows = {row["path"]: row for row in r["rows"]}
+
+    def tok(path):
+        row = rows.get(path, {})
+        return f"{row['tok_s']:,.0f}" if "tok_s" in row else row.get("error", "-")[:40]
+
+    best = rows.get("fast, CUDA graph + PDL", {})
+    pct = f"{100 * best['tok_s'] / r['ceiling_tok_s']:.1f}%" if "tok_s" in best else "-"
+    c = r.get("check", {})
+    verdict = (f"{'PASS' if c['passed'] else 'FAIL'} max {c['max_rel_err']:.1e}, argmax {100 * c['argmax_agree']:.1f}%"
+               if "passed" in c else c.get("error", "")[:40])
+    ttft = f"{best['ttft_ms']:.1f}" if "ttft_ms" in best else "-"
+    lines.append(f"| {r['model']} | {r['prompt_len']}+{r['new_tokens']} | {r['ceiling_tok_s']:,.0f} | "
+                 f"{tok('fast, CUDA graph + PDL')} | {pct} | {tok('fast, CUDA graph, no PDL')} | "
+                 f"{tok('fast, runner contract (engine path)')} | {ttft} | {verdict} |")
+    for row in r["rows"]:
+        if row["path"] not in ("fast, CUDA graph + PDL", "fast, CUDA graph, no PDL", "fast, runner contract (engine path)"):
+            lines.append(f"|   {row['path']} | | | {tok(row['path'])} | | | | | |")
+(out / "results.json").write_text(json.dumps(merged, indent=1))
+for f in out.glob("*.json"):
+    if f.name != "results.json":
+        f.unlink()
+print("\n".join(lines))
+PYEOF

@@ -1,0 +1,127 @@
+"""The public demo's defences as a browser meets them: Debian's chromium, driven by playwright.
+
+The page runs under its Content-Security-Policy without a single violation; a page of another
+origin cannot open the generation websocket; a client over its rate limit reads why on the page.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import WebServer, WorkerProcess
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+]
+MODEL = "standin:1000"
+EVIL = "http://evil.example"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian's chromium is missing: apt-get install -y chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def worker(redis_server, tmp_path_factory):
+    worker = WorkerProcess(redis_server, [MODEL], tmp_path_factory.mktemp("worker") / "worker.log")
+    worker.wait_ready()
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture(scope="module")
+def server(redis_server, worker, tmp_path_factory):
+    web = WebServer(redis_server, tmp_path_factory.mktemp("web"))
+    yield web
+    web.stop()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context()
+    page = context.new_page()
+    page.console_lines = []
+    page.errors = []
+    page.on("console", lambda message: page.console_lines.append(f"{message.type}: {message.text}"))
+    page.on("pageerror", lambda error: page.errors.append(str(error)))
+    # every violation, reported or enforced, lands here before any of the page's own scripts run
+    page.add_init_script(
+        """window.cspViolations = [];
+        document.addEventListener("securitypolicyviolation",
+            (e) => window.cspViolations.push(`${e.violatedDirective} ${e.blockedURI}`));"""
+    )
+    yield page
+    context.close()
+
+
+def run_generation(page, prompt: str) -> None:
+    page.fill("#prompt", prompt)
+    page.fill("#max-tokens", str(len(prompt)))
+    page.click("#generate")
+
+
+def test_the_page_runs_under_its_policy_without_a_violation(server, page):
+    response = page.goto(server.url)
+    policy = response.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "unsafe-inline" not in policy
+    page.wait_for_selector("#worker-status[data-up=true]", timeout=15_000)
+    run_generation(page, "def csp():\n    pass\n")
+    page.wait_for_selector("#state[data-state=done]", timeout=15_000)  # websocket, highlighting, stats
+    assert page.text_content("#output") == "def csp():\n    pass\n"
+    page.goto(server.url + page.get_attribute("#share", "href"))  # the share page too
+    page.goto(server.url + "/admin/login/")  # and the admin's login
+    assert page.evaluate("window.cspViolations") == []
+    assert not [line for line in page.console_lines if "Content Security Policy" in line]
+    assert page.errors == []
+
+
+def test_a_page_of_another_origin_cannot_open_the_websocket(server, page):
+    ws_url = server.url.replace("http://", "ws://") + "/ws/generate/"
+    opener = """(url) => new Promise((resolve) => {
+        const ws = new WebSocket(url);
+        ws.onopen = () => { resolve("open"); ws.close(); };
+        ws.onclose = (e) => resolve(`closed ${e.code}`);
+    })"""
+    # The same browser, on a page of the site's own origin: the socket opens.
+    page.goto(server.url + "/healthz")
+    assert page.evaluate(opener, ws_url) == "open"
+    # On a page served from another origin, the handshake is refused.
+    page.route(f"{EVIL}/**", lambda route: route.fulfill(content_type="text/html", body="<p>evil</p>"))
+    page.goto(f"{EVIL}/")
+    assert page.evaluate(opener, ws_url) == "closed 1006"
+
+
+def test_a_client_over_its_rate_limit_reads_why_on_the_page(browser, redis_server, worker, tmp_path):
+    web = WebServer(redis_server, tmp_path, env={"PLAYGROUND_IP_REQUESTS_PER_MIN": "1"})
+    page = browser.new_page()
+    try:
+        page.goto(web.url)
+        page.wait_for_selector("#worker-status[data-up=true]", timeout=15_000)
+        run_generation(page, "first\n")
+        page.wait_for_selector("#state[data-state=done]", timeout=15_000)
+        run_generation(page, "second\n")
+        page.wait_for_selector("#state[data-state=error]", timeout=15_000)
+        state = page.text_content("#state")
+        assert "Rate limit reached: 1 requests per minute per IP address" in state
+        assert "try again in" in state
+        assert page.is_enabled("#generate")  # nothing is stuck "generating"
+    finally:
+        page.close()
+        web.stop()

@@ -46,7 +46,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 DEFAULT_MAX_CONTEXT = int(
     os.environ.get("KOG_MAX_CONTEXT", "4096")
 )  # caps the KV cache of long-context models
-# Below this many weight bytes a CPU decode step is too short to pay for waking a second thread.
+# CPU threads for a decode step: one below this many weight bytes. Measured on the 2-core dev box: a
+# second thread makes a 10M-parameter model 1.4x faster on an idle machine but 20x slower when other
+# processes (web server, browser, tests) compete for the cores; KOG_CPU_THREADS overrides.
 SMALL_MODEL_BYTES = 200 * 1024**2
 
 

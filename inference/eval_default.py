@@ -17,6 +17,7 @@ import argparse
 import ast
 import hashlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -104,7 +105,8 @@ def held_out_bits_per_byte(engine: Engine, corpus: str = "") -> float:
     for text in texts:
         ids += engine.tokenizer.encode(text, add_special=False) + [eos]
     threads = torch.get_num_threads()
-    torch.set_num_threads(torch.get_num_interop_threads() or threads)  # a batched forward uses every core
+    # The engine decodes on one thread; a batched forward wants every core.
+    torch.set_num_threads(os.cpu_count() or threads)
     try:
         return bits_per_byte(
             engine.model,

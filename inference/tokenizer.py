@@ -52,10 +52,13 @@ class Tokenizer:
 
         def special(key: str) -> list[int]:
             # generation_config.json wins over config.json, which wins over tokenizer_config.json
-            for source in (generation, model_config):
+            for name, source in (("generation_config.json", generation), ("config.json", model_config)):
                 value = source.get(f"{key}_token_id")
                 if value is not None:
-                    return [value] if isinstance(value, int) else list(value)
+                    ids = value if isinstance(value, list) else [value]
+                    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+                        raise CheckpointError(f"{path / name}: {key}_token_id must be an id or a list of ids")
+                    return ids
             token_id = tok.token_to_id(_token_text(config.get(f"{key}_token")) or "")
             return [] if token_id is None else [token_id]
 
@@ -111,25 +114,24 @@ class StreamDecoder:
 
     def __init__(self, tokenizer: Tokenizer, context_ids: Sequence[int] = ()):
         self._decode = tokenizer.decode
-        self._ids: list[int] = list(context_ids)[-self.WINDOW :]
-        self._start = 0  # window start in self._ids
-        self._emitted = len(self._decode(self._ids))  # chars of decode(ids[start:]) already emitted
+        self._ids: list[int] = list(context_ids)[-self.WINDOW :]  # the window and the tokens since
+        self._emitted = len(self._decode(self._ids))  # chars of decode(self._ids) already emitted
 
     def push(self, token_id: int) -> str:
         self._ids.append(token_id)
-        text = self._decode(self._ids[self._start :])
+        text = self._decode(self._ids)
         ready = len(text.rstrip("\ufffd"))
         delta = text[self._emitted : ready] if ready > self._emitted else ""
         self._emitted = max(self._emitted, ready)
-        if ready == len(text) and len(self._ids) - self._start > 2 * self.WINDOW:
+        if ready == len(text) and len(self._ids) > 2 * self.WINDOW:
             # All emitted and complete: slide the window so each push decodes a bounded number of tokens.
-            self._start = len(self._ids) - self.WINDOW
-            self._emitted = len(self._decode(self._ids[self._start :]))
+            self._ids = self._ids[-self.WINDOW :]
+            self._emitted = len(self._decode(self._ids))
         return delta
 
     def flush(self) -> str:
         """The text held back (an unfinished character, shown as U+FFFD as `decode` would)."""
-        text = self._decode(self._ids[self._start :])
+        text = self._decode(self._ids)
         delta = text[self._emitted :]
         self._emitted = len(text)
         return delta

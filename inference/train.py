@@ -4,8 +4,9 @@
     python -m inference.train --out /tmp/m --device cpu --steps 20     # slowly, anywhere
 
 The corpus is the running interpreter's own standard library (.py files, site-packages excluded;
---corpus names another one), split by a hash of each file's relative path, so the split is the same on every machine: 5% held
-out for the final figures (eval_default.py), 2% for the validation curve, the rest for training.
+--corpus names another), split by a hash of each file's relative path, so the split is the same on
+every machine: 5% held out for the final figures (eval_default.py), 2% for the validation curve,
+the rest for training.
 A byte-level BPE tokenizer is trained on the training files, then the model (2 lanes, broadcast
 delay 1, windowed first layers) with AdamW and a cosine schedule; bf16 autocast and torch.compile
 on CUDA, fp32 on CPU. Same command, seed and device: same loss curve.
@@ -48,7 +49,7 @@ class TrainConfig:
     out: Path
     device: str = "cuda" if torch.cuda.is_available() else "cpu"
     seed: int = 0
-    steps: int = 1500
+    steps: int = 1200
     batch_size: int = 64
     seq_len: int = 1024
     lr: float = 3e-3
@@ -68,7 +69,7 @@ class TrainConfig:
     window_layers: int = 2  # the first layers attend to the last `sliding_window` positions only
     eval_every: int = 100
     eval_windows: int = 64  # validation windows of seq_len tokens per evaluation
-    max_files: int = 0  # 0: the whole standard library; else the first N training files (tests)
+    max_files: int = 0  # 0: the whole standard library; else the first N files of each split (quick runs)
     compile: bool = True  # CUDA only
     deterministic: bool = True  # CUDA: refuse nondeterministic kernels (off: warn and run them)
     corpus: str = ""  # a standard library directory; empty: the running interpreter's
@@ -164,7 +165,11 @@ def share_norm_grads(model: Transformer) -> None:
         g.copy_(g.sum(0, keepdim=True).expand_as(g))
 
 
-def checkpoint_tensors(model: Transformer, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+BLOCK_OF = {"wq": "attention", "wk": "attention", "wv": "attention", "wo": "attention"}
+BLOCK_OF |= {"w1": "feed_forward", "w2": "feed_forward", "w3": "feed_forward"}
+
+
+def checkpoint_tensors(model: Transformer) -> dict[str, torch.Tensor]:
     """The model's weights under the published Laneformer names, in bf16 (norms: one shared [D] row)."""
     out = {}
     for name, p in model.state_dict().items():
@@ -178,13 +183,11 @@ def checkpoint_tensors(model: Transformer, cfg: ModelConfig) -> dict[str, torch.
         elif name == "lm_head":
             out["lm_head.weight"] = t
         else:
-            _, i, leaf = name.split(".")
-            block = {"wq": "attention.", "wk": "attention.", "wv": "attention.", "wo": "attention."}
-            block |= {"w1": "feed_forward.", "w2": "feed_forward.", "w3": "feed_forward."}
+            _, i, leaf = name.split(".")  # layers.{i}.{leaf}
             if leaf.endswith("norm"):
                 out[f"model.layers.{i}.{leaf}.weight"] = t[0]
             else:
-                out[f"model.layers.{i}.{block[leaf]}{leaf}.weight"] = t
+                out[f"model.layers.{i}.{BLOCK_OF[leaf]}.{leaf}.weight"] = t
     return {k: v.contiguous() for k, v in out.items()}
 
 
@@ -240,11 +243,10 @@ def train(c: TrainConfig, command: str = "") -> dict:
     if not files:
         raise SystemExit(f"--corpus: no .py files under {root}")
     split = {f: split_of(f) for f in files}
-    train_files = [f for f in files if split[f] == "train"]
-    if c.max_files:
-        train_files = train_files[: c.max_files]
-    val_files = [f for f in files if split[f] == "validation"]
-    test_files = [f for f in files if split[f] == "test"]
+    limit = c.max_files or None
+    train_files = [f for f in files if split[f] == "train"][:limit]
+    val_files = [f for f in files if split[f] == "validation"][:limit]
+    test_files = [f for f in files if split[f] == "test"][:limit]
     train_texts = [read_source(root, f) for f in train_files]
     val_texts = [read_source(root, f) for f in val_files]
     fingerprint = corpus_fingerprint(root, files)
@@ -267,8 +269,9 @@ def train(c: TrainConfig, command: str = "") -> dict:
         f"model: {n_params / 1e6:.2f} M parameters, {c.num_layers} layers x {c.num_lanes} lanes, D {c.hidden_size}"
     )
 
-    decay = [p for n, p in model.named_parameters() if not n.rsplit(".", 1)[-1].endswith("norm")]
-    no_decay = [p for n, p in model.named_parameters() if n.rsplit(".", 1)[-1].endswith("norm")]
+    norms = set(norm_names(model))
+    decay = [p for n, p in model.named_parameters() if n not in norms]
+    no_decay = [p for n, p in model.named_parameters() if n in norms]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": c.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=c.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda",
@@ -341,7 +344,7 @@ def train(c: TrainConfig, command: str = "") -> dict:
 
     out = Path(c.out)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(checkpoint_tensors(model, cfg), out / "model.safetensors", metadata={"format": "pt"})
+    save_file(checkpoint_tensors(model), out / "model.safetensors", metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
     generation = {"bos_token_id": None, "eos_token_id": [eos_id], "do_sample": False, "max_new_tokens": 256}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")

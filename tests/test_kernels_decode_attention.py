@@ -89,7 +89,8 @@ def run_case(
         (1, 4, 1, 16, 0),  # the first token: only itself
         (1, 8, 2, 32, 37),  # GQA group 4, a position not a multiple of anything
         (2, 4, 2, 24, 19),  # two lanes, head dim not a power of two (Laneformer's is 96)
-        (2, 6, 2, 16, 50),  # group 3 (padded), more keys than splits * block
+        (2, 6, 2, 16, 50),  # group 3 (padded)
+        (1, 2, 1, 16, 70),  # several blocks per split
     ],
 )
 def test_decode_attention_matches_reference(dtype, lanes, num_heads, num_kv, hd, pos):
@@ -110,7 +111,7 @@ def test_sliding_window_reads_only_the_window(dtype, pos, window):
 
 def test_one_split_and_many_splits_agree():
     for splits in (1, 16):
-        run_case(torch.float32, 1, 2, 1, 16, 29, max_len=32, splits=splits, block_t=4)
+        run_case(torch.float32, 1, 2, 1, 16, 29, max_len=32, splits=splits, block_t=16)
 
 
 def test_counters_survive_repeated_calls():

@@ -225,3 +225,10 @@ def test_pycomment_template(tmp_path):
     loaded = Tokenizer.from_dir(tmp_path)
     text = loaded.apply_chat_template([{"role": "user", "content": "Reverse a string.\n\nKeep it short."}])
     assert text == "# Reverse a string.\n#\n# Keep it short.\n"
+
+
+def test_bad_special_ids_in_config(tmp_path):
+    write_synthetic_tokenizer(tmp_path, "chatml", 1000)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": "</s>"}))
+    with pytest.raises(CheckpointError, match="generation_config.json: eos_token_id"):
+        Tokenizer.from_dir(tmp_path)

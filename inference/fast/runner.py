@@ -183,7 +183,6 @@ class FastRunner:
                 k_norm=w.k_norm,
                 eps=eps,
                 use_pdl=pdl,
-                num_warps=8,
             )
             self._add_partials(i, w, 0, self.attn, w.wo, first)
             rmsnorm_gemv(self.x, w.w1, self.h, norm_weight=w.ffn_norm, eps=eps, weight_up=w.w3, use_pdl=pdl)
@@ -228,8 +227,9 @@ class FastRunner:
         probs = sorted_logits.softmax(-1)
         above = probs.cumsum(-1) - probs  # mass strictly above each token
         probs = probs.masked_fill((above >= top_p) & (self.ranks > 0), 0.0)
-        choice = (probs / torch.empty_like(probs).exponential_()).argmax()
-        token = torch.where(temperature > 0, order[choice], greedy).to(torch.int32).view(1)
+        choice = (probs / torch.empty_like(probs).exponential_()).argmax().view(1)
+        # index_select, not order[choice]: indexing with a 0-d tensor reads it on the host (no capture)
+        token = torch.where(temperature > 0, order.index_select(0, choice), greedy.view(1)).to(torch.int32)
         self.token.copy_(token)
         self.out_tokens.index_copy_(0, self.pos.long() + 1, token)
         self.seen.index_fill_(0, token.long(), True)

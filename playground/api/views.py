@@ -192,7 +192,7 @@ class JobRun:
     async def cancel_unless_finished(self) -> None:
         if not self.finished:
             self.finished = True
-            log.warning("DEBUG cancelling %s", self.spec.id)
+            log.warning("DEBUG cancelling %s", self.spec.id, stack_info=True)
             await self.jobs.cancel(self.spec.id)
             log.info("api job %s cancelled: the client went away", self.spec.id)
 

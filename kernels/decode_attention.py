@@ -178,7 +178,9 @@ def _decode_attention_kernel(
         os = tl.load(part_o_ptr + o_offs, cache_modifier=".cg")
         o = tl.sum(os * w[:, :, None], axis=0) / tl.sum(w * ls, axis=0)[:, None]
         out_offs = lane * stride_out_lane + (kv_in_lane * G + group_rows[:, None]) * HD + d[None, :]
-        tl.store(out_ptr + out_offs, o.to(out_ptr.dtype.element_ty), mask=(group_rows < G)[:, None] & d_ok[None, :])
+        tl.store(
+            out_ptr + out_offs, o.to(out_ptr.dtype.element_ty), mask=(group_rows < G)[:, None] & d_ok[None, :]
+        )
         tl.atomic_xchg(counter_ptr + kv, 0)
 
 

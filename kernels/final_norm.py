@@ -5,7 +5,8 @@
 
 Every lane's rstd needs its whole row, so each program first sums squares over all of x (L * D fp32, from L2),
 then writes its own block of y. Tiny (one D-vector out); it exists because the head's programs would otherwise
-all repeat the first pass.
+all repeat the first pass. Sixteen warps keep every tile of the first pass in flight at once (one memory
+round trip, not one per tile).
 """
 
 import torch
@@ -102,7 +103,7 @@ def final_norm(
         BLOCK_D=block_d,
         NORM_OF_SUM=norm_of_sum,
         USE_PDL=use_pdl,
-        num_warps=4,
+        num_warps=16,
         **pdl_kwargs(use_pdl),
     )
     return out

@@ -3,13 +3,15 @@
     logits[v] = sum_k W[v, k] * x[k] * g[k] * rstd,   token = argmax_{v < vocab_limit} logits[v]  (first on ties)
     then, once: token_out <- token, out_tokens[pos + 1] <- token, pos <- pos + 1
 
-The head is the largest matrix of a small model (V x D), so it gets a persistent grid: a fixed number of
-programs (a few per multiprocessor) walk the row blocks with a stride, keeping a running (max, index). Each
-program publishes its best pair; the last one to finish (an atomic counter) reduces those few hundred pairs,
-writes the token where the next step's first kernels read it and advances the position: no host round trip.
-Without GREEDY only the logits are written (sampling happens after, on the device).
+The head is the largest matrix of a small model (V x D); it streams like the other matrix-vector kernels:
+every program owns a block of rows over all of K (the K loop unrolled, so its weights are in flight together),
+and there are many programs per multiprocessor. The argmax is reduced in two levels with no second launch:
+each program publishes its best (value, index); the last program of each group of GROUP programs to finish
+(an atomic counter) reduces its group; the last group to finish reduces the group bests, writes the token
+where the next step's first kernels read it and advances the position. Without GREEDY only the logits are
+written (sampling happens after, on the device).
 
-Bytes: the head once (V * K elements), the logits once (V fp32), x once per row block (L1 hits).
+Bytes: the head once (V * K elements), the logits once (V fp32), x once per program (L1/L2 hits).
 """
 
 import torch
@@ -17,42 +19,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels import interpreted, pdl_kwargs, sm_count
+from kernels import interpreted, pdl_kwargs
 
-
-@triton.jit
-def _row_block_logits(
-    w_rows,
-    row_ok,
-    w_first,
-    x_ptr,
-    norm_ptr,
-    eps,
-    cols,
-    USE_FIRST: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    K: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    HAS_NORM: tl.constexpr,
-):
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
-    for i in tl.static_range(0, (K + BLOCK_K - 1) // BLOCK_K):
-        k_ok = i * BLOCK_K + cols < K
-        if USE_FIRST and i == 0:
-            w = w_first
-        else:
-            w = tl.load(w_rows + i * BLOCK_K + cols[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0,
-                        eviction_policy="evict_first")  # fmt: skip
-        xk = tl.load(x_ptr + i * BLOCK_K + cols, mask=k_ok, other=0.0).to(tl.float32)
-        if HAS_NORM:
-            sumsq += xk * xk
-            xk = xk * tl.load(norm_ptr + i * BLOCK_K + cols, mask=k_ok, other=0.0).to(tl.float32)
-        acc += w.to(tl.float32) * xk[None, :]
-    logits = tl.sum(acc, axis=1)
-    if HAS_NORM:
-        logits = logits / tl.sqrt(tl.sum(sumsq, axis=0) / K + eps)
-    return logits
+MAX_GROUPS = 512
 
 
 @triton.jit
@@ -61,8 +30,8 @@ def _lm_head_kernel(
     norm_ptr,
     w_ptr,
     logits_ptr,
-    part_val_ptr,
-    part_idx_ptr,
+    best_val_ptr,
+    best_idx_ptr,
     counter_ptr,
     token_ptr,
     pos_ptr,
@@ -73,76 +42,99 @@ def _lm_head_kernel(
     K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GROUP: tl.constexpr,
+    MAX_GROUPS: tl.constexpr,
     HAS_NORM: tl.constexpr,
     GREEDY: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    step = tl.num_programs(0) * BLOCK_N
-    cols = tl.arange(0, BLOCK_K)
-    row0 = pid * BLOCK_N
-    rows = row0 + tl.arange(0, BLOCK_N)
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < V
-    w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
-    # The first tile of the first row block is in flight before we wait for x.
-    w_first = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & (cols < K)[None, :], other=0.0,
+    cols = tl.arange(0, BLOCK_K)
+    w_offs = rows.to(tl.int64)[:, None] * K + cols[None, :]
+    # The first weight tile is in flight before we wait for x (weights are read once: evict them first).
+    w_first = tl.load(w_ptr + w_offs, mask=row_ok[:, None] & (cols < K)[None, :], other=0.0,
                       eviction_policy="evict_first")  # fmt: skip
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
 
-    logits = _row_block_logits(
-        w_rows, row_ok, w_first, x_ptr, norm_ptr, eps, cols, True, BLOCK_N, K, BLOCK_K, HAS_NORM
-    )
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for i in tl.static_range(0, (K + BLOCK_K - 1) // BLOCK_K):
+        k_ok = i * BLOCK_K + cols < K
+        if i == 0:
+            w = w_first
+        else:
+            w = tl.load(w_ptr + w_offs + i * BLOCK_K, mask=row_ok[:, None] & k_ok[None, :], other=0.0,
+                        eviction_policy="evict_first")  # fmt: skip
+        xk = tl.load(x_ptr + i * BLOCK_K + cols, mask=k_ok, other=0.0).to(tl.float32)
+        if HAS_NORM:
+            sumsq += xk * xk
+            xk = xk * tl.load(norm_ptr + i * BLOCK_K + cols, mask=k_ok, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * xk[None, :]
+    logits = tl.sum(acc, axis=1)
+    if HAS_NORM:
+        logits = logits / tl.sqrt(tl.sum(sumsq, axis=0) / K + eps)
     tl.store(logits_ptr + rows, logits, mask=row_ok)
-    logits = tl.where(rows < vocab_limit, logits, float("-inf"))
-    best_val = tl.max(logits, axis=0)
-    best_idx = row0 + tl.argmax(logits, axis=0)
-    row0 += step
-    while row0 < V:
-        rows = row0 + tl.arange(0, BLOCK_N)
-        row_ok = rows < V
-        w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
-        logits = _row_block_logits(
-            w_rows, row_ok, w_first, x_ptr, norm_ptr, eps, cols, False, BLOCK_N, K, BLOCK_K, HAS_NORM
-        )
-        tl.store(logits_ptr + rows, logits, mask=row_ok)
-        logits = tl.where(rows < vocab_limit, logits, float("-inf"))
-        block_max = tl.max(logits, axis=0)
-        better = block_max > best_val  # strict: earlier rows win ties
-        best_idx = tl.where(better, row0 + tl.argmax(logits, axis=0), best_idx)
-        best_val = tl.where(better, block_max, best_val)
-        row0 += step
 
     if GREEDY:
-        tl.store(part_val_ptr + pid, best_val)
-        tl.store(part_idx_ptr + pid, best_idx)
+        candidates = tl.where(rows < vocab_limit, logits, float("-inf"))
+        tl.store(best_val_ptr + pid, tl.max(candidates, axis=0))
+        tl.store(best_idx_ptr + pid, pid * BLOCK_N + tl.argmax(candidates, axis=0))
+        # Every thread's stores are issued before one thread publishes them.
         tl.debug_barrier()
-        done = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
-        if done == tl.num_programs(0) - 1:
-            vals = tl.load(part_val_ptr + tl.arange(0, 1024), mask=tl.arange(0, 1024) < tl.num_programs(0),
-                           other=float("-inf"), cache_modifier=".cg")  # fmt: skip
-            idxs = tl.load(part_idx_ptr + tl.arange(0, 1024), mask=tl.arange(0, 1024) < tl.num_programs(0),
-                           other=2147483647, cache_modifier=".cg")  # fmt: skip
+        programs = tl.num_programs(0)
+        group = pid // GROUP
+        group_size = tl.minimum(programs - group * GROUP, GROUP)
+        if tl.atomic_add(counter_ptr + 1 + group, 1, sem="acq_rel", scope="gpu") == group_size - 1:
+            members = group * GROUP + tl.arange(0, GROUP)
+            ok = members < programs
+            vals = tl.load(best_val_ptr + members, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            idxs = tl.load(best_idx_ptr + members, mask=ok, other=2147483647, cache_modifier=".cg")
             top = tl.max(vals, axis=0)
-            token = tl.min(tl.where(vals == top, idxs, 2147483647), axis=0)
-            pos = tl.load(pos_ptr)
-            tl.store(token_ptr, token.to(token_ptr.dtype.element_ty))
-            tl.store(out_tokens_ptr + pos + 1, token.to(out_tokens_ptr.dtype.element_ty))
-            tl.store(pos_ptr, pos + 1)
-            tl.atomic_xchg(counter_ptr, 0)
+            # group bests live after the per-program ones
+            tl.store(best_val_ptr + programs + group, top)
+            tl.store(best_idx_ptr + programs + group, tl.min(tl.where(vals == top, idxs, 2147483647), axis=0))
+            tl.atomic_xchg(counter_ptr + 1 + group, 0)
+            tl.debug_barrier()
+            groups = tl.cdiv(programs, GROUP)
+            if tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == groups - 1:
+                group_ids = tl.arange(0, MAX_GROUPS)
+                group_ok = group_ids < groups
+                group_vals = tl.load(best_val_ptr + programs + group_ids, mask=group_ok, other=float("-inf"),
+                               cache_modifier=".cg")  # fmt: skip
+                group_idxs = tl.load(best_idx_ptr + programs + group_ids, mask=group_ok, other=2147483647,
+                               cache_modifier=".cg")  # fmt: skip
+                best = tl.max(group_vals, axis=0)
+                token = tl.min(tl.where(group_vals == best, group_idxs, 2147483647), axis=0)
+                pos = tl.load(pos_ptr)
+                tl.store(token_ptr, token.to(token_ptr.dtype.element_ty))
+                tl.store(out_tokens_ptr + pos + 1, token.to(out_tokens_ptr.dtype.element_ty))
+                tl.store(pos_ptr, pos + 1)
+                tl.atomic_xchg(counter_ptr, 0)
 
 
 class HeadScratch:
-    """Per-program (max, index) pairs and the arrival counter of the argmax (zero between launches)."""
+    """Best (value, index) per program and per group, and the arrival counters (zero between launches)."""
 
-    MAX_PROGRAMS = 1024
+    def __init__(self, vocab_size: int, device: torch.device):
+        self.best_val = torch.empty(vocab_size + MAX_GROUPS, dtype=torch.float32, device=device)
+        self.best_idx = torch.empty(vocab_size + MAX_GROUPS, dtype=torch.int32, device=device)
+        self.counter = torch.zeros(1 + MAX_GROUPS, dtype=torch.int32, device=device)
 
-    def __init__(self, device: torch.device, programs: int | None = None):
-        self.programs = min(programs or 4 * sm_count(device), self.MAX_PROGRAMS)
-        self.part_val = torch.empty(self.MAX_PROGRAMS, dtype=torch.float32, device=device)
-        self.part_idx = torch.empty(self.MAX_PROGRAMS, dtype=torch.int32, device=device)
-        self.counter = torch.zeros(1, dtype=torch.int32, device=device)
+
+def _pick_blocks(vocab: int, k: int) -> tuple[int, int, int]:
+    block_k = min(512, triton.next_power_of_2(k))
+    if interpreted():  # programs run one after another there: few, large ones
+        return min(256, triton.next_power_of_2(vocab)), min(128, block_k), 4
+    # as rmsnorm_gemv: a program's weights in flight together, about 96 elements a thread
+    block_n = 16
+    while block_n > 1 and block_n * k > 96 * 256:
+        block_n //= 2
+    num_warps = 8 if block_n * block_k >= 8 * 32 * 8 else 4
+    return block_n, block_k, num_warps
 
 
 def lm_head(
@@ -160,14 +152,15 @@ def lm_head(
     out_tokens: torch.Tensor | None = None,
     use_pdl: bool = False,
     block_n: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
+    group: int = 256,
 ) -> torch.Tensor:
     """logits = weight @ (rmsnorm(x) * norm_weight) (no norm without norm_weight); with greedy, also
     token[0] = argmax over the first vocab_limit rows (padded embedding rows are never chosen),
     out_tokens[pos[0] + 1] = token[0], pos[0] += 1, all on the device.
 
     x: [K] (any float dtype); weight: [V, K]; logits: [V] fp32; token, pos: int tensors [1];
-    out_tokens: int tensor longer than pos[0] + 1.
+    out_tokens: int tensor longer than pos[0] + 1; scratch: HeadScratch(V, device).
     """
     if weight.dim() != 2 or not weight.is_contiguous():
         raise ValueError(f"weight: expected a contiguous [V, K] tensor, got {tuple(weight.shape)}")
@@ -180,25 +173,26 @@ def lm_head(
         raise ValueError(
             f"logits: expected a contiguous fp32 [{vocab}], got {logits.dtype} {tuple(logits.shape)}"
         )
+    if scratch.best_val.numel() < vocab + MAX_GROUPS:
+        raise ValueError(f"scratch: allocated for a vocabulary under {vocab}")
     if greedy:
         for name, t in (("token", token), ("pos", pos), ("out_tokens", out_tokens)):
             if t is None or t.dtype not in (torch.int32, torch.int64):
                 raise ValueError(f"{name}: an int32/int64 tensor is required with greedy")
         if token.numel() != 1 or pos.numel() != 1:
             raise ValueError("token: token and pos must hold one element each")
-    block_k = min(512, triton.next_power_of_2(k))
-    if block_n is None and interpreted():  # programs run one after another there: one large row block each
-        block_n = min(1024, triton.next_power_of_2(triton.cdiv(vocab, scratch.programs)))
-    elif block_n is None:  # 8 elements a thread per K tile (16-byte loads)
-        block_n = max(1, min(16, (8 * 32 * num_warps) // block_k))
-    programs = min(scratch.programs, triton.cdiv(vocab, block_n))
+    auto_n, block_k, auto_warps = _pick_blocks(vocab, k)
+    block_n, num_warps = block_n or auto_n, num_warps or auto_warps
+    programs = triton.cdiv(vocab, block_n)
+    if triton.cdiv(programs, group) > MAX_GROUPS or group & (group - 1):
+        raise ValueError(f"group: a power of two with at most {MAX_GROUPS} groups of {programs} programs")
     _lm_head_kernel[(programs,)](
         x,
         norm_weight if norm_weight is not None else x,
         weight,
         logits,
-        scratch.part_val,
-        scratch.part_idx,
+        scratch.best_val,
+        scratch.best_idx,
         scratch.counter,
         token if token is not None else scratch.counter,
         pos if pos is not None else scratch.counter,
@@ -209,6 +203,8 @@ def lm_head(
         K=k,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
+        GROUP=group,
+        MAX_GROUPS=MAX_GROUPS,
         HAS_NORM=norm_weight is not None,
         GREEDY=greedy,
         USE_PDL=use_pdl,

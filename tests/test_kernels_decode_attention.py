@@ -55,7 +55,7 @@ def run_case(
     interleaved=True,
     qk_norm=False,
     splits=4,
-    block_t=8,
+    block_t=16,
 ):
     qkv = randn(lanes, (num_heads + 2 * num_kv) // lanes * hd, scale=2.0)
     # Positions the kernel must not read (beyond pos, before the window) are NaN.
@@ -94,7 +94,7 @@ def run_case(
     ],
 )
 def test_decode_attention_matches_reference(dtype, lanes, num_heads, num_kv, hd, pos):
-    run_case(dtype, lanes, num_heads, num_kv, hd, pos, max_len=64)
+    run_case(dtype, lanes, num_heads, num_kv, hd, pos, max_len=80)
 
 
 @pytest.mark.parametrize("dtype", dtype_params())

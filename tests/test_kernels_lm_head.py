@@ -18,22 +18,24 @@ def device_ints(*values, dtype=torch.int32):
 
 
 @pytest.mark.parametrize("dtype", dtype_params())
-@pytest.mark.parametrize("vocab,k,programs", [(203, 40, 3), (64, 96, 5), (1000, 24, 528)])
-def test_greedy_head_writes_logits_token_and_advances(dtype, vocab, k, programs):
+# (vocab, K, rows per program, programs per group): one group, several groups, a last group cut short
+@pytest.mark.parametrize("vocab,k,block_n,group", [(203, 40, None, 256), (64, 96, 4, 4), (1000, 24, 8, 16)])
+def test_greedy_head_writes_logits_token_and_advances(dtype, vocab, k, block_n, group):
     x = randn(k, scale=2.0)
     w = randn(vocab, k, dtype=dtype, scale=k**-0.5)
     g = randn(k, dtype=dtype)
     logits = poisoned(vocab, dtype=torch.float32)
     token, pos, out_tokens = device_ints(-1), device_ints(6), device_ints(*([-1] * 10))
-    scratch = HeadScratch(DEVICE, programs=programs)
-    lm_head(x, w, logits, scratch, norm_weight=g, eps=1e-5, token=token, pos=pos, out_tokens=out_tokens)
+    scratch = HeadScratch(vocab, DEVICE)
+    lm_head(x, w, logits, scratch, norm_weight=g, eps=1e-5, token=token, pos=pos, out_tokens=out_tokens,
+            block_n=block_n, group=group)  # fmt: skip
     want = reference_logits(x, w, g, 1e-5)
     assert_close(logits, want, dtype, "logits")
     # the kernel's own logits decide the argmax (rounding may reorder near-ties with the fp64 reference)
     assert token.item() == int(logits.cpu().argmax())
     assert pos.item() == 7
     assert out_tokens.cpu().tolist() == [-1] * 7 + [token.item()] + [-1] * 2
-    assert scratch.counter.item() == 0
+    assert (scratch.counter == 0).all(), "arrival counters must return to zero for the next step"
 
 
 def test_ties_go_to_the_first_index_across_programs():
@@ -41,16 +43,12 @@ def test_ties_go_to_the_first_index_across_programs():
     x = randn(k)
     w = randn(vocab, k, scale=0.01)
     best = torch.sign(x).cpu() * 3
-    w[41], w[9], w[23] = (
-        best.to(DEVICE),
-        best.to(DEVICE),
-        best.to(DEVICE),
-    )  # three rows, three different programs
+    for row in (41, 9, 23):  # three rows in three programs of three different groups
+        w[row] = best.to(DEVICE)
     logits = poisoned(vocab, dtype=torch.float32)
     token, pos, out_tokens = device_ints(-1), device_ints(0), device_ints(-1, -1, dtype=torch.int64)
-    lm_head(
-        x, w, logits, HeadScratch(DEVICE, programs=4), token=token, pos=pos, out_tokens=out_tokens, block_n=2
-    )
+    scratch = HeadScratch(vocab, DEVICE)
+    lm_head(x, w, logits, scratch, token=token, pos=pos, out_tokens=out_tokens, block_n=2, group=4)
     assert token.item() == 9
     assert out_tokens.cpu().tolist() == [-1, 9]
 
@@ -62,8 +60,8 @@ def test_rows_past_the_vocab_limit_are_never_chosen():
     w[35] = (torch.sign(x).cpu() * 3).to(DEVICE)  # the largest logit, in a padded row
     logits = poisoned(vocab, dtype=torch.float32)
     token, pos, out_tokens = device_ints(-1), device_ints(0), device_ints(-1, -1)
-    lm_head(x, w, logits, HeadScratch(DEVICE, programs=3), vocab_limit=32, token=token, pos=pos,
-            out_tokens=out_tokens, block_n=4)  # fmt: skip
+    lm_head(x, w, logits, HeadScratch(vocab, DEVICE), vocab_limit=32, token=token, pos=pos,
+            out_tokens=out_tokens, block_n=4, group=2)  # fmt: skip
     assert int(logits.argmax()) == 35
     assert token.item() == int(logits[:32].argmax())
 
@@ -72,15 +70,15 @@ def test_sampling_mode_only_writes_logits():
     vocab, k = 77, 32
     x, w = randn(k), randn(vocab, k, scale=0.2)
     logits = poisoned(vocab, dtype=torch.float32)
-    lm_head(x, w, logits, HeadScratch(DEVICE, programs=2), greedy=False)
+    lm_head(x, w, logits, HeadScratch(vocab, DEVICE), greedy=False)
     assert_close(logits, reference_logits(x, w), torch.float32, "logits")
 
 
 def test_rejects_missing_bookkeeping():
     with pytest.raises(ValueError, match="token:"):
-        lm_head(randn(8), randn(4, 8), torch.empty(4, device=DEVICE), HeadScratch(DEVICE))
+        lm_head(randn(8), randn(4, 8), torch.empty(4, device=DEVICE), HeadScratch(4, DEVICE))
     with pytest.raises(ValueError, match="logits:"):
-        lm_head(randn(8), randn(4, 8), torch.empty(5, device=DEVICE), HeadScratch(DEVICE), greedy=False)
+        lm_head(randn(8), randn(4, 8), torch.empty(5, device=DEVICE), HeadScratch(4, DEVICE), greedy=False)
 
 
 @pytest.mark.parametrize("dtype", dtype_params())

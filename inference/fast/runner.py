@@ -77,7 +77,7 @@ def reduction(cfg: ModelConfig, layer: int) -> tuple[str, int | None]:
 
 class FastRunner:
     def __init__(self, model: Transformer, max_context: int, vocab_limit: int | None = None, *,
-                 use_pdl: bool = True):  # fmt: skip
+                 use_pdl: bool = False):  # fmt: skip
         cfg = model.cfg
         if (why := supports(cfg)) is not None:
             raise ValueError(f"model: the fast path does not support {why}")
@@ -122,7 +122,7 @@ class FastRunner:
         self.attn_scratch = AttentionScratch(
             cfg.num_kv_heads, group, hd, default_splits(cfg.num_kv_heads, device), device
         )
-        self.head_scratch = HeadScratch(device)
+        self.head_scratch = HeadScratch(cfg.vocab_size, device)
 
         self.graphs: dict[bool, torch.cuda.CUDAGraph] = {}
         if device.type == "cuda":

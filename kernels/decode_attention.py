@@ -184,12 +184,16 @@ def _decode_attention_kernel(
         tl.atomic_xchg(counter_ptr + kv, 0)
 
 
+def padded_head_dim(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))  # tl.dot reduces over at least 16
+
+
 class AttentionScratch:
     """Partials and counters of the split-KV merge, allocated once per model (counters start at, and return
     to, zero)."""
 
     def __init__(self, num_kv_heads: int, group: int, head_dim: int, splits: int, device: torch.device):
-        gp, hdp = triton.next_power_of_2(group), triton.next_power_of_2(head_dim)
+        gp, hdp = triton.next_power_of_2(group), padded_head_dim(head_dim)
         self.splits = splits
         self.part_o = torch.empty(num_kv_heads, splits, gp, hdp, dtype=torch.float32, device=device)
         self.part_ml = torch.empty(num_kv_heads, splits, 2, gp, dtype=torch.float32, device=device)
@@ -285,7 +289,7 @@ def decode_attention(
         hd**-0.5 * 1.4426950408889634,
         eps,
         HD=hd,
-        HDP=triton.next_power_of_2(hd),
+        HDP=padded_head_dim(hd),
         G=group,
         GP=triton.next_power_of_2(group),
         BLOCK_H=max(16, triton.next_power_of_2(group)),

@@ -105,16 +105,14 @@ def _pick_blocks(lanes: int, n: int, k: int, device: torch.device) -> tuple[int,
         block_k //= 2
     while lanes_p * block_k > 4096 and block_k > 64:
         block_k //= 2
-    # The K loop is unrolled, so all of a program's weight loads are in flight at once: keep that under about
-    # 96 elements a thread so that two or more programs fit on a multiprocessor.
-    block_n = 16
-    while block_n > 1 and lanes_p * block_n * k > 96 * 256:
-        block_n //= 2
+    # Measured on an H200 (python -m inference.bench --sweep): with lanes, 4 rows (8 for short K) and four
+    # warps; one lane with a long K (down-proj), 2 rows and eight warps: 60-75% of the read bandwidth.
+    if lanes_p > 1:
+        block_n, num_warps = (4 if k >= 1024 else 8), 4
+    else:
+        block_n, num_warps = (2, 8) if k >= 4096 else (4, 4)
     while block_n > 1 and triton.cdiv(n, block_n) < 2 * sm_count(device):
         block_n //= 2
-    num_warps = 8 if lanes_p * block_n * k > 96 * 128 else 4
-    if lanes_p * block_n * block_k < 8 * 32 * num_warps:  # fewer than 8 elements a thread: no 16-byte loads
-        num_warps = 4
     return block_n, block_k, num_warps
 
 

@@ -9,6 +9,7 @@
 #                                        # start past it are skipped and say so)
 #   PEERS=1 scripts/gpu_check.sh         # also the torch.compile and HF transformers peers (minutes more)
 #   MODELS="llama-3.2-1b" TESTS=0 LONG_MODELS="" scripts/gpu_check.sh
+#   BENCH_FLAGS="" PEERS=1 LONG_MODELS="" TESTS=0 DEFAULT_CHECK=0 scripts/gpu_check.sh   # the peers alone
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
@@ -19,6 +20,8 @@ MODELS=${MODELS:-"llama-3.2-1b laneformer-2b qwen3-1.7b"}
 LONG_MODELS=${LONG_MODELS-"laneformer-2b llama-3.2-1b qwen3-1.7b"}
 TESTS=${TESTS:-1}
 PEERS=${PEERS:-0}
+DEFAULT_CHECK=${DEFAULT_CHECK:-1}
+BENCH_FLAGS=${BENCH_FLAGS-"--check --breakdown"}
 BUDGET_S=${BUDGET_S:-560}
 
 # run LIMIT_S CMD...: runs CMD under a timeout that ends by the budget; skipped when under 30 s remain.
@@ -39,8 +42,12 @@ SWEEP_MODELS=${SWEEP_MODELS-""}
 for model in $MODELS; do
   sweep=""
   case " $SWEEP_MODELS " in *" $model "*) sweep="--sweep";; esac
-  run 300 $PY -m inference.bench --model "$model" --check --breakdown $sweep $peers --json "$OUT/$model.512.json"
+  run 300 $PY -m inference.bench --model "$model" $BENCH_FLAGS $sweep $peers --json "$OUT/$model.512.json"
 done
+# the correctness check on the trained default model too (a small Laneformer; text it was trained on)
+if [ "$DEFAULT_CHECK" = 1 ] && [ -f models/default/config.json ]; then
+  run 120 $PY -m inference.bench --model models/default --check --no-pdl-row --json "$OUT/default.512.json"
+fi
 for model in $LONG_MODELS; do
   # decode with ~4096 tokens of context (the prompt ends 256 tokens short of it), and prefill at 4094
   run 90 $PY -m inference.bench --model "$model" --prompt-len 3840 --new-tokens 256 --no-pdl-row \

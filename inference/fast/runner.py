@@ -11,7 +11,8 @@ The step reads its token and position from device buffers and leaves the next on
 once as a CUDA graph and replayed per token. The host never waits on the token it is about to launch for:
 it keeps LOOKAHEAD steps queued and reads finished ids from pinned memory behind an event per step.
 
-Prefill is the reference model's forward (cuBLAS + SDPA) writing the same KV cache the kernels read.
+Prefill is the reference model's math in PyTorch (cuBLAS + SDPA, graphs for short prompts) writing the same
+KV cache the kernels read.
 On the CPU (tests) the same kernels run eagerly under Triton's interpreter.
 """
 
@@ -23,10 +24,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from inference.config import ModelConfig
 from inference.events import SamplingParams
-from inference.model import KVCache, Transformer
+from inference.model import KVCache, Transformer, apply_rope, attention_mask, rms_norm, rope_pairs
 from kernels.decode_attention import AttentionScratch, decode_attention, default_splits
 from kernels.final_norm import final_norm
 from kernels.lane_reduce_gemv import lane_reduce_gemv
@@ -125,10 +127,19 @@ class FastRunner:
         self.head_scratch = HeadScratch(cfg.vocab_size, device)
 
         self.graphs: dict[bool, torch.cuda.CUDAGraph] = {}
+        # Prompts up to 1024 tokens replay a graph captured for the next power of two (from 64).
+        self.prefill_buckets = (
+            [b for b in (64, 128, 256, 512, 1024) if b < max_context] if device.type == "cuda" else []
+        )
+        self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.prompt_ids = zeros(max(self.prefill_buckets, default=1), dtype=torch.long)
+        self.prompt_last = zeros(1, dtype=torch.long)
         if device.type == "cuda":
             self.host_tokens = torch.zeros(RING, dtype=torch.int32, pin_memory=True)
             self.events = [torch.cuda.Event() for _ in range(RING)]
             self.capture(greedy=True)
+            for bucket in self.prefill_buckets:
+                self.prefill_graphs[bucket] = self._capture_prefill(bucket)
 
     def _layer_weights(self, i: int, block) -> LayerWeights:
         mode, history_in = reduction(self.cfg, i)
@@ -265,14 +276,76 @@ class FastRunner:
     # --- the runner contract -------------------------------------------------------------------------
 
     @torch.no_grad()
+    def forward_prompt(self, ids: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """model.forward over a prompt ids [T] into the cache; the logits [V] at position last [1].
+
+        The reference's math (its norms, RoPE, reductions and head), with one q|k|v matmul a layer and
+        attention that stays on the fused SDPA kernels: a windowed layer longer than its window gets an explicit
+        mask, and then its KV heads are repeated, because SDPA runs GQA with a mask in its slow math kernel.
+        """
+        cfg, model = self.cfg, self.model
+        lanes, dim, hd, eps = cfg.num_lanes, cfg.hidden_size, cfg.head_dim, cfg.norm_eps
+        q_rows, kv_rows = cfg.heads_per_lane * hd, cfg.kv_heads_per_lane * hd
+        group = cfg.num_heads // cfg.num_kv_heads
+        T = ids.shape[0]
+        cos, sin = rope_pairs(model.rope_cos[:T], model.rope_sin[:T])  # [T, hd]
+        x = F.embedding(ids, self.embed).view(1, T, dim).expand(lanes, T, dim)  # [L, T, D]
+        attn_partials: list[torch.Tensor] = []
+        mlp_partials: list[torch.Tensor] = []
+        for i, (block, w) in enumerate(zip(model.layers, self.layers, strict=True)):
+            qkv = rms_norm(x, w.attention_norm[:, None], eps) @ w.wqkv.mT  # [L, T, (H/L + 2 KV/L) * hd]
+            if w.bqkv is not None:
+                qkv = qkv + w.bqkv[:, None]
+            q, k, v = (block._heads(t, 1, T) for t in qkv.split([q_rows, kv_rows, kv_rows], dim=-1))
+            if w.q_norm is not None:
+                q, k = rms_norm(q, w.q_norm, eps), rms_norm(k, w.k_norm, eps)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # [1, H, T, hd], [1, KV, T, hd]
+            self.cache.k[i, :, :, :T] = k
+            self.cache.v[i, :, :, :T] = v
+            if w.window is None or w.window >= T:  # a window at least as long as the prompt is plain causal
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=group > 1)
+            else:
+                mask = attention_mask(0, T, 0, T, w.window, ids.device)
+                k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            out = out.unflatten(1, (lanes, -1)).permute(1, 0, 3, 2, 4).reshape(lanes, T, -1)
+            x = x + model._reduce(i, out @ w.wo.mT, attn_partials)
+            x = x + model._reduce(i, block.mlp(rms_norm(x, w.ffn_norm[:, None], eps)), mlp_partials)
+        return model._head(x.index_select(1, last)).view(-1).float()
+
+    def _capture_prefill(self, bucket: int) -> torch.cuda.CUDAGraph:
+        """forward_prompt over the first `bucket` positions of prompt_ids as a graph: prompts up to the bucket
+        are padded after their end, which causal attention never lets the real positions see."""
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            self.forward_prompt(self.prompt_ids[:bucket], self.prompt_last)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.logits.copy_(self.forward_prompt(self.prompt_ids[:bucket], self.prompt_last))
+        return graph
+
+    @torch.no_grad()
     def prefill(self, prompt_ids: list[int], greedy: bool = True) -> None:
-        """The prompt through the reference model into the cache; leaves the first token in token/out_tokens
-        and pos = len(prompt_ids), exactly as a decode step would."""
+        """The prompt into the cache; leaves the first token in token/out_tokens and pos = len(prompt_ids),
+        exactly as a decode step would. Short prompts replay a captured graph (their launches would otherwise
+        cost more than their arithmetic)."""
         n = len(prompt_ids)
         if not 0 < n < self.max_context:
             raise ValueError(f"prompt_ids: length must be in [1, {self.max_context - 1}], got {n}")
-        ids = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
-        self.logits.copy_(self.model(ids[None], 0, self.cache, last_only=True).view(-1))
+        ids = torch.tensor(prompt_ids, dtype=torch.long)
+        bucket = next((b for b in self.prefill_buckets if b >= n), None)
+        if bucket is None:
+            ids = ids.to(self.device, non_blocking=True)
+            self.logits.copy_(self.forward_prompt(ids, torch.tensor([n - 1], device=self.device)))
+        else:
+            self.prompt_ids[:n].copy_(ids, non_blocking=True)
+            self.prompt_last.fill_(n - 1)
+            if bucket not in self.prefill_graphs:
+                self.prefill_graphs[bucket] = self._capture_prefill(bucket)
+            self.prefill_graphs[bucket].replay()
+            ids = self.prompt_ids[:n]
         self.seen.zero_()
         self.seen[ids] = True
         self.pos.fill_(n - 1)

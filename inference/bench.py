@@ -376,15 +376,19 @@ def peer_reference_compiled(model: Transformer, prompt: list[int], new_tokens: i
 
 @torch.no_grad()
 def peer_hf_static_compiled(name: str, prompt: list[int], new_tokens: int, runs: int) -> dict:
-    """transformers' generate with a static cache and torch.compile(reduce-overhead), greedy."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """transformers' generate with a static cache and torch.compile(reduce-overhead), greedy.
+
+    transformers compiles its own decode step when given a CompileConfig (compiling `forward` by hand breaks
+    on its cache's in-place counters under CUDA graphs: "accessing tensor output of CUDAGraphs that has been
+    overwritten", seen with transformers 5.17)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, CompileConfig
 
     raw = preset_config(name)
     hf_cfg = AutoConfig.for_model(**raw)
     with torch.device("cuda"):
         hf = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.bfloat16).eval()
     hf.generation_config.cache_implementation = "static"
-    hf.forward = torch.compile(hf.forward, mode="reduce-overhead", fullgraph=True)
+    hf.generation_config.compile_config = CompileConfig(fullgraph=True, mode="reduce-overhead")
     ids = torch.tensor([prompt], device="cuda")
 
     def gen(n: int) -> float:
@@ -467,7 +471,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--runs", type=int, default=5, help="timed runs (after one warm-up); the median is kept"
     )
-    parser.add_argument("--peers", action="store_true")
+    parser.add_argument(
+        "--peers",
+        nargs="?",
+        const="reference,hf",
+        default="",
+        help="peers to run: reference (torch.compile), hf (transformers); both when bare",
+    )
     parser.add_argument("--check", action="store_true", help="teacher-forced check against the reference")
     parser.add_argument("--check-steps", type=int, default=512)
     parser.add_argument("--breakdown", action="store_true", help="per-kernel time against bytes")
@@ -537,11 +547,12 @@ def main(argv: list[str] | None = None) -> int:
             result["check"] = check(model, runner, args.check_steps, check_prompt(args.model, cfg.vocab_size))
         except Exception as e:
             result["check"] = {"error": f"{type(e).__name__}: {e}"}
-    if args.peers:
+    peers = set(filter(None, args.peers.split(",")))
+    if "reference" in peers:
         row("reference + torch.compile (reduce-overhead)",
             lambda: peer_reference_compiled(model, prompt, args.new_tokens, args.runs))  # fmt: skip
-        if cfg.model_type in ("llama", "qwen2", "qwen3") and not Path(args.model).is_dir():
-            row("HF transformers, static cache + compile",
+    if "hf" in peers and cfg.model_type in ("llama", "qwen2", "qwen3") and not Path(args.model).is_dir():
+        row("HF transformers, static cache + compile",
                 lambda: peer_hf_static_compiled(args.model, prompt, args.new_tokens, args.runs))  # fmt: skip
 
     print(table(result))

@@ -3,7 +3,7 @@
 #   the benchmark with the teacher-forced check and the per-kernel breakdown for llama-3.2-1b, qwen3-1.7b and
 #   laneformer-2b at 512 tokens of prompt, decode at ~4096 tokens of context and prefill at 4094, the kernel
 #   and runner tests compiled in bf16, and a short table last.
-#   Results go to $OUT (default ./gpu_out): bench.log, tests.log, results.json, summary.txt.
+#   Results go to $OUT (default /tmp/gpu_check): bench.log, tests.log, results.json, summary.txt.
 #
 #   scripts/gpu_check.sh                 # everything (about 10 minutes; BUDGET_S caps it, stages that would
 #                                        # start past it are skipped and say so)
@@ -12,7 +12,7 @@
 #   BENCH_FLAGS="" PEERS=1 LONG_MODELS="" TESTS=0 DEFAULT_CHECK=0 scripts/gpu_check.sh   # the peers alone
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-gpu_out}
+OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 PY=${PYTHON:-python3}
@@ -38,6 +38,7 @@ $PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton
 
 peers=""
 [ "$PEERS" = 1 ] && peers="--peers"
+[ -n "${PEER_KINDS:-}" ] && peers="--peers $PEER_KINDS"
 SWEEP_MODELS=${SWEEP_MODELS-""}
 for model in $MODELS; do
   sweep=""

@@ -2,11 +2,13 @@
 mapping, and the safety net for a client that leaves before its stream's first chunk."""
 
 import asyncio
+import contextlib
+import json
 
 import pytest
 import redis.asyncio as aioredis
 
-from inference.protocol import JobSpec, cancel_key
+from inference.protocol import JobSpec, cancel_key, events_key
 from playground.api.views import JobRun, job_error, timings
 from playground.jobs import job_client
 
@@ -58,3 +60,19 @@ async def test_a_stream_never_started_cancels_its_job(queue, streaming):
     run.cancel_unless_streaming_within(0.01)
     await asyncio.sleep(0.3)
     assert await queue.exists(cancel_key(spec.id)) == (not streaming)
+
+
+async def test_a_cancel_swallowed_below_us_still_stops_the_run(queue):
+    spec = JobSpec(model="m", prompt="p")
+    await job_client().submit(spec)
+    await queue.xadd(events_key(spec.id), {"type": "delta", "data": json.dumps({"text": "x"})})
+    run = JobRun(spec)
+
+    async def client_that_left():
+        asyncio.current_task().cancel()
+        with contextlib.suppress(asyncio.CancelledError):  # as 3.11's wait_for inside redis-py may do
+            await asyncio.sleep(1)
+        return await run.next()
+
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.create_task(client_that_left())

@@ -135,3 +135,19 @@ def test_rejects_what_it_cannot_run():
         FastRunner(make_model("tiny-laneformer", lm_head_type="lane"), 32)
     with pytest.raises(ValueError, match="max_context"):
         FastRunner(make_model("tiny-llama"), 4096)
+
+
+@fp32_only
+def test_engine_streams_the_same_text_through_the_fast_runner(monkeypatch):
+    from inference.engine import Engine
+
+    params = SamplingParams(max_new_tokens=8)
+    texts = {}
+    for backend in ("reference", "fast"):
+        monkeypatch.setenv("KOG_BACKEND", backend)
+        engine = Engine.load("tiny-llama", device="cpu")
+        assert type(engine.runner).__name__ == ("FastRunner" if backend == "fast" else "ReferenceRunner")
+        events = list(engine.generate(engine.encode_prompt("def add(a, b):"), params))
+        texts[backend] = events[-1].text
+        assert events[-1].stats.completion_tokens == 8
+    assert texts["fast"] == texts["reference"]

@@ -150,8 +150,13 @@ def time_contract(runner, prompt: list[int], new_tokens: int, runs: int) -> dict
 
 @torch.no_grad()
 def check(model: Transformer, runner, steps: int, prompt: list[int]) -> dict:
-    """Teacher-forced: both paths take the reference's greedy tokens; logits compared at every step, against
-    the bf16 reference and an fp32 copy of it (which says how far the bf16 reference itself is from exact)."""
+    """Teacher-forced: the fast path and the bf16 reference take the same tokens (the fp32 reference's greedy
+    choices) and their logits are compared at every step with two yardsticks:
+      * bf16: the reference model in bf16 (the issue's criterion: rel err <= 2e-2, same argmax >= 99%);
+      * fp32: an fp32 copy of the same (bf16-rounded) weights, the exact function both approximate.
+    With random weights the logits are flat: the top two often differ by less than bf16 rounding, so even the
+    bf16 reference disagrees with fp32 at a few % of steps. `decisive` counts only the steps whose fp32 top-two
+    margin exceeds the bf16 reference's own largest logit error there (independent of the fast path)."""
     cfg, device = model.cfg, model.tok_embeddings.device
     model32 = Transformer(cfg, device=device, dtype=torch.float32)
     model32.load_state_dict({k: v.float() for k, v in model.state_dict().items()}, strict=False)
@@ -163,27 +168,33 @@ def check(model: Transformer, runner, steps: int, prompt: list[int]) -> dict:
         KVCache(cfg, length, 1, device, model.tok_embeddings.dtype),
         KVCache(cfg, length, 1, device),
     )
-    ref = model(prompt, 0, cache, last_only=True).view(-1)
+    model(prompt, 0, cache, last_only=True)
     ref32 = model32(prompt, 0, cache32, last_only=True).view(-1)
     runner.prefill(prompt[0].tolist())
 
     def rel(a: torch.Tensor, b: torch.Tensor) -> float:
         return ((a - b).norm() / b.norm()).item()
 
-    errs, errs32, ref_errs32, same, same32, ref_same32 = [], [], [], 0, 0, 0
+    errs, errs32, ref_errs32 = [], [], []
+    same = same32 = ref_same32 = decisive = decisive_same32 = 0
     for pos in range(prompt_len, prompt_len + steps):
-        token = ref.argmax().view(1, 1)
+        token = ref32.argmax().view(1, 1)
         runner.token.copy_(token.view(1))
         runner.step()
-        ref = model(token, pos, cache).view(-1)
+        ref = model(token, pos, cache).view(-1).float()
         ref32 = model32(token, pos, cache32).view(-1)
-        fast = runner.logits
+        fast = runner.logits.float()
         errs.append(rel(fast, ref))
         errs32.append(rel(fast, ref32))
         ref_errs32.append(rel(ref, ref32))
+        best = ref32.argmax()
         same += int(fast.argmax() == ref.argmax())
-        same32 += int(fast.argmax() == ref32.argmax())
-        ref_same32 += int(ref.argmax() == ref32.argmax())
+        same32 += int(fast.argmax() == best)
+        ref_same32 += int(ref.argmax() == best)
+        top2 = ref32.topk(2).values
+        if (top2[0] - top2[1]).item() > (ref - ref32).abs().max().item():
+            decisive += 1
+            decisive_same32 += int(fast.argmax() == best)
     del model32, cache32
     torch.cuda.empty_cache()
     return {
@@ -192,10 +203,14 @@ def check(model: Transformer, runner, steps: int, prompt: list[int]) -> dict:
         "mean_rel_err": statistics.mean(errs),
         "argmax_agree": same / steps,
         "fp32_max_rel_err": max(errs32),
+        "fp32_mean_rel_err": statistics.mean(errs32),
         "fp32_argmax_agree": same32 / steps,
         "reference_vs_fp32_max_rel_err": max(ref_errs32),
         "reference_vs_fp32_argmax_agree": ref_same32 / steps,
+        "decisive_steps": decisive,
+        "decisive_fp32_argmax_agree": decisive_same32 / decisive if decisive else None,
         "passed": max(errs) <= 2e-2 and same / steps >= 0.99,
+        "passed_fp32": max(errs32) <= 2e-2 and same32 / steps >= 0.99,
     }
 
 
@@ -318,7 +333,7 @@ def sweep(model: Transformer, runner, read_gbs: float) -> dict:
         ),
         "head": (head, (None, None, 4), cfg.vocab_size * D, 4),
     }
-    out = {}
+    out = {"attention": sweep_attention(model, runner, read_gbs)}
     for kind, (launch, (bn, bk, warps), elements, launches) in kinds.items():
         variants = [{}]
         if kind == "head":
@@ -344,6 +359,44 @@ def sweep(model: Transformer, runner, read_gbs: float) -> dict:
                 rows.append({"blocks": blocks or "auto", "error": f"{type(e).__name__}: {e}".splitlines()[0]})
         out[kind] = rows
     return out
+
+
+def sweep_attention(model: Transformer, runner, read_gbs: float) -> list[dict]:
+    """Split counts and key blocks of the attention kernel at the runner's current position, each timed as a
+    CUDA graph of one launch per layer: us per launch and GB/s of cache read."""
+    from kernels.decode_attention import AttentionScratch, decode_attention, default_splits
+
+    cfg, device, item = model.cfg, runner.device, model.tok_embeddings.element_size()
+    context = int(runner.pos.item())
+    cache_bytes = sum(b for kind, b in kernel_bytes(cfg, item, context) if kind == "attention")
+    group, default = cfg.num_heads // cfg.num_kv_heads, default_splits(cfg.num_kv_heads, device)
+    rows = []
+    for splits, block_t, warps in [(default, 64, 4), (default, 32, 4), (default // 2, 64, 4), (default // 4, 64, 4),
+                                   (default // 8, 64, 4), (default * 2, 32, 4), (default // 4, 64, 8),
+                                   (default // 2, 32, 4)]:  # fmt: skip
+        if splits < 1:
+            continue
+        scratch = AttentionScratch(cfg.num_kv_heads, group, cfg.head_dim, splits, device)
+        blocks = {"splits": splits, "block_t": block_t, "num_warps": warps, "context": context}
+
+        def launch(scratch=scratch, block_t=block_t, warps=warps):
+            for i, w in enumerate(runner.layers):
+                decode_attention(runner.qkv, runner.cache.k[i, 0], runner.cache.v[i, 0], runner.pos,
+                                 model.rope_cos, model.rope_sin, runner.attn, scratch, num_heads=cfg.num_heads,
+                                 window=w.window, q_norm=w.q_norm, k_norm=w.k_norm, eps=cfg.norm_eps,
+                                 use_pdl=True, block_t=block_t, num_warps=warps)  # fmt: skip
+
+        try:
+            launch()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                launch()
+            us = median_ms(graph.replay, repeats=20) * 1e3 / len(runner.layers)
+            gbs = cache_bytes / len(runner.layers) / us / 1e3
+            rows.append({"blocks": blocks, "us": us, "gbs": gbs, "pct": 100 * gbs / read_gbs})
+        except Exception as e:
+            rows.append({"blocks": blocks, "error": f"{type(e).__name__}: {e}".splitlines()[0]})
+    return rows
 
 
 # --- peers -----------------------------------------------------------------------------------------------
@@ -375,7 +428,9 @@ def peer_reference_compiled(model: Transformer, prompt: list[int], new_tokens: i
 
 
 @torch.no_grad()
-def peer_hf_static_compiled(name: str, prompt: list[int], new_tokens: int, runs: int) -> dict:
+def peer_hf_static_compiled(
+    name: str, prompt: list[int], new_tokens: int, runs: int, mode: str = "reduce-overhead"
+) -> dict:
     """transformers' generate with a static cache and torch.compile(reduce-overhead), greedy.
 
     transformers compiles its own decode step when given a CompileConfig (compiling `forward` by hand breaks
@@ -388,7 +443,7 @@ def peer_hf_static_compiled(name: str, prompt: list[int], new_tokens: int, runs:
     with torch.device("cuda"):
         hf = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.bfloat16).eval()
     hf.generation_config.cache_implementation = "static"
-    hf.generation_config.compile_config = CompileConfig(fullgraph=True, mode="reduce-overhead")
+    hf.generation_config.compile_config = CompileConfig(fullgraph=True, mode=mode)
     ids = torch.tensor([prompt], device="cuda")
 
     def gen(n: int) -> float:
@@ -432,12 +487,19 @@ def table(result: dict) -> str:
         if "error" in c:
             lines.append(f"\ncheck failed to run: {c['error']}")
         else:
+            decisive = c.get("decisive_fp32_argmax_agree")
             lines.append(
-                f"\ncheck ({c['steps']} teacher-forced steps vs the bf16 reference): max rel err "
-                f"{c['max_rel_err']:.2e}, mean {c['mean_rel_err']:.2e}, same argmax {100 * c['argmax_agree']:.1f}% "
-                f"-> {'PASS' if c['passed'] else 'FAIL'}; vs fp32: max rel err {c['fp32_max_rel_err']:.2e}, "
-                f"same argmax {100 * c['fp32_argmax_agree']:.1f}% (the bf16 reference itself vs fp32: "
-                f"{c['reference_vs_fp32_max_rel_err']:.2e}, same argmax {100 * c['reference_vs_fp32_argmax_agree']:.1f}%)"
+                f"\ncheck ({c['steps']} teacher-forced steps, tokens from the fp32 reference):\n"
+                f"  vs the bf16 reference: max rel err {c['max_rel_err']:.2e}, mean {c['mean_rel_err']:.2e}, "
+                f"same argmax {100 * c['argmax_agree']:.1f}% -> {'PASS' if c['passed'] else 'FAIL'}\n"
+                f"  vs the fp32 reference: max rel err {c['fp32_max_rel_err']:.2e}, mean "
+                f"{c['fp32_mean_rel_err']:.2e}, same argmax {100 * c['fp32_argmax_agree']:.1f}% -> "
+                f"{'PASS' if c['passed_fp32'] else 'FAIL'}\n"
+                f"  the bf16 reference itself vs fp32: max rel err {c['reference_vs_fp32_max_rel_err']:.2e}, same "
+                f"argmax {100 * c['reference_vs_fp32_argmax_agree']:.1f}%\n"
+                f"  decisive steps (fp32 top-2 margin > the bf16 reference's max logit error): "
+                f"{c['decisive_steps']}/{c['steps']}, fast path same argmax as fp32 on them: "
+                + (f"{100 * decisive:.1f}%" if decisive is not None else "-")
             )
     if "breakdown" in result and "kinds" in result["breakdown"]:
         b = result["breakdown"]
@@ -552,8 +614,12 @@ def main(argv: list[str] | None = None) -> int:
         row("reference + torch.compile (reduce-overhead)",
             lambda: peer_reference_compiled(model, prompt, args.new_tokens, args.runs))  # fmt: skip
     if "hf" in peers and cfg.model_type in ("llama", "qwen2", "qwen3") and not Path(args.model).is_dir():
-        row("HF transformers, static cache + compile",
-                lambda: peer_hf_static_compiled(args.model, prompt, args.new_tokens, args.runs))  # fmt: skip
+        hf = row("HF transformers, static cache + compile (reduce-overhead)",
+                 lambda: peer_hf_static_compiled(args.model, prompt, args.new_tokens, args.runs))  # fmt: skip
+        if "error" in hf:  # its CUDA graphs break on the cache's in-place counters: compile without them
+            torch._dynamo.reset()
+            row("HF transformers, static cache + compile (default mode)",
+                lambda: peer_hf_static_compiled(args.model, prompt, args.new_tokens, args.runs, "default"))  # fmt: skip
 
     print(table(result))
     if args.json:

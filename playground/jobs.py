@@ -31,7 +31,9 @@ def job_client() -> JobClient:
     per_loop = _clients.setdefault(asyncio.get_running_loop(), {})
     url = settings.REDIS_URL
     if url not in per_loop:
-        r = aioredis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
+        # No socket_timeout: redis-py then wraps every send in asyncio.wait_for, which on Python 3.11
+        # can swallow a task cancellation (CPython gh-86296) and so keep a worker busy for a gone client.
+        r = aioredis.Redis.from_url(url, decode_responses=True, health_check_interval=30, socket_timeout=None)
         per_loop[url] = JobClient(r, max_queue=settings.PLAYGROUND_MAX_QUEUE)
     return per_loop[url]
 

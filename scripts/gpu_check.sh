@@ -10,6 +10,10 @@
 #   PEERS=1 scripts/gpu_check.sh         # also the torch.compile and HF transformers peers (minutes more)
 #   MODELS="llama-3.2-1b" TESTS=0 LONG_MODELS="" scripts/gpu_check.sh
 #   BENCH_FLAGS="" PEERS=1 LONG_MODELS="" TESTS=0 DEFAULT_CHECK=0 scripts/gpu_check.sh   # the peers alone
+#   WORKER_MODELS="llama-3.2-1b"       # the worker streaming into a real Redis vs the benchmark (needs the redis
+#                                      # package and a redis-server on PATH; default: llama-3.2-1b)
+#   PEER_MODELS="llama-3.2-1b"         # peers for these models only, after everything else
+#   ATTN_SPLITS_AB="4 8"               # llama-3.2-1b again with KOG_ATTN_SPLITS set to each (end-to-end A/B)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
@@ -36,6 +40,14 @@ run() {
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/bench.log"
 $PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/bench.log"
 
+if [ "$TESTS" = 1 ]; then
+  timeout 240 $PY -m pytest -q -p no:cacheprovider --noconftest -n 8 \
+    tests/test_kernels_*.py tests/test_fast_runner.py > "$OUT/tests.log" 2>&1
+  tail -4 "$OUT/tests.log" | tee -a "$OUT/bench.log"
+fi
+for model in ${WORKER_MODELS-llama-3.2-1b}; do
+  run 200 $PY scripts/bench_worker.py --model "$model" --json "$OUT/worker.$model.json" --log "$OUT/worker.log"
+done
 peers=""
 [ "$PEERS" = 1 ] && peers="--peers"
 [ -n "${PEER_KINDS:-}" ] && peers="--peers $PEER_KINDS"
@@ -56,17 +68,13 @@ for model in $LONG_MODELS; do
   [ "${TTFT_LONG:-1}" = 1 ] && run 60 $PY -m inference.bench --model "$model" --prompt-len 4094 --new-tokens 2 \
     --no-pdl-row --runs 5 --json "$OUT/$model.ttft4094.json"
 done
-if [ "$TESTS" = 1 ]; then
-  left=$((BUDGET_S - SECONDS))
-  if [ "$left" -gt 60 ]; then
-    timeout "$left" $PY -m pytest -q -p no:cacheprovider --noconftest -n 8 \
-      tests/test_kernels_*.py tests/test_fast_runner.py > "$OUT/tests.log" 2>&1
-    tail -4 "$OUT/tests.log"
-  else
-    echo "SKIPPED (budget): tests" | tee "$OUT/tests.log"
-  fi
-fi
-
+for splits in ${ATTN_SPLITS_AB:-}; do
+  KOG_ATTN_SPLITS=$splits run 90 $PY -m inference.bench --model llama-3.2-1b --no-pdl-row \
+    --json "$OUT/llama-3.2-1b.splits$splits.json"
+done
+for model in ${PEER_MODELS:-}; do
+  run 400 $PY -m inference.bench --model "$model" --no-pdl-row --peers --json "$OUT/$model.peers.json"
+done
 $PY - "$OUT" <<'PYEOF' | tee "$OUT/summary.txt"
 import json, sys
 from pathlib import Path
@@ -74,11 +82,16 @@ out = Path(sys.argv[1])
 merged = {}
 lines = ["| model | prompt+new | ceiling tok/s | best fast tok/s | % of ceiling | no PDL | PDL | engine path | TTFT ms | check |",
          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+worker_lines = []
 for f in sorted(out.glob("*.json")):
     if f.name == "results.json":
         continue
     r = json.loads(f.read_text())
     merged[f.stem] = r
+    if f.name.startswith("worker."):
+        worker_lines.append(f"worker -> Redis, {r['model']}: {r['worker_tok_s']:,.0f} tok/s vs benchmark "
+                            f"{r['bench_tok_s']:,.0f} ({100 * r['ratio']:.1f}%) -> {'PASS' if r['passed'] else 'FAIL'}")
+        continue
     rows = {row["path"]: row for row in r["rows"]}
 
     def tok(path):
@@ -89,7 +102,9 @@ for f in sorted(out.glob("*.json")):
                key=lambda row: row["tok_s"], default={})
     pct = f"{100 * best['tok_s'] / r['ceiling_tok_s']:.1f}%" if "tok_s" in best else "-"
     c = r.get("check", {})
-    verdict = (f"{'PASS' if c['passed'] else 'FAIL'} max {c['max_rel_err']:.1e}, argmax {100 * c['argmax_agree']:.1f}%"
+    verdict = (f"bf16 {'PASS' if c['passed'] else 'FAIL'} {c['max_rel_err']:.1e}/{100 * c['argmax_agree']:.1f}%; "
+               f"fp32 {'PASS' if c.get('passed_fp32') else 'FAIL'} {c.get('fp32_max_rel_err', 0):.1e}/"
+               f"{100 * c.get('fp32_argmax_agree', 0):.1f}%"
                if "passed" in c else c.get("error", "")[:40])
     ttft = f"{best['ttft_ms']:.1f}" if "ttft_ms" in best else "-"
     best_tok = f"{best['tok_s']:,.0f}" if "tok_s" in best else "-"
@@ -103,5 +118,5 @@ for f in sorted(out.glob("*.json")):
 for f in out.glob("*.json"):
     if f.name != "results.json":
         f.unlink()
-print("\n".join(lines))
+print("\n".join(lines + worker_lines))
 PYEOF

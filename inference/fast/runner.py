@@ -18,6 +18,7 @@ On the CPU (tests) the same kernels run eagerly under Triton's interpreter.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -121,9 +122,10 @@ class FastRunner:
         self.outside_vocab = self.ranks >= self.vocab_limit
         self.cache = KVCache(cfg, max_context, 1, device, dtype)
         group = cfg.num_heads // cfg.num_kv_heads
-        self.attn_scratch = AttentionScratch(
-            cfg.num_kv_heads, group, hd, default_splits(cfg.num_kv_heads, device), device
-        )
+        # KOG_ATTN_SPLITS / KOG_ATTN_BLOCK_T override the attention's split count and key block (for sweeps).
+        splits = int(os.environ.get("KOG_ATTN_SPLITS", "0")) or default_splits(cfg.num_kv_heads, device)
+        self.attn_block_t = int(os.environ.get("KOG_ATTN_BLOCK_T", "64"))
+        self.attn_scratch = AttentionScratch(cfg.num_kv_heads, group, hd, splits, device)
         self.head_scratch = HeadScratch(cfg.vocab_size, device)
 
         self.graphs: dict[bool, torch.cuda.CUDAGraph] = {}
@@ -194,6 +196,7 @@ class FastRunner:
                 k_norm=w.k_norm,
                 eps=eps,
                 use_pdl=pdl,
+                block_t=self.attn_block_t,
             )
             self._add_partials(i, w, 0, self.attn, w.wo, first)
             rmsnorm_gemv(self.x, w.w1, self.h, norm_weight=w.ffn_norm, eps=eps, weight_up=w.w3, use_pdl=pdl)

@@ -124,9 +124,8 @@ async def complete(request, chat: bool):
     spec = api_request.spec
     models = await known_models()
     if spec.model not in models:
-        served = ", ".join(models) or "none"
-        raise ApiError(400, f"The model {spec.model!r} does not exist; served: {served}", "invalid_request_error",
-                       "model", "model_not_found")  # fmt: skip
+        message = f"The model {spec.model!r} does not exist; served: {', '.join(models) or 'none'}"
+        raise ApiError(400, message, param="model", code="model_not_found")
     if not models[spec.model]["workers"]:
         raise ApiError(503, f"No worker serves {spec.model!r} right now", "server_error", code="no_workers")
     try:
@@ -154,7 +153,7 @@ async def complete(request, chat: bool):
             event = await run.next()
         if event[0] == "error":
             raise job_error(event[1])
-        return JsonResponse(await run.finish(api_request, event[1]))
+        return JsonResponse(await run.finish(event[1]))
     except BaseException:  # the client left (CancelledError) or we failed: stop the job
         await run.cancel_unless_finished()
         raise
@@ -211,7 +210,7 @@ class JobRun:
 
         asyncio.get_running_loop().call_later(seconds, check)
 
-    async def finish(self, api_request: ApiRequest, done: dict) -> dict:
+    async def finish(self, done: dict) -> dict:
         """The non-streamed body for a `done` event (a job cancelled elsewhere is an error)."""
         if done["finish_reason"] == "cancelled":
             raise job_error({"code": "cancelled", "message": "The job was cancelled before it finished"})

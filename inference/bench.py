@@ -1,14 +1,17 @@
 """Batch-1 decode on one GPU against its memory-bandwidth limit, with the peers measured in the same run.
 
     python -m inference.bench --model laneformer-2b [--prompt-len 512] [--new-tokens 256] [--peers]
-                              [--check] [--breakdown] [--json out.json]
+                              [--check] [--breakdown] [--sweep] [--prefill-profile] [--json out.json]
 
 In one run: the device's read bandwidth (a large reduction; a copy too), the bytes one decode step reads,
 the fast runner's decode tokens/s (median of >= 5 timed runs after a warm-up, device-synchronised) with and
 without programmatic dependent launch and through the runner contract the engine uses, the time to first
 token, and each as a % of the ceiling (bandwidth / bytes per token).
-    --check      teacher-forced decode against the reference path (and an fp32 copy of it)
+    --check      teacher-forced decode (tokens from an fp32 copy of the reference) against the bf16 reference
+                 and the fp32 one, with the argmax agreement on the steps the bf16 reference can resolve
     --breakdown  time per kernel of the captured step against the bytes each kernel must read
+    --sweep      block variants of the matrix-vector kernels, the head and attention
+    --prefill-profile  GPU time of one prefill by kernel
     --peers      the reference model under torch.compile (reduce-overhead) and, for HF families,
                  transformers with a static cache + torch.compile
 A preset gets random weights generated on the GPU (no checkpoint on disk); a directory is loaded.
@@ -274,11 +277,30 @@ def breakdown(model: Transformer, runner, prompt: list[int], replays: int, read_
     return {"kinds": kinds, "kernels_per_step": per_step, "step_span_us": statistics.median(step_spans)}
 
 
+def prefill_profile(runner, prompt: list[int], top: int = 14) -> dict:
+    """GPU time of one prefill by kernel name (after a warm-up), largest first: where the TTFT goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    runner.prefill(prompt)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        runner.prefill(prompt)
+        torch.cuda.synchronize()
+    per_name: dict[str, list] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            entry = per_name.setdefault(e.name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += e.time_range.end - e.time_range.start
+    ranked = sorted(per_name.items(), key=lambda item: -item[1][1])
+    return {"gpu_ms": sum(t for _, (_, t) in ranked) / 1e3,
+            "kernels": [{"name": n, "calls": c, "ms": t / 1e3} for n, (c, t) in ranked[:top]]}  # fmt: skip
+
+
 def sweep(model: Transformer, runner, read_gbs: float) -> dict:
     """Block-size variants of each matrix-vector kernel, each timed as a CUDA graph of one launch per layer
     (the real weights, so L2 serves nothing twice; PDL as in the step): us per launch and GB/s."""
     from kernels import lane_reduce_gemv as lrg
-    from kernels import lm_head as lmh
     from kernels import rmsnorm_gemv as rg
 
     cfg, eps, device, item = model.cfg, model.cfg.norm_eps, runner.device, model.tok_embeddings.element_size()
@@ -306,14 +328,6 @@ def sweep(model: Transformer, runner, read_gbs: float) -> dict:
 
         return launch
 
-    head_x = runner.head_in if L > 1 else runner.x[0]
-
-    def head(**blocks):
-        for _ in range(4):
-            lmh.lm_head(head_x, runner.head_weight, runner.logits, runner.head_scratch, greedy=True,
-                        token=runner.token, pos=runner.pos, out_tokens=runner.out_tokens, use_pdl=True,
-                        block_n=blocks.get("block_n"), num_warps=blocks.get("num_warps", 4))  # fmt: skip
-
     D, hd, F = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     qkv_rows = (cfg.num_heads + 2 * cfg.num_kv_heads) * hd // L
     kinds = {
@@ -331,20 +345,12 @@ def sweep(model: Transformer, runner, read_gbs: float) -> dict:
             D * F,
             len(layers),
         ),
-        "head": (head, (None, None, 4), cfg.vocab_size * D, 4),
     }
-    out = {"attention": sweep_attention(model, runner, read_gbs)}
+    out = {"attention": sweep_attention(model, runner, read_gbs), "head": sweep_head(model, runner, read_gbs)}
     for kind, (launch, (bn, bk, warps), elements, launches) in kinds.items():
         variants = [{}]
-        if kind == "head":
-            variants += [
-                {"block_n": 4, "num_warps": 4},
-                {"block_n": 4, "num_warps": 8},
-                {"block_n": 8, "num_warps": 8},
-            ]
-        else:
-            for n, w in ((bn * 2, warps), (max(1, bn // 2), warps), (bn, 12 - warps), (bn * 2, 12 - warps)):
-                variants.append({"block_n": n, "block_k": bk, "num_warps": w})
+        for n, w in ((bn * 2, warps), (max(1, bn // 2), warps), (bn, 12 - warps), (bn * 2, 12 - warps)):
+            variants.append({"block_n": n, "block_k": bk, "num_warps": w})
         rows = []
         for blocks in variants:
             try:
@@ -359,6 +365,59 @@ def sweep(model: Transformer, runner, read_gbs: float) -> dict:
                 rows.append({"blocks": blocks or "auto", "error": f"{type(e).__name__}: {e}".splitlines()[0]})
         out[kind] = rows
     return out
+
+
+def sweep_head(model: Transformer, runner, read_gbs: float) -> list[dict]:
+    """The head as the step launches it (final norm folded in for one lane), block variants, timed as a CUDA
+    graph of one launch ("alone") and as the cost it adds after the last layer's down-projection ("after
+    down": graph of down + head minus graph of down alone)."""
+    from kernels import lm_head as lmh
+
+    cfg = model.cfg
+    if cfg.num_lanes > 1:
+        head_x, head_norm = runner.head_in, None
+    else:
+        head_x, head_norm = runner.x[0], runner.final_norm_weight[0]
+    last = len(runner.layers) - 1
+    w_last = runner.layers[last]
+    nbytes = runner.head_weight.numel() * runner.head_weight.element_size()
+
+    def down():
+        runner._add_partials(last, w_last, 1, runner.h, w_last.w2, False)
+
+    pos = runner.pos.clone()
+
+    def timed(fn) -> float:
+        fn()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        us = median_ms(graph.replay, repeats=20) * 1e3
+        runner.pos.copy_(pos)  # each head launch advances the position: keep it inside the cache
+        return us
+
+    rows = []
+    down_us = timed(down)
+    for blocks in ({}, {"block_n": 8, "num_warps": 4}, {"block_n": 16, "num_warps": 4}, {"block_n": 16, "num_warps": 8},
+                   {"block_n": 4, "num_warps": 4}, {"block_n": 32, "num_warps": 8}):  # fmt: skip
+
+        def head(blocks=blocks):
+            lmh.lm_head(head_x, runner.head_weight, runner.logits, runner.head_scratch, norm_weight=head_norm,
+                        eps=cfg.norm_eps, greedy=True, vocab_limit=runner.vocab_limit, token=runner.token,
+                        pos=runner.pos, out_tokens=runner.out_tokens, use_pdl=runner.use_pdl, **blocks)  # fmt: skip
+
+        def down_head(head=head):
+            down()
+            head()
+
+        try:
+            alone = timed(head)
+            after = timed(down_head) - down_us
+            rows.append({"blocks": blocks or "auto", "us": alone, "gbs": nbytes / alone / 1e3,
+                         "pct": 100 * nbytes / alone / 1e3 / read_gbs, "after_down_us": after})  # fmt: skip
+        except Exception as e:
+            rows.append({"blocks": blocks or "auto", "error": f"{type(e).__name__}: {e}".splitlines()[0]})
+    return rows
 
 
 def sweep_attention(model: Transformer, runner, read_gbs: float) -> list[dict]:
@@ -513,6 +572,13 @@ def table(result: dict) -> str:
                 f"| {kind} | {k['count']} | {k['path_us']:.1f} | {k['busy_us']:.1f} | {k['bytes'] / 1e6:.1f} | "
                 f"{k['gbs']:,.0f} | {k['pct_of_read_bw']:.0f}% | {k['ideal_us']:.1f} |"
             )
+    if "prefill_profile" in result:
+        pp = result["prefill_profile"]
+        if "error" in pp:
+            lines.append(f"\nprefill profile failed: {pp['error']}")
+        else:
+            lines.append(f"\nprefill, GPU time by kernel (total {pp['gpu_ms']:.1f} ms):")
+            lines += [f"  {k['ms']:7.2f} ms {k['calls']:4d}x {k['name'][:90]}" for k in pp["kernels"]]
     if "sweep" in result:
         lines.append("\nblock-size sweep (us per launch, GB/s, % of read bandwidth):")
         for kind, rows in result["sweep"].items():
@@ -520,7 +586,9 @@ def table(result: dict) -> str:
                 lines.append(f"  failed: {rows}")
                 continue
             cells = [f"{r['blocks']}: " + (f"{r['us']:.1f} us {r['gbs']:,.0f} GB/s {r['pct']:.0f}%" if "us" in r
-                                           else r["error"][:60]) for r in rows]  # fmt: skip
+                                           else r["error"][:60])
+                     + (f" ({r['after_down_us']:.1f} us after down)" if "after_down_us" in r else "")
+                     for r in rows]  # fmt: skip
             lines.append(f"  {kind}: " + " | ".join(cells))
     return "\n".join(lines)
 
@@ -547,6 +615,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sweep", action="store_true", help="block-size variants of the matrix-vector kernels"
     )
+    parser.add_argument("--prefill-profile", action="store_true", help="GPU time of one prefill by kernel")
     parser.add_argument("--json", type=Path, help="also write every number to this file")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -604,6 +673,11 @@ def main(argv: list[str] | None = None) -> int:
             result["sweep"] = sweep(model, runner, result["bandwidth"]["read_gbs"])
         except Exception as e:
             result["sweep"] = {"error": f"{type(e).__name__}: {e}"}
+    if args.prefill_profile:
+        try:
+            result["prefill_profile"] = prefill_profile(runner, prompt)
+        except Exception as e:
+            result["prefill_profile"] = {"error": f"{type(e).__name__}: {e}"}
     if args.check and runner is not None:
         try:
             result["check"] = check(model, runner, args.check_steps, check_prompt(args.model, cfg.vocab_size))

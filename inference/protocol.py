@@ -61,7 +61,9 @@ def workers_key() -> str:
     return f"{PREFIX}workers"
 
 
-def connect(url: str, use_asyncio: bool = False, max_connections: int = 100):
+def connect(
+    url: str, use_asyncio: bool = False, max_connections: int = 100, socket_timeout: float | None = 10
+):
     """A Redis client that rides out a Redis restart: a command that meets a dropped connection is
     retried on a new one with backoff (about 1.5 s in all), and a dead peer is noticed (keepalive,
     timeouts) instead of hanging. Longer outages surface as redis.ConnectionError to the caller.
@@ -85,7 +87,7 @@ def connect(url: str, use_asyncio: bool = False, max_connections: int = 100):
         timeout=POOL_WAIT_S,
         decode_responses=True,
         socket_connect_timeout=2,
-        socket_timeout=10,  # well above the blocking reads' own timeouts (BLPOP 1 s, XREAD 250 ms)
+        socket_timeout=socket_timeout,  # above the blocking reads' own timeouts (BLPOP 1 s, XREAD 250 ms)
         socket_keepalive=True,
         health_check_interval=15,
         retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=5),

@@ -284,6 +284,7 @@ class Worker:
                 coalescer.flush()
                 done = asdict(event)
                 done["stats"]["bandwidth_gbs"] = event.stats.bandwidth_gbs
+                del done["stats"]["token_times"]  # one float per token: too heavy for the last frame, unread
                 self._finish(job, "done", done)
                 return
         raise RuntimeError("the engine ended without a Done event")

@@ -24,10 +24,14 @@ a duplicate, whatever reconnects happen.
     {"type": "done", "finish_reason": "stop" | "length" | "cancelled", "text": str,
      "stats": {...} | null, "share_url": str | null}
     {"type": "error", "code": str, "message": str, "param": str?}
-        codes: bad_frame, invalid_request (with param), busy, queue_full, unknown_job, unavailable,
-        internal_error, and those of the job protocol and the worker (worker_lost, queue_restarted,
-        stalled, out_of_memory, ...), passed on as they come
-A bad frame gets an error frame and the socket stays open.
+        codes: bad_frame, frame_too_large, invalid_request (with param), busy, queue_full,
+        rate_limited (with retry_after_s), unknown_job, unavailable, internal_error, and those of
+        the job protocol and the worker (worker_lost, queue_restarted, stalled, out_of_memory, ...)
+A bad frame gets an error frame and the socket stays open. Limits for a public demo: frames of at
+most PLAYGROUND_MAX_FRAME_BYTES, one generation at a time per socket, requests and generated
+tokens per minute per client IP (playground/limits.py), a bounded queue, sampling values clamped
+to their ranges (playground/jobs.py). If Redis goes away mid-run, the socket waits up to
+PLAYGROUND_REDIS_RETRY_S for it and then tells the client what became of the job.
 
 A job outlives its socket so that a reconnect can resume it; when the last socket following it
 closes and none resumes it within PLAYGROUND_ORPHAN_GRACE_S, it is cancelled.
@@ -45,7 +49,9 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from inference.events import InvalidRequest
+from inference.logs import job_context
 from inference.protocol import EVENTS_TTL_S, PREFIX, JobClient, JobSpec, QueueFull
+from playground import limits, metrics
 from playground.jobs import job_client, served_models, spec_from_frame, worker_summary
 from playground.store import save_generation
 
@@ -61,12 +67,16 @@ def watchers_key(job_id: str) -> str:
 
 
 class GenerateConsumer(AsyncWebsocketConsumer):
+    # Jobs travel through their Redis streams, not the channel layer: a layer subscription would
+    # only be one more Redis connection whose loss (a Redis restart) kills the socket.
+    channel_layer_alias = "unused"
     spec: JobSpec | None = None  # the job this socket follows
     follower: asyncio.Task | None = None  # streams that job's events to the socket
     status_task: asyncio.Task | None = None  # sends worker status changes
 
     async def connect(self):
         self.jobs: JobClient = job_client()
+        self.client_ip = limits.ip_from_scope(self.scope, limits.configured().trusted_proxies)
         await self.accept()
         self.status_task = asyncio.create_task(self.watch_workers())
 
@@ -78,16 +88,22 @@ class GenerateConsumer(AsyncWebsocketConsumer):
             await self.detach(self.spec.id)
 
     async def receive(self, text_data=None, bytes_data=None):
+        limit = settings.PLAYGROUND_MAX_FRAME_BYTES
+        size = len(bytes_data) if text_data is None else len(text_data.encode("utf-8", "surrogatepass"))
+        if size > limit:  # checked before parsing: a huge frame costs no JSON work
+            return await self.send_error("frame_too_large", f"frames must be at most {limit // 1024} KiB")
         try:
             frame = json.loads(text_data) if text_data is not None else None
         except ValueError:
             frame = None
         if not isinstance(frame, dict):
             return await self.send_error("bad_frame", "frames must be JSON objects with a type")
-        handler = {"generate": self.generate, "stop": self.stop, "resume": self.resume}.get(frame.get("type"))
+        kind = frame.get("type")
+        handlers = {"generate": self.generate, "stop": self.stop, "resume": self.resume}
+        handler = handlers.get(kind) if isinstance(kind, str) else None
         if handler is None:
             return await self.send_error(
-                "bad_frame", f"type: must be generate, stop or resume, got {frame.get('type')!r}"
+                "bad_frame", f"type: must be generate, stop or resume, got {kind!r:.80}"
             )
         try:
             await handler(frame)
@@ -106,6 +122,9 @@ class GenerateConsumer(AsyncWebsocketConsumer):
             return await self.send_error("busy", "a generation is running on this connection; stop it first")
         models = served_models(await self.jobs.workers())
         spec = spec_from_frame(frame, models)
+        verdict = await limits.limiter().admit(self.client_ip)
+        if not verdict.allowed:
+            return await self.send_error("rate_limited", verdict.message, retry_after_s=verdict.retry_after_s)
         await self.jobs.submit(spec)
         await self.attach(spec)
         position = await self.jobs.position(spec.id, spec.model)
@@ -142,27 +161,67 @@ class GenerateConsumer(AsyncWebsocketConsumer):
         self.follower = asyncio.create_task(self.stream(self.spec, after))
 
     async def stream(self, spec: JobSpec, after: str) -> None:
-        try:
-            async for entry_id, kind, data in self.jobs.events(spec.id, after=after):
-                if kind == "delta":
-                    data = {key: data[key] for key in ("text", "n", "t", "t_first")}  # token ids stay home
-                elif kind == "prefilled":
-                    data = {key: data[key] for key in ("prompt_tokens", "prefill_ms")}
-                elif kind == "done":
-                    data = await self.finished(spec, data)
-                await self.send_frame(spec.id, entry_id, kind, data)
-        except redis.RedisError as exc:
-            log.warning("lost redis while streaming %s: %s", spec.id, exc)
-            await self.send_error("unavailable", "lost the job queue; reconnect to resume", job_id=spec.id)
-        except Exception:  # a bug here must not leave the page waiting forever
-            log.exception("streaming %s failed", spec.id)
-            await self.send_error("internal_error", "the server failed while streaming", job_id=spec.id)
+        with job_context(spec.id):
+            try:
+                await self._stream(spec, after)
+            except Exception:  # a bug here must not leave the page waiting forever
+                log.exception("streaming failed")
+                await self.send_error("internal_error", "the server failed while streaming", job_id=spec.id)
+
+    async def _stream(self, spec: JobSpec, after: str) -> None:
+        queue_ms = None
+        while True:
+            try:
+                async for entry_id, kind, data in self.jobs.events(spec.id, after=after):
+                    if entry_id:
+                        after = entry_id
+                    if kind == "started":
+                        queue_ms = data.get("queue_ms")
+                    elif kind == "delta":
+                        data = {
+                            key: data[key] for key in ("text", "n", "t", "t_first")
+                        }  # token ids stay home
+                    elif kind == "prefilled":
+                        data = {key: data[key] for key in ("prompt_tokens", "prefill_ms")}
+                    elif kind in ("done", "error"):
+                        await metrics.observe_finished(
+                            self.jobs.r, spec.id, spec.model, spec.source, kind, data, queue_ms
+                        )
+                        if kind == "done":
+                            data = await self.finished(spec, data)
+                    await self.send_frame(spec.id, entry_id, kind, data)
+                return
+            except redis.RedisError as exc:
+                # Lost Redis: wait for it (it may be restarting), then carry on from the last entry
+                # sent; a job that did not survive the restart is reported by the protocol.
+                log.warning("lost redis while streaming: %s", exc)
+                if not await self.wait_for_redis():
+                    metrics.count_error("unavailable")
+                    message = "lost the job queue; reconnect to resume"
+                    return await self.send_error("unavailable", message, job_id=spec.id)
+
+    async def wait_for_redis(self) -> bool:
+        deadline = asyncio.get_running_loop().time() + settings.PLAYGROUND_REDIS_RETRY_S
+        while asyncio.get_running_loop().time() < deadline:
+            try:
+                await self.jobs.r.ping()
+                return True
+            except redis.RedisError:
+                await asyncio.sleep(0.5)
+        return False
 
     async def finished(self, spec: JobSpec, done: dict) -> dict:
         stats = done.get("stats")
         if stats:
             stats = {key: value for key, value in stats.items() if key != "token_times"}
         share_url = None
+        if stats:
+            try:
+                await limits.limiter().charge_tokens(
+                    self.client_ip, None, stats["completion_tokens"], spec.id
+                )
+            except redis.RedisError as exc:  # the run is over either way; the budget misses one charge
+                log.warning("could not charge the tokens of %s: %s", spec.id, exc)
         if done.get("stats") is not None:  # a job cancelled before it started has nothing to share
             try:
                 share_url = (await save_generation(spec, done)).get_absolute_url()
@@ -211,6 +270,7 @@ class GenerateConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=json.dumps({"type": kind, "job_id": job_id, "id": entry_id, **data}))
 
     async def send_error(self, code: str, message: str, **extra) -> None:
+        metrics.count_error(code)
         await self.send(text_data=json.dumps({"type": "error", "code": code, "message": message, **extra}))
 
 

@@ -4,13 +4,13 @@ the page shows, and the page's request turned into a JobSpec (validated once, he
 from __future__ import annotations
 
 import asyncio
+import math
 import weakref
 
-import redis.asyncio as aioredis
 from django.conf import settings
 
 from inference.events import InvalidRequest, SamplingParams
-from inference.protocol import JobClient, JobSpec
+from inference.protocol import JobClient, JobSpec, connect
 
 # redis.asyncio connections belong to the loop that opened them: daphne runs one loop, the tests
 # one per test, so the client is cached per loop (and per URL, which tests change).
@@ -33,7 +33,11 @@ def job_client() -> JobClient:
     if url not in per_loop:
         # No socket_timeout: redis-py then wraps every send in asyncio.wait_for, which on Python 3.11
         # can swallow a task cancellation (CPython gh-86296) and so keep a worker busy for a gone client.
-        r = aioredis.Redis.from_url(url, decode_responses=True, health_check_interval=30, socket_timeout=None)
+        # Retries and a blocking pool (protocol.connect): a Redis restart or 200 sockets following
+        # their jobs at once wait for a connection instead of failing.
+        r = connect(
+            url, use_asyncio=True, max_connections=settings.PLAYGROUND_REDIS_CONNECTIONS, socket_timeout=None
+        )
         per_loop[url] = JobClient(r, max_queue=settings.PLAYGROUND_MAX_QUEUE)
     return per_loop[url]
 
@@ -65,6 +69,29 @@ def worker_summary(workers: list[dict]) -> dict:
     }
 
 
+# The page's sliders have ranges; a number outside one (a hand-written frame) is brought inside it
+# rather than refused. Values of the wrong type, NaN and infinities are still refused.
+RANGES = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.01, 1.0),
+    "top_k": (0, 1000),
+    "repetition_penalty": (0.5, 2.0),
+    "max_new_tokens": (1, None),  # the upper end is PLAYGROUND_MAX_NEW_TOKENS
+}
+
+
+def clamp(field: str, value):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return value  # SamplingParams names the field and what it must be
+    if field == "seed":
+        return value % 2**63 if isinstance(value, int) else value  # what torch's generator accepts
+    if field not in RANGES or (isinstance(value, float) and field in ("top_k", "max_new_tokens")):
+        return value
+    low, high = RANGES[field]
+    high = settings.PLAYGROUND_MAX_NEW_TOKENS if high is None else high
+    return min(max(value, low), high)
+
+
 def spec_from_frame(frame: dict, models: dict[str, dict]) -> JobSpec:
     """A `generate` frame -> JobSpec. Raises InvalidRequest naming the page's field."""
     prompt = frame.get("prompt")
@@ -72,11 +99,13 @@ def spec_from_frame(frame: dict, models: dict[str, dict]) -> JobSpec:
         raise InvalidRequest("prompt", "must be a non-empty string")
     if len(prompt) > settings.PLAYGROUND_MAX_PROMPT_CHARS:
         raise InvalidRequest("prompt", f"must be at most {settings.PLAYGROUND_MAX_PROMPT_CHARS} characters")
-    system = frame.get("system_prompt") or ""
+    system = frame.get("system_prompt")
+    system = "" if system is None else system
     if not isinstance(system, str):
         raise InvalidRequest("system_prompt", "must be a string")
 
-    model = frame.get("model") or next(iter(models), None)
+    model = frame.get("model")
+    model = next(iter(models), None) if model in (None, "") else model
     if model is None:
         raise InvalidRequest(
             "model", "no worker is up and MODELS is unset: start `python -m inference.worker`"
@@ -84,15 +113,16 @@ def spec_from_frame(frame: dict, models: dict[str, dict]) -> JobSpec:
     if not isinstance(model, str) or model not in models:
         raise InvalidRequest("model", f"unknown model {model!r}; available: {', '.join(models) or 'none'}")
 
-    params = {field: frame[name] for name, field in PARAM_FIELDS.items() if frame.get(name) is not None}
+    params = {
+        field: clamp(field, frame[name])
+        for name, field in PARAM_FIELDS.items()
+        if frame.get(name) is not None
+    }
     try:
         SamplingParams(**params)
     except InvalidRequest as exc:
         page_name = {field: name for name, field in PARAM_FIELDS.items()}.get(exc.field, exc.field)
         raise InvalidRequest(page_name, exc.message) from None
-    cap = settings.PLAYGROUND_MAX_NEW_TOKENS
-    if params.get("max_new_tokens", 0) > cap:
-        raise InvalidRequest("max_tokens", f"must be <= {cap}, got {params['max_new_tokens']}")
 
     if models[model].get("chat"):
         messages = [{"role": "system", "content": system}] if system else []

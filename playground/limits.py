@@ -20,6 +20,7 @@ the check, the eviction and the record happen in one Lua script, atomic across p
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import math
 import os
@@ -250,3 +251,26 @@ class RateLimiter:
         for name, key, _ in self._budgets(ip, api_key):
             if name.endswith("tokens"):
                 await self._charge(keys=[key], args=[now, self.config.window_s, f"{job_id}:{int(tokens)}"])
+
+
+def configured() -> LimitConfig:
+    """settings.PLAYGROUND_LIMITS when a test or a deployment sets it, else the environment."""
+    from django.conf import settings
+
+    return getattr(settings, "PLAYGROUND_LIMITS", None) or _from_env_once()
+
+
+@functools.cache
+def _from_env_once() -> LimitConfig:
+    return LimitConfig.from_env()
+
+
+def limiter() -> RateLimiter:
+    """The web process's limiter, on the job client's Redis connection (one per event loop)."""
+    from playground.jobs import job_client
+
+    jobs, config = job_client(), configured()
+    cached = getattr(jobs, "_limiter", None)
+    if cached is None or cached.config is not config:
+        cached = jobs._limiter = RateLimiter(jobs.r, config)
+    return cached

@@ -72,6 +72,8 @@ ERROR_KINDS = frozenset(
         *("bad_frame", "frame_too_large", "invalid_request", "invalid_json", "body_too_large", "busy"),
         *("queue_full", "rate_limited", "unauthorized", "unknown_job", "cancelled", "no_workers"),
         *("worker_lost", "stalled", "out_of_memory", "internal_error", "unavailable", "queue_restarted"),
+        *("rate_limit_exceeded", "invalid_value", "model_not_found", "invalid_api_key", "unknown_url"),
+        *("queue_down", "method_not_allowed"),
     }
 )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -64,6 +65,16 @@ def wait_for_port(host: str, port: int, processes: dict[str, subprocess.Popen]) 
     return False
 
 
+def local_secret_key() -> str:
+    """The settings want a secret key with DEBUG off: one made on first run, kept private in var/."""
+    path = ROOT / "var" / "secret_key"
+    if not path.exists():
+        path.parent.mkdir(exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_urlsafe(50))
+    return path.read_text().strip()
+
+
 def interrupt(*_) -> None:
     raise KeyboardInterrupt
 
@@ -79,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.setdefault("DJANGO_SECRET_KEY", local_secret_key())
     processes: dict[str, subprocess.Popen] = {}
     redis_process = None
     if not env.get("REDIS_URL"):

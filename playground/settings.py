@@ -1,25 +1,34 @@
 """Settings, all from the environment: safe for production by default, `DJANGO_DEBUG=1` for development.
 
-DJANGO_SECRET_KEY       required in production (a random per-process key is used otherwise, with a warning)
+DJANGO_SECRET_KEY       required to serve when DEBUG is off (`make run` makes one, kept in var/secret_key)
 DJANGO_DEBUG            1/true to enable debug pages (default off)
-DJANGO_ALLOWED_HOSTS    comma-separated host names (default 127.0.0.1,localhost)
+DJANGO_ALLOWED_HOSTS    comma-separated host names (default 127.0.0.1,localhost); websocket origins too
 DJANGO_CSRF_TRUSTED_ORIGINS  comma-separated origins, e.g. https://play.example.com (admin login behind a proxy)
-DJANGO_BEHIND_HTTPS_PROXY    1 when a TLS-terminating proxy sets X-Forwarded-Proto (secure cookies)
+DJANGO_BEHIND_HTTPS_PROXY    1 when a TLS-terminating proxy sets X-Forwarded-Proto: secure cookies, HSTS,
+                             and plain-HTTP requests redirected to HTTPS
+DJANGO_HSTS_SECONDS     Strict-Transport-Security max-age behind TLS (default 31536000; 0: no header)
 DATABASE_URL            sqlite:///path or postgres://user:pass@host/db (default var/db.sqlite3)
 REDIS_URL               the job queue and the channel layer (default redis://127.0.0.1:6379/0)
 MODELS                  models offered before any worker has announced itself (comma-separated)
 PLAYGROUND_MAX_QUEUE    jobs that may wait per model before new ones are refused (default 32)
-PLAYGROUND_MAX_NEW_TOKENS   the largest max_tokens the page may ask for (default 8192)
+PLAYGROUND_MAX_NEW_TOKENS   the largest max_tokens the page may ask for (default 8192; larger is clamped)
+PLAYGROUND_MAX_FRAME_BYTES  the largest websocket frame the page may send (default 65536)
+PLAYGROUND_REDIS_CONNECTIONS  pooled Redis connections per web process (default 500; each socket
+                        following a job holds one while it waits for events)
+Rate limits (PLAYGROUND_IP_*, PLAYGROUND_KEY_*, PLAYGROUND_TRUSTED_PROXIES): see playground/limits.py.
+LOG_FORMAT, LOG_LEVEL   json (default) or plain log lines; see inference/logs.py
+PLAYGROUND_READY_TIMEOUT_S, PLAYGROUND_READY_CACHE_S, PLAYGROUND_METRICS_TOKEN: see health.py, metrics.py
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import secrets
 from pathlib import Path
 
 import dj_database_url
+
+from inference.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -33,19 +42,23 @@ def env_list(name: str, default: str = "") -> list[str]:
 
 
 DEBUG = env_bool("DJANGO_DEBUG")
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
-if not SECRET_KEY:
-    if not DEBUG:
-        logging.getLogger("playground").warning(
-            "DJANGO_SECRET_KEY is unset: using a random key (sessions end when the process restarts)"
-        )
-    SECRET_KEY = "dev-only-insecure-key" if DEBUG else secrets.token_urlsafe(50)
+# Serving (playground/asgi.py) refuses to start without DJANGO_SECRET_KEY when DEBUG is off; a
+# management command (migrate, apikey) needs no stable key and gets a throwaway one.
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "") or (
+    "dev-only-insecure-key" if DEBUG else secrets.token_urlsafe(50)
+)
 
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost")
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS")
 if env_bool("DJANGO_BEHIND_HTTPS_PROXY"):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]  # probes come over plain HTTP
+    SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_HSTS_SECONDS", "31536000"))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS")
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Lax"
 
 INSTALLED_APPS = [
     "daphne",  # first: its runserver serves the websocket routes too
@@ -68,6 +81,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "playground.security.SecurityHeadersMiddleware",  # Content-Security-Policy, Permissions-Policy
 ]
 
 ROOT_URLCONF = "playground.urls"
@@ -105,6 +119,12 @@ PLAYGROUND_MODELS = env_list("MODELS")
 PLAYGROUND_MAX_QUEUE = int(os.environ.get("PLAYGROUND_MAX_QUEUE", "32"))
 PLAYGROUND_MAX_NEW_TOKENS = int(os.environ.get("PLAYGROUND_MAX_NEW_TOKENS", "8192"))
 PLAYGROUND_MAX_PROMPT_CHARS = int(os.environ.get("PLAYGROUND_MAX_PROMPT_CHARS", "100000"))
+PLAYGROUND_MAX_FRAME_BYTES = int(os.environ.get("PLAYGROUND_MAX_FRAME_BYTES", str(64 * 1024)))
+PLAYGROUND_REDIS_CONNECTIONS = int(os.environ.get("PLAYGROUND_REDIS_CONNECTIONS", "500"))
+# A playground.limits.LimitConfig, or None to read the PLAYGROUND_IP_* / _KEY_* variables.
+PLAYGROUND_LIMITS = None
+# How long a socket following a job waits for a lost Redis to come back before giving up.
+PLAYGROUND_REDIS_RETRY_S = float(os.environ.get("PLAYGROUND_REDIS_RETRY_S", "15"))
 PLAYGROUND_STATUS_INTERVAL_S = float(os.environ.get("PLAYGROUND_STATUS_INTERVAL_S", "1.0"))
 # A job whose every watcher left (tab closed) is cancelled after this long unless a client resumes it.
 PLAYGROUND_ORPHAN_GRACE_S = float(os.environ.get("PLAYGROUND_ORPHAN_GRACE_S", "15"))
@@ -130,10 +150,4 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 SECURE_REFERRER_POLICY = "same-origin"
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-}
+LOGGING = logging_config()  # JSON lines carrying the job id (LOG_FORMAT=plain for a terminal)

@@ -1,12 +1,14 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from playground import views
+from playground import health, metrics, views
 
 urlpatterns = [
     path("", views.index, name="index"),
     path("g/<slug:generation_id>", views.generation, name="generation"),
-    path("healthz", views.healthz, name="healthz"),
+    path("healthz", health.healthz, name="healthz"),  # alive: no dependency looked at
+    path("readyz", health.readyz, name="readyz"),  # Redis, a worker per model, a one-token generation
+    path("metrics", metrics.metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
     path("v1/", include("playground.api.urls")),
 ]

@@ -1,10 +1,9 @@
-"""HTTP pages: the playground, a shared generation, and a health check for load balancers."""
+"""HTTP pages: the playground and a shared generation (the probes are in health.py)."""
 
 from __future__ import annotations
 
 import redis
 from django.conf import settings
-from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, render
 
 from playground.jobs import job_client, worker_summary
@@ -42,11 +41,3 @@ def stat_rows(generation: Generation) -> list[tuple[str, str]]:
 def generation(request, generation_id: str):
     row = get_object_or_404(Generation, pk=generation_id)
     return render(request, "playground/generation.html", {"generation": row, "stats": stat_rows(row)})
-
-
-async def healthz(request):
-    try:
-        workers = await job_client().workers()
-    except redis.RedisError as exc:
-        return JsonResponse({"ok": False, "redis": str(exc)}, status=503)
-    return JsonResponse({"ok": True, "workers": len(workers)})

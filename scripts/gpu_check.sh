@@ -13,6 +13,7 @@
 #   WORKER_MODELS="llama-3.2-1b"       # the worker streaming into a real Redis vs the benchmark (needs the redis
 #                                      # package and a redis-server on PATH; default: llama-3.2-1b)
 #   PEER_MODELS="llama-3.2-1b"         # peers for these models only, after everything else
+#   TTFT_FLAGS="--prefill-profile"     # where the long prefill's GPU time goes, by kernel
 #   ATTN_SPLITS_AB="4 8"               # llama-3.2-1b again with KOG_ATTN_SPLITS set to each (end-to-end A/B)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -66,7 +67,7 @@ for model in $LONG_MODELS; do
   run 90 $PY -m inference.bench --model "$model" --prompt-len 3840 --new-tokens 256 --no-pdl-row \
     --json "$OUT/$model.4096.json"
   [ "${TTFT_LONG:-1}" = 1 ] && run 60 $PY -m inference.bench --model "$model" --prompt-len 4094 --new-tokens 2 \
-    --no-pdl-row --runs 5 --json "$OUT/$model.ttft4094.json"
+    --no-pdl-row --runs 5 ${TTFT_FLAGS:-} --json "$OUT/$model.ttft4094.json"
 done
 for splits in ${ATTN_SPLITS_AB:-}; do
   KOG_ATTN_SPLITS=$splits run 90 $PY -m inference.bench --model llama-3.2-1b --no-pdl-row \

@@ -1,6 +1,6 @@
 """Container healthchecks (docker-compose.yml): `python scripts/healthcheck.py web|worker`; exit 0 when healthy.
 
-web:    GET /healthz answers 200 (daphne serves and Redis answers), asked with a Host header that
+web:    GET /healthz answers 200 (daphne serves; /readyz checks the rest), asked with a Host header that
         DJANGO_ALLOWED_HOSTS accepts.
 worker: the file in KOG_HEALTH_FILE, which the worker touches at each heartbeat, is fresh.
 """

@@ -192,3 +192,13 @@ def start_web(redis_url, tmp_path):
     yield start
     for server in started:
         server.stop()
+
+
+# Settings refuse to start without a secret key when DEBUG is off (production's default); the
+# suite's own processes get this one. Set here, before pytest-django imports the settings.
+os.environ.setdefault("DJANGO_SECRET_KEY", "test-secret-key-not-for-production")
+# Every test client comes from 127.0.0.1 and the suite's Redis lives for the whole session, so the
+# public demo's per-IP budgets would run out across tests: they are raised here, and the tests of
+# the limits set their own (tests/test_limits.py, test_security_browser.py).
+os.environ.setdefault("PLAYGROUND_IP_REQUESTS_PER_MIN", "1000000")
+os.environ.setdefault("PLAYGROUND_IP_TOKENS_PER_MIN", "1000000000")

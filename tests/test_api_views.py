@@ -55,7 +55,7 @@ def queue(redis_url, settings):
 async def test_a_stream_never_started_cancels_its_job(queue, streaming):
     spec = JobSpec(model="m", prompt="p")
     await job_client().submit(spec)
-    run = JobRun(spec)
+    run = JobRun(spec, ip="127.0.0.1", key_id=None)
     run.streaming = streaming
     run.cancel_unless_streaming_within(0.01)
     await asyncio.sleep(0.3)
@@ -66,7 +66,7 @@ async def test_a_cancel_swallowed_below_us_still_stops_the_run(queue):
     spec = JobSpec(model="m", prompt="p")
     await job_client().submit(spec)
     await queue.xadd(events_key(spec.id), {"type": "delta", "data": json.dumps({"text": "x"})})
-    run = JobRun(spec)
+    run = JobRun(spec, ip="127.0.0.1", key_id=None)
 
     async def client_that_left():
         asyncio.current_task().cancel()

@@ -80,7 +80,7 @@ def test_prompt_streams_with_live_speed_and_stop_keeps_partial_text(server, page
     prompt = "def greet(name):\n    return f'hello {name}'\n\n"
     generate(page, prompt, 3000)
 
-    page.wait_for_function("document.getElementById('tokens').textContent > 20", timeout=15_000)
+    page.wait_for_function("() => document.getElementById('tokens').textContent > 20", timeout=15_000)
     assert page.get_attribute("#state", "data-state") == "streaming"
     assert float(page.text_content("#tok-s")) > 0
     assert float(page.text_content("#ttft")) >= 0
@@ -132,7 +132,7 @@ def test_dropped_connection_reconnects_and_resumes_without_gap_or_duplicate(serv
     open_playground(page, server.url)
     prompt = "".join(f"line {i:04d}\n" for i in range(120))  # 1,200 characters, all different
     generate(page, prompt, len(prompt))
-    page.wait_for_function("document.getElementById('tokens').textContent > 100", timeout=15_000)
+    page.wait_for_function("() => document.getElementById('tokens').textContent > 100", timeout=15_000)
     page.evaluate("""() => {
         window.seenStates = [];
         const state = document.getElementById("state");

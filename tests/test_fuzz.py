@@ -228,3 +228,14 @@ async def test_a_huge_api_body_is_refused_and_the_api_still_answers():
     assert assert_openai_error(response, (413,))["code"] == "body_too_large"
     response = await AsyncClient().get("/v1/models")
     assert response.status_code == 200 and MODEL in {m["id"] for m in json.loads(response.content)["data"]}
+
+
+def test_numbers_out_of_range_are_clamped_into_it(settings):
+    from playground.jobs import spec_from_frame
+
+    frame = {"prompt": "p", "temperature": 99, "top_p": 0, "top_k": -5, "max_tokens": 10**12,
+             "repetition_penalty": 1e-9, "seed": 2**70 + 5}  # fmt: skip
+    params = spec_from_frame(frame, {MODEL: {"chat": False}}).sampling_params()
+    assert (params.temperature, params.top_p, params.top_k) == (2.0, 0.01, 0)
+    assert params.max_new_tokens == settings.PLAYGROUND_MAX_NEW_TOKENS
+    assert params.repetition_penalty == 0.5 and params.seed == (2**70 + 5) % 2**63

@@ -164,3 +164,56 @@ def test_settings_from_the_environment_are_validated_naming_the_variable(monkeyp
     monkeypatch.setenv("PLAYGROUND_TRUSTED_PROXIES", "10.0.0.0/33")
     with pytest.raises(ValueError, match="PLAYGROUND_TRUSTED_PROXIES: '10.0.0.0/33'"):
         LimitConfig.from_env()
+
+
+# ---- where the limits are applied --------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_api_answers_429_with_retry_after_over_the_limit(settings, redis_url, start_worker):
+    from django.test import AsyncClient
+
+    from playground import jobs
+
+    settings.REDIS_URL = redis_url
+    settings.PLAYGROUND_LIMITS = LimitConfig(ip_requests=1, ip_tokens=0, key_requests=0, key_tokens=0)
+    start_worker(["standin:1000"])
+    body = {"model": "standin:1000", "prompt": "hi", "max_tokens": 2}
+    client = AsyncClient()
+    first = await client.post("/v1/completions", body, content_type="application/json")
+    assert first.status_code == 200 and first.json()["choices"][0]["text"] == "hi"
+    second = await client.post("/v1/completions", body, content_type="application/json")
+    assert second.status_code == 429 and 1 <= int(second["Retry-After"]) <= 60
+    error = second.json()["error"]
+    assert error["code"] == "rate_limit_exceeded" and error["type"] == "rate_limit_error"
+    assert error["message"].startswith("Rate limit reached: 1 requests per minute per IP address")
+    await jobs.job_client().r.aclose()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_websocket_answers_an_error_frame_and_charges_tokens(settings, redis_url, start_worker):
+    from channels.testing import WebsocketCommunicator
+
+    from playground import jobs
+    from playground.asgi import application
+
+    settings.REDIS_URL = redis_url
+    settings.PLAYGROUND_LIMITS = LimitConfig(ip_requests=0, ip_tokens=10, key_requests=0, key_tokens=0)
+    start_worker(["standin:1000"])
+    communicator = WebsocketCommunicator(
+        application, "/ws/generate/", headers=[(b"origin", b"http://127.0.0.1")]
+    )
+    assert (await communicator.connect())[0]
+
+    async def ending(frame: dict) -> dict:
+        await communicator.send_json_to({"type": "generate", "model": "standin:1000", **frame})
+        while (answer := await communicator.receive_json_from(timeout=20))["type"] not in ("done", "error"):
+            pass
+        return answer
+
+    assert (await ending({"prompt": "abc", "max_tokens": 12}))["type"] == "done"  # 12 tokens >= the 10
+    refused = await ending({"prompt": "abc", "max_tokens": 1})
+    assert refused["code"] == "rate_limited" and "10 generated tokens per minute" in refused["message"]
+    assert 1 <= refused["retry_after_s"] <= 60
+    await communicator.disconnect()
+    await jobs.job_client().r.aclose()

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 from django.http import HttpResponse
 from django.test import RequestFactory
 
 from playground.security import SecurityHeadersMiddleware
+from tests.conftest import ROOT
 
 
 def headers_for(request, settings, debug: bool = False) -> dict:
@@ -43,3 +48,51 @@ def test_an_operator_policy_replaces_ours(settings, monkeypatch):
     monkeypatch.setenv("PLAYGROUND_CSP", "default-src 'self'; connect-src wss://{host}")
     headers = headers_for(RequestFactory().get("/", HTTP_HOST="localhost"), settings)
     assert headers["Content-Security-Policy"] == "default-src 'self'; connect-src wss://localhost"
+
+
+def settings_in_a_fresh_process(env: dict, code: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("DJANGO_")}
+    full = {
+        **base,
+        "DJANGO_SETTINGS_MODULE": "playground.settings",
+        "DATABASE_URL": "sqlite:///:memory:",
+        **env,
+    }
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=full, capture_output=True, text=True)
+
+
+def test_serving_with_debug_off_needs_a_secret_key():
+    refused = settings_in_a_fresh_process({}, "import playground.asgi")
+    assert refused.returncode != 0
+    assert "DJANGO_SECRET_KEY must be set to serve with DJANGO_DEBUG off" in refused.stderr
+    assert (
+        settings_in_a_fresh_process({"DJANGO_SECRET_KEY": "k" * 50}, "import playground.asgi").returncode == 0
+    )
+    # a management command needs no stable key
+    check = settings_in_a_fresh_process({}, "import django; django.setup(); print('ok')")
+    assert check.returncode == 0 and check.stdout.strip() == "ok"
+
+
+def test_behind_a_tls_proxy_cookies_are_secure_and_hsts_is_on():
+    code = (
+        "import django; django.setup(); from django.conf import settings as s; "
+        "print(s.DEBUG, s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, s.SECURE_HSTS_SECONDS, "
+        "s.SECURE_SSL_REDIRECT, s.SECURE_PROXY_SSL_HEADER[0])"
+    )
+    out = settings_in_a_fresh_process({"DJANGO_BEHIND_HTTPS_PROXY": "1", "DJANGO_SECRET_KEY": "k" * 50}, code)
+    assert out.stdout.split() == ["False", "True", "True", "31536000", "True", "HTTP_X_FORWARDED_PROTO"]
+    out = settings_in_a_fresh_process(
+        {"DJANGO_SECRET_KEY": "k" * 50}, code.replace(", s.SECURE_PROXY_SSL_HEADER[0]", "")
+    )
+    assert out.stdout.split() == [
+        "False",
+        "False",
+        "False",
+        "0",
+        "False",
+    ]  # plain HTTP: no secure-only cookie
+
+
+def test_the_admin_is_behind_a_login(client):
+    response = client.get("/admin/")
+    assert response.status_code == 302 and response["Location"].startswith("/admin/login/")

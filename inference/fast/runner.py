@@ -34,6 +34,7 @@ from kernels.decode_attention import AttentionScratch, decode_attention, default
 from kernels.final_norm import final_norm
 from kernels.lane_reduce_gemv import lane_reduce_gemv
 from kernels.lm_head import HeadScratch, lm_head
+from kernels.prefill_residual_norm import prefill_residual_norm
 from kernels.rmsnorm_gemv import rmsnorm_gemv
 
 LOOKAHEAD = 8  # decode steps queued on the GPU ahead of the token handed to the caller
@@ -125,6 +126,11 @@ class FastRunner:
         # KOG_ATTN_SPLITS / KOG_ATTN_BLOCK_T override the attention's split count and key block (for sweeps).
         splits = int(os.environ.get("KOG_ATTN_SPLITS", "0")) or default_splits(cfg.num_kv_heads, device)
         self.attn_block_t = int(os.environ.get("KOG_ATTN_BLOCK_T", "64"))
+        # KOG_HEAD_BLOCK_N / KOG_HEAD_WARPS override the head's blocks (0: its own choice).
+        self.head_blocks = {
+            "block_n": int(os.environ.get("KOG_HEAD_BLOCK_N", "0")) or None,
+            "num_warps": int(os.environ.get("KOG_HEAD_WARPS", "0")) or None,
+        }
         self.attn_scratch = AttentionScratch(cfg.num_kv_heads, group, hd, splits, device)
         self.head_scratch = HeadScratch(cfg.vocab_size, device)
 
@@ -210,7 +216,7 @@ class FastRunner:
             head_x, head_norm = self.x[0], self.final_norm_weight[0]
         lm_head(head_x, self.head_weight, self.logits, self.head_scratch, norm_weight=head_norm, eps=eps,
                 greedy=greedy, vocab_limit=self.vocab_limit, token=self.token, pos=self.pos, out_tokens=self.out_tokens,
-                use_pdl=pdl)  # fmt: skip
+                use_pdl=pdl, **self.head_blocks)  # fmt: skip
         if not greedy:
             self._sample_next()
 
@@ -293,10 +299,11 @@ class FastRunner:
         T = ids.shape[0]
         cos, sin = rope_pairs(model.rope_cos[:T], model.rope_sin[:T])  # [T, hd]
         x = F.embedding(ids, self.embed).view(1, T, dim).expand(lanes, T, dim)  # [L, T, D]
+        h = rms_norm(x, self.layers[0].attention_norm[:, None], eps)
         attn_partials: list[torch.Tensor] = []
         mlp_partials: list[torch.Tensor] = []
         for i, (block, w) in enumerate(zip(model.layers, self.layers, strict=True)):
-            qkv = rms_norm(x, w.attention_norm[:, None], eps) @ w.wqkv.mT  # [L, T, (H/L + 2 KV/L) * hd]
+            qkv = h @ w.wqkv.mT  # [L, T, (H/L + 2 KV/L) * hd]
             if w.bqkv is not None:
                 qkv = qkv + w.bqkv[:, None]
             q, k, v = (block._heads(t, 1, T) for t in qkv.split([q_rows, kv_rows, kv_rows], dim=-1))
@@ -312,9 +319,21 @@ class FastRunner:
                 k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             out = out.unflatten(1, (lanes, -1)).permute(1, 0, 3, 2, 4).reshape(lanes, T, -1)
-            x = x + model._reduce(i, out @ w.wo.mT, attn_partials)
-            x = x + model._reduce(i, block.mlp(rms_norm(x, w.ffn_norm[:, None], eps)), mlp_partials)
+            # The residual update and the next norm are one kernel each (model._reduce's math): eager, they
+            # were most of a long Laneformer prefill's GPU time ([L, T, D] casts, lane sums and adds).
+            next_norm = self.layers[i + 1].attention_norm if i + 1 < len(self.layers) else None
+            attn_partials.append(out @ w.wo.mT)  # [L, T, D] raw lane partials
+            x, h = self._residual_norm(i, w, x, attn_partials, w.ffn_norm)
+            mlp_partials.append(block.mlp(h))
+            x, h = self._residual_norm(i, w, x, mlp_partials, next_norm)
         return model._head(x.index_select(1, last)).view(-1).float()
+
+    def _residual_norm(self, i: int, w: LayerWeights, x: torch.Tensor, partials: list[torch.Tensor],
+                       norm_weight: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        """x + model._reduce(i, partials[i], partials), and rms_norm of it with norm_weight [L, D] (or None)."""
+        past = partials[w.history_in] if w.mode == "delayed" else None
+        return prefill_residual_norm(x, partials[i], mode=w.mode, past=past, norm_weight=norm_weight,
+                                     eps=self.cfg.norm_eps)  # fmt: skip
 
     def _capture_prefill(self, bucket: int) -> torch.cuda.CUDAGraph:
         """forward_prompt over the first `bucket` positions of prompt_ids as a graph: prompts up to the bucket

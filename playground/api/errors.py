@@ -6,13 +6,18 @@ from django.http import JsonResponse
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, type="invalid_request_error", param=None, code=None):
+    def __init__(
+        self, status: int, message: str, type="invalid_request_error", param=None, code=None, headers=None
+    ):
         super().__init__(message)
         self.status = status
+        self.headers = headers or {}  # e.g. Retry-After on a 429
         self.body = {"error": {"message": message, "type": type, "param": param, "code": code}}
 
     def response(self) -> JsonResponse:
         response = JsonResponse(self.body, status=self.status)
         if self.status == 401:
             response["WWW-Authenticate"] = "Bearer"
+        for name, value in self.headers.items():
+            response[name] = value
         return response

@@ -22,10 +22,13 @@ from redis.exceptions import RedisError
 
 from inference.events import InvalidRequest
 from inference.protocol import TERMINAL, JobSpec, QueueFull
+from playground import metrics
 from playground.api.auth import authenticate
 from playground.api.errors import ApiError
 from playground.api.params import ApiRequest, parse_request
 from playground.jobs import job_client, served_models
+from playground.limits import configured as limit_config
+from playground.limits import ip_from_request, limiter
 from playground.store import save_generation
 
 log = logging.getLogger("playground.api")
@@ -47,9 +50,10 @@ def endpoint(*methods: str):
                     response = error.response()
                     response["Allow"] = ", ".join(methods)
                     return response
-                await authenticate(request)
+                request.api_key = await authenticate(request)
                 return await view(request, *args, **kwargs)
             except ApiError as error:
+                metrics.count_error(error.body["error"]["code"])
                 return error.response()
             except RedisError as exc:
                 log.warning("api: the job queue is unreachable: %s", exc)
@@ -128,12 +132,19 @@ async def complete(request, chat: bool):
         raise ApiError(400, message, param="model", code="model_not_found")
     if not models[spec.model]["workers"]:
         raise ApiError(503, f"No worker serves {spec.model!r} right now", "server_error", code="no_workers")
+    # A key has its own budget; without one, the client's address has (see playground/limits.py).
+    ip = ip_from_request(request, limit_config().trusted_proxies)
+    key_id = str(request.api_key.pk) if request.api_key is not None else None
+    verdict = await limiter().admit(ip, api_key=key_id)
+    if not verdict.allowed:
+        raise ApiError(429, verdict.message, type="rate_limit_error", code="rate_limit_exceeded",
+                       headers={"Retry-After": str(verdict.retry_after_s)})  # fmt: skip
     try:
         await job_client().submit(spec)
     except QueueFull as exc:
         raise ApiError(429, str(exc), type="rate_limit_error", code="queue_full") from None
 
-    run = JobRun(spec)
+    run = JobRun(spec, ip, key_id)
     try:
         # Wait for the job's first real event before any status line goes out, so that a refusal
         # from the worker (a prompt over the context) is still a plain 400, streaming or not.
@@ -170,8 +181,9 @@ async def save(spec: JobSpec, done: dict) -> None:
 class JobRun:
     """One submitted job's events without the queue chatter, and what the reply needs from them."""
 
-    def __init__(self, spec: JobSpec):
+    def __init__(self, spec: JobSpec, ip: str, key_id: str | None):
         self.spec = spec
+        self.ip, self.key_id = ip, key_id  # whose budget the generated tokens are charged to
         self.jobs = job_client()
         self.events = self.jobs.events(spec.id)
         self.queue_ms = 0.0
@@ -190,7 +202,21 @@ class JobRun:
                 self.queue_ms = data["queue_ms"]
             elif kind != "queue":
                 self.finished = kind in TERMINAL
+                if self.finished:
+                    await self.account(kind, data)
                 return kind, data
+
+    async def account(self, kind: str, data: dict) -> None:
+        """Metrics and the token budget, once the job has ended; neither may fail the reply."""
+        try:
+            await metrics.observe_finished(
+                self.jobs.r, self.spec.id, self.spec.model, "api", kind, data, self.queue_ms
+            )
+            if kind == "done" and data.get("stats"):
+                tokens = data["stats"]["completion_tokens"]
+                await limiter().charge_tokens(self.ip, self.key_id, tokens, self.spec.id)
+        except RedisError as exc:
+            log.warning("could not account for api job %s: %s", self.spec.id, exc)
 
     async def cancel_unless_finished(self) -> None:
         if not self.finished:

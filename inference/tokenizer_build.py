@@ -56,10 +56,15 @@ CHAT_TEMPLATES: dict[str, str] = {
         "{% endfor %}"
     ),
     # For a base model trained on plain Python: the request becomes a comment and the answer is code.
+    # A base code model: a request in words becomes `# ` comment lines the model continues with code,
+    # while a user message that already is code (a `def` line and its docstring, say) goes in as is.
     "pycomment": (
-        "{% for message in messages %}"
-        "{% if message['role'] == 'assistant' %}{{ message['content'] + '\\n' }}"
-        "{% else %}{% for line in message['content'].strip().split('\\n') %}"
+        "{% for message in messages %}{% set text = message['content'] %}"
+        "{% if message['role'] == 'assistant' %}{{ text + '\\n' }}"
+        "{% elif message['role'] == 'user' and text.lstrip().startswith("
+        "('def ', 'async def ', 'class ', 'import ', 'from ', '@', '#')) %}"
+        "{{ text if text.endswith('\\n') else text + '\\n' }}"
+        "{% else %}{% for line in text.strip().split('\\n') %}"
         "{{ ('# ' + line).rstrip() + '\\n' }}"
         "{% endfor %}{% endif %}"
         "{% endfor %}"

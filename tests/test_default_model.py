@@ -57,6 +57,17 @@ def test_chat_prompt_becomes_a_comment(engine):
     assert done.stats.completion_tokens >= 1
 
 
+def test_chat_prompt_that_is_code_goes_in_verbatim(engine):
+    # The page sends chat messages; a `def` line with its docstring must reach the model as code to continue.
+    messages = [
+        {"role": "system", "content": "Answer in Python."},
+        {"role": "user", "content": 'def clamp(x, lo, hi):\n    """Clamp x to [lo, hi]."""'},
+    ]
+    ids = engine.encode_prompt(messages=messages, chat=True)
+    text = engine.tokenizer.decode(ids)
+    assert text == '# Answer in Python.\ndef clamp(x, lo, hi):\n    """Clamp x to [lo, hi]."""\n'
+
+
 def test_trained_weights_model_held_out_python(engine):
     # A trained model predicts held-out Python far better than chance (log2(V) bits per token,
     # about 3.4 bits per byte here); the shipped one measures about 1 bit per byte.

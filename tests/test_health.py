@@ -78,7 +78,7 @@ async def test_a_wedged_worker_that_still_heartbeats_fails_the_probe_and_the_pro
 async def test_a_model_whose_workers_are_all_busy_is_ready_without_a_probe(start_worker, redis_url):
     start_worker(["standin:20"])
     client = jobs.job_client()
-    await client.submit(JobSpec(model="standin:20", prompt="busy", params={"max_new_tokens": 200}))
+    await client.submit(JobSpec(model="standin:20", prompt="busy", params={"max_new_tokens": 60}))  # 3 s
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     for _ in range(50):  # the heartbeat shows the job within a second
         beats = await client.workers()

@@ -202,3 +202,30 @@ os.environ.setdefault("DJANGO_SECRET_KEY", "test-secret-key-not-for-production")
 # the limits set their own (tests/test_limits.py, test_security_browser.py).
 os.environ.setdefault("PLAYGROUND_IP_REQUESTS_PER_MIN", "1000000")
 os.environ.setdefault("PLAYGROUND_IP_TOKENS_PER_MIN", "1000000000")
+
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's chromium driven by playwright (never `playwright install`); `make test` installs it."""
+    if not Path(CHROMIUM).exists():
+        message = "Debian's chromium is missing: apt-get install -y chromium (make test does it as root)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()

@@ -6,7 +6,6 @@ The stand-in engine echoes the prompt, so the expected output is known exactly.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
@@ -14,29 +13,8 @@ from tests.conftest import WebServer, WorkerProcess
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-]
 MODEL = "standin:400"  # echoes the prompt at 400 tokens/s
 XSS = '<img src=x onerror=alert(1)>\n<script>alert("pwned")</script>\n<b onmouseover=alert(2)>bold</b>\n'
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is missing: apt-get install -y chromium")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture(scope="module")

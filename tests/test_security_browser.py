@@ -6,8 +6,6 @@ origin cannot open the generation websocket; a client over its rate limit reads 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import redis
 
@@ -16,28 +14,8 @@ from tests.conftest import WebServer, WorkerProcess
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-]
 MODEL = "standin:1000"
 EVIL = "http://evil.example"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is missing: apt-get install -y chromium")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture(scope="module")

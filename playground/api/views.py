@@ -175,7 +175,7 @@ async def save(spec: JobSpec, done: dict) -> None:
     try:
         await save_generation(spec, done)
     except Exception:
-        log.exception("could not save api generation %s", spec.id)
+        log.exception("could not save api generation %s", spec.id, extra={"job_id": spec.id})
 
 
 class JobRun:
@@ -216,13 +216,17 @@ class JobRun:
                 tokens = data["stats"]["completion_tokens"]
                 await limiter().charge_tokens(self.ip, self.key_id, tokens, self.spec.id)
         except RedisError as exc:
-            log.warning("could not account for api job %s: %s", self.spec.id, exc)
+            log.warning(
+                "could not account for api job %s: %s", self.spec.id, exc, extra={"job_id": self.spec.id}
+            )
 
     async def cancel_unless_finished(self) -> None:
         if not self.finished:
             self.finished = True
             await self.jobs.cancel(self.spec.id)
-            log.info("api job %s cancelled: the client went away", self.spec.id)
+            log.info(
+                "api job %s cancelled: the client went away", self.spec.id, extra={"job_id": self.spec.id}
+            )
 
     def cancel_unless_streaming_within(self, seconds: float) -> None:
         """A client that leaves after the view returned but before the first chunk never starts the
@@ -286,7 +290,7 @@ async def sse_stream(run: JobRun, first: tuple[str, dict], api_request: ApiReque
     except (asyncio.CancelledError, GeneratorExit):
         raise
     except Exception:  # keep the protocol whole: an error chunk, then [DONE]
-        log.exception("api stream for job %s failed", spec.id)
+        log.exception("api stream for job %s failed", spec.id, extra={"job_id": spec.id})
         yield sse(ApiError(500, INTERNAL_ERROR, type="server_error").body)
         yield b"data: [DONE]\n\n"
     finally:

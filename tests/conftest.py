@@ -215,9 +215,12 @@ CHROMIUM_ARGS = [
 ]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
-    """Debian's chromium driven by playwright (never `playwright install`); `make test` installs it."""
+    """Debian's chromium driven by playwright (never `playwright install`); `make test` installs it.
+
+    Module scope, not session: playwright's sync API keeps an event loop running in this thread until
+    it stops, and the asyncio tests of later modules need the thread free of it."""
     if not Path(CHROMIUM).exists():
         message = "Debian's chromium is missing: apt-get install -y chromium (make test does it as root)"
         if os.environ.get("CI"):

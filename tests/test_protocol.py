@@ -21,7 +21,9 @@ async def client(redis_url):
 @pytest.fixture
 def channel(redis_url):
     r = redis.Redis.from_url(redis_url, decode_responses=True)
-    yield WorkerChannel(r, "w1", ["m"])
+    channel = WorkerChannel(r, "w1", ["m"])
+    yield channel
+    channel.retire()  # later tests share this Redis: leave no live-looking worker behind
     r.close()
 
 

@@ -52,6 +52,8 @@ def page(browser):
 
 
 def run_generation(page, prompt: str) -> None:
+    page.wait_for_selector(f'#model option[value="{MODEL}"]', state="attached")
+    page.select_option("#model", MODEL)  # other tests' workers may still be listed for a few seconds
     page.fill("#prompt", prompt)
     page.fill("#max-tokens", str(len(prompt)))
     page.click("#generate")

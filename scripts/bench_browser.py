@@ -28,15 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from inference.redis_server import free_port, start_redis  # noqa: E402
+from tests.conftest import CHROMIUM, CHROMIUM_ARGS  # noqa: E402  (the flags the browser tests use)
 
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-]
 CODE = '''def merge(left: list[int], right: list[int]) -> list[int]:
     """Merge two sorted lists."""
     out, i, j = [], 0, 0
@@ -149,7 +142,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=5000, help="stand-in engine tokens/s")
     parser.add_argument("--tokens", type=int, default=25000)
-    parser.add_argument("--chromium", default="/usr/bin/chromium")
+    parser.add_argument("--chromium", default=CHROMIUM)
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="kog-bench-"))

@@ -25,16 +25,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from inference.config import ModelConfig
 from inference.events import SamplingParams
-from inference.model import KVCache, Transformer, apply_rope, attention_mask, rms_norm, rope_pairs
+from inference.fast.prefill import forward_prompt
+from inference.model import KVCache, Transformer
 from kernels.decode_attention import AttentionScratch, decode_attention, default_splits
 from kernels.final_norm import final_norm
 from kernels.lane_reduce_gemv import lane_reduce_gemv
 from kernels.lm_head import HeadScratch, lm_head
-from kernels.prefill_residual_norm import prefill_residual_norm
 from kernels.rmsnorm_gemv import rmsnorm_gemv
 
 LOOKAHEAD = 8  # decode steps queued on the GPU ahead of the token handed to the caller
@@ -286,54 +285,8 @@ class FastRunner:
 
     @torch.no_grad()
     def forward_prompt(self, ids: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-        """model.forward over a prompt ids [T] into the cache; the logits [V] at position last [1].
-
-        The reference's math (its norms, RoPE, reductions and head), with one q|k|v matmul a layer and
-        attention that stays on the fused SDPA kernels: a windowed layer longer than its window gets an explicit
-        mask, and then its KV heads are repeated, because SDPA runs GQA with a mask in its slow math kernel.
-        """
-        cfg, model = self.cfg, self.model
-        lanes, dim, hd, eps = cfg.num_lanes, cfg.hidden_size, cfg.head_dim, cfg.norm_eps
-        q_rows, kv_rows = cfg.heads_per_lane * hd, cfg.kv_heads_per_lane * hd
-        group = cfg.num_heads // cfg.num_kv_heads
-        T = ids.shape[0]
-        cos, sin = rope_pairs(model.rope_cos[:T], model.rope_sin[:T])  # [T, hd]
-        x = F.embedding(ids, self.embed).view(1, T, dim).expand(lanes, T, dim)  # [L, T, D]
-        h = rms_norm(x, self.layers[0].attention_norm[:, None], eps)
-        attn_partials: list[torch.Tensor] = []
-        mlp_partials: list[torch.Tensor] = []
-        for i, (block, w) in enumerate(zip(model.layers, self.layers, strict=True)):
-            qkv = h @ w.wqkv.mT  # [L, T, (H/L + 2 KV/L) * hd]
-            if w.bqkv is not None:
-                qkv = qkv + w.bqkv[:, None]
-            q, k, v = (block._heads(t, 1, T) for t in qkv.split([q_rows, kv_rows, kv_rows], dim=-1))
-            if w.q_norm is not None:
-                q, k = rms_norm(q, w.q_norm, eps), rms_norm(k, w.k_norm, eps)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # [1, H, T, hd], [1, KV, T, hd]
-            self.cache.k[i, :, :, :T] = k
-            self.cache.v[i, :, :, :T] = v
-            if w.window is None or w.window >= T:  # a window at least as long as the prompt is plain causal
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=group > 1)
-            else:
-                mask = attention_mask(0, T, 0, T, w.window, ids.device)
-                k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-            out = out.unflatten(1, (lanes, -1)).permute(1, 0, 3, 2, 4).reshape(lanes, T, -1)
-            # The residual update and the next norm are one kernel each (model._reduce's math): eager, they
-            # were most of a long Laneformer prefill's GPU time ([L, T, D] casts, lane sums and adds).
-            next_norm = self.layers[i + 1].attention_norm if i + 1 < len(self.layers) else None
-            attn_partials.append(out @ w.wo.mT)  # [L, T, D] raw lane partials
-            x, h = self._residual_norm(i, w, x, attn_partials, w.ffn_norm)
-            mlp_partials.append(block.mlp(h))
-            x, h = self._residual_norm(i, w, x, mlp_partials, next_norm)
-        return model._head(x.index_select(1, last)).view(-1).float()
-
-    def _residual_norm(self, i: int, w: LayerWeights, x: torch.Tensor, partials: list[torch.Tensor],
-                       norm_weight: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-        """x + model._reduce(i, partials[i], partials), and rms_norm of it with norm_weight [L, D] (or None)."""
-        past = partials[w.history_in] if w.mode == "delayed" else None
-        return prefill_residual_norm(x, partials[i], mode=w.mode, past=past, norm_weight=norm_weight,
-                                     eps=self.cfg.norm_eps)  # fmt: skip
+        """model.forward over a prompt ids [T] into the cache; the logits [V] at position last [1]."""
+        return forward_prompt(self, ids, last)
 
     def _capture_prefill(self, bucket: int) -> torch.cuda.CUDAGraph:
         """forward_prompt over the first `bucket` positions of prompt_ids as a graph: prompts up to the bucket

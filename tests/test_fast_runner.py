@@ -151,3 +151,45 @@ def test_engine_streams_the_same_text_through_the_fast_runner(monkeypatch):
         texts[backend] = events[-1].text
         assert events[-1].stats.completion_tokens == 8
     assert texts["fast"] == texts["reference"]
+
+
+@pytest.mark.parametrize("preset", ["tiny-laneformer", "tiny-qwen3"])
+def test_every_sync_mode_and_prefetch_gives_the_same_logits(preset):
+    """Counters, PDL waits and plain stream order only change when a kernel starts, never what it computes;
+    weights loaded before the wait are the same weights."""
+    model = make_model(preset, seed=4)
+    prompt = [5, 9, 2, 7, 1]
+    results = {}
+    for sync, prefetch_kb in (("stream", 0), ("pdl", 0), ("flags", 0), ("flags", 64)):
+        runner = FastRunner(model, 32, sync=sync, prefetch_kb=prefetch_kb)
+        runner.prefill(prompt)
+        steps = []
+        for _ in range(3):
+            runner.step()
+            steps.append((runner.logits.clone(), int(runner.token)))
+        results[sync, prefetch_kb] = steps
+    base = results["stream", 0]
+    for key, steps in results.items():
+        for (logits, token), (base_logits, base_token) in zip(steps, base, strict=True):
+            assert token == base_token, key
+            assert rel_err(logits, base_logits) < 1e-6, key
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_the_step_leaves_its_counters_at_zero(greedy):
+    """Each kernel of a step increments its counter once per program; the head's last program (or, when
+    sampling, a plain op after the head) zeroes them so that the next replay waits on the same targets."""
+    model = make_model("tiny-laneformer", seed=6)
+    runner = FastRunner(model, 32, sync="flags")
+    runner.prefill([1, 2, 3])
+    if not greedy:
+        runner.sampling.copy_(torch.tensor([0.8, 0, 1.0, 1.0]))
+    for _ in range(2):
+        runner.step(greedy=greedy)
+        assert runner.chain.used == 5 * model.cfg.num_layers + 2  # five a layer, the final norm, the head
+        assert int(runner.chain.flags.abs().sum()) == 0
+
+
+def test_rejects_an_unknown_sync_mode():
+    with pytest.raises(ValueError, match="sync"):
+        FastRunner(make_model("tiny-llama"), 32, sync="barrier")

@@ -35,9 +35,12 @@ from kernels.final_norm import final_norm
 from kernels.lane_reduce_gemv import lane_reduce_gemv
 from kernels.lm_head import HeadScratch, lm_head
 from kernels.rmsnorm_gemv import rmsnorm_gemv
+from kernels.step_sync import StepChain
 
 LOOKAHEAD = 8  # decode steps queued on the GPU ahead of the token handed to the caller
 RING = 16  # pinned slots for finished token ids (> LOOKAHEAD)
+SYNCS = ("flags", "pdl", "stream")  # how the step's kernels wait for each other (FastRunner's docstring)
+DEFAULT_PREFETCH_KB = 32
 
 
 def supports(cfg: ModelConfig) -> str | None:
@@ -79,8 +82,17 @@ def reduction(cfg: ModelConfig, layer: int) -> tuple[str, int | None]:
 
 
 class FastRunner:
+    """sync: how a kernel of the step waits for the one before it.
+        flags   counters in memory (kernels/step_sync.py); on CUDA every kernel also triggers the next one's
+                launch first thing (PDL), so it starts early and spins with its weights in flight
+        pdl     programmatic dependent launch: griddepcontrol.wait for the whole previous grid
+        stream  plain stream order
+    prefetch_kb: weight KiB per program in flight before that wait (at least one tile).
+    KOG_SYNC and KOG_PREFETCH_KB override both (for A/B runs).
+    """
+
     def __init__(self, model: Transformer, max_context: int, vocab_limit: int | None = None, *,
-                 use_pdl: bool = True):  # fmt: skip
+                 sync: str | None = None, prefetch_kb: int | None = None):  # fmt: skip
         cfg = model.cfg
         if (why := supports(cfg)) is not None:
             raise ValueError(f"model: the fast path does not support {why}")
@@ -88,7 +100,17 @@ class FastRunner:
             raise ValueError(f"max_context: must be in (1, {cfg.max_position_embeddings}], got {max_context}")
         device = model.tok_embeddings.device
         self.model, self.cfg, self.device, self.max_context = model, cfg, device, max_context
-        self.use_pdl = use_pdl and device.type == "cuda"
+        self.sync = sync or os.environ.get("KOG_SYNC") or "flags"
+        if self.sync not in SYNCS:
+            raise ValueError(f"sync: expected one of {', '.join(SYNCS)}, got {self.sync!r}")
+        env_prefetch = os.environ.get("KOG_PREFETCH_KB")
+        self.prefetch_kb = (
+            prefetch_kb if prefetch_kb is not None else int(env_prefetch or DEFAULT_PREFETCH_KB)
+        )
+        # The interpreter has no PDL; there the counters still run (in launch order, so no wait ever spins).
+        self.use_pdl = self.sync != "stream" and device.type == "cuda"
+        # five kernels a layer, the final norm and the head
+        self.chain = StepChain(5 * cfg.num_layers + 2, device) if self.sync == "flags" else None
         # Ids past the tokenizer's vocabulary (padded embedding rows) are never chosen: nothing decodes them.
         self.vocab_limit = min(vocab_limit or cfg.vocab_size, cfg.vocab_size)
         self.last_prefill_ms = 0.0
@@ -174,6 +196,10 @@ class FastRunner:
     def decode_step(self, greedy: bool = True) -> None:
         """Launch one step: consumes token/pos, leaves logits, the next token, out_tokens[pos + 1], pos + 1."""
         cfg, eps, pdl = self.cfg, self.cfg.norm_eps, self.use_pdl
+        order = {"use_pdl": pdl, "chain": self.chain}
+        weights_early = {"prefetch_kb": self.prefetch_kb}
+        if self.chain is not None:
+            self.chain.start()
         for i, w in enumerate(self.layers):
             first = i == 0
             rmsnorm_gemv(
@@ -184,7 +210,8 @@ class FastRunner:
                 eps=eps,
                 bias=w.bqkv,
                 token=self.token if first else None,
-                use_pdl=pdl,
+                **order,
+                **weights_early,
             )
             decode_attention(
                 self.qkv,
@@ -200,23 +227,26 @@ class FastRunner:
                 q_norm=w.q_norm,
                 k_norm=w.k_norm,
                 eps=eps,
-                use_pdl=pdl,
                 block_t=self.attn_block_t,
+                **order,
             )
             self._add_partials(i, w, 0, self.attn, w.wo, first)
-            rmsnorm_gemv(self.x, w.w1, self.h, norm_weight=w.ffn_norm, eps=eps, weight_up=w.w3, use_pdl=pdl)
+            rmsnorm_gemv(self.x, w.w1, self.h, norm_weight=w.ffn_norm, eps=eps, weight_up=w.w3, **order,
+                         **weights_early)  # fmt: skip
             self._add_partials(i, w, 1, self.h, w.w2, False)
 
         if cfg.num_lanes > 1:
             final_norm(self.x, self.final_norm_weight, self.head_in, eps=eps,
-                       norm_of_sum=cfg.pre_norm_lane_agg, use_pdl=pdl)  # fmt: skip
+                       norm_of_sum=cfg.pre_norm_lane_agg, **order)  # fmt: skip
             head_x, head_norm = self.head_in, None
         else:
             head_x, head_norm = self.x[0], self.final_norm_weight[0]
         lm_head(head_x, self.head_weight, self.logits, self.head_scratch, norm_weight=head_norm, eps=eps,
                 greedy=greedy, vocab_limit=self.vocab_limit, token=self.token, pos=self.pos, out_tokens=self.out_tokens,
-                use_pdl=pdl, **self.head_blocks)  # fmt: skip
+                **order, **weights_early, **self.head_blocks)  # fmt: skip
         if not greedy:
+            if self.chain is not None:
+                self.chain.flags.zero_()  # the greedy head does this itself; here a plain op after it does
             self._sample_next()
 
     def _add_partials(self, i: int, w: LayerWeights, block: int, act: torch.Tensor, weight: torch.Tensor,
@@ -232,6 +262,8 @@ class FastRunner:
             embedding=self.embed if first else None,
             token=self.token if first else None,
             use_pdl=self.use_pdl,
+            chain=self.chain,
+            prefetch_kb=self.prefetch_kb,
         )
 
     def _sample_next(self) -> None:

@@ -62,8 +62,9 @@ def _decode_attention_kernel(
     QK_NORM: tl.constexpr,
     USE_PDL: tl.constexpr,
     USE_FLAGS: tl.constexpr,
+    EARLY_TRIGGER: tl.constexpr,
 ):
-    if USE_PDL and USE_FLAGS:
+    if USE_PDL and USE_FLAGS and EARLY_TRIGGER:
         gdc_launch_dependents()  # the next kernel orders itself by the counters: let it start now
     kv = tl.program_id(0)
     split = tl.program_id(1)
@@ -100,6 +101,8 @@ def _decode_attention_kernel(
     v_next = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0, cache_modifier=".cg")
     if USE_FLAGS:
         wait_for(flags_ptr, wait_index, wait_target)
+        if USE_PDL and not EARLY_TRIGGER:
+            gdc_launch_dependents()
     elif USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -321,6 +324,7 @@ def decode_attention(
         QK_NORM=q_norm is not None,
         USE_PDL=use_pdl,
         USE_FLAGS=link is not None,
+        EARLY_TRIGGER=chain is not None and chain.early_trigger,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),
     )

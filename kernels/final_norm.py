@@ -36,11 +36,14 @@ def _final_norm_kernel(
     NORM_OF_SUM: tl.constexpr,
     USE_PDL: tl.constexpr,
     USE_FLAGS: tl.constexpr,
+    EARLY_TRIGGER: tl.constexpr,
 ):
     if USE_FLAGS:
-        if USE_PDL:
+        if USE_PDL and EARLY_TRIGGER:
             gdc_launch_dependents()  # the head orders itself by the counters (step_sync.py)
         wait_for(flags_ptr, wait_index, wait_target)
+        if USE_PDL and not EARLY_TRIGGER:
+            gdc_launch_dependents()
     elif USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -126,6 +129,7 @@ def final_norm(
         NORM_OF_SUM=norm_of_sum,
         USE_PDL=use_pdl,
         USE_FLAGS=link is not None,
+        EARLY_TRIGGER=chain is not None and chain.early_trigger,
         num_warps=16,
         **pdl_kwargs(use_pdl),
     )

@@ -54,8 +54,9 @@ def _lane_reduce_gemv_kernel(
     STORE_HISTORY: tl.constexpr,
     USE_PDL: tl.constexpr,
     USE_FLAGS: tl.constexpr,
+    EARLY_TRIGGER: tl.constexpr,
 ):
-    if USE_PDL and USE_FLAGS:
+    if USE_PDL and USE_FLAGS and EARLY_TRIGGER:
         gdc_launch_dependents()  # the next kernel orders itself by the counters: let it start now
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     lanes = tl.arange(0, LANES_P)
@@ -75,6 +76,8 @@ def _lane_reduce_gemv_kernel(
         )
     if USE_FLAGS:
         wait_for(flags_ptr, wait_index, wait_target)
+        if USE_PDL and not EARLY_TRIGGER:
+            gdc_launch_dependents()
     elif USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -214,6 +217,7 @@ def lane_reduce_gemv(
         STORE_HISTORY=history_out is not None,
         USE_PDL=use_pdl,
         USE_FLAGS=link is not None,
+        EARLY_TRIGGER=chain is not None and chain.early_trigger,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),
     )

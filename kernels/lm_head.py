@@ -54,10 +54,11 @@ def _lm_head_kernel(
     GREEDY: tl.constexpr,
     USE_PDL: tl.constexpr,
     USE_FLAGS: tl.constexpr,
+    EARLY_TRIGGER: tl.constexpr,
     FLAGS_BLOCK: tl.constexpr,
 ):
-    if USE_PDL and USE_FLAGS:
-        gdc_launch_dependents()
+    if USE_PDL and USE_FLAGS and EARLY_TRIGGER:
+        gdc_launch_dependents()  # the next kernel orders itself by the counters: let it start now
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < V
@@ -74,6 +75,8 @@ def _lm_head_kernel(
         )  # fmt: skip
     if USE_FLAGS:
         wait_for(flags_ptr, wait_index, wait_target)
+        if USE_PDL and not EARLY_TRIGGER:
+            gdc_launch_dependents()
     elif USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -245,6 +248,7 @@ def lm_head(
         GREEDY=greedy,
         USE_PDL=use_pdl,
         USE_FLAGS=link is not None,
+        EARLY_TRIGGER=chain is not None and chain.early_trigger,
         FLAGS_BLOCK=chain.reset_block() if chain is not None else 1,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),

@@ -11,10 +11,24 @@ with reduce as model.Transformer._reduce (the runner's `reduction` modes):
 
 In eager PyTorch this boundary is ~8 launches over [L, T, D] tensors (casts, the lane sum, adds, the norm's
 fp32 copy), which at 4,096 tokens of a Laneformer costs more GPU time than all the matrix products. Here each
-program owns one position t for all lanes (the lane sum needs them together) and makes two passes over D:
-the sums and the new residual, then the norm from the (L2-resident) row it just wrote.
+program owns one position t for all lanes (the lane sum needs them together) and makes two passes over its
+[L, D] row in [LP, BLOCK_D] chunks: the sums and the new residual (stored, and its squares summed), then the
+norm from the row it just wrote, read back from L2. (The whole row in registers instead, 8 lanes * 3,072 with
+its three inputs, is ~150 KB: one program a multiprocessor, idle memory while it computes.)
 
-Bytes: x, partial (and past) read once, x_out and h written once; the second pass re-reads x_out from L2.
+What keeps the memory busy (the first version held one [8, 512] chunk a program at a time, load -> use ->
+store, and reached ~43% of the bandwidth): both loops are software-pipelined by Triton (tl.range with
+num_stages): the next STAGES - 1 chunks are copied asynchronously (cp.async) into shared memory while the
+current one is summed, so in-flight bytes cost no registers. At [8, 256] chunks on 4 warps a program needs
+~96 registers and 40 KB of shared memory: 5 programs a multiprocessor, each with up to 3 * 12 KB of bf16
+inputs in flight, ~180 KB a multiprocessor against the ~30 KB that 4.3 TB/s * ~1 us of latency asks for;
+while some programs wait on HBM in their first pass, others read L2 in their second. Lane offsets are 64-bit
+once per program, offsets inside a row 32-bit.
+
+Bytes (laneformer-2b, T = 4,094, bf16 residual as the runner keeps it): x, partial (and past) read once,
+x_out and h written once: 5 * 8 * 4,094 * 3,072 * 2 B = 1.0 GB delayed (0.23 ms at 4.3 TB/s), 0.8 GB
+otherwise (0.19 ms); an fp32 residual would add 0.4 GB read and 0.2 GB written. The second pass re-reads
+x_out from L2, not HBM.
 """
 
 import math
@@ -38,12 +52,14 @@ def _prefill_residual_norm_kernel(
     norm_ptr,
     x_out_ptr,
     h_ptr,
+    T,
     lanes,
     scale,
     eps,
     D: tl.constexpr,
     LP: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    STAGES: tl.constexpr,
     MODE: tl.constexpr,
     HAS_NORM: tl.constexpr,
 ):
@@ -51,36 +67,53 @@ def _prefill_residual_norm_kernel(
     lane = tl.arange(0, LP)
     lane_ok = lane < lanes
     cols = tl.arange(0, BLOCK_D)
-    T = tl.num_programs(0)
+    x_rows = x_ptr + lane.to(tl.int64) * stride_x_lane + t * stride_x_t  # [LP] row starts (x may broadcast)
+    dense_rows = (lane.to(tl.int64) * T + t) * D  # [LP] row starts in a contiguous [L, T, D]
+    out_rows = x_out_ptr + dense_rows
+
+    # Pass 1: x_out = x + reduce(partial, past), and the squares of x_out as stored. STAGES - 1 chunks ahead
+    # are in flight (copied asynchronously into shared memory by Triton's pipeliner).
     sumsq = tl.zeros([LP], dtype=tl.float32)
-    for d0 in range(0, D, BLOCK_D):
+    for d0 in tl.range(0, D, BLOCK_D, num_stages=STAGES):
         d = d0 + cols
         mask = lane_ok[:, None] & (d < D)[None, :]
-        dense = (lane[:, None] * T + t) * D + d[None, :]  # [LP, BLOCK_D] in a contiguous [L, T, D]
-        x = tl.load(x_ptr + lane[:, None] * stride_x_lane + t * stride_x_t + d[None, :], mask=mask, other=0.0)
-        partial = tl.load(partial_ptr + dense, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_rows[:, None] + d[None, :], mask=mask, other=0.0).to(tl.float32)
+        p = tl.load(partial_ptr + dense_rows[:, None] + d[None, :], mask=mask, other=0.0).to(tl.float32)
         if MODE == 0:
-            add = tl.sum(partial, axis=0)[None, :] + tl.zeros_like(partial)
+            add = tl.sum(p, axis=0)[None, :] + tl.zeros_like(p)
         elif MODE == 1:
-            add = partial * scale
+            add = p * scale
         else:
-            past = tl.load(past_ptr + dense, mask=mask, other=0.0).to(tl.float32)
-            add = partial + tl.sum(past, axis=0)[None, :] - past
-        new = (x.to(tl.float32) + add).to(x_out_ptr.dtype.element_ty)
-        tl.store(x_out_ptr + dense, new, mask=mask)
+            old = tl.load(past_ptr + dense_rows[:, None] + d[None, :], mask=mask, other=0.0).to(tl.float32)
+            add = p + tl.sum(old, axis=0)[None, :] - old
+        new = (x + add).to(x_out_ptr.dtype.element_ty)
+        tl.store(out_rows[:, None] + d[None, :], new, mask=mask)
         new_f = new.to(tl.float32)
         sumsq += tl.sum(new_f * new_f, axis=1)
+
+    # Pass 2: h = norm_weight * rmsnorm(x_out), from the row just written (L2).
     if HAS_NORM:
         rstd = 1.0 / tl.sqrt(sumsq / D + eps)
-        tl.debug_barrier()  # the row this program just wrote is read back below
-        for d0 in range(0, D, BLOCK_D):
+        tl.debug_barrier()  # the row this program's threads just wrote is read back by other threads
+        norm_rows = norm_ptr + lane * D
+        h_rows = h_ptr + dense_rows
+        for d0 in tl.range(0, D, BLOCK_D, num_stages=STAGES):
             d = d0 + cols
             mask = lane_ok[:, None] & (d < D)[None, :]
-            dense = (lane[:, None] * T + t) * D + d[None, :]
-            new_f = tl.load(x_out_ptr + dense, mask=mask, other=0.0).to(tl.float32)
-            w = tl.load(norm_ptr + lane[:, None] * D + d[None, :], mask=mask, other=0.0).to(tl.float32)
-            normed = (new_f * rstd[:, None]).to(h_ptr.dtype.element_ty).to(tl.float32)  # as model.rms_norm
-            tl.store(h_ptr + dense, (w * normed).to(h_ptr.dtype.element_ty), mask=mask)
+            new = tl.load(out_rows[:, None] + d[None, :], mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(norm_rows[:, None] + d[None, :], mask=mask, other=0.0).to(tl.float32)
+            normed = (new * rstd[:, None]).to(h_ptr.dtype.element_ty)  # rounded as model.rms_norm rounds it
+            tl.store(h_rows[:, None] + d[None, :], (w * normed.to(tl.float32)).to(normed.dtype), mask=mask)
+
+
+def default_blocks(lanes: int, dim: int) -> tuple[int, int, int]:
+    """(BLOCK_D, num_warps, stages): chunks of 2,048 elements ([8, 256] at 8 lanes, one [1, 2048] row at one
+    lane) on 4 warps, 3 chunks ahead in shared memory (see the module docstring). Under the interpreter: 128
+    columns, no pipeline."""
+    if interpreted():
+        return min(triton.next_power_of_2(dim), 128), 4, 1
+    block_d = min(triton.next_power_of_2(dim), max(64, 2048 // triton.next_power_of_2(lanes)))
+    return block_d, 4, 4
 
 
 def prefill_residual_norm(
@@ -91,11 +124,15 @@ def prefill_residual_norm(
     past: torch.Tensor | None = None,
     norm_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
+    block_d: int | None = None,
+    num_warps: int | None = None,
+    stages: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(x + reduce(partial, past), rmsnorm of that * norm_weight or None without norm_weight).
 
     x: [L, T, D] (lanes may be a broadcast view: stride 0), last dim contiguous; partial, past: contiguous
     [L, T, D] like x's dtype; norm_weight: [L, D]; mode: "sum" | "scaled" | "delayed" (needs past).
+    block_d, num_warps, stages: override default_blocks (sweeps).
     """
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
@@ -110,10 +147,14 @@ def prefill_residual_norm(
         raise ValueError(f"past: a contiguous {tuple(x.shape)} with mode 'delayed' only")
     if norm_weight is not None and (norm_weight.shape != (lanes, D) or not norm_weight.is_contiguous()):
         raise ValueError(f"norm_weight: expected a contiguous [{lanes}, {D}]")
+    default_d, default_warps, default_stages = default_blocks(lanes, D)
+    block_d = block_d or default_d
+    if block_d & (block_d - 1):
+        raise ValueError(f"block_d: expected a power of two, got {block_d}")
+    if stages is not None and stages < 1:
+        raise ValueError(f"stages: expected >= 1, got {stages}")
     x_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     h = torch.empty_like(x_out) if norm_weight is not None else None
-    block_d = min(triton.next_power_of_2(D), 128 if interpreted() else 512)
-    lp = triton.next_power_of_2(lanes)
     _prefill_residual_norm_kernel[(T,)](
         x,
         x.stride(0),
@@ -123,14 +164,16 @@ def prefill_residual_norm(
         norm_weight if norm_weight is not None else partial,
         x_out,
         h if h is not None else x_out,
+        T,
         lanes,
         math.sqrt(lanes),
         eps,
         D=D,
-        LP=lp,
+        LP=triton.next_power_of_2(lanes),
         BLOCK_D=block_d,
+        STAGES=stages or default_stages,
         MODE=MODES[mode],
         HAS_NORM=norm_weight is not None,
-        num_warps=8 if lp * block_d >= 4096 else 4,
+        num_warps=num_warps or default_warps,
     )
     return x_out, h

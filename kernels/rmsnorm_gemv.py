@@ -50,8 +50,9 @@ def _rmsnorm_gemv_kernel(
     X_FROM_TOKEN: tl.constexpr,
     USE_PDL: tl.constexpr,
     USE_FLAGS: tl.constexpr,
+    EARLY_TRIGGER: tl.constexpr,
 ):
-    if USE_PDL and USE_FLAGS:
+    if USE_PDL and USE_FLAGS and EARLY_TRIGGER:
         gdc_launch_dependents()  # the next kernel orders itself by the counters: let it start now
     lane = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -77,6 +78,8 @@ def _rmsnorm_gemv_kernel(
             )
     if USE_FLAGS:
         wait_for(flags_ptr, wait_index, wait_target)
+        if USE_PDL and not EARLY_TRIGGER:
+            gdc_launch_dependents()
     elif USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -234,6 +237,7 @@ def rmsnorm_gemv(
         X_FROM_TOKEN=token is not None,
         USE_PDL=use_pdl,
         USE_FLAGS=link is not None,
+        EARLY_TRIGGER=chain is not None and chain.early_trigger,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),
     )

@@ -36,9 +36,30 @@ _INTERPRETED = tl.constexpr(interpreted())
 
 
 @triton.jit
+def _load_relaxed(ptr):
+    """flags[i] from L2 (relaxed, GPU scope). Not an acquire load: on this GPU each acquire also invalidates
+    the multiprocessor's L1, which a spin loop would do thousands of times under the working programs."""
+    if _INTERPRETED:
+        return tl.load(ptr, volatile=True)
+    else:
+        return tl.inline_asm_elementwise(
+            "ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1
+        )
+
+
+@triton.jit
+def _pause(token):
+    """A short sleep between polls, so that spinning programs leave L2 and the issue slots to working ones."""
+    if not _INTERPRETED:
+        tl.inline_asm_elementwise(
+            "nanosleep.u32 32; mov.u32 $0, 0;", "=r,r", [token], dtype=tl.int32, is_pure=False, pack=1
+        )
+
+
+@triton.jit
 def _load_acquire(ptr):
-    """flags[i] read with acquire semantics at GPU scope by every thread (each thread's later loads are
-    ordered after it, so no barrier is needed)."""
+    """flags[i] read once more with acquire semantics: this thread's later loads are ordered after it. (A
+    fence.acq_rel here would also wait for the weight tiles already in flight before x could be requested.)"""
     if _INTERPRETED:
         return tl.load(ptr, volatile=True)
     else:
@@ -51,8 +72,12 @@ def _load_acquire(ptr):
 def wait_for(flags_ptr, index, target):
     """Spin until flags[index] >= target (no wait when target is 0); what its producers wrote is then visible."""
     if target > 0:
-        while _load_acquire(flags_ptr + index) < target:
-            pass
+        seen = _load_relaxed(flags_ptr + index)
+        while seen < target:
+            _pause(seen)
+            seen = _load_relaxed(flags_ptr + index)
+        # the counter only grows: the acquire load reads >= target too, and synchronises with every release
+        _load_acquire(flags_ptr + index)
 
 
 @triton.jit
@@ -75,8 +100,11 @@ class Link:
 class StepChain:
     """The counters of one decode step, handed out in launch order: each kernel waits on the one before."""
 
-    def __init__(self, capacity: int, device: torch.device):
+    def __init__(self, capacity: int, device: torch.device, early_trigger: bool = False):
         self.flags = torch.zeros(capacity, dtype=torch.int32, device=device)
+        # early_trigger: each kernel lets the next one launch first thing instead of after its own wait
+        # (then several kernels ahead can be resident and spinning at once)
+        self.early_trigger = early_trigger
         self.start()
 
     def start(self) -> None:

@@ -60,6 +60,19 @@ def test_prefill_residual_norm_reads_a_broadcast_residual(dtype):
     assert_close(h, want_h, dtype, "h")
 
 
+@pytest.mark.parametrize("block_d,stages", [(16, 4), (32, 1), (64, 2)])
+def test_prefill_residual_norm_chunks_agree(block_d, stages):
+    """Rows walked in chunks of any size (the last one partial) and any pipeline depth give the same result."""
+    lanes, T, D = 3, 4, 200
+    x, partial, past = (randn(lanes, T, D, scale=s) for s in (1.0, 0.5, 0.5))
+    norm = 1 + randn(lanes, D, scale=0.2)
+    want_x, want_h = reference(x, partial, "delayed", past, norm, 1e-5)
+    x_out, h = prefill_residual_norm(x, partial, mode="delayed", past=past, norm_weight=norm, eps=1e-5,
+                                     block_d=block_d, stages=stages)  # fmt: skip
+    assert_close(x_out, want_x, torch.float32, "x_out")
+    assert_close(h, want_h, torch.float32, "h")
+
+
 def test_prefill_residual_norm_names_bad_arguments():
     x = torch.zeros(2, 3, 8, device=DEVICE)
     with pytest.raises(ValueError, match="mode"):
@@ -70,3 +83,5 @@ def test_prefill_residual_norm_names_bad_arguments():
         prefill_residual_norm(x, torch.zeros(2, 3, 9, device=DEVICE), mode="sum")
     with pytest.raises(ValueError, match="norm_weight"):
         prefill_residual_norm(x, x.clone(), mode="sum", norm_weight=torch.ones(2, 9, device=DEVICE))
+    with pytest.raises(ValueError, match="block_d"):
+        prefill_residual_norm(x, x.clone(), mode="sum", block_d=24)

@@ -39,8 +39,14 @@ from kernels.step_sync import StepChain
 
 LOOKAHEAD = 8  # decode steps queued on the GPU ahead of the token handed to the caller
 RING = 16  # pinned slots for finished token ids (> LOOKAHEAD)
-SYNCS = ("flags", "pdl", "stream")  # how the step's kernels wait for each other (FastRunner's docstring)
-DEFAULT_PREFETCH_KB = 32
+SYNCS = (
+    "flags",
+    "flags-early",
+    "pdl",
+    "stream",
+)  # how the step's kernels wait for each other (FastRunner's docstring)
+DEFAULT_SYNC = "pdl"  # counters measured 28-30% slower than PDL's own wait (kernels/NOTES.md, run 8)
+DEFAULT_PREFETCH_KB = 0  # first tile only: 32 KiB before the wait measured 10-18% slower (NOTES.md, run 7)
 
 
 def supports(cfg: ModelConfig) -> str | None:
@@ -83,8 +89,9 @@ def reduction(cfg: ModelConfig, layer: int) -> tuple[str, int | None]:
 
 class FastRunner:
     """sync: how a kernel of the step waits for the one before it.
-        flags   counters in memory (kernels/step_sync.py); on CUDA every kernel also triggers the next one's
-                launch first thing (PDL), so it starts early and spins with its weights in flight
+        flags   counters in memory (kernels/step_sync.py); on CUDA each kernel lets the next one launch (PDL)
+                once its own wait is over, and the next one spins with its first weights in flight
+        flags-early  the same, but every kernel lets the next one launch first thing
         pdl     programmatic dependent launch: griddepcontrol.wait for the whole previous grid
         stream  plain stream order
     prefetch_kb: weight KiB per program in flight before that wait (at least one tile).
@@ -100,7 +107,7 @@ class FastRunner:
             raise ValueError(f"max_context: must be in (1, {cfg.max_position_embeddings}], got {max_context}")
         device = model.tok_embeddings.device
         self.model, self.cfg, self.device, self.max_context = model, cfg, device, max_context
-        self.sync = sync or os.environ.get("KOG_SYNC") or "flags"
+        self.sync = sync or os.environ.get("KOG_SYNC") or DEFAULT_SYNC
         if self.sync not in SYNCS:
             raise ValueError(f"sync: expected one of {', '.join(SYNCS)}, got {self.sync!r}")
         env_prefetch = os.environ.get("KOG_PREFETCH_KB")
@@ -110,7 +117,11 @@ class FastRunner:
         # The interpreter has no PDL; there the counters still run (in launch order, so no wait ever spins).
         self.use_pdl = self.sync != "stream" and device.type == "cuda"
         # five kernels a layer, the final norm and the head
-        self.chain = StepChain(5 * cfg.num_layers + 2, device) if self.sync == "flags" else None
+        self.chain = (
+            StepChain(5 * cfg.num_layers + 2, device, early_trigger=self.sync == "flags-early")
+            if self.sync.startswith("flags")
+            else None
+        )
         # Ids past the tokenizer's vocabulary (padded embedding rows) are never chosen: nothing decodes them.
         self.vocab_limit = min(vocab_limit or cfg.vocab_size, cfg.vocab_size)
         self.last_prefill_ms = 0.0

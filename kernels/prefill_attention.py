@@ -1,0 +1,332 @@
+"""Prefill attention: causal (optionally sliding-window) flash attention over a whole prompt, GQA, reading q
+straight from the q|k|v matmul output and writing the heads in the layout the o-proj matmul reads.
+
+For query head h (lane l = h // (H/L), head j = h % (H/L) of that lane, KV head g = h // G, G = H/KV) and
+position p < T:
+    q = rope(qknorm(qkv[l, p, j]), p)          (rounded to the input dtype, as model.py rounds it)
+    out[l, p, j] = softmax_t(q . k_t * hd^-0.5) @ v_t   over t in [p - W + 1, p] (window W) or [0, p]
+with k_t, v_t the cache rows [g, t] that kernels/prefill_kv_write.py writes first (rotated once: see there
+why). The launcher runs both: the cache write, then this kernel. Softmax online in fp32 (exp2, the
+log2(e) folded into the scale); both products on the tensor cores (tl.dot, fp32 accumulation).
+
+Grid: (H, cdiv(T, BLOCK_M)). A program owns BLOCK_M positions of one query head, holds its rotated q block
+in registers and streams the key/value blocks its rows can see. Key blocks that the window or causality
+masks entirely are never visited; blocks wholly visible to every row run without a mask, only the blocks
+that straddle the diagonal or the window's lower edge build one. tl.dot takes power-of-two sizes, so a head
+dim like 96 is split in two parts (64 + 32: head_dim_parts) rather than padded to 128, which would waste a
+quarter of the tensor-core work; a remainder under 16 pads instead. Heads vary fastest in the grid, so the
+G query heads of a KV head run side by side and share its cache blocks in L2; query blocks run last-first,
+so the longest programs (the most keys) start first and the short ones fill the tail.
+
+Work (laneformer-2b, T = 4,094, bf16): q . k and p @ v are 4 * hd FLOPs per (query, visible key) pair per
+head: 5 causal layers * 32 heads * 8.38 M pairs + 10 windowed layers (W = 2,048) * 32 heads * 6.29 M pairs
+= 1.29 TFLOP at hd 96 (+~4% for the masked halves of the diagonal and window-edge blocks): ~1.9 ms at
+700 TFLOP/s, ~3.3 ms at the ~400 TFLOP/s a non-warp-specialised Triton flash attention reaches on Hopper.
+Bytes: q read once and the output written once (25 MB each a layer), keys and values from L2 (each KV block
+is read by the G heads of every query block that sees it; the 25 MB cache of a layer fits in L2).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import interpreted
+from kernels.prefill_kv_write import check_prefill_layout, head_rstd, prefill_kv_write, rope_rows
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attend_block(
+    acc_a,
+    acc_b,
+    m_i,
+    l_i,
+    q_a,
+    q_b,
+    k_ptr,
+    v_ptr,
+    p_rows,
+    n0,
+    T,
+    window,
+    scale_log2e,
+    HD: tl.constexpr,
+    HDA: tl.constexpr,
+    HDB: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """One step of the online softmax: the keys n0 .. n0 + BLOCK_N - 1 of one KV head (k_ptr, v_ptr: its cache
+    rows [max_len, HD]).
+
+    The head dims are in two parts, [0, HDA) and [HDA, HDA + HDB) (HDB = 0: one part, HDA >= HD padded):
+    q_a [BLOCK_M, HDA], q_b [BLOCK_M, HDB] the rotated queries; acc_a, acc_b the running outputs (fp32);
+    m_i, l_i [BLOCK_M] the running maximum (log2 units) and sum of the rows at positions p_rows [BLOCK_M].
+    MASKED: the block straddles the diagonal or the window's edge (a row may see none of its keys, so a
+    maximum may still be -inf); otherwise every key is visible to every row and no mask is built."""
+    t = n0 + tl.arange(0, BLOCK_N)
+    rows = t[:, None] * HD  # [BLOCK_N, 1]
+    da = tl.arange(0, HDA)
+    mask_a = (da < HD)[None, :]
+    if MASKED:
+        mask_a = (t < T)[:, None] & mask_a
+    k_a = tl.load(k_ptr + rows + da[None, :], mask=mask_a, other=0.0)
+    s = tl.dot(q_a, tl.trans(k_a), input_precision="ieee")  # [BLOCK_M, BLOCK_N]
+    if HDB > 0:
+        db = HDA + tl.arange(0, HDB)
+        mask_b = (db < HD)[None, :]
+        if MASKED:
+            mask_b = (t < T)[:, None] & mask_b
+        k_b = tl.load(k_ptr + rows + db[None, :], mask=mask_b, other=0.0)
+        s = tl.dot(q_b, tl.trans(k_b), acc=s, input_precision="ieee")
+    s = s * scale_log2e  # log2 units
+    if MASKED:
+        seen = (t[None, :] <= p_rows[:, None]) & (t[None, :] > p_rows[:, None] - window)
+        s = tl.where(seen, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = m_new
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    p = p.to(k_a.dtype)
+    v_a = tl.load(v_ptr + rows + da[None, :], mask=mask_a, other=0.0)
+    acc_a = acc_a * alpha[:, None] + tl.dot(p, v_a, input_precision="ieee")
+    if HDB > 0:
+        v_b = tl.load(v_ptr + rows + db[None, :], mask=mask_b, other=0.0)
+        acc_b = acc_b * alpha[:, None] + tl.dot(p, v_b, input_precision="ieee")
+    return acc_a, acc_b, m_new, l_i
+
+
+@triton.jit
+def _attend(
+    acc_a,
+    acc_b,
+    m_i,
+    l_i,
+    q_a,
+    q_b,
+    k_ptr,
+    v_ptr,
+    p_rows,
+    start,
+    end,
+    T,
+    window,
+    scale_log2e,
+    HD: tl.constexpr,
+    HDA: tl.constexpr,
+    HDB: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    FOR_LOOP: tl.constexpr,
+):
+    """_attend_block over the key blocks [start, end). A `for` loop on the GPU, where Triton pipelines it (the
+    next blocks' loads in flight during this one's products); the interpreter cannot take tensor bounds in
+    range(), so there it is a while loop over the same body."""
+    if FOR_LOOP:
+        for n0 in range(start, end, BLOCK_N):
+            acc_a, acc_b, m_i, l_i = _attend_block(acc_a, acc_b, m_i, l_i, q_a, q_b, k_ptr, v_ptr, p_rows, n0, T,
+                                                   window, scale_log2e, HD, HDA, HDB, BLOCK_N, MASKED)  # fmt: skip
+    else:
+        n0 = start
+        while n0 < end:
+            acc_a, acc_b, m_i, l_i = _attend_block(acc_a, acc_b, m_i, l_i, q_a, q_b, k_ptr, v_ptr, p_rows, n0, T,
+                                                   window, scale_log2e, HD, HDA, HDB, BLOCK_N, MASKED)  # fmt: skip
+            n0 += BLOCK_N
+    return acc_a, acc_b, m_i, l_i
+
+
+@triton.jit
+def _prefill_attention_kernel(
+    qkv_ptr,
+    stride_qkv_lane,
+    stride_qkv_t,
+    k_cache_ptr,
+    v_cache_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_norm_ptr,
+    out_ptr,
+    stride_out_lane,
+    stride_out_t,
+    T,
+    heads_per_lane,
+    group,
+    max_len,
+    window,
+    scale_log2e,
+    eps,
+    HD: tl.constexpr,
+    HDP: tl.constexpr,
+    HDA: tl.constexpr,
+    HDB: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    QK_NORM: tl.constexpr,
+    FOR_LOOP: tl.constexpr,
+):
+    head = tl.program_id(0)
+    m0 = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M  # last query block first
+    lane = head // heads_per_lane
+    j = head % heads_per_lane
+    kv = head // group
+    p_rows = m0 + tl.arange(0, BLOCK_M)
+    row_ok = p_rows < T
+
+    # This block's queries, normed and rotated once, in the input dtype for tl.dot: [BLOCK_M, HDA], [.., HDB].
+    q_cols = qkv_ptr + lane.to(tl.int64) * stride_qkv_lane + j * HD
+    q_rows = p_rows * stride_qkv_t
+    rstd = eps  # unused without the norm
+    if QK_NORM:
+        rstd = head_rstd(q_cols, q_rows, row_ok, eps, HD, HDP)
+    dtype = k_cache_ptr.dtype.element_ty
+    q_a = rope_rows(q_cols, q_rows, row_ok, p_rows, cos_ptr, sin_ptr, q_norm_ptr, rstd, HD, 0, HDA,
+                    INTERLEAVED, QK_NORM).to(dtype)  # fmt: skip
+    acc_a = tl.zeros([BLOCK_M, HDA], dtype=tl.float32)
+    if HDB > 0:
+        q_b = rope_rows(q_cols, q_rows, row_ok, p_rows, cos_ptr, sin_ptr, q_norm_ptr, rstd, HD, HDA, HDB,
+                        INTERLEAVED, QK_NORM).to(dtype)  # fmt: skip
+        acc_b = tl.zeros([BLOCK_M, HDB], dtype=tl.float32)
+    else:
+        q_b = q_a  # unused
+        acc_b = tl.zeros([1], dtype=tl.float32)  # unused
+
+    # Key blocks: [lo, full_lo) and [full_hi, hi) need a mask, [full_lo, full_hi) is visible to every row.
+    # `window` is at most T (no window: T), so every bound below is >= 0.
+    hi_pos = tl.minimum(m0 + BLOCK_M, T)  # the last real row is hi_pos - 1
+    lo = tl.maximum(m0 - window + 1, 0) // BLOCK_N * BLOCK_N
+    hi = (hi_pos + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    # the first block past the last real row's window start
+    full_lo = (tl.maximum(hi_pos - window, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.maximum(tl.minimum((m0 + 1) // BLOCK_N * BLOCK_N, hi), full_lo)
+
+    cache = kv.to(tl.int64) * max_len * HD
+    k_ptr = k_cache_ptr + cache
+    v_ptr = v_cache_ptr + cache
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc_a, acc_b, m_i, l_i = _attend(acc_a, acc_b, m_i, l_i, q_a, q_b, k_ptr, v_ptr, p_rows, lo, full_lo, T,
+                                     window, scale_log2e, HD, HDA, HDB, BLOCK_N, True, FOR_LOOP)  # fmt: skip
+    acc_a, acc_b, m_i, l_i = _attend(acc_a, acc_b, m_i, l_i, q_a, q_b, k_ptr, v_ptr, p_rows, full_lo, full_hi, T,
+                                     window, scale_log2e, HD, HDA, HDB, BLOCK_N, False, FOR_LOOP)  # fmt: skip
+    acc_a, acc_b, m_i, l_i = _attend(acc_a, acc_b, m_i, l_i, q_a, q_b, k_ptr, v_ptr, p_rows, full_hi, hi, T,
+                                     window, scale_log2e, HD, HDA, HDB, BLOCK_N, True, FOR_LOOP)  # fmt: skip
+
+    l_i = tl.where(row_ok, l_i, 1.0)  # every real row saw at least its own key: l_i >= 1
+    out_rows = out_ptr + lane.to(tl.int64) * stride_out_lane + (p_rows * stride_out_t + j * HD)[:, None]
+    da = tl.arange(0, HDA)
+    tl.store(out_rows + da[None, :], (acc_a / l_i[:, None]).to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & (da < HD)[None, :])  # fmt: skip
+    if HDB > 0:
+        db = HDA + tl.arange(0, HDB)
+        tl.store(out_rows + db[None, :], (acc_b / l_i[:, None]).to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & (db < HD)[None, :])  # fmt: skip
+
+
+def head_dim_parts(head_dim: int) -> tuple[int, int]:
+    """The head dim as tl.dot operands: two power-of-two parts when the remainder is one of at least 16
+    (96 -> 64 + 32, 48 -> 32 + 16, 80 -> 64 + 16: no padding), else one part padded to a power of two
+    (24 -> 32, 8 -> 16, 112 -> 128; 64, 128 as they are)."""
+    padded = max(16, triton.next_power_of_2(head_dim))
+    rest = head_dim - padded // 2
+    if head_dim < padded and rest >= 16 and rest & (rest - 1) == 0:
+        return padded // 2, rest
+    return padded, 0
+
+
+def default_blocks(head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages). On an H200: 128 query rows on 8 warps (two warpgroups of
+    wgmma), 64 keys a block so that s and p stay in registers next to the [128, hd] fp32 accumulator (~230-250
+    registers, no spills: one program a multiprocessor), the next two key/value blocks in flight (shared
+    memory: 3 stages * 2 * 64 * hd * 2 B + q = 96 KB at hd 96). Above 128 dims the accumulator alone would
+    fill the registers: 64 rows and 32 keys on 8 warps (no spills at 256). Under the interpreter: the
+    smallest blocks tl.dot takes."""
+    if interpreted():
+        return 16, 16, 4, 1
+    if head_dim > 128:
+        return 64, 32, 8, 2
+    return 128, 64, 8, 3
+
+
+def prefill_attention(
+    qkv: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    num_heads: int,
+    window: int | None = None,
+    interleaved: bool = True,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    out: torch.Tensor | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> torch.Tensor:
+    """Attention of positions 0 .. T-1 of a prompt over themselves; writes their keys and values into the
+    cache first (prefill_kv_write) and returns the heads [L, T, H/L * hd] (in `out` when given).
+
+    qkv: [L, T, (H/L + 2 KV/L) * hd], per lane and position: q heads, then k heads, then v heads (before RoPE).
+    k_cache, v_cache: [KV, max_len, hd] of this layer, qkv's dtype. cos, sin: [>= T, hd/2] fp32.
+    window: keys p - window + 1 .. p (None: causal). q_norm, k_norm: [hd] (Qwen3) or None.
+    """
+    lanes, T, heads_per_lane, _ = check_prefill_layout(qkv, k_cache, v_cache, cos, sin, num_heads, q_norm,
+                                                       k_norm)  # fmt: skip
+    num_kv, max_len, hd = k_cache.shape
+    if window is not None and window < 1:
+        raise ValueError(f"window: expected None or >= 1, got {window}")
+    if out is None:
+        out = torch.empty(lanes, T, heads_per_lane * hd, dtype=qkv.dtype, device=qkv.device)
+    elif out.shape != (lanes, T, heads_per_lane * hd) or out.stride(2) != 1:
+        raise ValueError(f"out: expected [{lanes}, {T}, {heads_per_lane * hd}] with a contiguous last dim, "
+                         f"got {tuple(out.shape)}")  # fmt: skip
+    hda, hdb = head_dim_parts(hd)
+    bm, bn, warps, stages = default_blocks(hd)
+    bm, bn = block_m or bm, block_n or bn
+    if bm < 16 or bn < 16 or bm & (bm - 1) or bn & (bn - 1):
+        raise ValueError(f"block_m: block_m and block_n must be powers of two >= 16, got {bm}, {bn}")
+
+    prefill_kv_write(qkv, k_cache, v_cache, cos, sin, num_heads=num_heads, interleaved=interleaved,
+                     k_norm=k_norm, eps=eps)  # fmt: skip
+    _prefill_attention_kernel[(num_heads, triton.cdiv(T, bm))](
+        qkv,
+        qkv.stride(0),
+        qkv.stride(1),
+        k_cache,
+        v_cache,
+        cos,
+        sin,
+        q_norm if q_norm is not None else cos,
+        out,
+        out.stride(0),
+        out.stride(1),
+        T,
+        heads_per_lane,
+        num_heads // num_kv,
+        max_len,
+        min(window or T, T),  # a window at least as long as the prompt is plain causal
+        hd**-0.5 * LOG2E,
+        eps,
+        HD=hd,
+        HDP=max(16, triton.next_power_of_2(hd)),
+        HDA=hda,
+        HDB=hdb,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        INTERLEAVED=interleaved,
+        QK_NORM=q_norm is not None,
+        FOR_LOOP=not interpreted(),
+        num_warps=num_warps or warps,
+        num_stages=num_stages or stages,
+    )
+    return out

@@ -522,10 +522,6 @@ def peer_hf_static_compiled(
 # --- the table -------------------------------------------------------------------------------------------
 
 
-def fast_path_label(runner) -> str:
-    return f"fast, CUDA graph, sync {runner.sync}, prefetch {runner.prefetch_kb} KiB (default)"
-
-
 def table(result: dict) -> str:
     bw, ceiling = result["bandwidth"]["read_gbs"], result["ceiling_tok_s"]
     lines = [
@@ -615,12 +611,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="teacher-forced check against the reference")
     parser.add_argument("--check-steps", type=int, default=512)
     parser.add_argument("--breakdown", action="store_true", help="per-kernel time against bytes")
-    parser.add_argument(
-        "--variants",
-        default="",
-        help="more fast-path rows, comma-separated SYNC:PREFETCH_KB (e.g. pdl:0,flags:0,stream:0; "
-        "SYNC is flags, pdl or stream, see FastRunner)",
-    )
+    parser.add_argument("--no-pdl-row", action="store_true", help="skip the run without PDL")
     parser.add_argument(
         "--sweep", action="store_true", help="block-size variants of the matrix-vector kernels"
     )
@@ -660,21 +651,18 @@ def main(argv: list[str] | None = None) -> int:
         result["rows"].append(out)
         return out
 
-    # The engine's runner (its defaults), then the variants asked for, each timed the same way.
+    # The engine's runner (its defaults), then the other PDL setting for comparison.
     runner = FastRunner(model, max_context)
-    row(fast_path_label(runner), lambda: time_fast(runner, prompt, args.new_tokens, args.runs))
+    default = f"fast, CUDA graph, {'PDL' if runner.use_pdl else 'no PDL'}"
+    row(default, lambda: time_fast(runner, prompt, args.new_tokens, args.runs))
     row(
         "fast, runner contract (engine path)",
         lambda: time_contract(runner, prompt, args.new_tokens, args.runs),
     )
-    for variant in filter(None, args.variants.split(",")):
-        sync, _, kb = variant.partition(":")
-
-        def timed_variant(sync=sync, kb=kb) -> dict:
-            other = FastRunner(model, max_context, sync=sync, prefetch_kb=int(kb or 0))
-            return time_fast(other, prompt, args.new_tokens, args.runs)
-
-        row(f"fast, CUDA graph, sync {sync}, prefetch {int(kb or 0)} KiB", timed_variant)
+    if not args.no_pdl_row:
+        other = "fast, CUDA graph, no PDL" if runner.use_pdl else "fast, CUDA graph, PDL"
+        row(other, lambda: time_fast(FastRunner(model, max_context, use_pdl=not runner.use_pdl), prompt,
+                                     args.new_tokens, args.runs))  # fmt: skip
     if args.breakdown and runner is not None:
         try:
             result["breakdown"] = breakdown(model, runner, prompt, 20, result["bandwidth"]["read_gbs"])

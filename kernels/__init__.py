@@ -32,9 +32,3 @@ def sm_count(device: torch.device) -> int:
 def pdl_kwargs(use_pdl: bool) -> dict:
     """Launch options for programmatic dependent launch (the interpreter knows no such option)."""
     return {"launch_pdl": True} if use_pdl else {}
-
-
-def prefetch_tiles(prefetch_kb: int, tile_bytes: int, tiles: int) -> int:
-    """Weight tiles a program loads before it waits for its input: at least one, at most all of them, about
-    prefetch_kb KiB (they sit in registers until the input arrives)."""
-    return max(1, min(tiles, prefetch_kb * 1024 // max(tile_bytes, 1)))

@@ -22,7 +22,6 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import pdl_kwargs, sm_count
-from kernels.step_sync import StepChain, signal_done, wait_for
 
 
 @triton.jit
@@ -41,10 +40,6 @@ def _decode_attention_kernel(
     counter_ptr,
     out_ptr,
     stride_out_lane,
-    flags_ptr,
-    wait_index,
-    wait_target,
-    signal_index,
     heads_per_lane,
     kv_per_lane,
     window,
@@ -61,11 +56,7 @@ def _decode_attention_kernel(
     INTERLEAVED: tl.constexpr,
     QK_NORM: tl.constexpr,
     USE_PDL: tl.constexpr,
-    USE_FLAGS: tl.constexpr,
-    EARLY_TRIGGER: tl.constexpr,
 ):
-    if USE_PDL and USE_FLAGS and EARLY_TRIGGER:
-        gdc_launch_dependents()  # the next kernel orders itself by the counters: let it start now
     kv = tl.program_id(0)
     split = tl.program_id(1)
     lane = kv // kv_per_lane
@@ -99,27 +90,20 @@ def _decode_attention_kernel(
     # The first block of cached keys was written by earlier steps: in flight before we wait for q, k, v.
     k_next = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0, cache_modifier=".cg")
     v_next = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0, cache_modifier=".cg")
-    if USE_FLAGS:
-        wait_for(flags_ptr, wait_index, wait_target)
-        if USE_PDL and not EARLY_TRIGGER:
-            gdc_launch_dependents()
-    elif USE_PDL:
+    if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
 
-    # .cg: q, k, v may come from a kernel still running (step_sync.py): read them from L2
     lane_qkv = qkv_ptr + lane * stride_qkv_lane
     q_rows = lane_qkv + (kv_in_lane * G + heads)[:, None] * HD  # [BLOCK_H, 1]
     q_mask = head_ok[:, None] & d_ok[None, :]
-    q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-    q_partner = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0, cache_modifier=".cg").to(
-        tl.float32
-    )
+    q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0).to(tl.float32)
+    q_partner = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0).to(tl.float32)
     k_row = lane_qkv + (heads_per_lane + kv_in_lane) * HD
-    k = tl.load(k_row + d, mask=d_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-    k_partner = tl.load(k_row + partner, mask=d_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+    k = tl.load(k_row + d, mask=d_ok, other=0.0).to(tl.float32)
+    k_partner = tl.load(k_row + partner, mask=d_ok, other=0.0).to(tl.float32)
     v_row = lane_qkv + (heads_per_lane + kv_per_lane + kv_in_lane) * HD
-    v = tl.load(v_row + d, mask=d_ok, other=0.0, cache_modifier=".cg")
+    v = tl.load(v_row + d, mask=d_ok, other=0.0)
     if QK_NORM:
         q_rstd = 1.0 / tl.sqrt(tl.sum(q * q, axis=1) / HD + eps)
         q = q * q_rstd[:, None] * tl.load(q_norm_ptr + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
@@ -198,8 +182,6 @@ def _decode_attention_kernel(
             out_ptr + out_offs, o.to(out_ptr.dtype.element_ty), mask=(group_rows < G)[:, None] & d_ok[None, :]
         )
         tl.atomic_xchg(counter_ptr + kv, 0)
-        if USE_FLAGS:
-            signal_done(flags_ptr, signal_index)  # one signal per KV head: its merged output is written
 
 
 def padded_head_dim(head_dim: int) -> int:
@@ -243,7 +225,6 @@ def decode_attention(
     k_norm: torch.Tensor | None = None,
     eps: float = 1e-6,
     use_pdl: bool = False,
-    chain: StepChain | None = None,
     block_t: int = 64,
     num_warps: int = 4,
 ) -> torch.Tensor:
@@ -252,7 +233,6 @@ def decode_attention(
     qkv: [L, (H/L + 2 KV/L) * hd]: per lane this token's q heads, then k heads, then v heads (before RoPE).
     k_cache, v_cache: [KV, max_len, hd] of this layer. cos, sin: [max_positions, hd/2] fp32.
     out: [L, H/L * hd]. q_norm, k_norm: [hd] (Qwen3). scratch: from AttentionScratch for this model.
-    chain: order this launch by counters (kernels/step_sync.py); the merge of each KV head signals once.
     """
     if (
         k_cache.dim() != 3
@@ -287,7 +267,6 @@ def decode_attention(
     if scratch.part_o.shape[:3] != (num_kv, scratch.splits, triton.next_power_of_2(group)):
         raise ValueError("scratch: allocated for another head layout")
 
-    link = chain.link(num_kv) if chain is not None else None
     _decode_attention_kernel[(num_kv, scratch.splits)](
         qkv,
         qkv.stride(0),
@@ -303,10 +282,6 @@ def decode_attention(
         scratch.counter,
         out,
         out.stride(0),
-        link.flags if link else scratch.counter,
-        link.wait_index if link else 0,
-        link.wait_target if link else 0,
-        link.signal_index if link else 0,
         heads_per_lane,
         kv_per_lane,
         window or 0,
@@ -323,8 +298,6 @@ def decode_attention(
         INTERLEAVED=interleaved,
         QK_NORM=q_norm is not None,
         USE_PDL=use_pdl,
-        USE_FLAGS=link is not None,
-        EARLY_TRIGGER=chain is not None and chain.early_trigger,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),
     )

@@ -15,7 +15,6 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import pdl_kwargs
-from kernels.step_sync import StepChain, signal_done, wait_for
 
 
 @triton.jit
@@ -24,10 +23,6 @@ def _final_norm_kernel(
     norm_ptr,
     stride_norm_lane,
     out_ptr,
-    flags_ptr,
-    wait_index,
-    wait_target,
-    signal_index,
     eps,
     LANES: tl.constexpr,
     LANES_P: tl.constexpr,
@@ -35,16 +30,8 @@ def _final_norm_kernel(
     BLOCK_D: tl.constexpr,
     NORM_OF_SUM: tl.constexpr,
     USE_PDL: tl.constexpr,
-    USE_FLAGS: tl.constexpr,
-    EARLY_TRIGGER: tl.constexpr,
 ):
-    if USE_FLAGS:
-        if USE_PDL and EARLY_TRIGGER:
-            gdc_launch_dependents()  # the head orders itself by the counters (step_sync.py)
-        wait_for(flags_ptr, wait_index, wait_target)
-        if USE_PDL and not EARLY_TRIGGER:
-            gdc_launch_dependents()
-    elif USE_PDL:
+    if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
     lanes = tl.arange(0, LANES_P)
@@ -56,11 +43,8 @@ def _final_norm_kernel(
         sumsq = tl.zeros([LANES_P, BLOCK_D], dtype=tl.float32)
     for i in tl.static_range(0, (D + BLOCK_D - 1) // BLOCK_D):
         c = i * BLOCK_D + cols
-        x = tl.load(  # .cg: x may come from a kernel still running (step_sync.py)
-            x_ptr + lanes[:, None] * D + c[None, :],
-            mask=lane_ok[:, None] & (c < D)[None, :],
-            other=0.0,
-            cache_modifier=".cg",
+        x = tl.load(
+            x_ptr + lanes[:, None] * D + c[None, :], mask=lane_ok[:, None] & (c < D)[None, :], other=0.0
         )
         if NORM_OF_SUM:
             s = tl.sum(x, axis=0)
@@ -70,7 +54,7 @@ def _final_norm_kernel(
 
     c = tl.program_id(0) * BLOCK_D + cols
     mask = lane_ok[:, None] & (c < D)[None, :]
-    x = tl.load(x_ptr + lanes[:, None] * D + c[None, :], mask=mask, other=0.0, cache_modifier=".cg")
+    x = tl.load(x_ptr + lanes[:, None] * D + c[None, :], mask=mask, other=0.0)
     if NORM_OF_SUM:
         g = tl.load(norm_ptr + c, mask=c < D, other=0.0).to(tl.float32)
         y = tl.sum(x, axis=0) / tl.sqrt(tl.sum(sumsq, axis=0) / D + eps) * g
@@ -81,8 +65,6 @@ def _final_norm_kernel(
         )
         y = tl.sum(x * rstd[:, None] * g, axis=0) / LANES
     tl.store(out_ptr + c, y, mask=c < D)
-    if USE_FLAGS:
-        signal_done(flags_ptr, signal_index)
 
 
 def final_norm(
@@ -93,10 +75,9 @@ def final_norm(
     eps: float,
     norm_of_sum: bool = False,
     use_pdl: bool = False,
-    chain: StepChain | None = None,
 ) -> torch.Tensor:
     """out [D] fp32 = mean of the normed lanes of x [L, D] fp32 (norm_weight [L, D] or [D]), or, with norm_of_sum,
-    the norm of their sum (norm_weight [D] or [1, D]). chain: order by counters (kernels/step_sync.py)."""
+    the norm of their sum (norm_weight [D] or [1, D])."""
     if x.dim() != 2 or not x.is_contiguous() or x.dtype != torch.float32:
         raise ValueError(f"x: expected a contiguous fp32 [L, D], got {x.dtype} {tuple(x.shape)}")
     lanes, d = x.shape
@@ -110,17 +91,11 @@ def final_norm(
         raise ValueError(f"out: expected fp32 [{d}], got {out.dtype} {tuple(out.shape)}")
     lanes_p = triton.next_power_of_2(lanes)
     block_d = max(16, min(512, 4096 // lanes_p, triton.next_power_of_2(d)))
-    programs = triton.cdiv(d, block_d)
-    link = chain.link(programs) if chain is not None else None
-    _final_norm_kernel[(programs,)](
+    _final_norm_kernel[(triton.cdiv(d, block_d),)](
         x,
         norm_weight,
         stride_norm_lane,
         out,
-        link.flags if link else out,
-        link.wait_index if link else 0,
-        link.wait_target if link else 0,
-        link.signal_index if link else 0,
         eps,
         LANES=lanes,
         LANES_P=lanes_p,
@@ -128,8 +103,6 @@ def final_norm(
         BLOCK_D=block_d,
         NORM_OF_SUM=norm_of_sum,
         USE_PDL=use_pdl,
-        USE_FLAGS=link is not None,
-        EARLY_TRIGGER=chain is not None and chain.early_trigger,
         num_warps=16,
         **pdl_kwargs(use_pdl),
     )

@@ -20,8 +20,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels import interpreted, pdl_kwargs, prefetch_tiles, sm_count
-from kernels.step_sync import StepChain, signal_done, wait_for
+from kernels import interpreted, pdl_kwargs, sm_count
 
 SUM, DELAYED, SCALED = 0, 1, 2
 MODES = {"sum": SUM, "delayed": DELAYED, "scaled": SCALED}
@@ -37,10 +36,6 @@ def _lane_reduce_gemv_kernel(
     token_ptr,
     hist_out_ptr,
     hist_in_ptr,
-    flags_ptr,
-    wait_index,
-    wait_target,
-    signal_index,
     N,
     lane_scale,
     K: tl.constexpr,
@@ -48,16 +43,11 @@ def _lane_reduce_gemv_kernel(
     LANES_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    PREFETCH: tl.constexpr,
     MODE: tl.constexpr,
     X_FROM_TOKEN: tl.constexpr,
     STORE_HISTORY: tl.constexpr,
     USE_PDL: tl.constexpr,
-    USE_FLAGS: tl.constexpr,
-    EARLY_TRIGGER: tl.constexpr,
 ):
-    if USE_PDL and USE_FLAGS and EARLY_TRIGGER:
-        gdc_launch_dependents()  # the next kernel orders itself by the counters: let it start now
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     lanes = tl.arange(0, LANES_P)
     cols = tl.arange(0, BLOCK_K)
@@ -65,36 +55,25 @@ def _lane_reduce_gemv_kernel(
     tile_ok = lane_ok[:, None] & (rows < N)[None, :]  # [LANES_P, BLOCK_N]
     w_offs = ((lanes[:, None] * N + rows[None, :]).to(tl.int64) * K)[:, :, None] + cols[None, None, :]
 
-    TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
-    # The first PREFETCH weight tiles are in flight before we wait for the kernel that produces act (weights
-    # are read once per token: evict them first).
-    w_early = ()
-    for i in tl.static_range(PREFETCH):
-        w_mask = tile_ok[:, :, None] & (i * BLOCK_K + cols < K)[None, None, :]
-        w_early = w_early + (
-            tl.load(w_ptr + w_offs + i * BLOCK_K, mask=w_mask, other=0.0, eviction_policy="evict_first"),
-        )
-    if USE_FLAGS:
-        wait_for(flags_ptr, wait_index, wait_target)
-        if USE_PDL and not EARLY_TRIGGER:
-            gdc_launch_dependents()
-    elif USE_PDL:
+    # The first weight tile is in flight before we wait for the kernel that produces act (weights are read once
+    # per token: evict them first).
+    w_mask = tile_ok[:, :, None] & (cols < K)[None, None, :]
+    w_first = tl.load(w_ptr + w_offs, mask=w_mask, other=0.0, eviction_policy="evict_first")
+    if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
 
     act_rows = act_ptr + lanes[:, None] * stride_act_lane  # [LANES_P, 1]
     acc = tl.zeros([LANES_P, BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for i in tl.static_range(TILES):
+    for i in tl.static_range(0, (K + BLOCK_K - 1) // BLOCK_K):
         k_ok = i * BLOCK_K + cols < K  # K is a constexpr: a multiple of 8 keeps the loads 16 bytes wide
-        if i < PREFETCH:
-            w = w_early[i]
+        if i == 0:
+            w = w_first
         else:
             w_mask = tile_ok[:, :, None] & k_ok[None, None, :]
             w = tl.load(w_ptr + w_offs + i * BLOCK_K, mask=w_mask, other=0.0, eviction_policy="evict_first")
         a_mask = lane_ok[:, None] & k_ok[None, :]
-        # .cg here and below: written by a kernel that may still be running (step_sync.py): read from L2
-        a = tl.load(act_rows + i * BLOCK_K + cols[None, :], mask=a_mask, other=0.0, cache_modifier=".cg")
-        a = a.to(tl.float32)
+        a = tl.load(act_rows + i * BLOCK_K + cols[None, :], mask=a_mask, other=0.0).to(tl.float32)
         acc += w.to(tl.float32) * a[:, None, :]
     p = tl.sum(acc, axis=2)  # [LANES_P, BLOCK_N]; padded lanes are 0
 
@@ -104,7 +83,7 @@ def _lane_reduce_gemv_kernel(
     if MODE == 0:
         r = tl.zeros_like(p) + tl.sum(p, axis=0)[None, :]
     elif MODE == 1:
-        past = tl.load(hist_in_ptr + lane_rows, mask=tile_ok, other=0.0, cache_modifier=".cg")
+        past = tl.load(hist_in_ptr + lane_rows, mask=tile_ok, other=0.0)
         r = p + tl.sum(past, axis=0)[None, :] - past
     else:
         r = p * lane_scale
@@ -113,10 +92,8 @@ def _lane_reduce_gemv_kernel(
         row_ok = rows < N
         old = tl.load(embed_ptr + token * N + rows, mask=row_ok, other=0.0).to(tl.float32)[None, :]
     else:
-        old = tl.load(x_ptr + lane_rows, mask=tile_ok, other=0.0, cache_modifier=".cg")
+        old = tl.load(x_ptr + lane_rows, mask=tile_ok, other=0.0)
     tl.store(x_ptr + lane_rows, old + r, mask=tile_ok)
-    if USE_FLAGS:
-        signal_done(flags_ptr, signal_index)
 
 
 def _pick_blocks(lanes: int, n: int, k: int, device: torch.device) -> tuple[int, int, int]:
@@ -150,14 +127,11 @@ def lane_reduce_gemv(
     embedding: torch.Tensor | None = None,
     token: torch.Tensor | None = None,
     use_pdl: bool = False,
-    chain: StepChain | None = None,
-    prefetch_kb: int = 0,
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
     """x[l] += r[l] from the lane partials p[l] = weight[l] @ act[l] (see the module docstring for `mode`).
-    chain, prefetch_kb: as rmsnorm_gemv's (kernels/step_sync.py).
 
     act: [L, K]; weight: [L, N, K]; x: [L, N] fp32, updated in place (with `embedding` [V, N] and `token`
     (int tensor [1] on the device), x is overwritten with embedding[token] + r instead: layer 0).
@@ -188,10 +162,7 @@ def lane_reduce_gemv(
 
     auto_n, auto_k, auto_warps = _pick_blocks(lanes, n, k, weight.device)
     block_n, block_k, num_warps = block_n or auto_n, block_k or auto_k, num_warps or auto_warps
-    programs = triton.cdiv(n, block_n)
-    link = chain.link(programs) if chain is not None else None
-    tile_bytes = triton.next_power_of_2(lanes) * block_n * block_k * weight.element_size()
-    _lane_reduce_gemv_kernel[(programs,)](
+    _lane_reduce_gemv_kernel[(triton.cdiv(n, block_n),)](
         act,
         act.stride(0),
         weight,
@@ -200,10 +171,6 @@ def lane_reduce_gemv(
         token if token is not None else x,
         history_out if history_out is not None else x,
         history_in if history_in is not None else x,
-        link.flags if link else x,
-        link.wait_index if link else 0,
-        link.wait_target if link else 0,
-        link.signal_index if link else 0,
         n,
         float(lanes) ** 0.5,
         K=k,
@@ -211,13 +178,10 @@ def lane_reduce_gemv(
         LANES_P=triton.next_power_of_2(lanes),
         BLOCK_N=block_n,
         BLOCK_K=block_k,
-        PREFETCH=prefetch_tiles(prefetch_kb, tile_bytes, triton.cdiv(k, block_k)),
         MODE=MODES[mode],
         X_FROM_TOKEN=embedding is not None,
         STORE_HISTORY=history_out is not None,
         USE_PDL=use_pdl,
-        USE_FLAGS=link is not None,
-        EARLY_TRIGGER=chain is not None and chain.early_trigger,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),
     )

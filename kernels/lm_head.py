@@ -19,8 +19,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels import interpreted, pdl_kwargs, prefetch_tiles
-from kernels.step_sync import StepChain, wait_for
+from kernels import interpreted, pdl_kwargs
 
 MAX_GROUPS = 512
 
@@ -37,61 +36,40 @@ def _lm_head_kernel(
     token_ptr,
     pos_ptr,
     out_tokens_ptr,
-    flags_ptr,
-    wait_index,
-    wait_target,
-    flags_used,
     V,
     vocab_limit,
     eps,
     K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    PREFETCH: tl.constexpr,
     GROUP: tl.constexpr,
     MAX_GROUPS: tl.constexpr,
     HAS_NORM: tl.constexpr,
     GREEDY: tl.constexpr,
     USE_PDL: tl.constexpr,
-    USE_FLAGS: tl.constexpr,
-    EARLY_TRIGGER: tl.constexpr,
-    FLAGS_BLOCK: tl.constexpr,
 ):
-    if USE_PDL and USE_FLAGS and EARLY_TRIGGER:
-        gdc_launch_dependents()  # the next kernel orders itself by the counters: let it start now
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < V
     cols = tl.arange(0, BLOCK_K)
     w_offs = rows.to(tl.int64)[:, None] * K + cols[None, :]
-    TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
-    # The first PREFETCH weight tiles are in flight before we wait for x (weights are read once: evict them
-    # first).
-    w_early = ()
-    for i in tl.static_range(PREFETCH):
-        w_early = w_early + (
-            tl.load(w_ptr + w_offs + i * BLOCK_K, mask=row_ok[:, None] & (i * BLOCK_K + cols < K)[None, :],
-                    other=0.0, eviction_policy="evict_first"),
-        )  # fmt: skip
-    if USE_FLAGS:
-        wait_for(flags_ptr, wait_index, wait_target)
-        if USE_PDL and not EARLY_TRIGGER:
-            gdc_launch_dependents()
-    elif USE_PDL:
+    # The first weight tile is in flight before we wait for x (weights are read once: evict them first).
+    w_first = tl.load(w_ptr + w_offs, mask=row_ok[:, None] & (cols < K)[None, :], other=0.0,
+                      eviction_policy="evict_first")  # fmt: skip
+    if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
 
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
-    for i in tl.static_range(TILES):
+    for i in tl.static_range(0, (K + BLOCK_K - 1) // BLOCK_K):
         k_ok = i * BLOCK_K + cols < K
-        if i < PREFETCH:
-            w = w_early[i]
+        if i == 0:
+            w = w_first
         else:
             w = tl.load(w_ptr + w_offs + i * BLOCK_K, mask=row_ok[:, None] & k_ok[None, :], other=0.0,
                         eviction_policy="evict_first")  # fmt: skip
-        # .cg: x may come from a kernel still running (step_sync.py)
-        xk = tl.load(x_ptr + i * BLOCK_K + cols, mask=k_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+        xk = tl.load(x_ptr + i * BLOCK_K + cols, mask=k_ok, other=0.0).to(tl.float32)
         if HAS_NORM:
             sumsq += xk * xk
             xk = xk * tl.load(norm_ptr + i * BLOCK_K + cols, mask=k_ok, other=0.0).to(tl.float32)
@@ -136,10 +114,6 @@ def _lm_head_kernel(
                 tl.store(out_tokens_ptr + pos + 1, token.to(out_tokens_ptr.dtype.element_ty))
                 tl.store(pos_ptr, pos + 1)
                 tl.atomic_xchg(counter_ptr, 0)
-                if USE_FLAGS:
-                    # every program of the step has passed its wait: the step's counters go back to zero
-                    flag_ids = tl.arange(0, FLAGS_BLOCK)
-                    tl.store(flags_ptr + flag_ids, 0, mask=flag_ids < flags_used)
 
 
 class HeadScratch:
@@ -178,8 +152,6 @@ def lm_head(
     pos: torch.Tensor | None = None,
     out_tokens: torch.Tensor | None = None,
     use_pdl: bool = False,
-    chain: StepChain | None = None,
-    prefetch_kb: int = 0,
     block_n: int | None = None,
     num_warps: int | None = None,
     group: int = 256,
@@ -190,8 +162,6 @@ def lm_head(
 
     x: [K] (any float dtype); weight: [V, K]; logits: [V] fp32; token, pos: int tensors [1];
     out_tokens: int tensor longer than pos[0] + 1; scratch: HeadScratch(V, device).
-    chain: wait by counters (kernels/step_sync.py) as the step's last kernel: with greedy the final argmax
-    zeroes the chain's counters; without it the caller must (after this kernel). prefetch_kb: as rmsnorm_gemv's.
     """
     if weight.dim() != 2 or not weight.is_contiguous():
         raise ValueError(f"weight: expected a contiguous [V, K] tensor, got {tuple(weight.shape)}")
@@ -217,7 +187,6 @@ def lm_head(
     programs = triton.cdiv(vocab, block_n)
     if triton.cdiv(programs, group) > MAX_GROUPS or group & (group - 1):
         raise ValueError(f"group: a power of two with at most {MAX_GROUPS} groups of {programs} programs")
-    link = chain.link(0) if chain is not None else None
     _lm_head_kernel[(programs,)](
         x,
         norm_weight if norm_weight is not None else x,
@@ -229,27 +198,17 @@ def lm_head(
         token if token is not None else scratch.counter,
         pos if pos is not None else scratch.counter,
         out_tokens if out_tokens is not None else scratch.counter,
-        link.flags if link else scratch.counter,
-        link.wait_index if link else 0,
-        link.wait_target if link else 0,
-        chain.used if chain is not None else 0,
         vocab,
         min(vocab_limit or vocab, vocab),
         eps,
         K=k,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
-        PREFETCH=prefetch_tiles(
-            prefetch_kb, block_n * block_k * weight.element_size(), triton.cdiv(k, block_k)
-        ),
         GROUP=group,
         MAX_GROUPS=MAX_GROUPS,
         HAS_NORM=norm_weight is not None,
         GREEDY=greedy,
         USE_PDL=use_pdl,
-        USE_FLAGS=link is not None,
-        EARLY_TRIGGER=chain is not None and chain.early_trigger,
-        FLAGS_BLOCK=chain.reset_block() if chain is not None else 1,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),
     )

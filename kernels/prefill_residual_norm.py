@@ -19,10 +19,9 @@ its three inputs, is ~150 KB: one program a multiprocessor, idle memory while it
 What keeps the memory busy (the first version held one [8, 512] chunk a program at a time, load -> use ->
 store, and reached ~43% of the bandwidth): both loops are software-pipelined by Triton (tl.range with
 num_stages): the next STAGES - 1 chunks are copied asynchronously (cp.async) into shared memory while the
-current one is summed, so in-flight bytes cost no registers. At [8, 256] chunks on 4 warps a program needs
-~96 registers and 40 KB of shared memory: 5 programs a multiprocessor, each with up to 3 * 12 KB of bf16
-inputs in flight, ~180 KB a multiprocessor against the ~30 KB that 4.3 TB/s * ~1 us of latency asks for;
-while some programs wait on HBM in their first pass, others read L2 in their second. Lane offsets are 64-bit
+current one is summed, so in-flight bytes cost no registers. Chunks of [8, 512] on 4 warps (default_blocks)
+keep 3 * 24 KB of bf16 inputs a program in flight; half that ([8, 256]) measured twice as slow on an H200.
+While some programs wait on HBM in their first pass, others read L2 in their second. Lane offsets are 64-bit
 once per program, offsets inside a row 32-bit.
 
 Bytes (laneformer-2b, T = 4,094, bf16 residual as the runner keeps it): x, partial (and past) read once,
@@ -107,12 +106,13 @@ def _prefill_residual_norm_kernel(
 
 
 def default_blocks(lanes: int, dim: int) -> tuple[int, int, int]:
-    """(BLOCK_D, num_warps, stages): chunks of 2,048 elements ([8, 256] at 8 lanes, one [1, 2048] row at one
-    lane) on 4 warps, 3 chunks ahead in shared memory (see the module docstring). Under the interpreter: 128
-    columns, no pipeline."""
+    """(BLOCK_D, num_warps, stages): chunks of 4,096 elements ([8, 512] at 8 lanes, one [1, 2048] row at one
+    lane) on 4 warps, 3 chunks ahead in shared memory (see the module docstring). On an H200, laneformer-2b at
+    4,094 tokens, 30 calls: [8, 512] chunks 8.3 ms, [8, 256] 16.3 ms (with 2 or 4 stages), [8, 256] on 8 warps
+    29.6 ms (kernels/NOTES.md, run 9). Under the interpreter: 128 columns, no pipeline."""
     if interpreted():
         return min(triton.next_power_of_2(dim), 128), 4, 1
-    block_d = min(triton.next_power_of_2(dim), max(64, 2048 // triton.next_power_of_2(lanes)))
+    block_d = min(triton.next_power_of_2(dim), max(64, 4096 // triton.next_power_of_2(lanes)))
     return block_d, 4, 4
 
 

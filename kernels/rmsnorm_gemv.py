@@ -19,8 +19,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels import interpreted, pdl_kwargs, prefetch_tiles, sm_count
-from kernels.step_sync import StepChain, signal_done, wait_for
+from kernels import interpreted, pdl_kwargs, sm_count
 
 
 @triton.jit
@@ -34,53 +33,30 @@ def _rmsnorm_gemv_kernel(
     w_up_ptr,
     bias_ptr,
     out_ptr,
-    flags_ptr,
-    wait_index,
-    wait_target,
-    signal_index,
     N,
     eps,
     K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    PREFETCH: tl.constexpr,
     HAS_NORM: tl.constexpr,
     GATED: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     X_FROM_TOKEN: tl.constexpr,
     USE_PDL: tl.constexpr,
-    USE_FLAGS: tl.constexpr,
-    EARLY_TRIGGER: tl.constexpr,
 ):
-    if USE_PDL and USE_FLAGS and EARLY_TRIGGER:
-        gdc_launch_dependents()  # the next kernel orders itself by the counters: let it start now
     lane = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     cols = tl.arange(0, BLOCK_K)
     w_offs = (lane * N + rows).to(tl.int64)[:, None] * K + cols[None, :]  # [BLOCK_N, BLOCK_K]
-    TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
 
-    # The first PREFETCH weight tiles are in flight before we wait for the kernel that produces x. Weights are
-    # read once per token: evict them first so that activations and the KV cache stay in L2.
-    w_early = ()
-    up_early = ()
-    for i in tl.static_range(PREFETCH):
-        w_mask = row_ok[:, None] & (i * BLOCK_K + cols < K)[None, :]
-        w_early = w_early + (
-            tl.load(w_ptr + w_offs + i * BLOCK_K, mask=w_mask, other=0.0, eviction_policy="evict_first"),
-        )
-        if GATED:
-            up_early = up_early + (
-                tl.load(
-                    w_up_ptr + w_offs + i * BLOCK_K, mask=w_mask, other=0.0, eviction_policy="evict_first"
-                ),
-            )
-    if USE_FLAGS:
-        wait_for(flags_ptr, wait_index, wait_target)
-        if USE_PDL and not EARLY_TRIGGER:
-            gdc_launch_dependents()
-    elif USE_PDL:
+    # The first weight tile is in flight before we wait for the kernel that produces x. Weights are read once
+    # per token: evict them first so that activations and the KV cache stay in L2.
+    w_mask = row_ok[:, None] & (cols < K)[None, :]
+    w_first = tl.load(w_ptr + w_offs, mask=w_mask, other=0.0, eviction_policy="evict_first")
+    if GATED:
+        up_first = tl.load(w_up_ptr + w_offs, mask=w_mask, other=0.0, eviction_policy="evict_first")
+    if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
 
@@ -91,22 +67,21 @@ def _rmsnorm_gemv_kernel(
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
-    for i in tl.static_range(TILES):
+    for i in tl.static_range(0, (K + BLOCK_K - 1) // BLOCK_K):
         k_ok = i * BLOCK_K + cols < K  # K is a constexpr: a multiple of 8 keeps the loads 16 bytes wide
         w_mask = row_ok[:, None] & k_ok[None, :]
-        if i < PREFETCH:
-            w = w_early[i]
+        if i == 0:
+            w = w_first
         else:
             w = tl.load(w_ptr + w_offs + i * BLOCK_K, mask=w_mask, other=0.0, eviction_policy="evict_first")
-        # .cg: x may have been written by a kernel still running (step_sync.py), so read it from L2
-        xk = tl.load(x_row + i * BLOCK_K + cols, mask=k_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+        xk = tl.load(x_row + i * BLOCK_K + cols, mask=k_ok, other=0.0).to(tl.float32)
         if HAS_NORM:
             sumsq += xk * xk
             xk = xk * tl.load(norm_row + i * BLOCK_K + cols, mask=k_ok, other=0.0).to(tl.float32)
         acc += w.to(tl.float32) * xk[None, :]
         if GATED:
-            if i < PREFETCH:
-                u = up_early[i]
+            if i == 0:
+                u = up_first
             else:
                 u = tl.load(
                     w_up_ptr + w_offs + i * BLOCK_K, mask=w_mask, other=0.0, eviction_policy="evict_first"
@@ -125,8 +100,6 @@ def _rmsnorm_gemv_kernel(
             up = up * rstd
         y = y * tl.sigmoid(y) * up
     tl.store(out_ptr + lane * N + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
-    if USE_FLAGS:
-        signal_done(flags_ptr, signal_index)
 
 
 def _pick_blocks(lanes: int, n: int, k: int, gated: bool, device: torch.device) -> tuple[int, int, int]:
@@ -153,17 +126,11 @@ def rmsnorm_gemv(
     bias: torch.Tensor | None = None,
     token: torch.Tensor | None = None,
     use_pdl: bool = False,
-    chain: StepChain | None = None,
-    prefetch_kb: int = 0,
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
     """out[l] = W[l] @ (rmsnorm(x[l]) * norm_weight) (+ bias[l]), or silu(W[l] @ h) * (W_up[l] @ h) with weight_up.
-
-    chain: order this launch after the chain's previous one by counters (kernels/step_sync.py) instead of
-    griddepcontrol.wait. prefetch_kb: weight bytes per program (KiB) put in flight before that wait (at least
-    the first tile).
 
     x: [L, K] residual (any float dtype), or, with `token` (an int tensor [1] on the device), the embedding table
     [V, K] whose row token[0] every lane reads. weight, weight_up: [L, N, K]; bias, out: [L, N];
@@ -209,8 +176,6 @@ def rmsnorm_gemv(
     auto_n, auto_k, auto_warps = _pick_blocks(lanes, n, k, weight_up is not None, weight.device)
     block_n, block_k, num_warps = block_n or auto_n, block_k or auto_k, num_warps or auto_warps
     grid = (triton.cdiv(n, block_n), lanes)
-    link = chain.link(grid[0] * grid[1]) if chain is not None else None
-    tile_bytes = block_n * block_k * weight.element_size() * (2 if weight_up is not None else 1)
     _rmsnorm_gemv_kernel[grid](
         x,
         stride_x_lane,
@@ -221,23 +186,16 @@ def rmsnorm_gemv(
         weight_up if weight_up is not None else weight,
         bias if bias is not None else weight,
         out,
-        link.flags if link else out,
-        link.wait_index if link else 0,
-        link.wait_target if link else 0,
-        link.signal_index if link else 0,
         n,
         eps,
         K=k,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
-        PREFETCH=prefetch_tiles(prefetch_kb, tile_bytes, triton.cdiv(k, block_k)),
         HAS_NORM=norm_weight is not None,
         GATED=weight_up is not None,
         HAS_BIAS=bias is not None,
         X_FROM_TOKEN=token is not None,
         USE_PDL=use_pdl,
-        USE_FLAGS=link is not None,
-        EARLY_TRIGGER=chain is not None and chain.early_trigger,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),
     )

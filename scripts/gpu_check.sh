@@ -15,7 +15,6 @@
 #   PEER_MODELS="llama-3.2-1b"         # peers for these models only, after everything else
 #   TTFT_FLAGS="--prefill-profile"     # where the long prefill's GPU time goes, by kernel
 #   ATTN_SPLITS_AB="4 8"               # llama-3.2-1b again with KOG_ATTN_SPLITS set to each (end-to-end A/B)
-#   VARIANTS="pdl:0,flags:0"           # more fast-path rows in the 512-token runs (bench --variants)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
@@ -57,35 +56,33 @@ SWEEP_MODELS=${SWEEP_MODELS-""}
 for model in $MODELS; do
   sweep=""
   case " $SWEEP_MODELS " in *" $model "*) sweep="--sweep";; esac
-  variants=""
-  [ -n "${VARIANTS:-}" ] && variants="--variants $VARIANTS"
-  run 300 $PY -m inference.bench --model "$model" $BENCH_FLAGS $sweep $peers $variants --json "$OUT/$model.512.json"
+  run 300 $PY -m inference.bench --model "$model" $BENCH_FLAGS $sweep $peers --json "$OUT/$model.512.json"
 done
 # the correctness check on the trained default model too (a small Laneformer; text it was trained on)
 if [ "$DEFAULT_CHECK" = 1 ] && [ -f models/default/config.json ]; then
-  run 120 $PY -m inference.bench --model models/default --check --json "$OUT/default.512.json"
+  run 120 $PY -m inference.bench --model models/default --check --no-pdl-row --json "$OUT/default.512.json"
 fi
 for model in $LONG_MODELS; do
   # decode with ~4096 tokens of context (the prompt ends 256 tokens short of it), and prefill at 4094
-  run 90 $PY -m inference.bench --model "$model" --prompt-len 3840 --new-tokens 256 \
+  run 90 $PY -m inference.bench --model "$model" --prompt-len 3840 --new-tokens 256 --no-pdl-row \
     --json "$OUT/$model.4096.json"
   [ "${TTFT_LONG:-1}" = 1 ] && run 60 $PY -m inference.bench --model "$model" --prompt-len 4094 --new-tokens 2 \
-    --runs 5 ${TTFT_FLAGS:-} --json "$OUT/$model.ttft4094.json"
+    --no-pdl-row --runs 5 ${TTFT_FLAGS:-} --json "$OUT/$model.ttft4094.json"
 done
 for splits in ${ATTN_SPLITS_AB:-}; do
-  KOG_ATTN_SPLITS=$splits run 90 $PY -m inference.bench --model llama-3.2-1b \
+  KOG_ATTN_SPLITS=$splits run 90 $PY -m inference.bench --model llama-3.2-1b --no-pdl-row \
     --json "$OUT/llama-3.2-1b.splits$splits.json"
 done
 for model in ${PEER_MODELS:-}; do
-  run 400 $PY -m inference.bench --model "$model" --peers --json "$OUT/$model.peers.json"
+  run 400 $PY -m inference.bench --model "$model" --no-pdl-row --peers --json "$OUT/$model.peers.json"
 done
 $PY - "$OUT" <<'PYEOF' | tee "$OUT/summary.txt"
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
 merged = {}
-lines = ["| model | prompt+new | ceiling tok/s | fast tok/s (default) | % of ceiling | engine path | TTFT ms | check |",
-         "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+lines = ["| model | prompt+new | ceiling tok/s | best fast tok/s | % of ceiling | no PDL | PDL | engine path | TTFT ms | check |",
+         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 worker_lines = []
 for f in sorted(out.glob("*.json")):
     if f.name == "results.json":
@@ -102,7 +99,8 @@ for f in sorted(out.glob("*.json")):
         row = rows.get(path, {})
         return f"{row['tok_s']:,.0f}" if "tok_s" in row else row.get("error", "-")[:40]
 
-    best = next((row for row in r["rows"] if row["path"].endswith("(default)") and "tok_s" in row), {})
+    best = max((row for row in r["rows"] if row["path"].startswith("fast, CUDA graph") and "tok_s" in row),
+               key=lambda row: row["tok_s"], default={})
     pct = f"{100 * best['tok_s'] / r['ceiling_tok_s']:.1f}%" if "tok_s" in best else "-"
     c = r.get("check", {})
     verdict = (f"bf16 {'PASS' if c['passed'] else 'FAIL'} {c['max_rel_err']:.1e}/{100 * c['argmax_agree']:.1f}%; "
@@ -112,10 +110,11 @@ for f in sorted(out.glob("*.json")):
     ttft = f"{best['ttft_ms']:.1f}" if "ttft_ms" in best else "-"
     best_tok = f"{best['tok_s']:,.0f}" if "tok_s" in best else "-"
     lines.append(f"| {r['model']} | {r['prompt_len']}+{r['new_tokens']} | {r['ceiling_tok_s']:,.0f} | "
-                 f"{best_tok} | {pct} | {tok('fast, runner contract (engine path)')} | {ttft} | {verdict} |")
+                 f"{best_tok} | {pct} | {tok('fast, CUDA graph, no PDL')} | {tok('fast, CUDA graph, PDL')} | "
+                 f"{tok('fast, runner contract (engine path)')} | {ttft} | {verdict} |")
     for row in r["rows"]:
-        if row is not best and row["path"] != "fast, runner contract (engine path)":
-            lines.append(f"|   {row['path']} | | | {tok(row['path'])} | | | | |")
+        if not row["path"].startswith("fast"):
+            lines.append(f"|   {row['path']} | | | {tok(row['path'])} | | | | | | |")
 (out / "results.json").write_text(json.dumps(merged, indent=1))
 for f in out.glob("*.json"):
     if f.name != "results.json":

@@ -49,8 +49,8 @@ def intercepted_launches(preset: str) -> list[tuple[JITFunction, dict, dict, int
     JITFunction.run = fake_run
     cfg = ModelConfig.from_hf(preset_config(preset))
     model = Transformer(cfg, device="meta", dtype=torch.bfloat16)
-    runner = FastRunner(model, min(4096, cfg.max_position_embeddings), sync="flags")
-    runner.use_pdl = True  # as on a GPU (meta tensors are not CUDA ones)
+    runner = FastRunner(model, min(4096, cfg.max_position_embeddings), use_pdl=False)
+    runner.use_pdl = True
     runner.decode_step(greedy=True)
     return launches
 
@@ -96,7 +96,7 @@ def main(presets: list[str]) -> None:
         seen = set()
         for fn, args, kwargs, warps in intercepted_launches(preset):
             key = (fn.__name__, tuple(sorted((k, str(v)) for k, v in kwargs.items())),
-                   tuple(str(a.dtype) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args))  # fmt: skip
+                   tuple(str(a.dtype) if isinstance(a, torch.Tensor) else a for a in args))  # fmt: skip
             if key in seen:
                 continue
             seen.add(key)

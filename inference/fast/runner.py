@@ -11,8 +11,9 @@ The step reads its token and position from device buffers and leaves the next on
 once as a CUDA graph and replayed per token. The host never waits on the token it is about to launch for:
 it keeps LOOKAHEAD steps queued and reads finished ids from pinned memory behind an event per step.
 
-Prefill is the reference model's math in PyTorch (cuBLAS + SDPA, graphs for short prompts) writing the same
-KV cache the kernels read.
+Prefill (inference/fast/prefill.py) is the reference model's math over the whole prompt: cuBLAS matrix
+products, Triton flash attention with RoPE and the KV-cache write, one kernel per block boundary; graphs for
+short prompts.
 On the CPU (tests) the same kernels run eagerly under Triton's interpreter.
 """
 
@@ -35,18 +36,9 @@ from kernels.final_norm import final_norm
 from kernels.lane_reduce_gemv import lane_reduce_gemv
 from kernels.lm_head import HeadScratch, lm_head
 from kernels.rmsnorm_gemv import rmsnorm_gemv
-from kernels.step_sync import StepChain
 
 LOOKAHEAD = 8  # decode steps queued on the GPU ahead of the token handed to the caller
 RING = 16  # pinned slots for finished token ids (> LOOKAHEAD)
-SYNCS = (
-    "flags",
-    "flags-early",
-    "pdl",
-    "stream",
-)  # how the step's kernels wait for each other (FastRunner's docstring)
-DEFAULT_SYNC = "pdl"  # counters measured 28-30% slower than PDL's own wait (kernels/NOTES.md, run 8)
-DEFAULT_PREFETCH_KB = 0  # first tile only: 32 KiB before the wait measured 10-18% slower (NOTES.md, run 7)
 
 
 def supports(cfg: ModelConfig) -> str | None:
@@ -88,18 +80,8 @@ def reduction(cfg: ModelConfig, layer: int) -> tuple[str, int | None]:
 
 
 class FastRunner:
-    """sync: how a kernel of the step waits for the one before it.
-        flags   counters in memory (kernels/step_sync.py); on CUDA each kernel lets the next one launch (PDL)
-                once its own wait is over, and the next one spins with its first weights in flight
-        flags-early  the same, but every kernel lets the next one launch first thing
-        pdl     programmatic dependent launch: griddepcontrol.wait for the whole previous grid
-        stream  plain stream order
-    prefetch_kb: weight KiB per program in flight before that wait (at least one tile).
-    KOG_SYNC and KOG_PREFETCH_KB override both (for A/B runs).
-    """
-
     def __init__(self, model: Transformer, max_context: int, vocab_limit: int | None = None, *,
-                 sync: str | None = None, prefetch_kb: int | None = None):  # fmt: skip
+                 use_pdl: bool = True):  # fmt: skip
         cfg = model.cfg
         if (why := supports(cfg)) is not None:
             raise ValueError(f"model: the fast path does not support {why}")
@@ -107,21 +89,7 @@ class FastRunner:
             raise ValueError(f"max_context: must be in (1, {cfg.max_position_embeddings}], got {max_context}")
         device = model.tok_embeddings.device
         self.model, self.cfg, self.device, self.max_context = model, cfg, device, max_context
-        self.sync = sync or os.environ.get("KOG_SYNC") or DEFAULT_SYNC
-        if self.sync not in SYNCS:
-            raise ValueError(f"sync: expected one of {', '.join(SYNCS)}, got {self.sync!r}")
-        env_prefetch = os.environ.get("KOG_PREFETCH_KB")
-        self.prefetch_kb = (
-            prefetch_kb if prefetch_kb is not None else int(env_prefetch or DEFAULT_PREFETCH_KB)
-        )
-        # The interpreter has no PDL; there the counters still run (in launch order, so no wait ever spins).
-        self.use_pdl = self.sync != "stream" and device.type == "cuda"
-        # five kernels a layer, the final norm and the head
-        self.chain = (
-            StepChain(5 * cfg.num_layers + 2, device, early_trigger=self.sync == "flags-early")
-            if self.sync.startswith("flags")
-            else None
-        )
+        self.use_pdl = use_pdl and device.type == "cuda"
         # Ids past the tokenizer's vocabulary (padded embedding rows) are never chosen: nothing decodes them.
         self.vocab_limit = min(vocab_limit or cfg.vocab_size, cfg.vocab_size)
         self.last_prefill_ms = 0.0
@@ -207,10 +175,6 @@ class FastRunner:
     def decode_step(self, greedy: bool = True) -> None:
         """Launch one step: consumes token/pos, leaves logits, the next token, out_tokens[pos + 1], pos + 1."""
         cfg, eps, pdl = self.cfg, self.cfg.norm_eps, self.use_pdl
-        order = {"use_pdl": pdl, "chain": self.chain}
-        weights_early = {"prefetch_kb": self.prefetch_kb}
-        if self.chain is not None:
-            self.chain.start()
         for i, w in enumerate(self.layers):
             first = i == 0
             rmsnorm_gemv(
@@ -221,8 +185,7 @@ class FastRunner:
                 eps=eps,
                 bias=w.bqkv,
                 token=self.token if first else None,
-                **order,
-                **weights_early,
+                use_pdl=pdl,
             )
             decode_attention(
                 self.qkv,
@@ -238,26 +201,23 @@ class FastRunner:
                 q_norm=w.q_norm,
                 k_norm=w.k_norm,
                 eps=eps,
+                use_pdl=pdl,
                 block_t=self.attn_block_t,
-                **order,
             )
             self._add_partials(i, w, 0, self.attn, w.wo, first)
-            rmsnorm_gemv(self.x, w.w1, self.h, norm_weight=w.ffn_norm, eps=eps, weight_up=w.w3, **order,
-                         **weights_early)  # fmt: skip
+            rmsnorm_gemv(self.x, w.w1, self.h, norm_weight=w.ffn_norm, eps=eps, weight_up=w.w3, use_pdl=pdl)
             self._add_partials(i, w, 1, self.h, w.w2, False)
 
         if cfg.num_lanes > 1:
             final_norm(self.x, self.final_norm_weight, self.head_in, eps=eps,
-                       norm_of_sum=cfg.pre_norm_lane_agg, **order)  # fmt: skip
+                       norm_of_sum=cfg.pre_norm_lane_agg, use_pdl=pdl)  # fmt: skip
             head_x, head_norm = self.head_in, None
         else:
             head_x, head_norm = self.x[0], self.final_norm_weight[0]
         lm_head(head_x, self.head_weight, self.logits, self.head_scratch, norm_weight=head_norm, eps=eps,
                 greedy=greedy, vocab_limit=self.vocab_limit, token=self.token, pos=self.pos, out_tokens=self.out_tokens,
-                **order, **weights_early, **self.head_blocks)  # fmt: skip
+                use_pdl=pdl, **self.head_blocks)  # fmt: skip
         if not greedy:
-            if self.chain is not None:
-                self.chain.flags.zero_()  # the greedy head does this itself; here a plain op after it does
             self._sample_next()
 
     def _add_partials(self, i: int, w: LayerWeights, block: int, act: torch.Tensor, weight: torch.Tensor,
@@ -273,8 +233,6 @@ class FastRunner:
             embedding=self.embed if first else None,
             token=self.token if first else None,
             use_pdl=self.use_pdl,
-            chain=self.chain,
-            prefetch_kb=self.prefetch_kb,
         )
 
     def _sample_next(self) -> None:

@@ -43,8 +43,11 @@ def forward_prompt(runner: FastRunner, ids: torch.Tensor, last: torch.Tensor) ->
     # The lanes' rows are equal, so the first norm's statistics are taken once ([1, T, D]) and only the
     # per-lane scale broadcasts to [L, T, D].
     h = rms_norm(embedded, runner.layers[0].attention_norm[:, None], eps)
-    attn_partials: list[torch.Tensor] = []
-    mlp_partials: list[torch.Tensor] = []
+    # Raw lane partials [L, T, D] by layer; each is dropped once nothing reads it again (a delayed layer reads
+    # the partials of layer i - d), so a long prompt holds ~d + 1 of them, not one per layer.
+    attn_partials: list[torch.Tensor | None] = []
+    mlp_partials: list[torch.Tensor | None] = []
+    read_later = {w.history_in for w in runner.layers if w.mode == "delayed"}
     for i, (block, w) in enumerate(zip(model.layers, runner.layers, strict=True)):
         qkv = h @ w.wqkv.mT  # [L, T, (H/L + 2 KV/L) * hd]
         if w.bqkv is not None:
@@ -58,10 +61,16 @@ def forward_prompt(runner: FastRunner, ids: torch.Tensor, last: torch.Tensor) ->
         x, h = _residual_norm(runner, i, w, x, attn_partials, w.ffn_norm, norm_blocks)
         mlp_partials.append(block.mlp(h))
         x, h = _residual_norm(runner, i, w, x, mlp_partials, next_norm, norm_blocks)
+        for partials in (attn_partials, mlp_partials):
+            if i not in read_later:
+                partials[i] = None
+            if w.mode == "delayed":
+                partials[w.history_in] = None
     return model._head(x.index_select(1, last)).view(-1).float()
 
 
-def _residual_norm(runner: FastRunner, i: int, w: LayerWeights, x: torch.Tensor, partials: list[torch.Tensor],
+def _residual_norm(runner: FastRunner, i: int, w: LayerWeights, x: torch.Tensor,
+                   partials: list[torch.Tensor | None],
                    norm_weight: torch.Tensor | None,
                    blocks: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """x + model._reduce(i, partials[i], partials), and rms_norm of it with norm_weight [L, D] (or None)."""

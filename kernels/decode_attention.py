@@ -22,6 +22,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import pdl_kwargs, sm_count
+from kernels.rope import rope_pairing
 
 
 @triton.jit
@@ -65,14 +66,7 @@ def _decode_attention_kernel(
     head_ok = heads < G
     d = tl.arange(0, HDP)
     d_ok = d < HD
-    if INTERLEAVED:
-        partner = d ^ 1
-        pair = d // 2
-        first = d % 2 == 0
-    else:
-        partner = tl.where(d < HD // 2, d + HD // 2, d - HD // 2)
-        pair = tl.where(d < HD // 2, d, d - HD // 2)
-        first = d < HD // 2
+    partner, pair, first = rope_pairing(d, HD, INTERLEAVED)
     sign = tl.where(first, -1.0, 1.0)
 
     # This split's keys [lo, hi); the cache holds positions < pos, the token itself comes from qkv.

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from kernels import interpreted
+from kernels.rope import rope_pairing
 
 
 @triton.jit
@@ -57,14 +58,7 @@ def rope_rows(
     value, each in ptr's dtype (the rotation itself in fp32)."""
     d = D0 + tl.arange(0, WIDTH)
     d_ok = d < HD
-    if INTERLEAVED:
-        partner = d ^ 1
-        pair = d // 2
-        first = d % 2 == 0
-    else:
-        partner = tl.where(d < HD // 2, d + HD // 2, d - HD // 2)
-        pair = tl.where(d < HD // 2, d, d - HD // 2)
-        first = d < HD // 2
+    partner, pair, first = rope_pairing(d, HD, INTERLEAVED)
     mask = row_ok[:, None] & d_ok[None, :]
     x_raw = tl.load(ptr + rows[:, None] + d[None, :], mask=mask, other=0.0)
     dtype = x_raw.dtype

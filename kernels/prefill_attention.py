@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from kernels import interpreted
-from kernels.prefill_kv_write import check_prefill_layout, head_rstd, prefill_kv_write, rope_rows
+from kernels.prefill_kv_write import check_prefill_layout, head_rstd, launch_prefill_kv_write, rope_rows
 
 LOG2E = 1.4426950408889634
 
@@ -296,8 +296,8 @@ def prefill_attention(
     if bm < 16 or bn < 16 or bm & (bm - 1) or bn & (bn - 1):
         raise ValueError(f"block_m: block_m and block_n must be powers of two >= 16, got {bm}, {bn}")
 
-    prefill_kv_write(qkv, k_cache, v_cache, cos, sin, num_heads=num_heads, interleaved=interleaved,
-                     k_norm=k_norm, eps=eps)  # fmt: skip
+    launch_prefill_kv_write(qkv, k_cache, v_cache, cos, sin, num_heads=num_heads, interleaved=interleaved,
+                            k_norm=k_norm, eps=eps)  # fmt: skip
     _prefill_attention_kernel[(num_heads, triton.cdiv(T, bm))](
         qkv,
         qkv.stride(0),

@@ -199,9 +199,28 @@ def prefill_kv_write(
     k_cache, v_cache: [KV, max_len, hd] of this layer (max_len >= T). cos, sin: [>= T, hd/2] fp32.
     k_norm: [hd] (Qwen3's norm of each key head before RoPE) or None.
     """
-    _, T, heads_per_lane, kv_per_lane = check_prefill_layout(qkv, k_cache, v_cache, cos, sin, num_heads,
-                                                             k_norm, k_norm)  # fmt: skip
+    check_prefill_layout(qkv, k_cache, v_cache, cos, sin, num_heads, k_norm, k_norm)
+    launch_prefill_kv_write(qkv, k_cache, v_cache, cos, sin, num_heads=num_heads, interleaved=interleaved,
+                            k_norm=k_norm, eps=eps, block_t=block_t)  # fmt: skip
+
+
+def launch_prefill_kv_write(
+    qkv: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    num_heads: int,
+    interleaved: bool,
+    k_norm: torch.Tensor | None,
+    eps: float,
+    block_t: int | None = None,
+) -> None:
+    """prefill_kv_write on arguments check_prefill_layout has already accepted (prefill_attention's)."""
+    lanes, T = qkv.shape[0], qkv.shape[1]
     num_kv, max_len, hd = k_cache.shape
+    heads_per_lane, kv_per_lane = num_heads // lanes, num_kv // lanes
     hdp = max(16, triton.next_power_of_2(hd))
     block_t = block_t or (16 if interpreted() else 64)
     _prefill_kv_write_kernel[(triton.cdiv(T, block_t), num_kv)](

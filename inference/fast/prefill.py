@@ -36,8 +36,7 @@ def forward_prompt(runner: FastRunner, ids: torch.Tensor, last: torch.Tensor) ->
     cfg, model = runner.cfg, runner.model
     lanes, dim, eps = cfg.num_lanes, cfg.hidden_size, cfg.norm_eps
     T = ids.shape[0]
-    attn_blocks = _overrides("KOG_PREFILL_ATTN", ("block_m", "block_n", "num_warps", "num_stages"))
-    norm_blocks = _overrides("KOG_PREFILL_NORM", ("block_d", "num_warps", "stages"))
+    attn_blocks, norm_blocks = runner.prefill_blocks
     embedded = F.embedding(ids, runner.embed).view(1, T, dim)
     x = embedded.expand(lanes, T, dim)  # [L, T, D]: every lane starts from the same row
     # The lanes' rows are equal, so the first norm's statistics are taken once ([1, T, D]) and only the
@@ -79,8 +78,8 @@ def _residual_norm(runner: FastRunner, i: int, w: LayerWeights, x: torch.Tensor,
                                  eps=runner.cfg.norm_eps, **blocks)  # fmt: skip
 
 
-def _overrides(name: str, keys: tuple[str, ...]) -> dict[str, int]:
-    """Block sizes from the environment for sweeps on the device, e.g. KOG_PREFILL_ATTN=128,64,8,3 (block_m,
+def block_overrides(name: str, keys: tuple[str, ...]) -> dict[str, int]:
+    """Block sizes from the environment for sweeps on the device (read once, by the runner), e.g. KOG_PREFILL_ATTN=128,64,8,3 (block_m,
     block_n, num_warps, num_stages) or KOG_PREFILL_NORM=256,4,4 (block_d, num_warps, stages); unset or 0
     keeps the kernel's own choice."""
     values = [int(v) for v in os.environ.get(name, "").split(",") if v.strip()]

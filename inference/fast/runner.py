@@ -29,7 +29,7 @@ import torch
 
 from inference.config import ModelConfig
 from inference.events import SamplingParams
-from inference.fast.prefill import forward_prompt
+from inference.fast.prefill import block_overrides, forward_prompt
 from inference.model import KVCache, Transformer
 from kernels.decode_attention import AttentionScratch, decode_attention, default_splits
 from kernels.final_norm import final_norm
@@ -131,6 +131,11 @@ class FastRunner:
             "block_n": int(os.environ.get("KOG_HEAD_BLOCK_N", "0")) or None,
             "num_warps": int(os.environ.get("KOG_HEAD_WARPS", "0")) or None,
         }
+        # KOG_PREFILL_ATTN / KOG_PREFILL_NORM override the prefill kernels' blocks (prefill.block_overrides).
+        self.prefill_blocks = (
+            block_overrides("KOG_PREFILL_ATTN", ("block_m", "block_n", "num_warps", "num_stages")),
+            block_overrides("KOG_PREFILL_NORM", ("block_d", "num_warps", "stages")),
+        )
         self.attn_scratch = AttentionScratch(cfg.num_kv_heads, group, hd, splits, device)
         self.head_scratch = HeadScratch(cfg.vocab_size, device)
 

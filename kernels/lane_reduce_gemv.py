@@ -46,6 +46,9 @@ def _lane_reduce_gemv_kernel(
     MODE: tl.constexpr,
     X_FROM_TOKEN: tl.constexpr,
     STORE_HISTORY: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    RESIDUAL_EARLY: tl.constexpr,
+    TILE_SUM: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -55,45 +58,73 @@ def _lane_reduce_gemv_kernel(
     tile_ok = lane_ok[:, None] & (rows < N)[None, :]  # [LANES_P, BLOCK_N]
     w_offs = ((lanes[:, None] * N + rows[None, :]).to(tl.int64) * K)[:, :, None] + cols[None, None, :]
 
-    # The first weight tile is in flight before we wait for the kernel that produces act (weights are read once
-    # per token: evict them first).
-    w_mask = tile_ok[:, :, None] & (cols < K)[None, None, :]
-    w_first = tl.load(w_ptr + w_offs, mask=w_mask, other=0.0, eviction_policy="evict_first")
+    # The first PREFETCH weight tiles are in flight before we wait for the kernel that produces act (weights are
+    # read once per token: evict them first). With RESIDUAL_EARLY the residual, the delayed partials and the
+    # embedding row are read before the wait too: their writers finished before the kernel we wait on started.
+    w_early = ()
+    for i in tl.static_range(PREFETCH):
+        w_mask = tile_ok[:, :, None] & (i * BLOCK_K + cols < K)[None, None, :]
+        w_early = w_early + (
+            tl.load(w_ptr + w_offs + i * BLOCK_K, mask=w_mask, other=0.0, eviction_policy="evict_first"),
+        )
+    lane_rows = lanes[:, None] * N + rows[None, :]  # [LANES_P, BLOCK_N]
+    if RESIDUAL_EARLY:
+        old, past = _residual_inputs(x_ptr, embed_ptr, token_ptr, hist_in_ptr, lane_rows, rows, tile_ok, N,
+                                     MODE, X_FROM_TOKEN)  # fmt: skip
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
+    if not RESIDUAL_EARLY:
+        old, past = _residual_inputs(x_ptr, embed_ptr, token_ptr, hist_in_ptr, lane_rows, rows, tile_ok, N,
+                                     MODE, X_FROM_TOKEN)  # fmt: skip
 
     act_rows = act_ptr + lanes[:, None] * stride_act_lane  # [LANES_P, 1]
-    acc = tl.zeros([LANES_P, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    # The products are summed over k once at the end ([LANES_P, BLOCK_N, BLOCK_K] accumulator), or with
+    # TILE_SUM after every tile ([LANES_P, BLOCK_N]): a reduction per tile, but far fewer registers when the
+    # tile is large (the registers then hold more weight tiles in flight).
+    acc = tl.zeros([LANES_P, BLOCK_N, BLOCK_K if not TILE_SUM else 1], dtype=tl.float32)
     for i in tl.static_range(0, (K + BLOCK_K - 1) // BLOCK_K):
         k_ok = i * BLOCK_K + cols < K  # K is a constexpr: a multiple of 8 keeps the loads 16 bytes wide
-        if i == 0:
-            w = w_first
+        if i < PREFETCH:
+            w = w_early[i]
         else:
             w_mask = tile_ok[:, :, None] & k_ok[None, None, :]
             w = tl.load(w_ptr + w_offs + i * BLOCK_K, mask=w_mask, other=0.0, eviction_policy="evict_first")
         a_mask = lane_ok[:, None] & k_ok[None, :]
         a = tl.load(act_rows + i * BLOCK_K + cols[None, :], mask=a_mask, other=0.0).to(tl.float32)
-        acc += w.to(tl.float32) * a[:, None, :]
+        if TILE_SUM:
+            acc += tl.sum(w.to(tl.float32) * a[:, None, :], axis=2, keep_dims=True)
+        else:
+            acc += w.to(tl.float32) * a[:, None, :]
     p = tl.sum(acc, axis=2)  # [LANES_P, BLOCK_N]; padded lanes are 0
 
-    lane_rows = lanes[:, None] * N + rows[None, :]
     if STORE_HISTORY:
         tl.store(hist_out_ptr + lane_rows, p, mask=tile_ok)
     if MODE == 0:
         r = tl.zeros_like(p) + tl.sum(p, axis=0)[None, :]
     elif MODE == 1:
-        past = tl.load(hist_in_ptr + lane_rows, mask=tile_ok, other=0.0)
         r = p + tl.sum(past, axis=0)[None, :] - past
     else:
         r = p * lane_scale
-    if X_FROM_TOKEN:
-        token = tl.load(token_ptr).to(tl.int64)
-        row_ok = rows < N
-        old = tl.load(embed_ptr + token * N + rows, mask=row_ok, other=0.0).to(tl.float32)[None, :]
-    else:
-        old = tl.load(x_ptr + lane_rows, mask=tile_ok, other=0.0)
     tl.store(x_ptr + lane_rows, old + r, mask=tile_ok)
+
+
+@triton.jit
+def _residual_inputs(x_ptr, embed_ptr, token_ptr, hist_in_ptr, lane_rows, rows, tile_ok, N,
+                     MODE: tl.constexpr, X_FROM_TOKEN: tl.constexpr):  # fmt: skip
+    """The residual before the block ([LANES_P, BLOCK_N] fp32, or [1, BLOCK_N]: the embedding row every lane
+    starts from) and, in DELAYED mode, the partials of layer i - d (else a dummy zero). Read through L2 (.cg):
+    they may have been written after this program's multiprocessor last cached those lines."""
+    if X_FROM_TOKEN:
+        token = tl.load(token_ptr, cache_modifier=".cg").to(tl.int64)
+        old = tl.load(embed_ptr + token * N + rows, mask=rows < N, other=0.0).to(tl.float32)[None, :]
+    else:
+        old = tl.load(x_ptr + lane_rows, mask=tile_ok, other=0.0, cache_modifier=".cg")
+    if MODE == 1:
+        past = tl.load(hist_in_ptr + lane_rows, mask=tile_ok, other=0.0, cache_modifier=".cg")
+    else:
+        past = 0.0
+    return old, past
 
 
 def _pick_blocks(lanes: int, n: int, k: int, device: torch.device) -> tuple[int, int, int]:
@@ -127,6 +158,9 @@ def lane_reduce_gemv(
     embedding: torch.Tensor | None = None,
     token: torch.Tensor | None = None,
     use_pdl: bool = False,
+    prefetch: int = 1,
+    residual_early: bool = False,
+    tile_sum: bool | None = None,
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
@@ -136,6 +170,11 @@ def lane_reduce_gemv(
     act: [L, K]; weight: [L, N, K]; x: [L, N] fp32, updated in place (with `embedding` [V, N] and `token`
     (int tensor [1] on the device), x is overwritten with embedding[token] + r instead: layer 0).
     history_out: [L, N] fp32 to store p in; history_in: [L, N] fp32, the partials of layer i - d (DELAYED).
+    prefetch: weight tiles ([L, block_n, block_k]) a program loads before it waits for act (at least 1; more
+    than the rows' tiles means all of them). residual_early: x, history_in and token were written before the
+    previous kernel started (the decode step: that kernel waited on their writer), so with PDL they are read
+    before the wait as well. tile_sum: sum the products after every weight tile instead of once (None: when
+    the whole-tile accumulator would need more than 64 registers a thread).
     """
     if weight.dim() != 3 or not weight.is_contiguous():
         raise ValueError(f"weight: expected a contiguous [L, N, K] tensor, got {tuple(weight.shape)}")
@@ -162,6 +201,11 @@ def lane_reduce_gemv(
 
     auto_n, auto_k, auto_warps = _pick_blocks(lanes, n, k, weight.device)
     block_n, block_k, num_warps = block_n or auto_n, block_k or auto_k, num_warps or auto_warps
+    if prefetch < 1:
+        raise ValueError(f"prefetch: expected at least 1 tile, got {prefetch}")
+    lanes_p = triton.next_power_of_2(lanes)
+    if tile_sum is None:
+        tile_sum = lanes_p * block_n * block_k > 64 * 32 * num_warps
     _lane_reduce_gemv_kernel[(triton.cdiv(n, block_n),)](
         act,
         act.stride(0),
@@ -181,6 +225,9 @@ def lane_reduce_gemv(
         MODE=MODES[mode],
         X_FROM_TOKEN=embedding is not None,
         STORE_HISTORY=history_out is not None,
+        PREFETCH=min(prefetch, triton.cdiv(k, block_k)),
+        RESIDUAL_EARLY=residual_early,
+        TILE_SUM=tile_sum,
         USE_PDL=use_pdl,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),

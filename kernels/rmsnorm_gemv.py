@@ -42,6 +42,7 @@ def _rmsnorm_gemv_kernel(
     GATED: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     X_FROM_TOKEN: tl.constexpr,
+    PREFETCH: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     lane = tl.program_id(1)
@@ -50,19 +51,29 @@ def _rmsnorm_gemv_kernel(
     cols = tl.arange(0, BLOCK_K)
     w_offs = (lane * N + rows).to(tl.int64)[:, None] * K + cols[None, :]  # [BLOCK_N, BLOCK_K]
 
-    # The first weight tile is in flight before we wait for the kernel that produces x. Weights are read once
-    # per token: evict them first so that activations and the KV cache stay in L2.
-    w_mask = row_ok[:, None] & (cols < K)[None, :]
-    w_first = tl.load(w_ptr + w_offs, mask=w_mask, other=0.0, eviction_policy="evict_first")
-    if GATED:
-        up_first = tl.load(w_up_ptr + w_offs, mask=w_mask, other=0.0, eviction_policy="evict_first")
+    # The first PREFETCH weight tiles are in flight before we wait for the kernel that produces x (more of them
+    # keeps more bytes moving across the boundary, at the cost of registers). Weights are read once per token:
+    # evict them first so that activations and the KV cache stay in L2.
+    w_early = ()
+    up_early = ()
+    for i in tl.static_range(PREFETCH):
+        w_mask = row_ok[:, None] & (i * BLOCK_K + cols < K)[None, :]
+        w_early = w_early + (
+            tl.load(w_ptr + w_offs + i * BLOCK_K, mask=w_mask, other=0.0, eviction_policy="evict_first"),
+        )
+        if GATED:
+            up_early = up_early + (
+                tl.load(
+                    w_up_ptr + w_offs + i * BLOCK_K, mask=w_mask, other=0.0, eviction_policy="evict_first"
+                ),
+            )
+    norm_row = norm_ptr + lane * stride_norm_lane
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
 
     # with X_FROM_TOKEN every lane starts from the same embedding row
     x_row = x_ptr + tl.load(token_ptr).to(tl.int64) * K if X_FROM_TOKEN else x_ptr + lane * stride_x_lane
-    norm_row = norm_ptr + lane * stride_norm_lane
 
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -70,8 +81,8 @@ def _rmsnorm_gemv_kernel(
     for i in tl.static_range(0, (K + BLOCK_K - 1) // BLOCK_K):
         k_ok = i * BLOCK_K + cols < K  # K is a constexpr: a multiple of 8 keeps the loads 16 bytes wide
         w_mask = row_ok[:, None] & k_ok[None, :]
-        if i == 0:
-            w = w_first
+        if i < PREFETCH:
+            w = w_early[i]
         else:
             w = tl.load(w_ptr + w_offs + i * BLOCK_K, mask=w_mask, other=0.0, eviction_policy="evict_first")
         xk = tl.load(x_row + i * BLOCK_K + cols, mask=k_ok, other=0.0).to(tl.float32)
@@ -80,8 +91,8 @@ def _rmsnorm_gemv_kernel(
             xk = xk * tl.load(norm_row + i * BLOCK_K + cols, mask=k_ok, other=0.0).to(tl.float32)
         acc += w.to(tl.float32) * xk[None, :]
         if GATED:
-            if i == 0:
-                u = up_first
+            if i < PREFETCH:
+                u = up_early[i]
             else:
                 u = tl.load(
                     w_up_ptr + w_offs + i * BLOCK_K, mask=w_mask, other=0.0, eviction_policy="evict_first"
@@ -126,11 +137,15 @@ def rmsnorm_gemv(
     bias: torch.Tensor | None = None,
     token: torch.Tensor | None = None,
     use_pdl: bool = False,
+    prefetch: int = 1,
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
     """out[l] = W[l] @ (rmsnorm(x[l]) * norm_weight) (+ bias[l]), or silu(W[l] @ h) * (W_up[l] @ h) with weight_up.
+
+    prefetch: weight tiles ([block_n, block_k] of each matrix) a program loads before it waits for x (at least
+    1; more than the row's tiles means all of them).
 
     x: [L, K] residual (any float dtype), or, with `token` (an int tensor [1] on the device), the embedding table
     [V, K] whose row token[0] every lane reads. weight, weight_up: [L, N, K]; bias, out: [L, N];
@@ -175,6 +190,8 @@ def rmsnorm_gemv(
 
     auto_n, auto_k, auto_warps = _pick_blocks(lanes, n, k, weight_up is not None, weight.device)
     block_n, block_k, num_warps = block_n or auto_n, block_k or auto_k, num_warps or auto_warps
+    if prefetch < 1:
+        raise ValueError(f"prefetch: expected at least 1 tile, got {prefetch}")
     grid = (triton.cdiv(n, block_n), lanes)
     _rmsnorm_gemv_kernel[grid](
         x,
@@ -195,6 +212,7 @@ def rmsnorm_gemv(
         GATED=weight_up is not None,
         HAS_BIAS=bias is not None,
         X_FROM_TOKEN=token is not None,
+        PREFETCH=min(prefetch, triton.cdiv(k, block_k)),
         USE_PDL=use_pdl,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),

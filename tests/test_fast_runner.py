@@ -6,7 +6,7 @@ from kernel_testing import DEVICE, ON_GPU
 
 from inference.config import ModelConfig
 from inference.events import SamplingParams
-from inference.fast.runner import FastRunner, reduction
+from inference.fast.runner import FastRunner, prefetch_overrides, reduction
 from inference.model import KVCache, Transformer
 from inference.presets import preset_config
 from inference.sampling import Sampler
@@ -39,9 +39,11 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def teacher_forced(model: Transformer, prompt: list[int], steps: int, max_context: int = 128):
+def teacher_forced(
+    model: Transformer, prompt: list[int], steps: int, max_context: int = 128, **runner_kwargs
+):
     """Feed the reference's own greedy tokens to both paths; yield (fast logits, reference logits, fast token)."""
-    runner = FastRunner(model, max_context)
+    runner = FastRunner(model, max_context, **runner_kwargs)
     ref_cache = KVCache(model.cfg, max_context, 1, DEVICE, DTYPE)
     ids = torch.tensor([prompt], device=DEVICE)
     ref_logits = model(ids, 0, ref_cache, last_only=True).view(-1)
@@ -67,6 +69,29 @@ def test_decode_steps_match_the_reference(preset):
         assert token == int(fast.argmax())
 
 
+@pytest.mark.parametrize(
+    "preset,overrides",
+    [("tiny-llama", {}), ("tiny-qwen2", {}), ("tiny-qwen3", {}), ("tiny-laneformer", {"sliding_window": 8}),
+     ("tiny-laneformer", {"broadcast_delay": 1, "use_early_comm": False})],
+)  # fmt: skip
+@pytest.mark.parametrize("length", [1, 13, 70])  # one token; a graph bucket's padding on the GPU; past it
+def test_prefill_logits_match_the_reference(preset, overrides, length):
+    # the prefill's last layer runs only the last row past its cache write (prefill._last_layer)
+    model = make_model(preset, seed=6, **overrides)
+    prompt = torch.randint(
+        0, model.cfg.vocab_size, (length,), generator=torch.Generator().manual_seed(2)
+    ).tolist()
+    runner = FastRunner(model, 128)
+    runner.prefill(prompt)
+    with torch.no_grad():
+        cache = KVCache(model.cfg, 128, 1, DEVICE, DTYPE)
+        want = model(torch.tensor([prompt], device=DEVICE), 0, cache, last_only=True).view(-1)
+    assert rel_err(runner.logits, want) < LOGIT_TOL
+    # and the cache the decode steps read: every layer's keys and values of the prompt
+    for got, ref in ((runner.cache.k, cache.k), (runner.cache.v, cache.v)):
+        assert rel_err(got[:, :, :, :length], ref[:, :, :, :length]) < LOGIT_TOL
+
+
 def test_laneformer_reductions_and_windows():
     # past the window of the windowed layers, and every reduction mode: early sum, delayed, scaled
     for overrides in ({"sliding_window": 8}, {"use_comm": False, "use_early_comm": False, "sliding_window": 8},
@@ -77,6 +102,25 @@ def test_laneformer_reductions_and_windows():
         prompt = list(range(5, 17))
         for fast, ref, _ in teacher_forced(model, prompt, steps=2):
             assert rel_err(fast, ref) < LOGIT_TOL, overrides
+
+
+@pytest.mark.parametrize("preset", ["tiny-laneformer", "tiny-qwen3"])
+def test_weights_loaded_before_the_wait_change_nothing(preset):
+    # every matrix-vector kind with all of its weight tiles in flight before it waits on the previous kernel
+    model = make_model(preset, seed=4)
+    deep = {kind: 64 for kind in ("qkv", "o", "gate_up", "down")}
+    for fast, ref, _ in teacher_forced(model, list(range(3, 14)), steps=3, prefetch=deep):
+        assert rel_err(fast, ref) < LOGIT_TOL
+
+
+def test_prefetch_overrides():
+    assert prefetch_overrides(" o=4, gate_up=2 ") == {"o": 4, "gate_up": 2}
+    assert prefetch_overrides("") == {}
+    for bad in ("attention=2", "o=0", "o=x", "o"):
+        with pytest.raises(ValueError, match="prefetch:"):
+            prefetch_overrides(bad)
+    with pytest.raises(ValueError, match="prefetch:"):
+        FastRunner(make_model("tiny-llama"), 32, prefetch={"head": 2})
 
 
 @fp32_only

@@ -30,7 +30,13 @@ SHAPES = [(1, 37, 40), (2, 24, 64), (3, 21, 48), (8, 16, 96)]
 @pytest.mark.parametrize("mode", ["sum", "delayed", "scaled"])
 @pytest.mark.parametrize("lanes,n,k", SHAPES)
 @pytest.mark.parametrize("block_n,block_k", [(None, None), (4, 32)])  # the launcher's choice, and small tiles
-def test_lane_reduce_gemv_matches_reference(dtype, mode, lanes, n, k, block_n, block_k):
+# one tile before the wait, two, and more than the rows have (all of them); the residual read early or late
+@pytest.mark.parametrize(
+    "prefetch,residual_early,tile_sum", [(1, False, None), (2, True, True), (64, True, False)]
+)
+def test_lane_reduce_gemv_matches_reference(
+    dtype, mode, lanes, n, k, block_n, block_k, prefetch, residual_early, tile_sum
+):
     act = randn(lanes, k, dtype=dtype)
     w = randn(lanes, n, k, dtype=dtype, scale=k**-0.5)
     x = randn(lanes, n)
@@ -38,20 +44,21 @@ def test_lane_reduce_gemv_matches_reference(dtype, mode, lanes, n, k, block_n, b
     history_out = poisoned(lanes, n, dtype=torch.float32)
     want_x, want_p = reference(act, w, x, mode, history_in)
     lane_reduce_gemv(act, w, x, mode=mode, history_out=history_out, history_in=history_in, block_n=block_n,
-                     block_k=block_k)  # fmt: skip
+                     block_k=block_k, prefetch=prefetch, residual_early=residual_early, tile_sum=tile_sum)  # fmt: skip
     assert_close(x, want_x, dtype, "x")
     assert_close(history_out, want_p, dtype, "history_out")
 
 
 @pytest.mark.parametrize("dtype", dtype_params())
-def test_layer_zero_starts_from_the_embedding_row(dtype):
+@pytest.mark.parametrize("residual_early", [False, True])
+def test_layer_zero_starts_from_the_embedding_row(dtype, residual_early):
     lanes, n, k, vocab = 4, 40, 32, 9
     table = randn(vocab, n, dtype=dtype)
     act = randn(lanes, k, dtype=dtype)
     w = randn(lanes, n, k, dtype=dtype, scale=k**-0.5)
     x = poisoned(lanes, n, dtype=torch.float32)
     token = torch.tensor([5], dtype=torch.int64, device=DEVICE)
-    lane_reduce_gemv(act, w, x, mode="sum", embedding=table, token=token)
+    lane_reduce_gemv(act, w, x, mode="sum", embedding=table, token=token, residual_early=residual_early)
     want_x, _ = reference(act, w, None, "sum", base=table[5:6])
     assert_close(x, want_x, dtype, "x")
 
@@ -77,3 +84,5 @@ def test_rejects_bad_arguments():
         lane_reduce_gemv(randn(2, 16), w, x.half())
     with pytest.raises(ValueError, match="act:"):
         lane_reduce_gemv(randn(3, 16), w, x)
+    with pytest.raises(ValueError, match="prefetch:"):
+        lane_reduce_gemv(randn(2, 16), w, x, prefetch=0)

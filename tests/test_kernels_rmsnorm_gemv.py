@@ -28,12 +28,13 @@ SHAPES = [(1, 37, 40), (2, 24, 64), (3, 10, 200), (4, 64, 96)]
 @pytest.mark.parametrize("dtype", dtype_params())
 @pytest.mark.parametrize("lanes,n,k", SHAPES)
 @pytest.mark.parametrize("block_n,block_k", [(None, None), (4, 32)])  # the launcher's choice, and small tiles
-def test_rmsnorm_gemv_matches_reference(dtype, lanes, n, k, block_n, block_k):
+@pytest.mark.parametrize("prefetch", [1, 3, 64])  # weight tiles before the wait: one, some, all
+def test_rmsnorm_gemv_matches_reference(dtype, lanes, n, k, block_n, block_k, prefetch):
     x = randn(lanes, k, scale=3.0)  # the residual stream is fp32
     w = randn(lanes, n, k, dtype=dtype, scale=k**-0.5)
     g = randn(lanes, k, dtype=dtype).abs() + 0.5
     out = poisoned(lanes, n, dtype=torch.float32)
-    rmsnorm_gemv(x, w, out, norm_weight=g, eps=1e-5, block_n=block_n, block_k=block_k)
+    rmsnorm_gemv(x, w, out, norm_weight=g, eps=1e-5, block_n=block_n, block_k=block_k, prefetch=prefetch)
     assert_close(out, reference(x, w, g, 1e-5), dtype)
 
 
@@ -51,12 +52,13 @@ def test_shared_norm_weight_and_bias_and_low_precision_out(dtype):
 
 @pytest.mark.parametrize("dtype", dtype_params())
 @pytest.mark.parametrize("lanes,n,k", [(1, 19, 48), (2, 16, 128)])
-def test_gated_silu(dtype, lanes, n, k):
+@pytest.mark.parametrize("prefetch", [1, 2])
+def test_gated_silu(dtype, lanes, n, k, prefetch):
     x = randn(lanes, k, scale=2.0)
     w, w_up = randn(lanes, n, k, dtype=dtype, scale=k**-0.5), randn(lanes, n, k, dtype=dtype, scale=k**-0.5)
     g = randn(lanes, k, dtype=dtype)
     out = poisoned(lanes, n, dtype=torch.float32)
-    rmsnorm_gemv(x, w, out, norm_weight=g, weight_up=w_up, block_n=8, block_k=32)
+    rmsnorm_gemv(x, w, out, norm_weight=g, weight_up=w_up, block_n=8, block_k=32, prefetch=prefetch)
     assert_close(out, reference(x, w, g, weight_up=w_up), dtype)
 
 
@@ -88,3 +90,5 @@ def test_rejects_mismatched_shapes():
         rmsnorm_gemv(randn(2, 16), w, torch.empty(2, 9, device=DEVICE))
     with pytest.raises(ValueError, match="norm_weight:"):
         rmsnorm_gemv(randn(2, 16), w, torch.empty(2, 8, device=DEVICE), norm_weight=randn(3, 16))
+    with pytest.raises(ValueError, match="prefetch:"):
+        rmsnorm_gemv(randn(2, 16), w, torch.empty(2, 8, device=DEVICE), prefetch=0)

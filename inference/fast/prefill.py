@@ -1,14 +1,19 @@
 """The fast runner's prefill: the reference model's math over a whole prompt, writing the KV cache that the
 decode kernels read.
 
-A layer is five launches besides its cuBLAS matrix products:
+A layer is five Triton launches besides its cuBLAS matrix products (and Qwen2's eager bias add):
     q|k|v matmul (cuBLAS)       h [L, T, D] -> qkv [L, T, (H/L + 2 KV/L) * hd] (+ Qwen2's bias)
     prefill_attention           two kernels: the rotated (q/k-normed) keys and the values into the cache
                                 (kernels/prefill_kv_write.py), then flash attention reading q from qkv with RoPE
                                 on the fly, the keys from the cache, skipping the blocks a window or causality
                                 masks, and writing the heads as [L, T, H/L * hd], the o-proj's input
     o-proj matmul, then prefill_residual_norm: the lane reduction into the residual and the ffn norm
-    gate/up/down (cuBLAS + SiLU), then prefill_residual_norm with the next layer's attention norm
+    gate and up matmuls (cuBLAS, two [L, T, F/L] products: w1 and w3 stay separate, no weight copies), then
+    silu_mul (kernels/silu_mul.py: silu(gate) * up in one pass, written over gate), then the down matmul
+    (cuBLAS), then prefill_residual_norm with the next layer's attention norm
+The last layer writes every position's keys and values into the cache, then goes on for the one position whose
+logits are asked for (its attention through the decode kernel, its o-proj, MLP and head eager on that row):
+the reference computes the other rows too, but nothing reads them.
 Each block boundary is one kernel (kernels/prefill_residual_norm.py): eager, those [L, T, D] casts, lane sums
 and adds were most of a long Laneformer prefill's GPU time. There is no SDPA fallback: the attention kernel
 takes every head dim the runner's models have (even, up to 256; it checks and names what it refuses).
@@ -23,8 +28,11 @@ import torch
 import torch.nn.functional as F
 
 from inference.model import rms_norm
+from kernels.decode_attention import decode_attention
 from kernels.prefill_attention import prefill_attention
+from kernels.prefill_kv_write import launch_prefill_kv_write
 from kernels.prefill_residual_norm import prefill_residual_norm
+from kernels.silu_mul import silu_mul
 
 if TYPE_CHECKING:
     from inference.fast.runner import FastRunner, LayerWeights
@@ -47,10 +55,12 @@ def forward_prompt(runner: FastRunner, ids: torch.Tensor, last: torch.Tensor) ->
     attn_partials: list[torch.Tensor | None] = []
     mlp_partials: list[torch.Tensor | None] = []
     read_later = {w.history_in for w in runner.layers if w.mode == "delayed"}
-    for i, (block, w) in enumerate(zip(model.layers, runner.layers, strict=True)):
+    for i, w in enumerate(runner.layers):
         qkv = h @ w.wqkv.mT  # [L, T, (H/L + 2 KV/L) * hd]
         if w.bqkv is not None:
             qkv = qkv + w.bqkv[:, None]
+        if i == len(runner.layers) - 1:
+            return _last_layer(runner, i, w, x, qkv, last, attn_partials, mlp_partials)
         # the cache rows 0 .. T-1 of layer i written, and the heads [L, T, H/L * hd] for the o-proj
         heads = prefill_attention(qkv, runner.cache.k[i, 0], runner.cache.v[i, 0], model.rope_cos,
                                   model.rope_sin, num_heads=cfg.num_heads, window=w.window, q_norm=w.q_norm,
@@ -58,14 +68,49 @@ def forward_prompt(runner: FastRunner, ids: torch.Tensor, last: torch.Tensor) ->
         next_norm = runner.layers[i + 1].attention_norm if i + 1 < len(runner.layers) else None
         attn_partials.append(heads @ w.wo.mT)  # [L, T, D] raw lane partials
         x, h = _residual_norm(runner, i, w, x, attn_partials, w.ffn_norm, norm_blocks)
-        mlp_partials.append(block.mlp(h))
+        # block.mlp's math: silu(h w1^T) * (h w3^T), rounded as eager rounds it, then w2 (lane partials)
+        gate = torch.bmm(h, w.w1.mT)  # [L, T, F/L]
+        mlp_partials.append(torch.bmm(silu_mul(gate, torch.bmm(h, w.w3.mT), out=gate), w.w2.mT))
         x, h = _residual_norm(runner, i, w, x, mlp_partials, next_norm, norm_blocks)
         for partials in (attn_partials, mlp_partials):
             if i not in read_later:
                 partials[i] = None
             if w.mode == "delayed":
                 partials[w.history_in] = None
-    return model._head(x.index_select(1, last)).view(-1).float()
+    raise AssertionError("unreachable: the last layer returns")
+
+
+def _last_layer(runner: FastRunner, i: int, w: LayerWeights, x: torch.Tensor, qkv: torch.Tensor,
+                last: torch.Tensor, attn_partials: list[torch.Tensor | None],
+                mlp_partials: list[torch.Tensor | None]) -> torch.Tensor:  # fmt: skip
+    """The last layer, where only the position `last` goes on: every position's keys and values still go into
+    the cache, but attention, the o-proj, the MLP and the head run for that one row, as a decode step would
+    (kernels/decode_attention.py reads q from qkv's row `last` and the keys before it from the cache). The
+    rest of the reference's last layer computes rows that nothing reads: at 4,096 tokens of a 15-layer model
+    that is ~6% of the prefill's matrix products, plus its attention and two block boundaries.
+
+    x: [L, T, D] the residual after layer i - 1; qkv: [L, T, rows] this layer's projections. Returns the
+    logits [V] fp32 at `last`, as model.forward would (its eager math on the selected row)."""
+    cfg, model = runner.cfg, runner.model
+    lanes, eps = cfg.num_lanes, cfg.norm_eps
+    k_cache, v_cache = runner.cache.k[i, 0], runner.cache.v[i, 0]
+    launch_prefill_kv_write(qkv, k_cache, v_cache, model.rope_cos, model.rope_sin, num_heads=cfg.num_heads,
+                            interleaved=True, k_norm=w.k_norm, eps=eps)  # fmt: skip
+    heads = torch.empty(lanes, cfg.heads_per_lane * cfg.head_dim, dtype=qkv.dtype, device=qkv.device)
+    decode_attention(qkv.index_select(1, last).view(lanes, -1), k_cache, v_cache, last.to(torch.int32),
+                     model.rope_cos, model.rope_sin, heads, runner.attn_scratch, num_heads=cfg.num_heads,
+                     window=w.window, q_norm=w.q_norm, k_norm=w.k_norm, eps=eps,
+                     block_t=runner.attn_block_t)  # fmt: skip
+
+    def row(partials: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        # model._reduce appends this layer's partial and reads the one d layers back: the same list, one row
+        return [p.index_select(1, last) if p is not None else None for p in partials]
+
+    x = x.index_select(1, last)  # [L, 1, D]
+    x = x + model._reduce(i, heads.view(lanes, 1, -1) @ w.wo.mT, row(attn_partials))
+    block = model.layers[i]
+    x = x + model._reduce(i, block.mlp(rms_norm(x, w.ffn_norm[:, None], eps)), row(mlp_partials))
+    return model._head(x).view(-1).float()
 
 
 def _residual_norm(runner: FastRunner, i: int, w: LayerWeights, x: torch.Tensor,

@@ -37,6 +37,12 @@ from kernels.lane_reduce_gemv import lane_reduce_gemv
 from kernels.lm_head import HeadScratch, lm_head
 from kernels.rmsnorm_gemv import rmsnorm_gemv
 
+# Weight tiles each matrix-vector kind loads before it waits on the previous kernel (kernels' `prefetch`;
+# more than a row has means all). The o-proj takes all of its tiles: attention before it reads little, so
+# its weights stream while attention runs (H200, scripts/decode_variants.py: +1.9% llama, +2.5% qwen3, +1.4%
+# laneformer). More tiles for the others measured no better (qkv, gate/up) or far worse (laneformer down-proj
+# at 3: registers).
+DEFAULT_PREFETCH = {"qkv": 1, "o": 64, "gate_up": 1, "down": 1}
 LOOKAHEAD = 8  # decode steps queued on the GPU ahead of the token handed to the caller
 RING = 16  # pinned slots for finished token ids (> LOOKAHEAD)
 
@@ -65,6 +71,18 @@ class LayerWeights:
     history_in: int | None  # the layer whose partials DELAYED mode adds
 
 
+def prefetch_overrides(spec: str) -> dict[str, int]:
+    """'o=4,gate_up=2' -> {'o': 4, 'gate_up': 2}; kinds are those of DEFAULT_PREFETCH."""
+    out = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        kind, _, tiles = item.partition("=")
+        if kind not in DEFAULT_PREFETCH or not tiles.isdigit() or int(tiles) < 1:
+            raise ValueError(f"prefetch: expected kind=tiles with kind in {', '.join(DEFAULT_PREFETCH)} and "
+                             f"tiles >= 1, got {item!r}")  # fmt: skip
+        out[kind] = int(tiles)
+    return out
+
+
 def reduction(cfg: ModelConfig, layer: int) -> tuple[str, int | None]:
     """model.Transformer._reduce as a kernel mode: (mode, layer whose raw partials it reads)."""
     lanes, d = cfg.num_lanes, cfg.broadcast_delay
@@ -81,7 +99,8 @@ def reduction(cfg: ModelConfig, layer: int) -> tuple[str, int | None]:
 
 class FastRunner:
     def __init__(self, model: Transformer, max_context: int, vocab_limit: int | None = None, *,
-                 use_pdl: bool = True):  # fmt: skip
+                 use_pdl: bool = True, prefetch: dict[str, int] | None = None, residual_early: bool = True,
+                 tile_sum: bool | None = None):  # fmt: skip
         cfg = model.cfg
         if (why := supports(cfg)) is not None:
             raise ValueError(f"model: the fast path does not support {why}")
@@ -136,6 +155,12 @@ class FastRunner:
             block_overrides("KOG_PREFILL_ATTN", ("block_m", "block_n", "num_warps", "num_stages")),
             block_overrides("KOG_PREFILL_NORM", ("block_d", "num_warps", "stages")),
         )
+        # KOG_PREFETCH=o=4,gate_up=2 overrides the weight tiles loaded before each kind's wait (for sweeps).
+        self.prefetch = {**DEFAULT_PREFETCH, **prefetch_overrides(os.environ.get("KOG_PREFETCH", ""))}
+        self.prefetch.update(prefetch_overrides(",".join(f"{k}={v}" for k, v in (prefetch or {}).items())))
+        # o-proj / down-proj: the residual read before the wait, and the lane_reduce_gemv sum per tile (None:
+        # the kernel's choice); both for measuring variants (scripts/decode_variants.py)
+        self.residual_early, self.tile_sum = residual_early, tile_sum
         self.attn_scratch = AttentionScratch(cfg.num_kv_heads, group, hd, splits, device)
         self.head_scratch = HeadScratch(cfg.vocab_size, device)
 
@@ -191,6 +216,7 @@ class FastRunner:
                 bias=w.bqkv,
                 token=self.token if first else None,
                 use_pdl=pdl,
+                prefetch=self.prefetch["qkv"],
             )
             decode_attention(
                 self.qkv,
@@ -210,7 +236,8 @@ class FastRunner:
                 block_t=self.attn_block_t,
             )
             self._add_partials(i, w, 0, self.attn, w.wo, first)
-            rmsnorm_gemv(self.x, w.w1, self.h, norm_weight=w.ffn_norm, eps=eps, weight_up=w.w3, use_pdl=pdl)
+            rmsnorm_gemv(self.x, w.w1, self.h, norm_weight=w.ffn_norm, eps=eps, weight_up=w.w3, use_pdl=pdl,
+                         prefetch=self.prefetch["gate_up"])  # fmt: skip
             self._add_partials(i, w, 1, self.h, w.w2, False)
 
         if cfg.num_lanes > 1:
@@ -238,6 +265,11 @@ class FastRunner:
             embedding=self.embed if first else None,
             token=self.token if first else None,
             use_pdl=self.use_pdl,
+            prefetch=self.prefetch["down" if block else "o"],
+            # x and the delayed partials were written two launches back or earlier (the previous kernel waited
+            # on their writer), so the kernel may read them before its wait
+            residual_early=self.residual_early,
+            tile_sum=self.tile_sum,
         )
 
     def _sample_next(self) -> None:

@@ -4,7 +4,7 @@
         [--prompt-len 512] [--new-tokens 256] [--rounds 3] [--json out.json]
 
 A variant is a KOG_PREFETCH-style list (kind=tiles, kinds qkv, o, gate_up, down; "" is the default), plus
-early=0|1 (FastRunner's residual_early) and tilesum=0|1 (its tile_sum; unset: the kernel's choice). Every round
+tilesum=0|1 (FastRunner's tile_sum; unset: the kernel's choice). Every round
 times each variant once (bench.time_fast: median of --runs after a warm-up), so slow drifts of the clock or
 the temperature hit all variants alike; the table keeps the median over rounds, beside the ceiling measured in
 the same run.
@@ -25,11 +25,9 @@ from inference.fast.runner import FastRunner, prefetch_overrides  # noqa: E402
 
 
 def runner_kwargs(variant: str) -> dict:
-    """'o=16,early=0,tilesum=1' -> FastRunner keyword arguments."""
+    """'o=16,tilesum=1' -> FastRunner keyword arguments."""
     items = dict(item.strip().partition("=")[::2] for item in variant.split(",") if item.strip())
     kwargs = {}
-    if "early" in items:
-        kwargs["residual_early"] = items.pop("early") == "1"
     if "tilesum" in items:
         kwargs["tile_sum"] = items.pop("tilesum") == "1"
     kwargs["prefetch"] = prefetch_overrides(",".join(f"{k}={v}" for k, v in items.items()))
@@ -62,8 +60,7 @@ def main() -> int:
     for _ in range(args.rounds):
         for v, runner in runners.items():
             tok_s[v].append(time_fast(runner, prompt, args.new_tokens, args.runs)["tok_s"])
-    rows = [{"variant": v or "default", "prefetch": runners[v].prefetch, "residual_early": runners[v].residual_early,
-             "tile_sum": runners[v].tile_sum, "tok_s": statistics.median(t),
+    rows = [{"variant": v or "default", "prefetch": runners[v].prefetch,              "tile_sum": runners[v].tile_sum, "tok_s": statistics.median(t),
              "rounds": t, "pct_ceiling": 100 * statistics.median(t) / ceiling} for v, t in tok_s.items()]  # fmt: skip
     print(f"{args.model}: ceiling {ceiling:,.0f} tok/s at {bandwidth['read_gbs']:,.0f} GB/s")
     for r in rows:

@@ -30,13 +30,9 @@ SHAPES = [(1, 37, 40), (2, 24, 64), (3, 21, 48), (8, 16, 96)]
 @pytest.mark.parametrize("mode", ["sum", "delayed", "scaled"])
 @pytest.mark.parametrize("lanes,n,k", SHAPES)
 @pytest.mark.parametrize("block_n,block_k", [(None, None), (4, 32)])  # the launcher's choice, and small tiles
-# one tile before the wait, two, and more than the rows have (all of them); the residual read early or late
-@pytest.mark.parametrize(
-    "prefetch,residual_early,tile_sum", [(1, False, None), (2, True, True), (64, True, False)]
-)
-def test_lane_reduce_gemv_matches_reference(
-    dtype, mode, lanes, n, k, block_n, block_k, prefetch, residual_early, tile_sum
-):
+# one tile before the wait, two, and more than the rows have (all of them); products summed per tile or once
+@pytest.mark.parametrize("prefetch,tile_sum", [(1, None), (2, True), (64, False)])
+def test_lane_reduce_gemv_matches_reference(dtype, mode, lanes, n, k, block_n, block_k, prefetch, tile_sum):
     act = randn(lanes, k, dtype=dtype)
     w = randn(lanes, n, k, dtype=dtype, scale=k**-0.5)
     x = randn(lanes, n)
@@ -44,21 +40,20 @@ def test_lane_reduce_gemv_matches_reference(
     history_out = poisoned(lanes, n, dtype=torch.float32)
     want_x, want_p = reference(act, w, x, mode, history_in)
     lane_reduce_gemv(act, w, x, mode=mode, history_out=history_out, history_in=history_in, block_n=block_n,
-                     block_k=block_k, prefetch=prefetch, residual_early=residual_early, tile_sum=tile_sum)  # fmt: skip
+                     block_k=block_k, prefetch=prefetch, tile_sum=tile_sum)  # fmt: skip
     assert_close(x, want_x, dtype, "x")
     assert_close(history_out, want_p, dtype, "history_out")
 
 
 @pytest.mark.parametrize("dtype", dtype_params())
-@pytest.mark.parametrize("residual_early", [False, True])
-def test_layer_zero_starts_from_the_embedding_row(dtype, residual_early):
+def test_layer_zero_starts_from_the_embedding_row(dtype):
     lanes, n, k, vocab = 4, 40, 32, 9
     table = randn(vocab, n, dtype=dtype)
     act = randn(lanes, k, dtype=dtype)
     w = randn(lanes, n, k, dtype=dtype, scale=k**-0.5)
     x = poisoned(lanes, n, dtype=torch.float32)
     token = torch.tensor([5], dtype=torch.int64, device=DEVICE)
-    lane_reduce_gemv(act, w, x, mode="sum", embedding=table, token=token, residual_early=residual_early)
+    lane_reduce_gemv(act, w, x, mode="sum", embedding=table, token=token)
     want_x, _ = reference(act, w, None, "sum", base=table[5:6])
     assert_close(x, want_x, dtype, "x")
 

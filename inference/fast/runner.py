@@ -99,7 +99,7 @@ def reduction(cfg: ModelConfig, layer: int) -> tuple[str, int | None]:
 
 class FastRunner:
     def __init__(self, model: Transformer, max_context: int, vocab_limit: int | None = None, *,
-                 use_pdl: bool = True, prefetch: dict[str, int] | None = None, residual_early: bool = True,
+                 use_pdl: bool = True, prefetch: dict[str, int] | None = None,
                  tile_sum: bool | None = None):  # fmt: skip
         cfg = model.cfg
         if (why := supports(cfg)) is not None:
@@ -158,9 +158,8 @@ class FastRunner:
         # KOG_PREFETCH=o=4,gate_up=2 overrides the weight tiles loaded before each kind's wait (for sweeps).
         self.prefetch = {**DEFAULT_PREFETCH, **prefetch_overrides(os.environ.get("KOG_PREFETCH", ""))}
         self.prefetch.update(prefetch_overrides(",".join(f"{k}={v}" for k, v in (prefetch or {}).items())))
-        # o-proj / down-proj: the residual read before the wait, and the lane_reduce_gemv sum per tile (None:
-        # the kernel's choice); both for measuring variants (scripts/decode_variants.py)
-        self.residual_early, self.tile_sum = residual_early, tile_sum
+        # o-proj / down-proj: lane_reduce_gemv's sum per tile (None: the kernel's choice; for measuring variants)
+        self.tile_sum = tile_sum
         self.attn_scratch = AttentionScratch(cfg.num_kv_heads, group, hd, splits, device)
         self.head_scratch = HeadScratch(cfg.vocab_size, device)
 
@@ -266,9 +265,6 @@ class FastRunner:
             token=self.token if first else None,
             use_pdl=self.use_pdl,
             prefetch=self.prefetch["down" if block else "o"],
-            # x and the delayed partials were written two launches back or earlier (the previous kernel waited
-            # on their writer), so the kernel may read them before its wait
-            residual_early=self.residual_early,
             tile_sum=self.tile_sum,
         )
 

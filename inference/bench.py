@@ -15,6 +15,8 @@ token, and each as a % of the ceiling (bandwidth / bytes per token).
     --peers      the reference model under torch.compile (reduce-overhead) and, for HF families,
                  transformers with a static cache + torch.compile
 A preset gets random weights generated on the GPU (no checkpoint on disk); a directory is loaded.
+    --init peaked  the preset's shapes with synth.make_peaked's weights: logits with a trained model's margins,
+                 so that the 99%-argmax rule means something (random weights give near-ties bf16 cannot order)
 """
 
 from __future__ import annotations
@@ -33,22 +35,39 @@ from inference.config import ModelConfig
 from inference.events import SamplingParams, decode_tok_s
 from inference.model import KVCache, Transformer
 from inference.presets import PRESETS, preset_config
+from inference.synth import make_peaked
 
 KERNELS_PER_LAYER = ("qkv", "attention", "o-proj", "gate/up", "down")
 
 
-def build_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> Transformer:
+INITS = ("random", "peaked")
+
+
+def build_model(
+    name: str, device: torch.device, dtype: torch.dtype, seed: int = 0, init: str | None = None
+) -> Transformer:
+    """A checkpoint directory, loaded; or a preset with `init` weights (default random): init_weights', or those
+    turned into synth.make_peaked's model by the same generator."""
     path = Path(name)
     if path.is_dir():
+        if init is not None:
+            raise SystemExit(
+                f"--init {init}: {name!r} is a checkpoint directory; --init applies to presets only"
+            )
         cfg = ModelConfig.from_hf(path)
         return Transformer.from_weights(cfg, load_weights(path, cfg, device, dtype))
     if name not in PRESETS:
         raise SystemExit(
             f"--model: {name!r} is neither a checkpoint directory nor a preset ({', '.join(PRESETS)})"
         )
+    if init not in (None, *INITS):
+        raise SystemExit(f"--init: {init!r} is not one of {', '.join(INITS)}")
     cfg = ModelConfig.from_hf(preset_config(name))
     model = Transformer(cfg, device=device, dtype=dtype)
-    model.init_weights(generator=torch.Generator(device).manual_seed(seed))
+    generator = torch.Generator(device).manual_seed(seed)
+    model.init_weights(generator=generator)
+    if init == "peaked":
+        make_peaked(model, generator)
     return model.eval()
 
 
@@ -151,15 +170,38 @@ def time_contract(runner, prompt: list[int], new_tokens: int, runs: int) -> dict
     return {"tok_s": statistics.median(one() for _ in range(runs))}
 
 
+def skip_path_logits(model: Transformer, token: torch.Tensor) -> torch.Tensor:
+    """The head applied to the current token's embedding alone, as if no layer had added anything: what the
+    residual stream's skip path votes for. [V] fp32."""
+    cfg = model.cfg
+    x = model.tok_embeddings[token.view(1)].view(1, 1, cfg.hidden_size).expand(cfg.num_lanes, 1, -1)
+    return model._head(x).view(-1).float()
+
+
+def logit_shape(margins: list[float], top_shares: list[float], skip_agree: int) -> dict:
+    """How peaked the check's fp32 logits were: the top1 - top2 margin (median, 10th percentile), the top logit's
+    share of the squared norm (median: a large share would let one logit hide the others' error in the relative
+    error), and the share of steps at which the skip path alone already picks the argmax."""
+    m = torch.tensor(margins, dtype=torch.float64)
+    return {
+        "fp32_margin_median": m.median().item(),
+        "fp32_margin_p10": m.quantile(0.1).item(),
+        "skip_path_argmax_agree": skip_agree / len(margins),
+        "top_logit_norm_share_median": statistics.median(top_shares),
+    }
+
+
 @torch.no_grad()
-def check(model: Transformer, runner, steps: int, prompt: list[int]) -> dict:
+def check(model: Transformer, runner, steps: int, prompt: list[int], init: str = "random") -> dict:
     """Teacher-forced: the fast path and the bf16 reference take the same tokens (the fp32 reference's greedy
     choices) and their logits are compared at every step with two yardsticks:
       * bf16: the reference model in bf16 (the issue's criterion: rel err <= 2e-2, same argmax >= 99%);
       * fp32: an fp32 copy of the same (bf16-rounded) weights, the exact function both approximate.
     With random weights the logits are flat: the top two often differ by less than bf16 rounding, so even the
     bf16 reference disagrees with fp32 at a few % of steps. `decisive` counts only the steps whose fp32 top-two
-    margin exceeds the bf16 reference's own largest logit error there (independent of the fast path)."""
+    margin exceeds the bf16 reference's own largest logit error there (independent of the fast path).
+    The fp32 logits' shape (margins, the top logit's share of their norm, how often the skip path alone picks the
+    argmax) says whether the argmax rule could be met at all (`init`: how the weights were made)."""
     cfg, device = model.cfg, model.tok_embeddings.device
     model32 = Transformer(cfg, device=device, dtype=torch.float32)
     model32.load_state_dict({k: v.float() for k, v in model.state_dict().items()}, strict=False)
@@ -178,8 +220,8 @@ def check(model: Transformer, runner, steps: int, prompt: list[int]) -> dict:
     def rel(a: torch.Tensor, b: torch.Tensor) -> float:
         return ((a - b).norm() / b.norm()).item()
 
-    errs, errs32, ref_errs32 = [], [], []
-    same = same32 = ref_same32 = decisive = decisive_same32 = 0
+    errs, errs32, ref_errs32, margins, top_shares = [], [], [], [], []
+    same = same32 = ref_same32 = decisive = decisive_same32 = skip_same32 = 0
     for pos in range(prompt_len, prompt_len + steps):
         token = ref32.argmax().view(1, 1)
         runner.token.copy_(token.view(1))
@@ -195,9 +237,12 @@ def check(model: Transformer, runner, steps: int, prompt: list[int]) -> dict:
         same32 += int(fast.argmax() == best)
         ref_same32 += int(ref.argmax() == best)
         top2 = ref32.topk(2).values
-        if (top2[0] - top2[1]).item() > (ref - ref32).abs().max().item():
+        margins.append((top2[0] - top2[1]).item())
+        if margins[-1] > (ref - ref32).abs().max().item():
             decisive += 1
             decisive_same32 += int(fast.argmax() == best)
+        top_shares.append((top2[0] ** 2 / ref32.pow(2).sum()).item())
+        skip_same32 += int(skip_path_logits(model32, token).argmax() == best)
     del model32, cache32
     torch.cuda.empty_cache()
     return {
@@ -214,6 +259,8 @@ def check(model: Transformer, runner, steps: int, prompt: list[int]) -> dict:
         "decisive_fp32_argmax_agree": decisive_same32 / decisive if decisive else None,
         "passed": max(errs) <= 2e-2 and same / steps >= 0.99,
         "passed_fp32": max(errs32) <= 2e-2 and same32 / steps >= 0.99,
+        "init": init,
+        **logit_shape(margins, top_shares, skip_same32),
     }
 
 
@@ -560,6 +607,13 @@ def table(result: dict) -> str:
                 f"{c['decisive_steps']}/{c['steps']}, fast path same argmax as fp32 on them: "
                 + (f"{100 * decisive:.1f}%" if decisive is not None else "-")
             )
+            if "fp32_margin_median" in c:
+                lines.append(
+                    f"  fp32 logits ({c['init']} weights): top1-top2 margin median {c['fp32_margin_median']:.3g}, "
+                    f"10th pct {c['fp32_margin_p10']:.3g}; skip path (head on the current token's embedding) "
+                    f"picks the argmax at {100 * c['skip_path_argmax_agree']:.1f}% of steps; top logit "
+                    f"{100 * c['top_logit_norm_share_median']:.2f}% of the squared norm (median)"
+                )
     if "breakdown" in result and "kinds" in result["breakdown"]:
         b = result["breakdown"]
         lines += [
@@ -596,6 +650,11 @@ def table(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m inference.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a preset name or a checkpoint directory")
+    parser.add_argument(
+        "--init",
+        choices=INITS,
+        help="a preset's weights: random (init_weights, the default) or peaked (synth.make_peaked)",
+    )
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument(
@@ -618,6 +677,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefill-profile", action="store_true", help="GPU time of one prefill by kernel")
     parser.add_argument("--json", type=Path, help="also write every number to this file")
     args = parser.parse_args(argv)
+    if args.init is not None and Path(args.model).is_dir():
+        parser.error(
+            f"--init {args.init}: {args.model!r} is a checkpoint directory; --init applies to presets only"
+        )
     if not torch.cuda.is_available():
         print("bench: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -627,10 +690,11 @@ def main(argv: list[str] | None = None) -> int:
 
     device = torch.device("cuda")
     torch.manual_seed(0)
-    result: dict = {"model": args.model, "device": torch.cuda.get_device_name(device),
+    init = args.init or ("checkpoint" if Path(args.model).is_dir() else "random")
+    result: dict = {"model": args.model, "init": init, "device": torch.cuda.get_device_name(device),
                     "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "rows": []}  # fmt: skip
     result["bandwidth"] = measure_bandwidth(device)
-    model = build_model(args.model, device, torch.bfloat16)
+    model = build_model(args.model, device, torch.bfloat16, init=args.init)
     cfg = model.cfg
     max_context = min(cfg.max_position_embeddings, max(args.prompt_len + args.new_tokens + 1,
                                                        32 + args.check_steps + 2))  # fmt: skip
@@ -680,7 +744,8 @@ def main(argv: list[str] | None = None) -> int:
             result["prefill_profile"] = {"error": f"{type(e).__name__}: {e}"}
     if args.check and runner is not None:
         try:
-            result["check"] = check(model, runner, args.check_steps, check_prompt(args.model, cfg.vocab_size))
+            prompt_ids = check_prompt(args.model, cfg.vocab_size)
+            result["check"] = check(model, runner, args.check_steps, prompt_ids, init)
         except Exception as e:
             result["check"] = {"error": f"{type(e).__name__}: {e}"}
     peers = set(filter(None, args.peers.split(",")))

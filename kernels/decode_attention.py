@@ -84,14 +84,6 @@ def _decode_attention_kernel(
     # The first block of cached keys was written by earlier steps: in flight before we wait for q, k, v.
     k_next = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0, cache_modifier=".cg")
     v_next = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0, cache_modifier=".cg")
-    # RoPE's angles and the q/k norm weights depend on nothing the previous kernel writes: in flight too.
-    cos = tl.load(cos_ptr + pos * (HD // 2) + pair, mask=d_ok, other=0.0)
-    sin = tl.load(sin_ptr + pos * (HD // 2) + pair, mask=d_ok, other=0.0)
-    if QK_NORM:
-        q_gain = tl.load(q_norm_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
-        q_gain_partner = tl.load(q_norm_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)
-        k_gain = tl.load(k_norm_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
-        k_gain_partner = tl.load(k_norm_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -108,11 +100,17 @@ def _decode_attention_kernel(
     v = tl.load(v_row + d, mask=d_ok, other=0.0)
     if QK_NORM:
         q_rstd = 1.0 / tl.sqrt(tl.sum(q * q, axis=1) / HD + eps)
-        q = q * q_rstd[:, None] * q_gain[None, :]
-        q_partner = q_partner * q_rstd[:, None] * q_gain_partner[None, :]
+        q = q * q_rstd[:, None] * tl.load(q_norm_ptr + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        q_partner = (
+            q_partner
+            * q_rstd[:, None]
+            * tl.load(q_norm_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        )
         k_rstd = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / HD + eps)
-        k = k * k_rstd * k_gain
-        k_partner = k_partner * k_rstd * k_gain_partner
+        k = k * k_rstd * tl.load(k_norm_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
+        k_partner = k_partner * k_rstd * tl.load(k_norm_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)
+    cos = tl.load(cos_ptr + pos * (HD // 2) + pair, mask=d_ok, other=0.0)
+    sin = tl.load(sin_ptr + pos * (HD // 2) + pair, mask=d_ok, other=0.0)
     q = (q * cos[None, :] + sign[None, :] * q_partner * sin[None, :]) * scale_log2e
     q_dot = q.to(k_cache_ptr.dtype.element_ty)
     k = k * cos + sign * k_partner * sin

@@ -47,7 +47,6 @@ def _lane_reduce_gemv_kernel(
     X_FROM_TOKEN: tl.constexpr,
     STORE_HISTORY: tl.constexpr,
     PREFETCH: tl.constexpr,
-    TILE_SUM: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -70,10 +69,7 @@ def _lane_reduce_gemv_kernel(
         gdc_launch_dependents()
 
     act_rows = act_ptr + lanes[:, None] * stride_act_lane  # [LANES_P, 1]
-    # The products are summed over k once at the end ([LANES_P, BLOCK_N, BLOCK_K] accumulator), or with
-    # TILE_SUM after every tile ([LANES_P, BLOCK_N]): a reduction per tile, but far fewer registers when the
-    # tile is large (the registers then hold more weight tiles in flight).
-    acc = tl.zeros([LANES_P, BLOCK_N, BLOCK_K if not TILE_SUM else 1], dtype=tl.float32)
+    acc = tl.zeros([LANES_P, BLOCK_N, BLOCK_K], dtype=tl.float32)
     for i in tl.static_range(0, (K + BLOCK_K - 1) // BLOCK_K):
         k_ok = i * BLOCK_K + cols < K  # K is a constexpr: a multiple of 8 keeps the loads 16 bytes wide
         if i < PREFETCH:
@@ -83,10 +79,7 @@ def _lane_reduce_gemv_kernel(
             w = tl.load(w_ptr + w_offs + i * BLOCK_K, mask=w_mask, other=0.0, eviction_policy="evict_first")
         a_mask = lane_ok[:, None] & k_ok[None, :]
         a = tl.load(act_rows + i * BLOCK_K + cols[None, :], mask=a_mask, other=0.0).to(tl.float32)
-        if TILE_SUM:
-            acc += tl.sum(w.to(tl.float32) * a[:, None, :], axis=2, keep_dims=True)
-        else:
-            acc += w.to(tl.float32) * a[:, None, :]
+        acc += w.to(tl.float32) * a[:, None, :]
     p = tl.sum(acc, axis=2)  # [LANES_P, BLOCK_N]; padded lanes are 0
 
     lane_rows = lanes[:, None] * N + rows[None, :]
@@ -140,7 +133,6 @@ def lane_reduce_gemv(
     token: torch.Tensor | None = None,
     use_pdl: bool = False,
     prefetch: int = 1,
-    tile_sum: bool | None = None,
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
@@ -151,9 +143,7 @@ def lane_reduce_gemv(
     (int tensor [1] on the device), x is overwritten with embedding[token] + r instead: layer 0).
     history_out: [L, N] fp32 to store p in; history_in: [L, N] fp32, the partials of layer i - d (DELAYED).
     prefetch: weight tiles ([L, block_n, block_k]) a program loads before it waits for act (at least 1; more
-    than the rows' tiles means all of them). tile_sum: sum the products after every weight tile instead of
-    once at the end (None: when the whole-tile accumulator would need more than 64 registers a thread; on an
-    H200 that is Laneformer's down-proj, 666 -> 721 tok/s end to end).
+    than the rows' tiles means all of them).
     """
     if weight.dim() != 3 or not weight.is_contiguous():
         raise ValueError(f"weight: expected a contiguous [L, N, K] tensor, got {tuple(weight.shape)}")
@@ -182,9 +172,6 @@ def lane_reduce_gemv(
     block_n, block_k, num_warps = block_n or auto_n, block_k or auto_k, num_warps or auto_warps
     if prefetch < 1:
         raise ValueError(f"prefetch: expected at least 1 tile, got {prefetch}")
-    lanes_p = triton.next_power_of_2(lanes)
-    if tile_sum is None:
-        tile_sum = lanes_p * block_n * block_k > 64 * 32 * num_warps
     _lane_reduce_gemv_kernel[(triton.cdiv(n, block_n),)](
         act,
         act.stride(0),
@@ -198,14 +185,13 @@ def lane_reduce_gemv(
         float(lanes) ** 0.5,
         K=k,
         LANES=lanes,
-        LANES_P=lanes_p,
+        LANES_P=triton.next_power_of_2(lanes),
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         MODE=MODES[mode],
         X_FROM_TOKEN=embedding is not None,
         STORE_HISTORY=history_out is not None,
         PREFETCH=min(prefetch, triton.cdiv(k, block_k)),
-        TILE_SUM=tile_sum,
         USE_PDL=use_pdl,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),

@@ -3,9 +3,9 @@
     python scripts/decode_variants.py --model llama-3.2-1b --variant "" --variant o=16 --variant o=16,qkv=2 \
         [--prompt-len 512] [--new-tokens 256] [--rounds 3] [--json out.json]
 
-A variant is a KOG_PREFETCH-style list (kind=tiles, kinds qkv, o, gate_up, down; "" is the default), plus
-tilesum=0|1 (FastRunner's tile_sum; unset: the kernel's choice). Every round
-times each variant once (bench.time_fast: median of --runs after a warm-up), so slow drifts of the clock or
+A variant is a KOG_PREFETCH-style list (kind=tiles, kinds qkv, o, gate_up, down; "" is the default);
+"name:spec" labels one, so a setting can be built twice (two runner instances: what memory placement alone
+does). Every round times each variant once (bench.time_fast: median of --runs after a warm-up), so slow drifts of the clock or
 the temperature hit all variants alike; the table keeps the median over rounds, beside the ceiling measured in
 the same run.
 """
@@ -24,16 +24,6 @@ from inference.bench import build_model, measure_bandwidth, step_bytes, time_fas
 from inference.fast.runner import FastRunner, prefetch_overrides  # noqa: E402
 
 
-def runner_kwargs(variant: str) -> dict:
-    """'o=16,tilesum=1' -> FastRunner keyword arguments."""
-    items = dict(item.strip().partition("=")[::2] for item in variant.split(",") if item.strip())
-    kwargs = {}
-    if "tilesum" in items:
-        kwargs["tile_sum"] = items.pop("tilesum") == "1"
-    kwargs["prefetch"] = prefetch_overrides(",".join(f"{k}={v}" for k, v in items.items()))
-    return kwargs
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True)
@@ -43,6 +33,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--empty-cache", action="store_true",
+                        help="return the bandwidth test's 4 GiB to the driver before building the runners")  # fmt: skip
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("decode_variants: needs a CUDA GPU", file=sys.stderr)
@@ -51,16 +43,20 @@ def main() -> int:
     device = torch.device("cuda")
     bandwidth = measure_bandwidth(device)
     model = build_model(args.model, device, torch.bfloat16)
+    if args.empty_cache:
+        torch.cuda.empty_cache()
     context = args.prompt_len + args.new_tokens + 1
     ceiling = bandwidth["read_gbs"] * 1e9 / step_bytes(model, args.prompt_len + args.new_tokens // 2)
     prompt = torch.randint(0, model.cfg.vocab_size, (args.prompt_len,),
                            generator=torch.Generator().manual_seed(0)).tolist()  # fmt: skip
-    runners = {v: FastRunner(model, context, **runner_kwargs(v)) for v in variants}
+    runners = {
+        v: FastRunner(model, context, prefetch=prefetch_overrides(v.rpartition(":")[2])) for v in variants
+    }
     tok_s: dict[str, list[float]] = {v: [] for v in variants}
     for _ in range(args.rounds):
         for v, runner in runners.items():
             tok_s[v].append(time_fast(runner, prompt, args.new_tokens, args.runs)["tok_s"])
-    rows = [{"variant": v or "default", "prefetch": runners[v].prefetch,              "tile_sum": runners[v].tile_sum, "tok_s": statistics.median(t),
+    rows = [{"variant": v or "default", "prefetch": runners[v].prefetch, "tok_s": statistics.median(t),
              "rounds": t, "pct_ceiling": 100 * statistics.median(t) / ceiling} for v, t in tok_s.items()]  # fmt: skip
     print(f"{args.model}: ceiling {ceiling:,.0f} tok/s at {bandwidth['read_gbs']:,.0f} GB/s")
     for r in rows:

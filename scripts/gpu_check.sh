@@ -15,6 +15,8 @@
 #   PEER_MODELS="llama-3.2-1b"         # peers for these models only, after everything else
 #   TTFT_FLAGS="--prefill-profile"     # where the long prefill's GPU time goes, by kernel
 #   ATTN_SPLITS_AB="4 8"               # llama-3.2-1b again with KOG_ATTN_SPLITS set to each (end-to-end A/B)
+#   PEAKED_MODELS="llama-3.2-1b"       # the check on these presets with --init peaked (synth.make_peaked: logits
+#                                      # with a trained model's margins); "" skips them
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
@@ -28,6 +30,7 @@ PEERS=${PEERS:-0}
 DEFAULT_CHECK=${DEFAULT_CHECK:-1}
 BENCH_FLAGS=${BENCH_FLAGS-"--check --breakdown"}
 BUDGET_S=${BUDGET_S:-560}
+PEAKED_MODELS=${PEAKED_MODELS-"llama-3.2-1b laneformer-2b qwen3-1.7b"}
 
 # run LIMIT_S CMD...: runs CMD under a timeout that ends by the budget; skipped when under 30 s remain.
 run() {
@@ -57,6 +60,11 @@ for model in $MODELS; do
   sweep=""
   case " $SWEEP_MODELS " in *" $model "*) sweep="--sweep";; esac
   run 300 $PY -m inference.bench --model "$model" $BENCH_FLAGS $sweep $peers --json "$OUT/$model.512.json"
+done
+# the check again on peaked random weights: random presets' flat logits leave the argmax rule meaningless
+for model in $PEAKED_MODELS; do
+  run 150 $PY -m inference.bench --model "$model" --init peaked --check --no-pdl-row --runs 2 --new-tokens 16 \
+    --json "$OUT/$model.peaked.json"
 done
 # the correctness check on the trained default model too (a small Laneformer; text it was trained on)
 if [ "$DEFAULT_CHECK" = 1 ] && [ -f models/default/config.json ]; then
@@ -109,7 +117,8 @@ for f in sorted(out.glob("*.json")):
                if "passed" in c else c.get("error", "")[:40])
     ttft = f"{best['ttft_ms']:.1f}" if "ttft_ms" in best else "-"
     best_tok = f"{best['tok_s']:,.0f}" if "tok_s" in best else "-"
-    lines.append(f"| {r['model']} | {r['prompt_len']}+{r['new_tokens']} | {r['ceiling_tok_s']:,.0f} | "
+    name = r["model"] + (" (peaked)" if r.get("init") == "peaked" else "")
+    lines.append(f"| {name} | {r['prompt_len']}+{r['new_tokens']} | {r['ceiling_tok_s']:,.0f} | "
                  f"{best_tok} | {pct} | {tok('fast, CUDA graph, no PDL')} | {tok('fast, CUDA graph, PDL')} | "
                  f"{tok('fast, runner contract (engine path)')} | {ttft} | {verdict} |")
     for row in r["rows"]:

@@ -30,9 +30,8 @@ SHAPES = [(1, 37, 40), (2, 24, 64), (3, 21, 48), (8, 16, 96)]
 @pytest.mark.parametrize("mode", ["sum", "delayed", "scaled"])
 @pytest.mark.parametrize("lanes,n,k", SHAPES)
 @pytest.mark.parametrize("block_n,block_k", [(None, None), (4, 32)])  # the launcher's choice, and small tiles
-# one tile before the wait, two, and more than the rows have (all of them); products summed per tile or once
-@pytest.mark.parametrize("prefetch,tile_sum", [(1, None), (2, True), (64, False)])
-def test_lane_reduce_gemv_matches_reference(dtype, mode, lanes, n, k, block_n, block_k, prefetch, tile_sum):
+@pytest.mark.parametrize("prefetch", [1, 2, 64])  # weight tiles before the wait: one, two, all of them
+def test_lane_reduce_gemv_matches_reference(dtype, mode, lanes, n, k, block_n, block_k, prefetch):
     act = randn(lanes, k, dtype=dtype)
     w = randn(lanes, n, k, dtype=dtype, scale=k**-0.5)
     x = randn(lanes, n)
@@ -40,7 +39,7 @@ def test_lane_reduce_gemv_matches_reference(dtype, mode, lanes, n, k, block_n, b
     history_out = poisoned(lanes, n, dtype=torch.float32)
     want_x, want_p = reference(act, w, x, mode, history_in)
     lane_reduce_gemv(act, w, x, mode=mode, history_out=history_out, history_in=history_in, block_n=block_n,
-                     block_k=block_k, prefetch=prefetch, tile_sum=tile_sum)  # fmt: skip
+                     block_k=block_k, prefetch=prefetch)  # fmt: skip
     assert_close(x, want_x, dtype, "x")
     assert_close(history_out, want_p, dtype, "history_out")
 

@@ -39,9 +39,9 @@ from kernels.rmsnorm_gemv import rmsnorm_gemv
 
 # Weight tiles each matrix-vector kind loads before it waits on the previous kernel (kernels' `prefetch`;
 # more than a row has means all). The o-proj takes all of its tiles: attention before it reads little, so
-# its weights stream while attention runs (H200, scripts/decode_variants.py: +1.9% llama, +2.5% qwen3, +1.4%
-# laneformer). More tiles for the others measured no better (qkv, gate/up) or far worse (laneformer down-proj
-# at 3: registers).
+# its weights stream while attention runs (H200, scripts/decode_variants.py in turns on one machine: llama
+# 1,184 -> 1,212 tok/s, laneformer 698 -> 709). More tiles for the others measured no better (qkv, gate/up)
+# or far worse (laneformer's down-proj at 3 tiles: registers).
 DEFAULT_PREFETCH = {"qkv": 1, "o": 64, "gate_up": 1, "down": 1}
 LOOKAHEAD = 8  # decode steps queued on the GPU ahead of the token handed to the caller
 RING = 16  # pinned slots for finished token ids (> LOOKAHEAD)
@@ -99,8 +99,7 @@ def reduction(cfg: ModelConfig, layer: int) -> tuple[str, int | None]:
 
 class FastRunner:
     def __init__(self, model: Transformer, max_context: int, vocab_limit: int | None = None, *,
-                 use_pdl: bool = True, prefetch: dict[str, int] | None = None,
-                 tile_sum: bool | None = None):  # fmt: skip
+                 use_pdl: bool = True, prefetch: dict[str, int] | None = None):  # fmt: skip
         cfg = model.cfg
         if (why := supports(cfg)) is not None:
             raise ValueError(f"model: the fast path does not support {why}")
@@ -158,8 +157,6 @@ class FastRunner:
         # KOG_PREFETCH=o=4,gate_up=2 overrides the weight tiles loaded before each kind's wait (for sweeps).
         self.prefetch = {**DEFAULT_PREFETCH, **prefetch_overrides(os.environ.get("KOG_PREFETCH", ""))}
         self.prefetch.update(prefetch_overrides(",".join(f"{k}={v}" for k, v in (prefetch or {}).items())))
-        # o-proj / down-proj: lane_reduce_gemv's sum per tile (None: the kernel's choice; for measuring variants)
-        self.tile_sum = tile_sum
         self.attn_scratch = AttentionScratch(cfg.num_kv_heads, group, hd, splits, device)
         self.head_scratch = HeadScratch(cfg.vocab_size, device)
 
@@ -265,7 +262,6 @@ class FastRunner:
             token=self.token if first else None,
             use_pdl=self.use_pdl,
             prefetch=self.prefetch["down" if block else "o"],
-            tile_sum=self.tile_sum,
         )
 
     def _sample_next(self) -> None:

@@ -325,23 +325,39 @@ def breakdown(model: Transformer, runner, prompt: list[int], replays: int, read_
 
 
 def prefill_profile(runner, prompt: list[int], top: int = 14) -> dict:
-    """GPU time of one prefill by kernel name (after a warm-up), largest first: where the TTFT goes."""
-    from torch.profiler import ProfilerActivity, profile
+    """GPU time of one prefill by kernel name (after a warm-up), largest first: where the TTFT goes. Also the
+    timeline of that prefill (call to first token on the host): how long until the GPU's first kernel starts,
+    the GPU idle between kernels, and the host's tail after the last one."""
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     runner.prefill(prompt)
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    with profile(activities=activities) as prof, record_function("prefill to first token"):
         runner.prefill(prompt)
-        torch.cuda.synchronize()
+        int(runner.token.item())
     per_name: dict[str, list] = {}
+    spans, wall = [], None
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             entry = per_name.setdefault(e.name, [0, 0.0])
             entry[0] += 1
             entry[1] += e.time_range.end - e.time_range.start
+            spans.append((e.time_range.start, e.time_range.end))
+        elif e.name == "prefill to first token":
+            wall = (e.time_range.start, e.time_range.end)
     ranked = sorted(per_name.items(), key=lambda item: -item[1][1])
-    return {"gpu_ms": sum(t for _, (_, t) in ranked) / 1e3,
-            "kernels": [{"name": n, "calls": c, "ms": t / 1e3} for n, (c, t) in ranked[:top]]}  # fmt: skip
+    out = {"gpu_ms": sum(t for _, (_, t) in ranked) / 1e3,
+           "kernels": [{"name": n, "calls": c, "ms": t / 1e3} for n, (c, t) in ranked[:top]]}  # fmt: skip
+    if wall and spans:
+        spans.sort()
+        idle, reach = 0.0, spans[0][0]
+        for start, end in spans:  # GPU idle between kernels (overlapping kernels count once)
+            idle += max(0.0, start - reach)
+            reach = max(reach, end)
+        out["timeline_ms"] = {"wall": (wall[1] - wall[0]) / 1e3, "before_first_kernel": (spans[0][0] - wall[0]) / 1e3,
+                              "gpu_idle_between": idle / 1e3, "after_last_kernel": (wall[1] - reach) / 1e3}  # fmt: skip
+    return out
 
 
 def sweep(model: Transformer, runner, read_gbs: float) -> dict:
@@ -633,6 +649,12 @@ def table(result: dict) -> str:
         else:
             lines.append(f"\nprefill, GPU time by kernel (total {pp['gpu_ms']:.1f} ms):")
             lines += [f"  {k['ms']:7.2f} ms {k['calls']:4d}x {k['name'][:90]}" for k in pp["kernels"]]
+            if "timeline_ms" in pp:
+                tl = pp["timeline_ms"]
+                lines.append(f"  timeline (profiled, host call to first token): {tl['wall']:.1f} ms = "
+                             f"{tl['before_first_kernel']:.2f} before the first kernel + GPU busy + "
+                             f"{tl['gpu_idle_between']:.2f} idle between kernels + {tl['after_last_kernel']:.2f} "
+                             "after the last one")  # fmt: skip
     if "sweep" in result:
         lines.append("\nblock-size sweep (us per launch, GB/s, % of read bandwidth):")
         for kind, rows in result["sweep"].items():

@@ -339,13 +339,14 @@ def prefill_profile(runner, prompt: list[int], top: int = 14) -> dict:
     per_name: dict[str, list] = {}
     spans, wall = [], None
     for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
+        if e.name == "prefill to first token":  # the host range (its GPU-side annotation is no kernel)
+            if e.device_type != torch.autograd.DeviceType.CUDA:
+                wall = (e.time_range.start, e.time_range.end)
+        elif e.device_type == torch.autograd.DeviceType.CUDA:
             entry = per_name.setdefault(e.name, [0, 0.0])
             entry[0] += 1
             entry[1] += e.time_range.end - e.time_range.start
             spans.append((e.time_range.start, e.time_range.end))
-        elif e.name == "prefill to first token":
-            wall = (e.time_range.start, e.time_range.end)
     ranked = sorted(per_name.items(), key=lambda item: -item[1][1])
     out = {"gpu_ms": sum(t for _, (_, t) in ranked) / 1e3,
            "kernels": [{"name": n, "calls": c, "ms": t / 1e3} for n, (c, t) in ranked[:top]]}  # fmt: skip

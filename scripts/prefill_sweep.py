@@ -10,7 +10,6 @@ Times are CUDA-event medians after a warm-up.
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from inference.bench import median_ms  # noqa: E402
 from inference.config import ModelConfig  # noqa: E402
 from inference.model import rope_tables  # noqa: E402
 from inference.presets import preset_config  # noqa: E402
@@ -28,19 +28,6 @@ from kernels.prefill_kv_write import launch_prefill_kv_write  # noqa: E402
 # (block_m, block_n, num_warps, num_stages)
 CONFIGS = [(64, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 4), (64, 128, 4, 2), (64, 128, 4, 3), (64, 32, 4, 3),
            (64, 32, 4, 4), (32, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2)]  # fmt: skip
-
-
-def median_ms(fn, repeats: int = 7) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def attention_sweep(cfg: ModelConfig, tokens: int) -> list[dict]:

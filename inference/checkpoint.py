@@ -33,7 +33,7 @@ class Entry:
 
 def checkpoint_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor name a checkpoint for `cfg` holds, with its shape (used by synth.py too)."""
-    return {e.name: e.shape for e in _entries(cfg)}
+    return {e.name: e.shape for e in checkpoint_entries(cfg)}
 
 
 def load_weights(
@@ -42,7 +42,7 @@ def load_weights(
     """The validated weights of the checkpoint in `path`, in the internal layout, on `device` in `dtype`."""
     path = Path(path)
     files = _safetensors_files(path)
-    entries = _entries(cfg)
+    entries = checkpoint_entries(cfg)
     # A tied head may still be saved; it is the embedding, so it is neither needed nor unexpected.
     optional = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
     located: dict[str, tuple[Path, tuple[int, ...]]] = {}
@@ -122,7 +122,9 @@ def _check(path: Path, entries: list[Entry], located: dict, optional: set[str]) 
         raise CheckpointError(f"{path}: checkpoint does not match config.json: {'; '.join(problems)}")
 
 
-def _entries(cfg: ModelConfig) -> list[Entry]:
+def checkpoint_entries(cfg: ModelConfig) -> list[Entry]:
+    """Every tensor of a checkpoint of this config: its name on disk, its name in the model, its shape on disk
+    and the conversion from the one to the other."""
     return _laneformer_entries(cfg) if cfg.model_type == "laneformer_tp" else _hf_entries(cfg)
 
 

@@ -266,7 +266,7 @@ def _model_tensors(model: Transformer) -> Callable[[str, tuple[int, ...]], torch
     element lands inside the model, so the tensor is read back from there: the exact inverse, whatever the
     family, with no second copy of the layout rules."""
     state = model.state_dict()
-    entries = {e.name: e for e in checkpoint._entries(model.cfg)}
+    entries = {e.name: e for e in checkpoint.checkpoint_entries(model.cfg)}
 
     def tensor(name: str, shape: tuple[int, ...]) -> torch.Tensor:
         entry = entries[name]

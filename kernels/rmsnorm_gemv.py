@@ -3,8 +3,11 @@
     out[l, n] = epilogue( sum_k W[l, n, k] * x[l, k] * g[k] * rstd[l] ),   rstd[l] = 1 / sqrt(mean_k x[l, k]^2 + eps)
 
 The norm is linear in x up to the scalar rstd, so the kernel never materialises the normed vector: every
-program streams its rows against x * g while summing x^2 in the same pass, and scales by rstd at the end. Each
-program covers full rows (all of K), so no second pass and no split-K reduction is needed.
+program reads x * g and the sum of x^2 once (registers), then streams its rows against it and scales by rstd at
+the end. Each program covers full rows (all of K), so no second pass and no split-K reduction is needed. A
+block's weight tiles are all requested before any product is summed (on an H200 this ordering, rather than
+x and weights interleaved tile by tile, gave +1.6-3.6% end to end), and with row_blocks > 1 a program takes
+several blocks in turn with the next block's tiles in flight while it sums the current one.
 
 Epilogues: `+ bias` (Qwen2's q/k/v), or `silu(W x) * (W_up x)` (gate/up of the MLP, both matrices streamed in
 one pass).
@@ -20,6 +23,20 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import interpreted, pdl_kwargs, sm_count
+
+
+@triton.jit
+def _weight_tiles(w_ptr, offs, row_ok, cols, K: tl.constexpr, BLOCK_K: tl.constexpr, FIRST: tl.constexpr,
+                  COUNT: tl.constexpr):  # fmt: skip
+    """Loads of the weight tiles FIRST .. FIRST + COUNT - 1 ([BLOCK_N, BLOCK_K] each) of the rows at offs, as a
+    tuple. Weights are read once per token: evicted first, so activations and the KV cache stay in L2."""
+    tiles = ()
+    for i in tl.static_range(FIRST, FIRST + COUNT):
+        mask = row_ok[:, None] & (i * BLOCK_K + cols < K)[None, :]
+        tiles = tiles + (
+            tl.load(w_ptr + offs + i * BLOCK_K, mask=mask, other=0.0, eviction_policy="evict_first"),
+        )
+    return tiles
 
 
 @triton.jit
@@ -43,74 +60,67 @@ def _rmsnorm_gemv_kernel(
     HAS_BIAS: tl.constexpr,
     X_FROM_TOKEN: tl.constexpr,
     PREFETCH: tl.constexpr,
+    ROW_BLOCKS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
+    TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
     lane = tl.program_id(1)
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.program_id(0) * ROW_BLOCKS * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     cols = tl.arange(0, BLOCK_K)
     w_offs = (lane * N + rows).to(tl.int64)[:, None] * K + cols[None, :]  # [BLOCK_N, BLOCK_K]
 
     # The first PREFETCH weight tiles are in flight before we wait for the kernel that produces x (more of them
-    # keeps more bytes moving across the boundary, at the cost of registers). Weights are read once per token:
-    # evict them first so that activations and the KV cache stay in L2.
-    w_early = ()
-    up_early = ()
-    for i in tl.static_range(PREFETCH):
-        w_mask = row_ok[:, None] & (i * BLOCK_K + cols < K)[None, :]
-        w_early = w_early + (
-            tl.load(w_ptr + w_offs + i * BLOCK_K, mask=w_mask, other=0.0, eviction_policy="evict_first"),
-        )
-        if GATED:
-            up_early = up_early + (
-                tl.load(
-                    w_up_ptr + w_offs + i * BLOCK_K, mask=w_mask, other=0.0, eviction_policy="evict_first"
-                ),
-            )
-    norm_row = norm_ptr + lane * stride_norm_lane
+    # keeps more bytes moving across the boundary, at the cost of registers); the rest of the block after it.
+    w = _weight_tiles(w_ptr, w_offs, row_ok, cols, K, BLOCK_K, 0, PREFETCH)
+    u = _weight_tiles(w_up_ptr, w_offs, row_ok, cols, K, BLOCK_K, 0, PREFETCH if GATED else 0)
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
+    w = w + _weight_tiles(w_ptr, w_offs, row_ok, cols, K, BLOCK_K, PREFETCH, TILES - PREFETCH)
+    u = u + _weight_tiles(
+        w_up_ptr, w_offs, row_ok, cols, K, BLOCK_K, PREFETCH, TILES - PREFETCH if GATED else 0
+    )
 
-    # with X_FROM_TOKEN every lane starts from the same embedding row
+    # x * g by K tiles ([BLOCK_K] fp32 each), and the norm's statistics. With X_FROM_TOKEN every lane starts
+    # from the same embedding row.
     x_row = x_ptr + tl.load(token_ptr).to(tl.int64) * K if X_FROM_TOKEN else x_ptr + lane * stride_x_lane
-
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    norm_row = norm_ptr + lane * stride_norm_lane
+    xs = ()
     sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
-    for i in tl.static_range(0, (K + BLOCK_K - 1) // BLOCK_K):
+    for i in tl.static_range(TILES):
         k_ok = i * BLOCK_K + cols < K  # K is a constexpr: a multiple of 8 keeps the loads 16 bytes wide
-        w_mask = row_ok[:, None] & k_ok[None, :]
-        if i < PREFETCH:
-            w = w_early[i]
-        else:
-            w = tl.load(w_ptr + w_offs + i * BLOCK_K, mask=w_mask, other=0.0, eviction_policy="evict_first")
         xk = tl.load(x_row + i * BLOCK_K + cols, mask=k_ok, other=0.0).to(tl.float32)
         if HAS_NORM:
             sumsq += xk * xk
             xk = xk * tl.load(norm_row + i * BLOCK_K + cols, mask=k_ok, other=0.0).to(tl.float32)
-        acc += w.to(tl.float32) * xk[None, :]
-        if GATED:
-            if i < PREFETCH:
-                u = up_early[i]
-            else:
-                u = tl.load(
-                    w_up_ptr + w_offs + i * BLOCK_K, mask=w_mask, other=0.0, eviction_policy="evict_first"
-                )
-            acc_up += u.to(tl.float32) * xk[None, :]
+        xs = xs + (xk,)
+    rstd = 1.0 / tl.sqrt(tl.sum(sumsq, axis=0) / K + eps) if HAS_NORM else 1.0
 
-    y = tl.sum(acc, axis=1)  # [BLOCK_N]
-    if HAS_NORM:
-        rstd = 1.0 / tl.sqrt(tl.sum(sumsq, axis=0) / K + eps)
-        y = y * rstd
-    if HAS_BIAS:
-        y += tl.load(bias_ptr + lane * N + rows, mask=row_ok, other=0.0).to(tl.float32)
-    if GATED:
-        up = tl.sum(acc_up, axis=1)
-        if HAS_NORM:
-            up = up * rstd
-        y = y * tl.sigmoid(y) * up
-    tl.store(out_ptr + lane * N + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
+    # ROW_BLOCKS blocks of BLOCK_N rows one after another, the next block's tiles in flight while this one's
+    # products are summed: a program streams without a gap from one block to the next (no program to end and
+    # start between them), and the grid is smaller by ROW_BLOCKS.
+    for j in tl.static_range(ROW_BLOCKS):
+        if j + 1 < ROW_BLOCKS:
+            next_rows = rows + BLOCK_N
+            next_ok = next_rows < N
+            next_offs = w_offs + BLOCK_N * K
+            next_w = _weight_tiles(w_ptr, next_offs, next_ok, cols, K, BLOCK_K, 0, TILES)
+            next_u = _weight_tiles(w_up_ptr, next_offs, next_ok, cols, K, BLOCK_K, 0, TILES if GATED else 0)
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for i in tl.static_range(TILES):
+            acc += w[i].to(tl.float32) * xs[i][None, :]
+            if GATED:
+                acc_up += u[i].to(tl.float32) * xs[i][None, :]
+        y = tl.sum(acc, axis=1) * rstd  # [BLOCK_N]
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + lane * N + rows, mask=row_ok, other=0.0).to(tl.float32)
+        if GATED:
+            y = y * tl.sigmoid(y) * (tl.sum(acc_up, axis=1) * rstd)
+        tl.store(out_ptr + lane * N + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
+        if j + 1 < ROW_BLOCKS:
+            rows, row_ok, w_offs, w, u = next_rows, next_ok, next_offs, next_w, next_u
 
 
 def _pick_blocks(lanes: int, n: int, k: int, gated: bool, device: torch.device) -> tuple[int, int, int]:
@@ -126,6 +136,14 @@ def _pick_blocks(lanes: int, n: int, k: int, gated: bool, device: torch.device) 
     return block_n, block_k, 4
 
 
+def _pick_row_blocks(k: int, gated: bool) -> int:
+    """Measured on an H200 (scripts/decode_variants.py, in turns): the gate/up pair at K <= 2048 streams best
+    as 4 blocks of 2 rows a program (llama-3.2-1b +1.3%, qwen3-1.7b +1.1% over one block of 4 rows); at K = 3072
+    (laneformer-2b) one block is best (4 blocks: -3.2%, registers), as for the q|k|v rows (4 blocks: -0.4% to
+    -2.6%). Under the interpreter: one."""
+    return 4 if gated and k <= 2048 and not interpreted() else 1
+
+
 def rmsnorm_gemv(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -138,6 +156,7 @@ def rmsnorm_gemv(
     token: torch.Tensor | None = None,
     use_pdl: bool = False,
     prefetch: int = 1,
+    row_blocks: int | None = None,
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
@@ -145,7 +164,8 @@ def rmsnorm_gemv(
     """out[l] = W[l] @ (rmsnorm(x[l]) * norm_weight) (+ bias[l]), or silu(W[l] @ h) * (W_up[l] @ h) with weight_up.
 
     prefetch: weight tiles ([block_n, block_k] of each matrix) a program loads before it waits for x (at least
-    1; more than the row's tiles means all of them).
+    1; more than the row's tiles means all of them). row_blocks: blocks of block_n rows each program takes in
+    turn, the next block's weights loaded while the current one is summed (None: _pick_row_blocks).
 
     x: [L, K] residual (any float dtype), or, with `token` (an int tensor [1] on the device), the embedding table
     [V, K] whose row token[0] every lane reads. weight, weight_up: [L, N, K]; bias, out: [L, N];
@@ -189,10 +209,18 @@ def rmsnorm_gemv(
             raise ValueError(f"{name}: on {t.device}, expected {weight.device}")
 
     auto_n, auto_k, auto_warps = _pick_blocks(lanes, n, k, weight_up is not None, weight.device)
+    if row_blocks is None:
+        row_blocks = _pick_row_blocks(k, weight_up is not None)
+    if (
+        row_blocks > 1
+    ):  # two blocks are in flight at a time: half the rows each keeps the registers as they were
+        auto_n = max(1, auto_n // 2)
     block_n, block_k, num_warps = block_n or auto_n, block_k or auto_k, num_warps or auto_warps
     if prefetch < 1:
         raise ValueError(f"prefetch: expected at least 1 tile, got {prefetch}")
-    grid = (triton.cdiv(n, block_n), lanes)
+    if row_blocks < 1:
+        raise ValueError(f"row_blocks: expected at least 1, got {row_blocks}")
+    grid = (triton.cdiv(triton.cdiv(n, block_n), row_blocks), lanes)
     _rmsnorm_gemv_kernel[grid](
         x,
         stride_x_lane,
@@ -213,6 +241,7 @@ def rmsnorm_gemv(
         HAS_BIAS=bias is not None,
         X_FROM_TOKEN=token is not None,
         PREFETCH=min(prefetch, triton.cdiv(k, block_k)),
+        ROW_BLOCKS=row_blocks,
         USE_PDL=use_pdl,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),

@@ -3,7 +3,8 @@
     python scripts/decode_variants.py --model llama-3.2-1b --variant "" --variant o=16 --variant o=16,qkv=2 \
         [--prompt-len 512] [--new-tokens 256] [--rounds 3] [--json out.json]
 
-A variant is a KOG_PREFETCH-style list (kind=tiles, kinds qkv, o, gate_up, down; "" is the default);
+A variant is a KOG_PREFETCH-style list (kind=tiles, kinds qkv, o, gate_up, down; "" is the default), where
+rows.qkv=n / rows.gate_up=n set FastRunner's row_blocks;
 "name:spec" labels one, so a setting can be built twice (two runner instances: what memory placement alone
 does). Every round times each variant once (bench.time_fast: median of --runs after a warm-up), so slow drifts of the clock or
 the temperature hit all variants alike; the table keeps the median over rounds, beside the ceiling measured in
@@ -21,7 +22,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from inference.bench import build_model, measure_bandwidth, step_bytes, time_fast  # noqa: E402
-from inference.fast.runner import FastRunner, prefetch_overrides  # noqa: E402
+from inference.fast.runner import ROW_BLOCK_KINDS, FastRunner, kind_overrides, prefetch_overrides  # noqa: E402
+
+
+def runner_kwargs(spec: str) -> dict:
+    """'o=16,rows.gate_up=8' -> FastRunner(prefetch={'o': 16}, row_blocks={'gate_up': 8})."""
+    items = [item.strip() for item in spec.split(",") if item.strip()]
+    rows = [item.removeprefix("rows.") for item in items if item.startswith("rows.")]
+    tiles = [item for item in items if not item.startswith("rows.")]
+    return {"prefetch": prefetch_overrides(",".join(tiles)),
+            "row_blocks": kind_overrides(",".join(rows), ROW_BLOCK_KINDS, "row_blocks")}  # fmt: skip
 
 
 def main() -> int:
@@ -49,14 +59,12 @@ def main() -> int:
     ceiling = bandwidth["read_gbs"] * 1e9 / step_bytes(model, args.prompt_len + args.new_tokens // 2)
     prompt = torch.randint(0, model.cfg.vocab_size, (args.prompt_len,),
                            generator=torch.Generator().manual_seed(0)).tolist()  # fmt: skip
-    runners = {
-        v: FastRunner(model, context, prefetch=prefetch_overrides(v.rpartition(":")[2])) for v in variants
-    }
+    runners = {v: FastRunner(model, context, **runner_kwargs(v.rpartition(":")[2])) for v in variants}
     tok_s: dict[str, list[float]] = {v: [] for v in variants}
     for _ in range(args.rounds):
         for v, runner in runners.items():
             tok_s[v].append(time_fast(runner, prompt, args.new_tokens, args.runs)["tok_s"])
-    rows = [{"variant": v or "default", "prefetch": runners[v].prefetch, "tok_s": statistics.median(t),
+    rows = [{"variant": v or "default", "prefetch": runners[v].prefetch, "row_blocks": runners[v].row_blocks, "tok_s": statistics.median(t),
              "rounds": t, "pct_ceiling": 100 * statistics.median(t) / ceiling} for v, t in tok_s.items()]  # fmt: skip
     print(f"{args.model}: ceiling {ceiling:,.0f} tok/s at {bandwidth['read_gbs']:,.0f} GB/s")
     for r in rows:

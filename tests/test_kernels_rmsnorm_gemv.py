@@ -29,36 +29,40 @@ SHAPES = [(1, 37, 40), (2, 24, 64), (3, 10, 200), (4, 64, 96)]
 @pytest.mark.parametrize("lanes,n,k", SHAPES)
 @pytest.mark.parametrize("block_n,block_k", [(None, None), (4, 32)])  # the launcher's choice, and small tiles
 @pytest.mark.parametrize("prefetch", [1, 3, 64])  # weight tiles before the wait: one, some, all
-def test_rmsnorm_gemv_matches_reference(dtype, lanes, n, k, block_n, block_k, prefetch):
+@pytest.mark.parametrize("row_blocks", [1, 3])  # row blocks a program takes in turn (3: a partial last one)
+def test_rmsnorm_gemv_matches_reference(dtype, lanes, n, k, block_n, block_k, prefetch, row_blocks):
     x = randn(lanes, k, scale=3.0)  # the residual stream is fp32
     w = randn(lanes, n, k, dtype=dtype, scale=k**-0.5)
     g = randn(lanes, k, dtype=dtype).abs() + 0.5
     out = poisoned(lanes, n, dtype=torch.float32)
-    rmsnorm_gemv(x, w, out, norm_weight=g, eps=1e-5, block_n=block_n, block_k=block_k, prefetch=prefetch)
+    rmsnorm_gemv(x, w, out, norm_weight=g, eps=1e-5, block_n=block_n, block_k=block_k, prefetch=prefetch,
+                 row_blocks=row_blocks)  # fmt: skip
     assert_close(out, reference(x, w, g, 1e-5), dtype)
 
 
 @pytest.mark.parametrize("dtype", dtype_params())
-def test_shared_norm_weight_and_bias_and_low_precision_out(dtype):
+@pytest.mark.parametrize("row_blocks", [1, 2])
+def test_shared_norm_weight_and_bias_and_low_precision_out(dtype, row_blocks):
     lanes, n, k = 2, 33, 72
     x = randn(lanes, k)
     w = randn(lanes, n, k, dtype=dtype, scale=k**-0.5)
     g = randn(k, dtype=dtype)
     b = randn(lanes, n, dtype=dtype)
     out = poisoned(lanes, n, dtype=dtype)
-    rmsnorm_gemv(x, w, out, norm_weight=g, bias=b)
+    rmsnorm_gemv(x, w, out, norm_weight=g, bias=b, block_n=8, row_blocks=row_blocks)
     assert_close(out, reference(x, w, g, bias=b), dtype)
 
 
 @pytest.mark.parametrize("dtype", dtype_params())
 @pytest.mark.parametrize("lanes,n,k", [(1, 19, 48), (2, 16, 128)])
-@pytest.mark.parametrize("prefetch", [1, 2])
-def test_gated_silu(dtype, lanes, n, k, prefetch):
+@pytest.mark.parametrize("prefetch,row_blocks", [(1, 1), (2, 2)])
+def test_gated_silu(dtype, lanes, n, k, prefetch, row_blocks):
     x = randn(lanes, k, scale=2.0)
     w, w_up = randn(lanes, n, k, dtype=dtype, scale=k**-0.5), randn(lanes, n, k, dtype=dtype, scale=k**-0.5)
     g = randn(lanes, k, dtype=dtype)
     out = poisoned(lanes, n, dtype=torch.float32)
-    rmsnorm_gemv(x, w, out, norm_weight=g, weight_up=w_up, block_n=8, block_k=32, prefetch=prefetch)
+    rmsnorm_gemv(x, w, out, norm_weight=g, weight_up=w_up, block_n=8, block_k=32, prefetch=prefetch,
+                 row_blocks=row_blocks)  # fmt: skip
     assert_close(out, reference(x, w, g, weight_up=w_up), dtype)
 
 
@@ -92,3 +96,5 @@ def test_rejects_mismatched_shapes():
         rmsnorm_gemv(randn(2, 16), w, torch.empty(2, 8, device=DEVICE), norm_weight=randn(3, 16))
     with pytest.raises(ValueError, match="prefetch:"):
         rmsnorm_gemv(randn(2, 16), w, torch.empty(2, 8, device=DEVICE), prefetch=0)
+    with pytest.raises(ValueError, match="row_blocks:"):
+        rmsnorm_gemv(randn(2, 16), w, torch.empty(2, 8, device=DEVICE), row_blocks=0)

@@ -43,6 +43,9 @@ from kernels.rmsnorm_gemv import rmsnorm_gemv
 # 1,184 -> 1,212 tok/s, laneformer 698 -> 709). More tiles for the others measured no better (qkv, gate/up)
 # or far worse (laneformer's down-proj at 3 tiles: registers).
 DEFAULT_PREFETCH = {"qkv": 1, "o": 64, "gate_up": 1, "down": 1}
+# The norm-fused kinds whose blocks of rows a program may be told to take in turn (rmsnorm_gemv's
+# `row_blocks`; unset: the kernel's own choice).
+ROW_BLOCK_KINDS = {"qkv": 1, "gate_up": 1}
 LOOKAHEAD = 8  # decode steps queued on the GPU ahead of the token handed to the caller
 RING = 16  # pinned slots for finished token ids (> LOOKAHEAD)
 
@@ -71,16 +74,22 @@ class LayerWeights:
     history_in: int | None  # the layer whose partials DELAYED mode adds
 
 
-def prefetch_overrides(spec: str) -> dict[str, int]:
-    """'o=4,gate_up=2' -> {'o': 4, 'gate_up': 2}; kinds are those of DEFAULT_PREFETCH."""
+def kind_overrides(spec: str, defaults: dict[str, int], what: str = "prefetch") -> dict[str, int]:
+    """'o=4,gate_up=2' -> {'o': 4, 'gate_up': 2}; kinds are the keys of `defaults`, values >= 1."""
     out = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
-        kind, _, tiles = item.partition("=")
-        if kind not in DEFAULT_PREFETCH or not tiles.isdigit() or int(tiles) < 1:
-            raise ValueError(f"prefetch: expected kind=tiles with kind in {', '.join(DEFAULT_PREFETCH)} and "
-                             f"tiles >= 1, got {item!r}")  # fmt: skip
-        out[kind] = int(tiles)
+        kind, _, value = item.partition("=")
+        if kind not in defaults or not value.isdigit() or int(value) < 1:
+            raise ValueError(
+                f"{what}: expected kind=n with kind in {', '.join(defaults)} and n >= 1, got {item!r}"
+            )
+        out[kind] = int(value)
     return out
+
+
+def prefetch_overrides(spec: str) -> dict[str, int]:
+    """KOG_PREFETCH's form: weight tiles before the wait by kind (DEFAULT_PREFETCH's kinds)."""
+    return kind_overrides(spec, DEFAULT_PREFETCH)
 
 
 def reduction(cfg: ModelConfig, layer: int) -> tuple[str, int | None]:
@@ -99,7 +108,8 @@ def reduction(cfg: ModelConfig, layer: int) -> tuple[str, int | None]:
 
 class FastRunner:
     def __init__(self, model: Transformer, max_context: int, vocab_limit: int | None = None, *,
-                 use_pdl: bool = True, prefetch: dict[str, int] | None = None):  # fmt: skip
+                 use_pdl: bool = True, prefetch: dict[str, int] | None = None,
+                 row_blocks: dict[str, int] | None = None):  # fmt: skip
         cfg = model.cfg
         if (why := supports(cfg)) is not None:
             raise ValueError(f"model: the fast path does not support {why}")
@@ -157,6 +167,10 @@ class FastRunner:
         # KOG_PREFETCH=o=4,gate_up=2 overrides the weight tiles loaded before each kind's wait (for sweeps).
         self.prefetch = {**DEFAULT_PREFETCH, **prefetch_overrides(os.environ.get("KOG_PREFETCH", ""))}
         self.prefetch.update(prefetch_overrides(",".join(f"{k}={v}" for k, v in (prefetch or {}).items())))
+        # KOG_ROW_BLOCKS=gate_up=8 likewise for rmsnorm_gemv's row blocks a program (unset: its own choice)
+        self.row_blocks = kind_overrides(os.environ.get("KOG_ROW_BLOCKS", ""), ROW_BLOCK_KINDS, "row_blocks")
+        self.row_blocks.update(kind_overrides(",".join(f"{k}={v}" for k, v in (row_blocks or {}).items()),
+                                              ROW_BLOCK_KINDS, "row_blocks"))  # fmt: skip
         self.attn_scratch = AttentionScratch(cfg.num_kv_heads, group, hd, splits, device)
         self.head_scratch = HeadScratch(cfg.vocab_size, device)
 
@@ -213,6 +227,7 @@ class FastRunner:
                 token=self.token if first else None,
                 use_pdl=pdl,
                 prefetch=self.prefetch["qkv"],
+                row_blocks=self.row_blocks.get("qkv"),
             )
             decode_attention(
                 self.qkv,
@@ -233,7 +248,7 @@ class FastRunner:
             )
             self._add_partials(i, w, 0, self.attn, w.wo, first)
             rmsnorm_gemv(self.x, w.w1, self.h, norm_weight=w.ffn_norm, eps=eps, weight_up=w.w3, use_pdl=pdl,
-                         prefetch=self.prefetch["gate_up"])  # fmt: skip
+                         prefetch=self.prefetch["gate_up"], row_blocks=self.row_blocks.get("gate_up"))  # fmt: skip
             self._add_partials(i, w, 1, self.h, w.w2, False)
 
         if cfg.num_lanes > 1:

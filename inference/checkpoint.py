@@ -7,6 +7,7 @@ for presence and shape before any is loaded, and all the differences come back i
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,26 @@ class Entry:
 def checkpoint_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor name a checkpoint for `cfg` holds, with its shape (used by synth.py too)."""
     return {e.name: e.shape for e in checkpoint_entries(cfg)}
+
+
+def checkpoint_tensor(entry: Entry, internal: torch.Tensor) -> torch.Tensor:
+    """The checkpoint tensor of `entry` read back from the model's tensor `internal`, on the CPU.
+
+    The conversions only move or repeat elements (the lane dim, RoPE's row order, a shared norm expanded per
+    lane), so running one on the flat index of every checkpoint element says where each element lands in the
+    model: the exact inverse of the loader, whatever the family, with no second copy of the layout rules."""
+    size = math.prod(entry.shape)
+    where = entry.convert(torch.arange(size).view(entry.shape))
+    flat = torch.empty(size, dtype=internal.dtype)
+    flat[where.reshape(-1)] = internal.detach().cpu().reshape(-1)
+    return flat.view(entry.shape)
+
+
+def checkpoint_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor of the model's checkpoint (checkpoint_tensor), by checkpoint name: what load_weights reads
+    back into the same model."""
+    state = model.state_dict()
+    return {e.name: checkpoint_tensor(e, state[e.internal]) for e in checkpoint_entries(model.cfg)}
 
 
 def load_weights(

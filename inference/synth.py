@@ -259,24 +259,10 @@ def _weaker_candidate_z(model: Transformer, tokens: torch.Tensor, candidates: to
 
 
 def _model_tensors(model: Transformer) -> Callable[[str, tuple[int, ...]], torch.Tensor]:
-    """The checkpoint tensor of each name, read back from the model's internal layout.
-
-    The loader's conversions (checkpoint.py) only move or repeat elements (the lane dim, RoPE's row order, a
-    shared norm expanded per lane). Running one on the flat index of every checkpoint element says where each
-    element lands inside the model, so the tensor is read back from there: the exact inverse, whatever the
-    family, with no second copy of the layout rules."""
+    """The checkpoint tensor of each name, read back from the model (checkpoint.checkpoint_tensor), one at a time."""
     state = model.state_dict()
     entries = {e.name: e for e in checkpoint.checkpoint_entries(model.cfg)}
-
-    def tensor(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        entry = entries[name]
-        where = entry.convert(torch.arange(math.prod(shape)).view(shape))
-        internal = state[entry.internal]
-        flat = torch.empty(math.prod(shape), dtype=internal.dtype)
-        flat[where.reshape(-1)] = internal.detach().cpu().reshape(-1)
-        return flat.view(shape)
-
-    return tensor
+    return lambda name, shape: checkpoint.checkpoint_tensor(entries[name], state[entries[name].internal])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from inference.checkpoint import load_weights
+from inference.checkpoint import checkpoint_tensors, load_weights
 from inference.config import ModelConfig
 from inference.model import Transformer
 from inference.tokenizer_build import CHAT_TEMPLATES, train_bpe, write_tokenizer_files
@@ -163,32 +163,6 @@ def share_norm_grads(model: Transformer) -> None:
     for name in norm_names(model):
         g = params[name].grad  # [L, D]
         g.copy_(g.sum(0, keepdim=True).expand_as(g))
-
-
-BLOCK_OF = {"wq": "attention", "wk": "attention", "wv": "attention", "wo": "attention"}
-BLOCK_OF |= {"w1": "feed_forward", "w2": "feed_forward", "w3": "feed_forward"}
-
-
-def checkpoint_tensors(model: Transformer) -> dict[str, torch.Tensor]:
-    """The model's weights under the published Laneformer names, in bf16 (norms: one shared [D] row)."""
-    out = {}
-    for name, p in model.state_dict().items():
-        if name.startswith("rope_"):
-            continue
-        t = p.detach().to("cpu", torch.bfloat16)
-        if name == "tok_embeddings":
-            out["model.tok_embeddings.weight"] = t
-        elif name == "norm":
-            out["model.norm.weight"] = t[0]
-        elif name == "lm_head":
-            out["lm_head.weight"] = t
-        else:
-            _, i, leaf = name.split(".")  # layers.{i}.{leaf}
-            if leaf.endswith("norm"):
-                out[f"model.layers.{i}.{leaf}.weight"] = t[0]
-            else:
-                out[f"model.layers.{i}.{BLOCK_OF[leaf]}.{leaf}.weight"] = t
-    return {k: v.contiguous() for k, v in out.items()}
 
 
 # --- training ----------------------------------------------------------------------------------------
@@ -344,7 +318,8 @@ def train(c: TrainConfig, command: str = "") -> dict:
 
     out = Path(c.out)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(checkpoint_tensors(model), out / "model.safetensors", metadata={"format": "pt"})
+    tensors = {name: t.to(torch.bfloat16).contiguous() for name, t in checkpoint_tensors(model).items()}
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
     generation = {"bos_token_id": None, "eos_token_id": [eos_id], "do_sample": False, "max_new_tokens": 256}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")

@@ -5,6 +5,7 @@ bf16 wrongly); with one (scripts/gpu_check.sh on the device machine) the same te
 fp16, marked `gpu`.
 """
 
+import math
 import os
 
 import pytest
@@ -53,3 +54,16 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what:
     # and no single element far off (a relative norm can hide one bad row)
     worst = ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
     assert worst <= 20 * tol, f"{what}: worst element off by {worst:.2e} of the largest"
+
+
+def lane_reduction(p: torch.Tensor, mode: str, past: torch.Tensor | None = None) -> torch.Tensor:
+    """fp64 on the CPU: what each lane adds to its residual from the lane partials p [L, ...] (LANEFORMER.md,
+    "Reduction"; model.Transformer._reduce): the sum over lanes, the lane's own partial plus the other lanes'
+    partials d layers back (`past`), or the partial scaled by sqrt(L)."""
+    p = p.double().cpu()
+    if mode == "sum":
+        return p.sum(0, keepdim=True).expand_as(p)
+    if mode == "delayed":
+        old = past.double().cpu()
+        return p + (old.sum(0, keepdim=True) - old)
+    return p * math.sqrt(p.shape[0])

@@ -1,8 +1,6 @@
-import math
-
 import pytest
 import torch
-from kernel_testing import DEVICE, assert_close, dtype_params, poisoned, randn
+from kernel_testing import DEVICE, assert_close, dtype_params, lane_reduction, poisoned, randn
 
 from kernels.lane_reduce_gemv import lane_reduce_gemv
 
@@ -10,16 +8,8 @@ from kernels.lane_reduce_gemv import lane_reduce_gemv
 def reference(act, weight, x, mode, history_in=None, base=None):
     """fp64: the lane partials, then the reduction of LANEFORMER.md, then the residual add."""
     p = torch.einsum("lnk,lk->ln", weight.double().cpu(), act.double().cpu())
-    lanes = p.shape[0]
-    if mode == "sum":
-        r = p.sum(0, keepdim=True).expand_as(p)
-    elif mode == "delayed":
-        past = history_in.double().cpu()
-        r = p + (past.sum(0, keepdim=True) - past)
-    else:
-        r = p * math.sqrt(lanes)
     old = x.double().cpu() if base is None else base.double().cpu().expand_as(p)
-    return old + r, p
+    return old + lane_reduction(p, mode, history_in), p
 
 
 # (lanes, rows, K): one lane (Llama), a lane count that is not a power of two, odd sizes and round ones

@@ -1,24 +1,13 @@
-import math
-
 import pytest
 import torch
-from kernel_testing import DEVICE, assert_close, dtype_params, randn
+from kernel_testing import DEVICE, assert_close, dtype_params, lane_reduction, randn
 
 from kernels.prefill_residual_norm import prefill_residual_norm
 
 
 def reference(x, partial, mode, past, norm_weight, eps):
     """fp64: model.Transformer._reduce's lane reduction, the residual add, then RMSNorm * weight."""
-    x, p = x.double().cpu(), partial.double().cpu()
-    lanes = p.shape[0]
-    if mode == "sum":
-        add = p.sum(0, keepdim=True).expand_as(p)
-    elif mode == "delayed":
-        old = past.double().cpu()
-        add = p + (old.sum(0, keepdim=True) - old)
-    else:
-        add = p * math.sqrt(lanes)
-    new = x + add
+    new = x.double().cpu() + lane_reduction(partial, mode, past)
     if norm_weight is None:
         return new, None
     rstd = (new.pow(2).mean(-1, keepdim=True) + eps).rsqrt()

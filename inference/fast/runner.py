@@ -45,7 +45,7 @@ from kernels.rmsnorm_gemv import rmsnorm_gemv
 DEFAULT_PREFETCH = {"qkv": 1, "o": 64, "gate_up": 1, "down": 1}
 # The norm-fused kinds whose blocks of rows a program may be told to take in turn (rmsnorm_gemv's
 # `row_blocks`; unset: the kernel's own choice).
-ROW_BLOCK_KINDS = {"qkv": 1, "gate_up": 1}
+ROW_BLOCK_KINDS = ("qkv", "gate_up")
 LOOKAHEAD = 8  # decode steps queued on the GPU ahead of the token handed to the caller
 RING = 16  # pinned slots for finished token ids (> LOOKAHEAD)
 
@@ -74,21 +74,22 @@ class LayerWeights:
     history_in: int | None  # the layer whose partials DELAYED mode adds
 
 
-def kind_overrides(spec: str, defaults: dict[str, int], what: str = "prefetch") -> dict[str, int]:
-    """'o=4,gate_up=2' -> {'o': 4, 'gate_up': 2}; kinds are the keys of `defaults`, values >= 1."""
-    out = {}
-    for item in filter(None, (part.strip() for part in spec.split(","))):
-        kind, _, value = item.partition("=")
-        if kind not in defaults or not value.isdigit() or int(value) < 1:
-            raise ValueError(
-                f"{what}: expected kind=n with kind in {', '.join(defaults)} and n >= 1, got {item!r}"
-            )
-        out[kind] = int(value)
-    return out
+def kind_overrides(spec: str | dict[str, int], kinds, what: str = "prefetch") -> dict[str, int]:
+    """'o=4,gate_up=2' (an environment variable's form) or {'o': 4, 'gate_up': 2} -> the checked dict: every
+    kind one of `kinds`, every value an integer >= 1."""
+    if isinstance(spec, str):
+        items = [item.partition("=")[::2] for item in (part.strip() for part in spec.split(",")) if item]
+    else:
+        items = [(kind, str(value)) for kind, value in spec.items()]
+    for kind, value in items:
+        if kind not in kinds or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"{what}: expected kind=n with kind in {', '.join(kinds)} and n >= 1, "
+                             f"got {kind}={value}")  # fmt: skip
+    return {kind: int(value) for kind, value in items}
 
 
-def prefetch_overrides(spec: str) -> dict[str, int]:
-    """KOG_PREFETCH's form: weight tiles before the wait by kind (DEFAULT_PREFETCH's kinds)."""
+def prefetch_overrides(spec: str | dict[str, int]) -> dict[str, int]:
+    """KOG_PREFETCH's form (or a dict): weight tiles before the wait by kind (DEFAULT_PREFETCH's kinds)."""
     return kind_overrides(spec, DEFAULT_PREFETCH)
 
 
@@ -164,13 +165,14 @@ class FastRunner:
             block_overrides("KOG_PREFILL_ATTN", ("block_m", "block_n", "num_warps", "num_stages")),
             block_overrides("KOG_PREFILL_NORM", ("block_d", "num_warps", "stages")),
         )
-        # KOG_PREFETCH=o=4,gate_up=2 overrides the weight tiles loaded before each kind's wait (for sweeps).
-        self.prefetch = {**DEFAULT_PREFETCH, **prefetch_overrides(os.environ.get("KOG_PREFETCH", ""))}
-        self.prefetch.update(prefetch_overrides(",".join(f"{k}={v}" for k, v in (prefetch or {}).items())))
-        # KOG_ROW_BLOCKS=gate_up=8 likewise for rmsnorm_gemv's row blocks a program (unset: its own choice)
-        self.row_blocks = kind_overrides(os.environ.get("KOG_ROW_BLOCKS", ""), ROW_BLOCK_KINDS, "row_blocks")
-        self.row_blocks.update(kind_overrides(",".join(f"{k}={v}" for k, v in (row_blocks or {}).items()),
-                                              ROW_BLOCK_KINDS, "row_blocks"))  # fmt: skip
+        # KOG_PREFETCH=o=4,gate_up=2 overrides the weight tiles loaded before each kind's wait (for sweeps), and
+        # KOG_ROW_BLOCKS=gate_up=8 rmsnorm_gemv's row blocks a program (unset: its own choice); the arguments
+        # override both.
+        env = os.environ.get
+        self.prefetch = {**DEFAULT_PREFETCH, **prefetch_overrides(env("KOG_PREFETCH", "")),
+                         **prefetch_overrides(prefetch or {})}  # fmt: skip
+        self.row_blocks = {**kind_overrides(env("KOG_ROW_BLOCKS", ""), ROW_BLOCK_KINDS, "row_blocks"),
+                           **kind_overrides(row_blocks or {}, ROW_BLOCK_KINDS, "row_blocks")}  # fmt: skip
         self.attn_scratch = AttentionScratch(cfg.num_kv_heads, group, hd, splits, device)
         self.head_scratch = HeadScratch(cfg.vocab_size, device)
 

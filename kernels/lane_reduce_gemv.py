@@ -15,12 +15,15 @@ Grid: row blocks only; rows are split finely enough that every multiprocessor ho
 With layer 0 the residual before the block is the embedding row of a token id that lives on the device.
 """
 
+from collections.abc import Sequence
+
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import interpreted, pdl_kwargs, sm_count
+from kernels.l2_prefetch import Region, l2_prefetch_regions, prefetch_args
 
 SUM, DELAYED, SCALED = 0, 1, 2
 MODES = {"sum": SUM, "delayed": DELAYED, "scaled": SCALED}
@@ -36,6 +39,12 @@ def _lane_reduce_gemv_kernel(
     token_ptr,
     hist_out_ptr,
     hist_in_ptr,
+    pf0_ptr,
+    pf0_offset,
+    pf0_bytes,
+    pf1_ptr,
+    pf1_offset,
+    pf1_bytes,
     N,
     lane_scale,
     K: tl.constexpr,
@@ -47,6 +56,8 @@ def _lane_reduce_gemv_kernel(
     X_FROM_TOKEN: tl.constexpr,
     STORE_HISTORY: tl.constexpr,
     PREFETCH: tl.constexpr,
+    PF_REGIONS: tl.constexpr,
+    PF_THREADS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -99,6 +110,9 @@ def _lane_reduce_gemv_kernel(
     else:
         old = tl.load(x_ptr + lane_rows, mask=tile_ok, other=0.0)
     tl.store(x_ptr + lane_rows, old + r, mask=tile_ok)
+    # A later kernel's weights into L2 once this program's own loads are done (kernels/l2_prefetch.py).
+    l2_prefetch_regions(pf0_ptr, pf0_offset, pf0_bytes, pf1_ptr, pf1_offset, pf1_bytes, tl.program_id(0),
+                        tl.num_programs(0), PF_REGIONS, PF_THREADS)  # fmt: skip
 
 
 def _pick_blocks(lanes: int, n: int, k: int, device: torch.device) -> tuple[int, int, int]:
@@ -133,6 +147,7 @@ def lane_reduce_gemv(
     token: torch.Tensor | None = None,
     use_pdl: bool = False,
     prefetch: int = 1,
+    l2_prefetch: Sequence[Region] | None = None,
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
@@ -144,6 +159,8 @@ def lane_reduce_gemv(
     history_out: [L, N] fp32 to store p in; history_in: [L, N] fp32, the partials of layer i - d (DELAYED).
     prefetch: weight tiles ([L, block_n, block_k]) a program loads before it waits for act (at least 1; more
     than the rows' tiles means all of them).
+    l2_prefetch: up to two regions (kernels/l2_prefetch.py) of a later kernel's weights the programs request into
+    L2 after their own work.
     """
     if weight.dim() != 3 or not weight.is_contiguous():
         raise ValueError(f"weight: expected a contiguous [L, N, K] tensor, got {tuple(weight.shape)}")
@@ -172,6 +189,7 @@ def lane_reduce_gemv(
     block_n, block_k, num_warps = block_n or auto_n, block_k or auto_k, num_warps or auto_warps
     if prefetch < 1:
         raise ValueError(f"prefetch: expected at least 1 tile, got {prefetch}")
+    pf_args, pf_regions = prefetch_args(l2_prefetch, weight)
     _lane_reduce_gemv_kernel[(triton.cdiv(n, block_n),)](
         act,
         act.stride(0),
@@ -181,6 +199,7 @@ def lane_reduce_gemv(
         token if token is not None else x,
         history_out if history_out is not None else x,
         history_in if history_in is not None else x,
+        *pf_args,
         n,
         float(lanes) ** 0.5,
         K=k,
@@ -192,6 +211,8 @@ def lane_reduce_gemv(
         X_FROM_TOKEN=embedding is not None,
         STORE_HISTORY=history_out is not None,
         PREFETCH=min(prefetch, triton.cdiv(k, block_k)),
+        PF_REGIONS=pf_regions,
+        PF_THREADS=32 * num_warps,
         USE_PDL=use_pdl,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),

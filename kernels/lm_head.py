@@ -20,6 +20,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import interpreted, pdl_kwargs
+from kernels.rmsnorm_gemv import weight_tiles
 
 MAX_GROUPS = 512
 
@@ -42,47 +43,65 @@ def _lm_head_kernel(
     K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    ROW_BLOCKS: tl.constexpr,
     GROUP: tl.constexpr,
     MAX_GROUPS: tl.constexpr,
     HAS_NORM: tl.constexpr,
     GREEDY: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
+    TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
     pid = tl.program_id(0)
-    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = pid * ROW_BLOCKS * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < V
     cols = tl.arange(0, BLOCK_K)
     w_offs = rows.to(tl.int64)[:, None] * K + cols[None, :]
-    # The first weight tile is in flight before we wait for x (weights are read once: evict them first).
-    w_first = tl.load(w_ptr + w_offs, mask=row_ok[:, None] & (cols < K)[None, :], other=0.0,
-                      eviction_policy="evict_first")  # fmt: skip
+    # As rmsnorm_gemv: the first weight tile is in flight before we wait for x, the rest of the block right
+    # after it, then x and its norm statistics, then the products.
+    w = weight_tiles(w_ptr, w_offs, row_ok, cols, K, BLOCK_K, 0, 1)
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
+    w = w + weight_tiles(w_ptr, w_offs, row_ok, cols, K, BLOCK_K, 1, TILES - 1)
 
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    xs = ()
     sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
-    for i in tl.static_range(0, (K + BLOCK_K - 1) // BLOCK_K):
+    for i in tl.static_range(TILES):
         k_ok = i * BLOCK_K + cols < K
-        if i == 0:
-            w = w_first
-        else:
-            w = tl.load(w_ptr + w_offs + i * BLOCK_K, mask=row_ok[:, None] & k_ok[None, :], other=0.0,
-                        eviction_policy="evict_first")  # fmt: skip
         xk = tl.load(x_ptr + i * BLOCK_K + cols, mask=k_ok, other=0.0).to(tl.float32)
         if HAS_NORM:
             sumsq += xk * xk
             xk = xk * tl.load(norm_ptr + i * BLOCK_K + cols, mask=k_ok, other=0.0).to(tl.float32)
-        acc += w.to(tl.float32) * xk[None, :]
-    logits = tl.sum(acc, axis=1)
-    if HAS_NORM:
-        logits = logits / tl.sqrt(tl.sum(sumsq, axis=0) / K + eps)
-    tl.store(logits_ptr + rows, logits, mask=row_ok)
+        xs = xs + (xk,)
+    rstd = 1.0 / tl.sqrt(tl.sum(sumsq, axis=0) / K + eps) if HAS_NORM else 1.0
+
+    # ROW_BLOCKS blocks of rows in turn, the next block's tiles in flight while this one is summed; the
+    # program's best (value, first index) is kept across its blocks, which come in increasing row order.
+    for j in tl.static_range(ROW_BLOCKS):
+        if j + 1 < ROW_BLOCKS:
+            next_rows = rows + BLOCK_N
+            next_ok = next_rows < V
+            next_offs = w_offs + BLOCK_N * K
+            next_w = weight_tiles(w_ptr, next_offs, next_ok, cols, K, BLOCK_K, 0, TILES)
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for i in tl.static_range(TILES):
+            acc += w[i].to(tl.float32) * xs[i][None, :]
+        logits = tl.sum(acc, axis=1) * rstd
+        tl.store(logits_ptr + rows, logits, mask=row_ok)
+        candidates = tl.where(rows < vocab_limit, logits, float("-inf"))
+        block_best = tl.max(candidates, axis=0)
+        block_at = tl.min(tl.where(candidates == block_best, rows, 2147483647), axis=0)
+        if j == 0:
+            best, best_at = block_best, block_at
+        else:
+            take = block_best > best
+            best, best_at = tl.where(take, block_best, best), tl.where(take, block_at, best_at)
+        if j + 1 < ROW_BLOCKS:
+            rows, row_ok, w_offs, w = next_rows, next_ok, next_offs, next_w
 
     if GREEDY:
-        candidates = tl.where(rows < vocab_limit, logits, float("-inf"))
-        tl.store(best_val_ptr + pid, tl.max(candidates, axis=0))
-        tl.store(best_idx_ptr + pid, pid * BLOCK_N + tl.argmax(candidates, axis=0))
+        tl.store(best_val_ptr + pid, best)
+        tl.store(best_idx_ptr + pid, best_at)
         # Every thread's stores are issued before one thread publishes them.
         tl.debug_barrier()
         programs = tl.num_programs(0)
@@ -153,6 +172,7 @@ def lm_head(
     out_tokens: torch.Tensor | None = None,
     use_pdl: bool = False,
     block_n: int | None = None,
+    row_blocks: int = 1,
     num_warps: int | None = None,
     group: int = 256,
 ) -> torch.Tensor:
@@ -162,6 +182,8 @@ def lm_head(
 
     x: [K] (any float dtype); weight: [V, K]; logits: [V] fp32; token, pos: int tensors [1];
     out_tokens: int tensor longer than pos[0] + 1; scratch: HeadScratch(V, device).
+    row_blocks: blocks of block_n rows each program takes in turn, the next block's weights loaded while the
+    current one is summed (with more than one, the automatic block_n is halved: two blocks are in flight).
     """
     if weight.dim() != 2 or not weight.is_contiguous():
         raise ValueError(f"weight: expected a contiguous [V, K] tensor, got {tuple(weight.shape)}")
@@ -182,9 +204,13 @@ def lm_head(
                 raise ValueError(f"{name}: an int32/int64 tensor is required with greedy")
         if token.numel() != 1 or pos.numel() != 1:
             raise ValueError("token: token and pos must hold one element each")
+    if row_blocks < 1:
+        raise ValueError(f"row_blocks: expected at least 1, got {row_blocks}")
     auto_n, block_k, auto_warps = _pick_blocks(vocab, k)
+    if row_blocks > 1:
+        auto_n = max(1, auto_n // 2)
     block_n, num_warps = block_n or auto_n, num_warps or auto_warps
-    programs = triton.cdiv(vocab, block_n)
+    programs = triton.cdiv(triton.cdiv(vocab, block_n), row_blocks)
     if triton.cdiv(programs, group) > MAX_GROUPS or group & (group - 1):
         raise ValueError(f"group: a power of two with at most {MAX_GROUPS} groups of {programs} programs")
     _lm_head_kernel[(programs,)](
@@ -204,6 +230,7 @@ def lm_head(
         K=k,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
+        ROW_BLOCKS=row_blocks,
         GROUP=group,
         MAX_GROUPS=MAX_GROUPS,
         HAS_NORM=norm_weight is not None,

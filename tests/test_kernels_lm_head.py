@@ -18,9 +18,13 @@ def device_ints(*values, dtype=torch.int32):
 
 
 @pytest.mark.parametrize("dtype", dtype_params())
-# (vocab, K, rows per program, programs per group): one group, several groups, a last group cut short
-@pytest.mark.parametrize("vocab,k,block_n,group", [(203, 40, None, 256), (64, 96, 4, 4), (1000, 24, 8, 16)])
-def test_greedy_head_writes_logits_token_and_advances(dtype, vocab, k, block_n, group):
+# (vocab, K, rows per block, blocks per program, programs per group): one group, several groups, a last group
+# cut short; several row blocks a program, the last one partly past the vocabulary
+@pytest.mark.parametrize(
+    "vocab,k,block_n,row_blocks,group",
+    [(203, 40, None, 1, 256), (64, 96, 4, 1, 4), (1000, 24, 8, 1, 16), (203, 40, 8, 3, 2), (64, 96, 4, 4, 4)],
+)
+def test_greedy_head_writes_logits_token_and_advances(dtype, vocab, k, block_n, row_blocks, group):
     x = randn(k, scale=2.0)
     w = randn(vocab, k, dtype=dtype, scale=k**-0.5)
     g = randn(k, dtype=dtype)
@@ -28,7 +32,7 @@ def test_greedy_head_writes_logits_token_and_advances(dtype, vocab, k, block_n, 
     token, pos, out_tokens = device_ints(-1), device_ints(6), device_ints(*([-1] * 10))
     scratch = HeadScratch(vocab, DEVICE)
     lm_head(x, w, logits, scratch, norm_weight=g, eps=1e-5, token=token, pos=pos, out_tokens=out_tokens,
-            block_n=block_n, group=group)  # fmt: skip
+            block_n=block_n, row_blocks=row_blocks, group=group)  # fmt: skip
     want = reference_logits(x, w, g, 1e-5)
     assert_close(logits, want, dtype, "logits")
     # the kernel's own logits decide the argmax (rounding may reorder near-ties with the fp64 reference)
@@ -38,17 +42,21 @@ def test_greedy_head_writes_logits_token_and_advances(dtype, vocab, k, block_n, 
     assert (scratch.counter == 0).all(), "arrival counters must return to zero for the next step"
 
 
-def test_ties_go_to_the_first_index_across_programs():
+@pytest.mark.parametrize("row_blocks", [1, 2, 3])
+def test_ties_go_to_the_first_index_across_programs(row_blocks):
+    """Ties in three programs of three groups (one block each), or across the blocks of one program."""
     vocab, k = 50, 16
     x = randn(k)
     w = randn(vocab, k, scale=0.01)
     best = torch.sign(x).cpu() * 3
-    for row in (41, 9, 23):  # three rows in three programs of three different groups
+    # rows in programs of three different groups; with row blocks, 9 and 11 also in two blocks of one program
+    for row in (41, 11, 9, 23):
         w[row] = best.to(DEVICE)
     logits = poisoned(vocab, dtype=torch.float32)
     token, pos, out_tokens = device_ints(-1), device_ints(0), device_ints(-1, -1, dtype=torch.int64)
     scratch = HeadScratch(vocab, DEVICE)
-    lm_head(x, w, logits, scratch, token=token, pos=pos, out_tokens=out_tokens, block_n=2, group=4)
+    lm_head(x, w, logits, scratch, token=token, pos=pos, out_tokens=out_tokens, block_n=2, row_blocks=row_blocks,
+            group=4)  # fmt: skip
     assert token.item() == 9
     assert out_tokens.cpu().tolist() == [-1, 9]
 
@@ -79,6 +87,9 @@ def test_rejects_missing_bookkeeping():
         lm_head(randn(8), randn(4, 8), torch.empty(4, device=DEVICE), HeadScratch(4, DEVICE))
     with pytest.raises(ValueError, match="logits:"):
         lm_head(randn(8), randn(4, 8), torch.empty(5, device=DEVICE), HeadScratch(4, DEVICE), greedy=False)
+    with pytest.raises(ValueError, match="row_blocks:"):
+        lm_head(randn(8), randn(4, 8), torch.empty(4, device=DEVICE), HeadScratch(4, DEVICE), greedy=False,
+                row_blocks=0)  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", dtype_params())

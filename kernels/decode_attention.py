@@ -16,15 +16,12 @@ output: no second launch. The token's own key and value come from registers, not
 Bytes: (p + 1) * hd * 2 cache elements per KV head (W of them in windowed layers), this token's q/k/v once.
 """
 
-from collections.abc import Sequence
-
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import pdl_kwargs, sm_count
-from kernels.l2_prefetch import Region, l2_prefetch_regions, prefetch_args
 from kernels.rope import rope_pairing
 
 
@@ -44,12 +41,6 @@ def _decode_attention_kernel(
     counter_ptr,
     out_ptr,
     stride_out_lane,
-    pf0_ptr,
-    pf0_offset,
-    pf0_bytes,
-    pf1_ptr,
-    pf1_offset,
-    pf1_bytes,
     heads_per_lane,
     kv_per_lane,
     window,
@@ -65,8 +56,6 @@ def _decode_attention_kernel(
     BLOCK_T: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     QK_NORM: tl.constexpr,
-    PF_REGIONS: tl.constexpr,
-    PF_THREADS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     kv = tl.program_id(0)
@@ -98,10 +87,6 @@ def _decode_attention_kernel(
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
-    # From here on the step is a chain of small dependent trips that leaves the memory idle: the MLP's weights
-    # stream into L2 meanwhile (kernels/l2_prefetch.py). Not before the wait: the q|k|v kernel streams then.
-    l2_prefetch_regions(pf0_ptr, pf0_offset, pf0_bytes, pf1_ptr, pf1_offset, pf1_bytes, kv * SPLITS + split,
-                        tl.num_programs(0) * SPLITS, PF_REGIONS, PF_THREADS)  # fmt: skip
 
     lane_qkv = qkv_ptr + lane * stride_qkv_lane
     q_rows = lane_qkv + (kv_in_lane * G + heads)[:, None] * HD  # [BLOCK_H, 1]
@@ -234,7 +219,6 @@ def decode_attention(
     k_norm: torch.Tensor | None = None,
     eps: float = 1e-6,
     use_pdl: bool = False,
-    l2_prefetch: Sequence[Region] | None = None,
     block_t: int = 64,
     num_warps: int = 4,
 ) -> torch.Tensor:
@@ -243,8 +227,6 @@ def decode_attention(
     qkv: [L, (H/L + 2 KV/L) * hd]: per lane this token's q heads, then k heads, then v heads (before RoPE).
     k_cache, v_cache: [KV, max_len, hd] of this layer. cos, sin: [max_positions, hd/2] fp32.
     out: [L, H/L * hd]. q_norm, k_norm: [hd] (Qwen3). scratch: from AttentionScratch for this model.
-    l2_prefetch: up to two regions (kernels/l2_prefetch.py) of a later kernel's weights the programs request into
-    L2 once q, k, v are ready (while attention's chain of dependent trips leaves the memory idle).
     """
     if (
         k_cache.dim() != 3
@@ -279,7 +261,6 @@ def decode_attention(
     if scratch.part_o.shape[:3] != (num_kv, scratch.splits, triton.next_power_of_2(group)):
         raise ValueError("scratch: allocated for another head layout")
 
-    pf_args, pf_regions = prefetch_args(l2_prefetch, k_cache)
     _decode_attention_kernel[(num_kv, scratch.splits)](
         qkv,
         qkv.stride(0),
@@ -295,7 +276,6 @@ def decode_attention(
         scratch.counter,
         out,
         out.stride(0),
-        *pf_args,
         heads_per_lane,
         kv_per_lane,
         window or 0,
@@ -311,8 +291,6 @@ def decode_attention(
         BLOCK_T=block_t,
         INTERLEAVED=interleaved,
         QK_NORM=q_norm is not None,
-        PF_REGIONS=pf_regions,
-        PF_THREADS=32 * num_warps,
         USE_PDL=use_pdl,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),

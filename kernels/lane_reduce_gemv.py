@@ -15,15 +15,12 @@ Grid: row blocks only; rows are split finely enough that every multiprocessor ho
 With layer 0 the residual before the block is the embedding row of a token id that lives on the device.
 """
 
-from collections.abc import Sequence
-
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import interpreted, pdl_kwargs, sm_count
-from kernels.l2_prefetch import Region, l2_prefetch_regions, prefetch_args
 
 SUM, DELAYED, SCALED = 0, 1, 2
 MODES = {"sum": SUM, "delayed": DELAYED, "scaled": SCALED}
@@ -39,12 +36,6 @@ def _lane_reduce_gemv_kernel(
     token_ptr,
     hist_out_ptr,
     hist_in_ptr,
-    pf0_ptr,
-    pf0_offset,
-    pf0_bytes,
-    pf1_ptr,
-    pf1_offset,
-    pf1_bytes,
     N,
     lane_scale,
     K: tl.constexpr,
@@ -56,8 +47,6 @@ def _lane_reduce_gemv_kernel(
     X_FROM_TOKEN: tl.constexpr,
     STORE_HISTORY: tl.constexpr,
     PREFETCH: tl.constexpr,
-    PF_REGIONS: tl.constexpr,
-    PF_THREADS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -110,26 +99,34 @@ def _lane_reduce_gemv_kernel(
     else:
         old = tl.load(x_ptr + lane_rows, mask=tile_ok, other=0.0)
     tl.store(x_ptr + lane_rows, old + r, mask=tile_ok)
-    # A later kernel's weights into L2 once this program's own loads are done (kernels/l2_prefetch.py).
-    l2_prefetch_regions(pf0_ptr, pf0_offset, pf0_bytes, pf1_ptr, pf1_offset, pf1_bytes, tl.program_id(0),
-                        tl.num_programs(0), PF_REGIONS, PF_THREADS)  # fmt: skip
 
 
 def _pick_blocks(lanes: int, n: int, k: int, device: torch.device) -> tuple[int, int, int]:
     if interpreted():  # programs run one after another there: few, large ones
         return min(64, triton.next_power_of_2(n)), min(128, triton.next_power_of_2(k)), 4
     lanes_p = triton.next_power_of_2(lanes)
+    if lanes_p == 1 and k >= 4096:
+        # The down-proj of one lane: tiles of 8 warps x 64 elements a thread, as wide as K allows (the largest
+        # power of two up to 4096 dividing K). Measured on an H200 (scripts/decode_variants.py, in turns):
+        # llama-3.2-1b (K 8192) 4 x 4096 +2.1%, qwen3-1.7b (K 6144) 8 x 2048 +3.5%, over the 2 x 512 tiles
+        # before; narrower or taller tiles, or 4 warps, were no better. 256 programs still fill the H200 twice.
+        block_k = 4096
+        while k % block_k:
+            block_k //= 2
+        return max(1, 16384 // block_k), block_k, 8
     block_k = min(512, triton.next_power_of_2(k))
     while k % block_k and block_k > 64:  # avoid a half-masked last tile (K = 384 -> 128)
         block_k //= 2
-    while lanes_p * block_k > 4096 and block_k > 64:
+    # With lanes, tiles of at most 2048 lane x column elements: laneformer-2b's down-proj (8 lanes, K 1536) as
+    # 4 rows x 256 columns streams 4.7% faster end to end than 4 x 512 (H200, in turns; 8 rows or 8 warps slower).
+    while lanes_p * block_k > 2048 and block_k > 64:
         block_k //= 2
     # Measured on an H200 (python -m inference.bench --sweep): with lanes, 4 rows (8 for short K) and four
-    # warps; one lane with a long K (down-proj), 2 rows and eight warps: 60-75% of the read bandwidth.
+    # warps; one lane, 4 rows and four warps.
     if lanes_p > 1:
         block_n, num_warps = (4 if k >= 1024 else 8), 4
     else:
-        block_n, num_warps = (2, 8) if k >= 4096 else (4, 4)
+        block_n, num_warps = 4, 4
     while block_n > 1 and triton.cdiv(n, block_n) < 2 * sm_count(device):
         block_n //= 2
     return block_n, block_k, num_warps
@@ -147,7 +144,6 @@ def lane_reduce_gemv(
     token: torch.Tensor | None = None,
     use_pdl: bool = False,
     prefetch: int = 1,
-    l2_prefetch: Sequence[Region] | None = None,
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
@@ -159,8 +155,6 @@ def lane_reduce_gemv(
     history_out: [L, N] fp32 to store p in; history_in: [L, N] fp32, the partials of layer i - d (DELAYED).
     prefetch: weight tiles ([L, block_n, block_k]) a program loads before it waits for act (at least 1; more
     than the rows' tiles means all of them).
-    l2_prefetch: up to two regions (kernels/l2_prefetch.py) of a later kernel's weights the programs request into
-    L2 after their own work.
     """
     if weight.dim() != 3 or not weight.is_contiguous():
         raise ValueError(f"weight: expected a contiguous [L, N, K] tensor, got {tuple(weight.shape)}")
@@ -189,7 +183,6 @@ def lane_reduce_gemv(
     block_n, block_k, num_warps = block_n or auto_n, block_k or auto_k, num_warps or auto_warps
     if prefetch < 1:
         raise ValueError(f"prefetch: expected at least 1 tile, got {prefetch}")
-    pf_args, pf_regions = prefetch_args(l2_prefetch, weight)
     _lane_reduce_gemv_kernel[(triton.cdiv(n, block_n),)](
         act,
         act.stride(0),
@@ -199,7 +192,6 @@ def lane_reduce_gemv(
         token if token is not None else x,
         history_out if history_out is not None else x,
         history_in if history_in is not None else x,
-        *pf_args,
         n,
         float(lanes) ** 0.5,
         K=k,
@@ -211,8 +203,6 @@ def lane_reduce_gemv(
         X_FROM_TOKEN=embedding is not None,
         STORE_HISTORY=history_out is not None,
         PREFETCH=min(prefetch, triton.cdiv(k, block_k)),
-        PF_REGIONS=pf_regions,
-        PF_THREADS=32 * num_warps,
         USE_PDL=use_pdl,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),

@@ -17,15 +17,12 @@ blocks x lanes, sized so that every multiprocessor holds several programs (laten
 With layer 0, x is a row of the embedding table chosen by a token id that lives on the device.
 """
 
-from collections.abc import Sequence
-
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import interpreted, pdl_kwargs, sm_count
-from kernels.l2_prefetch import Region, l2_prefetch_regions, prefetch_args
 
 
 @triton.jit
@@ -53,12 +50,6 @@ def _rmsnorm_gemv_kernel(
     w_up_ptr,
     bias_ptr,
     out_ptr,
-    pf0_ptr,
-    pf0_offset,
-    pf0_bytes,
-    pf1_ptr,
-    pf1_offset,
-    pf1_bytes,
     N,
     eps,
     K: tl.constexpr,
@@ -70,8 +61,6 @@ def _rmsnorm_gemv_kernel(
     X_FROM_TOKEN: tl.constexpr,
     PREFETCH: tl.constexpr,
     ROW_BLOCKS: tl.constexpr,
-    PF_REGIONS: tl.constexpr,
-    PF_THREADS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
@@ -133,13 +122,6 @@ def _rmsnorm_gemv_kernel(
         if j + 1 < ROW_BLOCKS:
             rows, row_ok, w_offs, w, u = next_rows, next_ok, next_offs, next_w, next_u
 
-    # A later kernel's weights into L2 once this program's own loads are done: programs that finish early
-    # keep the memory busy through the grid's tail.
-    pid = tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)
-    programs = tl.num_programs(0) * tl.num_programs(1)
-    l2_prefetch_regions(pf0_ptr, pf0_offset, pf0_bytes, pf1_ptr, pf1_offset, pf1_bytes, pid, programs,
-                        PF_REGIONS, PF_THREADS)  # fmt: skip
-
 
 def _pick_blocks(lanes: int, n: int, k: int, gated: bool, device: torch.device) -> tuple[int, int, int]:
     if interpreted():  # programs run one after another there: few, large ones
@@ -175,7 +157,6 @@ def rmsnorm_gemv(
     use_pdl: bool = False,
     prefetch: int = 1,
     row_blocks: int | None = None,
-    l2_prefetch: Sequence[Region] | None = None,
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
@@ -185,8 +166,6 @@ def rmsnorm_gemv(
     prefetch: weight tiles ([block_n, block_k] of each matrix) a program loads before it waits for x (at least
     1; more than the row's tiles means all of them). row_blocks: blocks of block_n rows each program takes in
     turn, the next block's weights loaded while the current one is summed (None: _pick_row_blocks).
-    l2_prefetch: up to two regions (kernels/l2_prefetch.py) of a later kernel's weights the programs request into
-    L2 after their own work.
 
     x: [L, K] residual (any float dtype), or, with `token` (an int tensor [1] on the device), the embedding table
     [V, K] whose row token[0] every lane reads. weight, weight_up: [L, N, K]; bias, out: [L, N];
@@ -242,7 +221,6 @@ def rmsnorm_gemv(
     if row_blocks < 1:
         raise ValueError(f"row_blocks: expected at least 1, got {row_blocks}")
     grid = (triton.cdiv(triton.cdiv(n, block_n), row_blocks), lanes)
-    pf_args, pf_regions = prefetch_args(l2_prefetch, weight)
     _rmsnorm_gemv_kernel[grid](
         x,
         stride_x_lane,
@@ -253,7 +231,6 @@ def rmsnorm_gemv(
         weight_up if weight_up is not None else weight,
         bias if bias is not None else weight,
         out,
-        *pf_args,
         n,
         eps,
         K=k,
@@ -265,8 +242,6 @@ def rmsnorm_gemv(
         X_FROM_TOKEN=token is not None,
         PREFETCH=min(prefetch, triton.cdiv(k, block_k)),
         ROW_BLOCKS=row_blocks,
-        PF_REGIONS=pf_regions,
-        PF_THREADS=32 * num_warps,
         USE_PDL=use_pdl,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),

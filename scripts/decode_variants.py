@@ -4,8 +4,7 @@
         [--prompt-len 512] [--new-tokens 256] [--rounds 3] [--json out.json]
 
 A variant is a KOG_PREFETCH-style list (kind=tiles, kinds qkv, o, gate_up, down; "" is the default), where
-rows.qkv=n / rows.gate_up=n set FastRunner's row_blocks and l2.attn=n / l2.o / l2.gate_up / l2.down its MiB of
-L2 prefetch, blocks.down=2/1024/8 (block_n/block_k/num_warps of a kind) its block sizes and head.row_blocks=4
+rows.qkv=n / rows.gate_up=n set FastRunner's row_blocks, blocks.down=2/1024/8 (block_n/block_k/num_warps of a kind) its block sizes and head.row_blocks=4
 (or head.block_n, head.num_warps) the head's;
 "name:spec" labels one, so a setting can be built twice (two runner instances: what memory placement alone
 does). Every round times each variant once (bench.time_fast: median of --runs after a warm-up), so slow drifts of the clock or
@@ -28,23 +27,21 @@ from inference.fast.runner import (  # noqa: E402
     ROW_BLOCK_KINDS,
     FastRunner,
     kind_overrides,
-    l2_overrides,
     prefetch_overrides,
 )
 
 
 def runner_kwargs(spec: str) -> dict:
-    """'o=16,rows.gate_up=8,l2.attn=24' -> FastRunner(prefetch={'o': 16}, row_blocks={'gate_up': 8},
-    l2_prefetch={'attn': 24})."""
+    """'o=16,rows.gate_up=8,blocks.down=4/4096/8,head.row_blocks=2' -> FastRunner(prefetch={'o': 16},
+    row_blocks={'gate_up': 8}, blocks='down=4/4096/8', head_blocks={'row_blocks': 2})."""
     items = [item.strip() for item in spec.split(",") if item.strip()]
     rows = [item.removeprefix("rows.") for item in items if item.startswith("rows.")]
-    l2 = [item.removeprefix("l2.") for item in items if item.startswith("l2.")]
     blocks = [item.removeprefix("blocks.") for item in items if item.startswith("blocks.")]
     head = dict(item.removeprefix("head.").split("=") for item in items if item.startswith("head."))
-    tiles = [item for item in items if not item.startswith(("rows.", "l2.", "blocks.", "head."))]
+    tiles = [item for item in items if not item.startswith(("rows.", "blocks.", "head."))]
     return {"prefetch": prefetch_overrides(",".join(tiles)),
             "row_blocks": kind_overrides(",".join(rows), ROW_BLOCK_KINDS, "row_blocks"),
-            "l2_prefetch": l2_overrides(",".join(l2)), "blocks": ",".join(blocks),
+            "blocks": ",".join(blocks),
             "head_blocks": {key: int(value) for key, value in head.items()}}  # fmt: skip
 
 
@@ -75,13 +72,15 @@ def main() -> int:
                            generator=torch.Generator().manual_seed(0)).tolist()  # fmt: skip
     runners = {v: FastRunner(model, context, **runner_kwargs(v.rpartition(":")[2])) for v in variants}
     tok_s: dict[str, list[float]] = {v: [] for v in variants}
-    tokens: dict[str, list[int]] = {}  # greedy output of each variant: L2 prefetch must not change a token
+    tokens: dict[
+        str, list[int]
+    ] = {}  # greedy output of each variant (block sizes change the summation order)
     for _ in range(args.rounds):
         for v, runner in runners.items():
             tok_s[v].append(time_fast(runner, prompt, args.new_tokens, args.runs)["tok_s"])
             tokens[v] = runner.out_tokens[args.prompt_len : args.prompt_len + args.new_tokens].tolist()
     rows = [{"variant": v or "default", "prefetch": runners[v].prefetch, "row_blocks": runners[v].row_blocks,
-             "l2_prefetch": runners[v].l2_prefetch, "blocks": runners[v].blocks,
+             "blocks": runners[v].blocks,
              "head_blocks": runners[v].head_blocks,
              "same_tokens_as_first": tokens[v] == tokens[variants[0]], "tok_s": statistics.median(t),
              "rounds": t, "pct_ceiling": 100 * statistics.median(t) / ceiling} for v, t in tok_s.items()]  # fmt: skip

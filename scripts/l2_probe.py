@@ -5,11 +5,15 @@
 A buffer of W MiB is read by a streaming kernel (evict-first loads, as the decode kernels read weights):
   cold        after a 1 GiB read that flushes L2
   warm        right after the same read (what L2 holds of it)
-  bulk        after kernels/l2_prefetch.py's cp.async.bulk.prefetch.L2 over the buffer, synchronized
+  bulk        after cp.async.bulk.prefetch.L2 over the buffer (one piece a thread), synchronized
   line-128 / line-32 / line-128-last
               after per-thread prefetch.global.L2 every 128 or 32 bytes (::evict_last in the third)
 For each prefetch also: how long the prefetch kernel itself takes (does a program wait for its prefetches
 before it can exit?), and prefetch + read launched back to back without a sync. Microseconds, median of 7.
+
+On the H200 (kernels/NOTES.md, round 5) a warm read of 16-32 MiB was no faster than a cold one (7.5 vs 7.6 us,
+11.1 vs 11.2 us): a streaming read is limited by what the programs keep in flight, not by where the bytes sit,
+which is why prefetching a later kernel's weights into L2 did not pay in the decode step.
 """
 
 import argparse
@@ -23,8 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-
-from kernels.l2_prefetch import l2_prefetch  # noqa: E402
 
 BLOCK = 8192  # elements a read program sums
 # Per-thread prefetch of the line holding an address, predicated on $2: plain, and with L2::evict_last.
@@ -45,7 +47,20 @@ def _read_kernel(w_ptr, out_ptr, BLOCK: tl.constexpr):
 
 @triton.jit
 def _bulk_kernel(w_ptr, nbytes, THREADS: tl.constexpr):
-    l2_prefetch(w_ptr, 0, nbytes, tl.program_id(0), tl.num_programs(0), THREADS)
+    """Each program asks for an even share of the buffer, one contiguous piece a thread (sizes in 16 bytes, as
+    cp.async.bulk.prefetch.L2 requires; no registers, no waiting)."""
+    share = tl.cdiv(tl.cdiv(nbytes, tl.num_programs(0)), 16 * THREADS) * 16 * THREADS
+    piece = share // THREADS
+    start = tl.program_id(0).to(tl.int64) * share + tl.arange(0, THREADS).to(tl.int64) * piece  # [THREADS]
+    size = tl.minimum(tl.maximum(nbytes - start, 0), piece).to(tl.int32)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
+        "=r,l,r",
+        [w_ptr.to(tl.pointer_type(tl.int8)) + start, size],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @triton.jit

@@ -6,7 +6,7 @@ from kernel_testing import DEVICE, ON_GPU
 
 from inference.config import ModelConfig
 from inference.events import SamplingParams
-from inference.fast.runner import FastRunner, prefetch_overrides, reduction
+from inference.fast.runner import FastRunner, block_spec, prefetch_overrides, reduction
 from inference.model import KVCache, Transformer
 from inference.presets import preset_config
 from inference.sampling import Sampler
@@ -121,6 +121,29 @@ def test_prefetch_overrides():
             prefetch_overrides(bad)
     with pytest.raises(ValueError, match="prefetch:"):
         FastRunner(make_model("tiny-llama"), 32, prefetch={"head": 2})
+
+
+def test_block_spec():
+    assert block_spec(" down=4/4096/8, o=0/128/0 ") == {
+        "down": {"block_n": 4, "block_k": 4096, "num_warps": 8},
+        "o": {"block_k": 128},  # 0: the kernel's own choice
+    }
+    assert block_spec("") == {}
+    for bad in ("head=4/512/4", "down=4/512", "down=4/x/4", "down"):
+        with pytest.raises(ValueError, match="blocks:"):
+            block_spec(bad)
+
+
+@pytest.mark.parametrize("preset", ["tiny-laneformer", "tiny-llama"])
+def test_explicit_block_sizes_and_head_row_blocks_change_nothing(preset):
+    # every matrix-vector kind and the head on blocks of their own, the head's in several blocks a program
+    model = make_model(preset, seed=6)
+    blocks = "qkv=2/32/2,o=4/16/2,gate_up=2/64/4,down=8/32/4"
+    runs = teacher_forced(
+        model, list(range(2, 11)), steps=3, blocks=blocks, head_blocks={"block_n": 8, "row_blocks": 3}
+    )
+    for fast, ref, _ in runs:
+        assert rel_err(fast, ref) < LOGIT_TOL
 
 
 @fp32_only

@@ -2,6 +2,7 @@ import pytest
 import torch
 from kernel_testing import DEVICE, assert_close, dtype_params, lane_reduction, poisoned, randn
 
+import kernels.lane_reduce_gemv as lane_reduce_module
 from kernels.lane_reduce_gemv import lane_reduce_gemv
 
 
@@ -19,7 +20,8 @@ SHAPES = [(1, 37, 40), (2, 24, 64), (3, 21, 48), (8, 16, 96)]
 @pytest.mark.parametrize("dtype", dtype_params())
 @pytest.mark.parametrize("mode", ["sum", "delayed", "scaled"])
 @pytest.mark.parametrize("lanes,n,k", SHAPES)
-@pytest.mark.parametrize("block_n,block_k", [(None, None), (4, 32)])  # the launcher's choice, and small tiles
+# the launcher's choice, small tiles, and tall tiles wider than K (the down-proj's shape of tile on a GPU)
+@pytest.mark.parametrize("block_n,block_k", [(None, None), (4, 32), (8, 128)])
 @pytest.mark.parametrize("prefetch", [1, 2, 64])  # weight tiles before the wait: one, two, all of them
 def test_lane_reduce_gemv_matches_reference(dtype, mode, lanes, n, k, block_n, block_k, prefetch):
     act = randn(lanes, k, dtype=dtype)
@@ -45,6 +47,19 @@ def test_layer_zero_starts_from_the_embedding_row(dtype):
     lane_reduce_gemv(act, w, x, mode="sum", embedding=table, token=token)
     want_x, _ = reference(act, w, None, "sum", base=table[5:6])
     assert_close(x, want_x, dtype, "x")
+
+
+def test_launcher_picks_the_measured_blocks_on_a_gpu(monkeypatch):
+    """The H200 sweep's choices (kernels/NOTES.md, round 5), as the launcher would make them on 132 SMs."""
+    monkeypatch.setattr(lane_reduce_module, "interpreted", lambda: False)
+    monkeypatch.setattr(lane_reduce_module, "sm_count", lambda device: 132)
+    pick = lane_reduce_module._pick_blocks
+    cpu = torch.device("cpu")
+    assert pick(1, 2048, 8192, cpu) == (4, 4096, 8)  # llama-3.2-1b down-proj
+    assert pick(1, 2048, 6144, cpu) == (8, 2048, 8)  # qwen3-1.7b down-proj
+    assert pick(8, 3072, 1536, cpu) == (4, 256, 4)  # laneformer-2b down-proj
+    assert pick(8, 3072, 384, cpu) == (8, 128, 4)  # laneformer-2b o-proj: K 384 in tiles of 128
+    assert pick(1, 2048, 2048, cpu) == (4, 512, 4)  # llama-3.2-1b o-proj
 
 
 def test_strided_act_and_explicit_blocks():

@@ -33,7 +33,6 @@ from inference.fast.prefill import block_overrides, forward_prompt
 from inference.model import KVCache, Transformer
 from kernels.decode_attention import AttentionScratch, decode_attention, default_splits
 from kernels.final_norm import final_norm
-from kernels.l2_prefetch import Region, region
 from kernels.lane_reduce_gemv import lane_reduce_gemv
 from kernels.lm_head import HeadScratch, lm_head
 from kernels.rmsnorm_gemv import rmsnorm_gemv
@@ -44,11 +43,6 @@ from kernels.rmsnorm_gemv import rmsnorm_gemv
 # 1,184 -> 1,212 tok/s, laneformer 698 -> 709). More tiles for the others measured no better (qkv, gate/up)
 # or far worse (laneformer's down-proj at 3 tiles: registers).
 DEFAULT_PREFETCH = {"qkv": 1, "o": 64, "gate_up": 1, "down": 1}
-# MiB of later weights each kind requests into L2 (kernels/l2_prefetch.py) where the memory would otherwise
-# idle: attention (after its wait) and o-proj the start of the layer's gate/up pair, gate/up the start of the
-# down-proj, down-proj the start of the next layer's q|k|v (the head's after the last layer).
-DEFAULT_L2_PREFETCH = {"attn": 0, "o": 0, "gate_up": 0, "down": 0}
-MIB = 1 << 20
 # The norm-fused kinds whose blocks of rows a program may be told to take in turn (rmsnorm_gemv's
 # `row_blocks`; unset: the kernel's own choice).
 ROW_BLOCK_KINDS = ("qkv", "gate_up")
@@ -80,18 +74,16 @@ class LayerWeights:
     history_in: int | None  # the layer whose partials DELAYED mode adds
 
 
-def kind_overrides(
-    spec: str | dict[str, int], kinds, what: str = "prefetch", minimum: int = 1
-) -> dict[str, int]:
+def kind_overrides(spec: str | dict[str, int], kinds, what: str = "prefetch") -> dict[str, int]:
     """'o=4,gate_up=2' (an environment variable's form) or {'o': 4, 'gate_up': 2} -> the checked dict: every
-    kind one of `kinds`, every value an integer >= minimum."""
+    kind one of `kinds`, every value an integer >= 1."""
     if isinstance(spec, str):
         items = [item.partition("=")[::2] for item in (part.strip() for part in spec.split(",")) if item]
     else:
         items = [(kind, str(value)) for kind, value in spec.items()]
     for kind, value in items:
-        if kind not in kinds or not value.isdigit() or int(value) < minimum:
-            raise ValueError(f"{what}: expected kind=n with kind in {', '.join(kinds)} and n >= {minimum}, "
+        if kind not in kinds or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"{what}: expected kind=n with kind in {', '.join(kinds)} and n >= 1, "
                              f"got {kind}={value}")  # fmt: skip
     return {kind: int(value) for kind, value in items}
 
@@ -99,11 +91,6 @@ def kind_overrides(
 def prefetch_overrides(spec: str | dict[str, int]) -> dict[str, int]:
     """KOG_PREFETCH's form (or a dict): weight tiles before the wait by kind (DEFAULT_PREFETCH's kinds)."""
     return kind_overrides(spec, DEFAULT_PREFETCH)
-
-
-def l2_overrides(spec: str | dict[str, int]) -> dict[str, int]:
-    """KOG_L2_PREFETCH's form (or a dict): MiB of later weights each kind requests into L2 (0: none)."""
-    return kind_overrides(spec, DEFAULT_L2_PREFETCH, "l2_prefetch", minimum=0)
 
 
 BLOCK_KEYS = ("block_n", "block_k", "num_warps")
@@ -142,7 +129,7 @@ def reduction(cfg: ModelConfig, layer: int) -> tuple[str, int | None]:
 class FastRunner:
     def __init__(self, model: Transformer, max_context: int, vocab_limit: int | None = None, *,
                  use_pdl: bool = True, prefetch: dict[str, int] | None = None,
-                 row_blocks: dict[str, int] | None = None, l2_prefetch: dict[str, int] | None = None,
+                 row_blocks: dict[str, int] | None = None,
                  blocks: str = "", head_blocks: dict[str, int] | None = None):  # fmt: skip
         cfg = model.cfg
         if (why := supports(cfg)) is not None:
@@ -191,7 +178,7 @@ class FastRunner:
         # KOG_HEAD_BLOCK_N / KOG_HEAD_ROW_BLOCKS / KOG_HEAD_WARPS override the head's blocks (0: its own choice).
         self.head_blocks = {
             "block_n": int(os.environ.get("KOG_HEAD_BLOCK_N", "0")) or None,
-            "row_blocks": int(os.environ.get("KOG_HEAD_ROW_BLOCKS", "0")) or 1,
+            "row_blocks": int(os.environ.get("KOG_HEAD_ROW_BLOCKS", "0")) or None,
             "num_warps": int(os.environ.get("KOG_HEAD_WARPS", "0")) or None,
         }
         self.head_blocks.update(head_blocks or {})
@@ -208,10 +195,6 @@ class FastRunner:
                          **prefetch_overrides(prefetch or {})}  # fmt: skip
         self.row_blocks = {**kind_overrides(env("KOG_ROW_BLOCKS", ""), ROW_BLOCK_KINDS, "row_blocks"),
                            **kind_overrides(row_blocks or {}, ROW_BLOCK_KINDS, "row_blocks")}  # fmt: skip
-        # KOG_L2_PREFETCH=attn=24,down=8 overrides the MiB each kind requests into L2 (the argument overrides both).
-        self.l2_prefetch = {**DEFAULT_L2_PREFETCH, **l2_overrides(env("KOG_L2_PREFETCH", "")),
-                            **l2_overrides(l2_prefetch or {})}  # fmt: skip
-        self.l2_regions = self._l2_regions()
         # KOG_BLOCKS=down=2/1024/8 overrides the matrix-vector kinds' block sizes (block_spec; for sweeps).
         self.blocks = {**block_spec(env("KOG_BLOCKS", "")), **block_spec(blocks)}
         self.attn_scratch = AttentionScratch(cfg.num_kv_heads, group, hd, splits, device)
@@ -253,22 +236,6 @@ class FastRunner:
             history_in=history_in,
         )
 
-    def _l2_regions(self) -> list[dict[str, list[Region]]]:
-        """Per layer and kind, the regions its kernel requests into L2 (DEFAULT_L2_PREFETCH's plan)."""
-        mib = {kind: n * MIB for kind, n in self.l2_prefetch.items()}
-        plan = []
-        for i, w in enumerate(self.layers):
-            # Attention takes the first half of its share from each of gate and up, the o-proj continues.
-            attn, o = mib["attn"] // 2, mib["o"] // 2
-            after = self.layers[i + 1].wqkv if i + 1 < len(self.layers) else self.head_weight
-            plan.append({
-                "attn": [region(w.w1, 0, attn), region(w.w3, 0, attn)],
-                "o": [region(w.w1, attn, o), region(w.w3, attn, o)],
-                "gate_up": [region(w.w2, 0, mib["gate_up"])],
-                "down": [region(after, 0, mib["down"])],
-            })  # fmt: skip
-        return plan
-
     # --- one decode step -------------------------------------------------------------------------------
 
     def decode_step(self, greedy: bool = True) -> None:
@@ -304,13 +271,12 @@ class FastRunner:
                 k_norm=w.k_norm,
                 eps=eps,
                 use_pdl=pdl,
-                l2_prefetch=self.l2_regions[i]["attn"],
                 block_t=self.attn_block_t,
             )
             self._add_partials(i, w, 0, self.attn, w.wo, first)
             rmsnorm_gemv(self.x, w.w1, self.h, norm_weight=w.ffn_norm, eps=eps, weight_up=w.w3, use_pdl=pdl,
                          prefetch=self.prefetch["gate_up"], row_blocks=self.row_blocks.get("gate_up"),
-                         l2_prefetch=self.l2_regions[i]["gate_up"], **self.blocks.get("gate_up", {}))  # fmt: skip
+                         **self.blocks.get("gate_up", {}))  # fmt: skip
             self._add_partials(i, w, 1, self.h, w.w2, False)
 
         if cfg.num_lanes > 1:
@@ -339,7 +305,6 @@ class FastRunner:
             token=self.token if first else None,
             use_pdl=self.use_pdl,
             prefetch=self.prefetch["down" if block else "o"],
-            l2_prefetch=self.l2_regions[i]["down" if block else "o"],
             **self.blocks.get("down" if block else "o", {}),
         )
 

@@ -220,13 +220,16 @@ def decode_attention(
     eps: float = 1e-6,
     use_pdl: bool = False,
     block_t: int = 64,
-    num_warps: int = 4,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
     """Attention of the token at position pos[0] (a device int tensor) over the cache, writing its k, v there.
 
     qkv: [L, (H/L + 2 KV/L) * hd]: per lane this token's q heads, then k heads, then v heads (before RoPE).
     k_cache, v_cache: [KV, max_len, hd] of this layer. cos, sin: [max_positions, hd/2] fp32.
     out: [L, H/L * hd]. q_norm, k_norm: [hd] (Qwen3). scratch: from AttentionScratch for this model.
+    num_warps: None picks 2 for head dims up to 64 and 4 above. On an H200 (scripts/decode_variants.py, in
+    turns) 2 warps made llama-3.2-1b (head dim 64) 1.1% faster, while qwen3-1.7b (128) and laneformer-2b (96)
+    ran 3-4x slower with them; 8 warps were slower on all three.
     """
     if (
         k_cache.dim() != 3
@@ -261,6 +264,8 @@ def decode_attention(
     if scratch.part_o.shape[:3] != (num_kv, scratch.splits, triton.next_power_of_2(group)):
         raise ValueError("scratch: allocated for another head layout")
 
+    if num_warps is None:
+        num_warps = 2 if padded_head_dim(hd) <= 64 else 4
     _decode_attention_kernel[(num_kv, scratch.splits)](
         qkv,
         qkv.stride(0),

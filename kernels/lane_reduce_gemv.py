@@ -105,11 +105,13 @@ def _pick_blocks(lanes: int, n: int, k: int, device: torch.device) -> tuple[int,
     if interpreted():  # programs run one after another there: few, large ones
         return min(64, triton.next_power_of_2(n)), min(128, triton.next_power_of_2(k)), 4
     lanes_p = triton.next_power_of_2(lanes)
-    if lanes_p == 1 and k >= 4096:
-        # The down-proj of one lane: tiles of 8 warps x 64 elements a thread, as wide as K allows (the largest
-        # power of two up to 4096 dividing K). Measured on an H200 (scripts/decode_variants.py, in turns):
-        # llama-3.2-1b (K 8192) 4 x 4096 +2.1%, qwen3-1.7b (K 6144) 8 x 2048 +3.5%, over the 2 x 512 tiles
-        # before; narrower or taller tiles, or 4 warps, were no better. 256 programs still fill the H200 twice.
+    if lanes_p == 1 and k >= 2048:
+        # One lane (the o-proj and down-proj of Llama / Qwen3): tiles of 8 warps x 64 elements a thread, as wide
+        # as K allows (the largest power of two up to 4096 dividing K). Measured on an H200
+        # (scripts/decode_variants.py, in turns) against the 2 x 512 (down) and 4 x 512 (o-proj) tiles before:
+        # down-proj llama-3.2-1b (K 8192, 4 x 4096) +2.1%, qwen3-1.7b (K 6144, 8 x 2048) +3.5%; o-proj (K 2048,
+        # 8 x 2048) +0.8% and +1.3%. Narrower or taller tiles, or 4 warps, were no better; 256 programs still
+        # fill the H200 twice.
         block_k = 4096
         while k % block_k:
             block_k //= 2
@@ -122,7 +124,7 @@ def _pick_blocks(lanes: int, n: int, k: int, device: torch.device) -> tuple[int,
     while lanes_p * block_k > 2048 and block_k > 64:
         block_k //= 2
     # Measured on an H200 (python -m inference.bench --sweep): with lanes, 4 rows (8 for short K) and four
-    # warps; one lane, 4 rows and four warps.
+    # warps; one lane with a short K, 4 rows and four warps.
     if lanes_p > 1:
         block_n, num_warps = (4 if k >= 1024 else 8), 4
     else:

@@ -126,14 +126,17 @@ def _rmsnorm_gemv_kernel(
 def _pick_blocks(lanes: int, n: int, k: int, gated: bool, device: torch.device) -> tuple[int, int, int]:
     if interpreted():  # programs run one after another there: few, large ones
         return min(64, triton.next_power_of_2(n)), min(128, triton.next_power_of_2(k)), 4
-    block_k = min(512, triton.next_power_of_2(k))
     # Measured on an H200 (python -m inference.bench --sweep): four warps, and 8 rows a program (4 for the
     # gate/up pair when K <= 2048) stream best: 74-90% of the read bandwidth on the large matrices. The K
     # loop is unrolled, so a program's loads are issued together.
-    block_n = 4 if gated and k <= 2048 else 8
+    block_k, block_n, num_warps = min(512, triton.next_power_of_2(k)), (4 if gated and k <= 2048 else 8), 4
+    if lanes == 1 and not gated:
+        # The q|k|v rows of one lane: 8 rows of 1024 on 8 warps (scripts/decode_variants.py, in turns:
+        # llama-3.2-1b +1.6%, qwen3-1.7b +1.8%; laneformer-2b's 8 lanes stream best as they were, -1.4%).
+        block_k, num_warps = min(1024, triton.next_power_of_2(k)), 8
     while block_n > 1 and lanes * triton.cdiv(n, block_n) < 2 * sm_count(device):
         block_n //= 2
-    return block_n, block_k, 4
+    return block_n, block_k, num_warps
 
 
 def _pick_row_blocks(k: int, gated: bool) -> int:

@@ -2,6 +2,7 @@ import pytest
 import torch
 from kernel_testing import DEVICE, assert_close, dtype_params, poisoned, randn
 
+import kernels.rmsnorm_gemv as rmsnorm_module
 from kernels.rmsnorm_gemv import rmsnorm_gemv
 
 
@@ -98,3 +99,16 @@ def test_rejects_mismatched_shapes():
         rmsnorm_gemv(randn(2, 16), w, torch.empty(2, 8, device=DEVICE), prefetch=0)
     with pytest.raises(ValueError, match="row_blocks:"):
         rmsnorm_gemv(randn(2, 16), w, torch.empty(2, 8, device=DEVICE), row_blocks=0)
+
+
+def test_launcher_picks_the_measured_blocks_on_a_gpu(monkeypatch):
+    """The H200 sweeps' choices (kernels/NOTES.md), as the launcher would make them on 132 SMs."""
+    monkeypatch.setattr(rmsnorm_module, "interpreted", lambda: False)
+    monkeypatch.setattr(rmsnorm_module, "sm_count", lambda device: 132)
+    pick = rmsnorm_module._pick_blocks
+    cpu = torch.device("cpu")
+    assert pick(1, 3072, 2048, False, cpu) == (8, 1024, 8)  # llama-3.2-1b q|k|v
+    assert pick(1, 4096, 2048, False, cpu) == (8, 1024, 8)  # qwen3-1.7b q|k|v
+    assert pick(8, 640, 3072, False, cpu) == (8, 512, 4)  # laneformer-2b q|k|v (8 lanes)
+    assert pick(1, 8192, 2048, True, cpu) == (4, 512, 4)  # llama-3.2-1b gate/up (halved by row blocks)
+    assert pick(8, 1536, 3072, True, cpu) == (8, 512, 4)  # laneformer-2b gate/up

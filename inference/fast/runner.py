@@ -130,7 +130,8 @@ class FastRunner:
     def __init__(self, model: Transformer, max_context: int, vocab_limit: int | None = None, *,
                  use_pdl: bool = True, prefetch: dict[str, int] | None = None,
                  row_blocks: dict[str, int] | None = None,
-                 blocks: str = "", head_blocks: dict[str, int] | None = None):  # fmt: skip
+                 blocks: str = "", head_blocks: dict[str, int] | None = None,
+                 attention: dict[str, int] | None = None):  # fmt: skip
         cfg = model.cfg
         if (why := supports(cfg)) is not None:
             raise ValueError(f"model: the fast path does not support {why}")
@@ -172,9 +173,13 @@ class FastRunner:
         self.outside_vocab = self.ranks >= self.vocab_limit
         self.cache = KVCache(cfg, max_context, 1, device, dtype)
         group = cfg.num_heads // cfg.num_kv_heads
-        # KOG_ATTN_SPLITS / KOG_ATTN_BLOCK_T override the attention's split count and key block (for sweeps).
-        splits = int(os.environ.get("KOG_ATTN_SPLITS", "0")) or default_splits(cfg.num_kv_heads, device)
-        self.attn_block_t = int(os.environ.get("KOG_ATTN_BLOCK_T", "64"))
+        # KOG_ATTN_SPLITS / KOG_ATTN_BLOCK_T / KOG_ATTN_WARPS (or the `attention` argument's splits, block_t,
+        # num_warps) override the attention's split count, key block and warps (for sweeps).
+        attention = {"splits": int(os.environ.get("KOG_ATTN_SPLITS", "0")),
+                     "block_t": int(os.environ.get("KOG_ATTN_BLOCK_T", "64")),
+                     "num_warps": int(os.environ.get("KOG_ATTN_WARPS", "0")), **(attention or {})}  # fmt: skip
+        splits = attention["splits"] or default_splits(cfg.num_kv_heads, device)
+        self.attn_block_t, self.attn_warps = attention["block_t"], attention["num_warps"] or None
         # KOG_HEAD_BLOCK_N / KOG_HEAD_ROW_BLOCKS / KOG_HEAD_WARPS override the head's blocks (0: its own choice).
         self.head_blocks = {
             "block_n": int(os.environ.get("KOG_HEAD_BLOCK_N", "0")) or None,
@@ -272,6 +277,7 @@ class FastRunner:
                 eps=eps,
                 use_pdl=pdl,
                 block_t=self.attn_block_t,
+                num_warps=self.attn_warps,
             )
             self._add_partials(i, w, 0, self.attn, w.wo, first)
             rmsnorm_gemv(self.x, w.w1, self.h, norm_weight=w.ffn_norm, eps=eps, weight_up=w.w3, use_pdl=pdl,

@@ -3,13 +3,13 @@
     logits[v] = sum_k W[v, k] * x[k] * g[k] * rstd,   token = argmax_{v < vocab_limit} logits[v]  (first on ties)
     then, once: token_out <- token, out_tokens[pos + 1] <- token, pos <- pos + 1
 
-The head is the largest matrix of a small model (V x D); it streams like the other matrix-vector kernels:
-every program owns a block of rows over all of K (the K loop unrolled, so its weights are in flight together),
-and there are many programs per multiprocessor. The argmax is reduced in two levels with no second launch:
-each program publishes its best (value, index); the last program of each group of GROUP programs to finish
-(an atomic counter) reduces its group; the last group to finish reduces the group bests, writes the token
-where the next step's first kernels read it and advances the position. Without GREEDY only the logits are
-written (sampling happens after, on the device).
+The head is the largest matrix of a small model (V x D); it streams like rmsnorm_gemv: every program takes a few
+blocks of rows over all of K in turn, requesting all of a block's weight tiles before it sums them and the next
+block's while it does, and there are many programs per multiprocessor. The argmax is reduced in two levels with
+no second launch: each program publishes its best (value, first index) over its blocks; the last program of each
+group of GROUP programs to finish (an atomic counter) reduces its group; the last group to finish reduces the
+group bests, writes the token where the next step's first kernels read it and advances the position. Without
+GREEDY only the logits are written (sampling happens after, on the device).
 
 Bytes: the head once (V * K elements), the logits once (V fp32), x once per program (L1/L2 hits).
 """

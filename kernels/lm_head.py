@@ -20,7 +20,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import interpreted, pdl_kwargs
-from kernels.rmsnorm_gemv import weight_tiles
+from kernels.rmsnorm_gemv import normed_x_tiles, weight_tiles
 
 MAX_GROUPS = 512
 
@@ -64,16 +64,7 @@ def _lm_head_kernel(
         gdc_launch_dependents()
     w = w + weight_tiles(w_ptr, w_offs, row_ok, cols, K, BLOCK_K, 1, TILES - 1)
 
-    xs = ()
-    sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
-    for i in tl.static_range(TILES):
-        k_ok = i * BLOCK_K + cols < K
-        xk = tl.load(x_ptr + i * BLOCK_K + cols, mask=k_ok, other=0.0).to(tl.float32)
-        if HAS_NORM:
-            sumsq += xk * xk
-            xk = xk * tl.load(norm_ptr + i * BLOCK_K + cols, mask=k_ok, other=0.0).to(tl.float32)
-        xs = xs + (xk,)
-    rstd = 1.0 / tl.sqrt(tl.sum(sumsq, axis=0) / K + eps) if HAS_NORM else 1.0
+    xs, rstd = normed_x_tiles(x_ptr, norm_ptr, cols, eps, K, BLOCK_K, HAS_NORM)
 
     # ROW_BLOCKS blocks of rows in turn, the next block's tiles in flight while this one is summed; the
     # program's best (value, first index) is kept across its blocks, which come in increasing row order.

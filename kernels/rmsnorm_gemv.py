@@ -40,6 +40,25 @@ def weight_tiles(w_ptr, offs, row_ok, cols, K: tl.constexpr, BLOCK_K: tl.constex
 
 
 @triton.jit
+def normed_x_tiles(
+    x_row, norm_row, cols, eps, K: tl.constexpr, BLOCK_K: tl.constexpr, HAS_NORM: tl.constexpr
+):
+    """x * g by K tiles (a tuple of [BLOCK_K] fp32) and the norm's rstd (1 without a norm): RMSNorm's scalar is
+    applied to the products at the end, so the normed vector is never materialised."""
+    xs = ()
+    sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for i in tl.static_range((K + BLOCK_K - 1) // BLOCK_K):
+        k_ok = i * BLOCK_K + cols < K  # K is a constexpr: a multiple of 8 keeps the loads 16 bytes wide
+        xk = tl.load(x_row + i * BLOCK_K + cols, mask=k_ok, other=0.0).to(tl.float32)
+        if HAS_NORM:
+            sumsq += xk * xk
+            xk = xk * tl.load(norm_row + i * BLOCK_K + cols, mask=k_ok, other=0.0).to(tl.float32)
+        xs = xs + (xk,)
+    rstd = 1.0 / tl.sqrt(tl.sum(sumsq, axis=0) / K + eps) if HAS_NORM else tl.full([], 1.0, tl.float32)
+    return xs, rstd
+
+
+@triton.jit
 def _rmsnorm_gemv_kernel(
     x_ptr,
     stride_x_lane,
@@ -86,16 +105,7 @@ def _rmsnorm_gemv_kernel(
     # from the same embedding row.
     x_row = x_ptr + tl.load(token_ptr).to(tl.int64) * K if X_FROM_TOKEN else x_ptr + lane * stride_x_lane
     norm_row = norm_ptr + lane * stride_norm_lane
-    xs = ()
-    sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
-    for i in tl.static_range(TILES):
-        k_ok = i * BLOCK_K + cols < K  # K is a constexpr: a multiple of 8 keeps the loads 16 bytes wide
-        xk = tl.load(x_row + i * BLOCK_K + cols, mask=k_ok, other=0.0).to(tl.float32)
-        if HAS_NORM:
-            sumsq += xk * xk
-            xk = xk * tl.load(norm_row + i * BLOCK_K + cols, mask=k_ok, other=0.0).to(tl.float32)
-        xs = xs + (xk,)
-    rstd = 1.0 / tl.sqrt(tl.sum(sumsq, axis=0) / K + eps) if HAS_NORM else 1.0
+    xs, rstd = normed_x_tiles(x_row, norm_row, cols, eps, K, BLOCK_K, HAS_NORM)
 
     # ROW_BLOCKS blocks of BLOCK_N rows one after another, the next block's tiles in flight while this one's
     # products are summed: a program streams without a gap from one block to the next (no program to end and

@@ -20,7 +20,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import interpreted, pdl_kwargs
-from kernels.rmsnorm_gemv import normed_x_tiles, weight_tiles
+from kernels.rmsnorm_gemv import next_row_block, normed_x_tiles, row_dots, weight_tiles
 
 MAX_GROUPS = 512
 
@@ -70,14 +70,9 @@ def _lm_head_kernel(
     # program's best (value, first index) is kept across its blocks, which come in increasing row order.
     for j in tl.static_range(ROW_BLOCKS):
         if j + 1 < ROW_BLOCKS:
-            next_rows = rows + BLOCK_N
-            next_ok = next_rows < V
-            next_offs = w_offs + BLOCK_N * K
+            next_rows, next_ok, next_offs = next_row_block(rows, w_offs, V, BLOCK_N, K)
             next_w = weight_tiles(w_ptr, next_offs, next_ok, cols, K, BLOCK_K, 0, TILES)
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for i in tl.static_range(TILES):
-            acc += w[i].to(tl.float32) * xs[i][None, :]
-        logits = tl.sum(acc, axis=1) * rstd
+        logits = row_dots(w, xs, BLOCK_N, BLOCK_K) * rstd
         tl.store(logits_ptr + rows, logits, mask=row_ok)
         candidates = tl.where(rows < vocab_limit, logits, float("-inf"))
         block_best = tl.max(candidates, axis=0)

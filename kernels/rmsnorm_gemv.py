@@ -59,6 +59,23 @@ def normed_x_tiles(
 
 
 @triton.jit
+def next_row_block(rows, w_offs, N, BLOCK_N: tl.constexpr, K: tl.constexpr):
+    """The rows, their mask and their weight offsets one block of BLOCK_N rows further on."""
+    next_rows = rows + BLOCK_N
+    return next_rows, next_rows < N, w_offs + BLOCK_N * K
+
+
+@triton.jit
+def row_dots(tiles, xs, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_N] fp32: each row of the weight tiles (a tuple of [BLOCK_N, BLOCK_K]) against the x tiles; one
+    [BLOCK_N, BLOCK_K] accumulator, reduced across K once at the end."""
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for i in tl.static_range(len(tiles)):
+        acc += tiles[i].to(tl.float32) * xs[i][None, :]
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
 def _rmsnorm_gemv_kernel(
     x_ptr,
     stride_x_lane,
@@ -112,22 +129,14 @@ def _rmsnorm_gemv_kernel(
     # start between them), and the grid is smaller by ROW_BLOCKS.
     for j in tl.static_range(ROW_BLOCKS):
         if j + 1 < ROW_BLOCKS:
-            next_rows = rows + BLOCK_N
-            next_ok = next_rows < N
-            next_offs = w_offs + BLOCK_N * K
+            next_rows, next_ok, next_offs = next_row_block(rows, w_offs, N, BLOCK_N, K)
             next_w = weight_tiles(w_ptr, next_offs, next_ok, cols, K, BLOCK_K, 0, TILES)
             next_u = weight_tiles(w_up_ptr, next_offs, next_ok, cols, K, BLOCK_K, 0, TILES if GATED else 0)
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for i in tl.static_range(TILES):
-            acc += w[i].to(tl.float32) * xs[i][None, :]
-            if GATED:
-                acc_up += u[i].to(tl.float32) * xs[i][None, :]
-        y = tl.sum(acc, axis=1) * rstd  # [BLOCK_N]
+        y = row_dots(w, xs, BLOCK_N, BLOCK_K) * rstd  # [BLOCK_N]
         if HAS_BIAS:
             y += tl.load(bias_ptr + lane * N + rows, mask=row_ok, other=0.0).to(tl.float32)
         if GATED:
-            y = y * tl.sigmoid(y) * (tl.sum(acc_up, axis=1) * rstd)
+            y = y * tl.sigmoid(y) * (row_dots(u, xs, BLOCK_N, BLOCK_K) * rstd)
         tl.store(out_ptr + lane * N + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
         if j + 1 < ROW_BLOCKS:
             rows, row_ok, w_offs, w, u = next_rows, next_ok, next_offs, next_w, next_u

@@ -158,12 +158,16 @@ def _pick_blocks(lanes: int, n: int, k: int, gated: bool, device: torch.device) 
     return block_n, block_k, num_warps
 
 
-def _pick_row_blocks(k: int, gated: bool) -> int:
-    """Measured on an H200 (scripts/decode_variants.py, in turns): the gate/up pair at K <= 2048 streams best
-    as 4 blocks of 2 rows a program (llama-3.2-1b +1.3%, qwen3-1.7b +1.1% over one block of 4 rows); at K = 3072
-    (laneformer-2b) one block is best (4 blocks: -3.2%, registers), as for the q|k|v rows (4 blocks: -0.4% to
-    -2.6%). Under the interpreter: one."""
-    return 4 if gated and k <= 2048 and not interpreted() else 1
+def _pick_row_blocks(n: int, k: int, gated: bool, device: torch.device) -> int:
+    """The gate/up pair at K <= 2048 runs as blocks of 2 rows (the automatic 4 halved), as many a program as
+    leave about 8 programs a multiprocessor: 4 for llama-3.2-1b's 8,192 rows, 3 for qwen3-1.7b's 6,144. Measured
+    on an H200 (scripts/decode_variants.py, in turns): llama 4 blocks +1.3% over 1, 2 and 3 blocks -1.1% and
+    -2.0% against 4; qwen3 3 blocks +2.5% and 2 blocks +1.9% against 4. At K = 3072 (laneformer-2b) one block is
+    best (4 blocks: -3.2%, registers), as for the q|k|v rows (4 blocks: -0.4% to -2.6%). Under the interpreter:
+    one."""
+    if not gated or k > 2048 or interpreted():
+        return 1
+    return max(2, round(n / (2 * 8 * sm_count(device))))
 
 
 def rmsnorm_gemv(
@@ -232,7 +236,7 @@ def rmsnorm_gemv(
 
     auto_n, auto_k, auto_warps = _pick_blocks(lanes, n, k, weight_up is not None, weight.device)
     if row_blocks is None:
-        row_blocks = _pick_row_blocks(k, weight_up is not None)
+        row_blocks = _pick_row_blocks(n, k, weight_up is not None, weight.device)
     if (
         row_blocks > 1
     ):  # two blocks are in flight at a time: half the rows each keeps the registers as they were

@@ -112,3 +112,8 @@ def test_launcher_picks_the_measured_blocks_on_a_gpu(monkeypatch):
     assert pick(8, 640, 3072, False, cpu) == (8, 512, 4)  # laneformer-2b q|k|v (8 lanes)
     assert pick(1, 8192, 2048, True, cpu) == (4, 512, 4)  # llama-3.2-1b gate/up (halved by row blocks)
     assert pick(8, 1536, 3072, True, cpu) == (8, 512, 4)  # laneformer-2b gate/up
+    rows = rmsnorm_module._pick_row_blocks
+    assert rows(8192, 2048, True, cpu) == 4  # llama-3.2-1b gate/up: about 8 programs a multiprocessor
+    assert rows(6144, 2048, True, cpu) == 3  # qwen3-1.7b gate/up
+    assert rows(1536, 3072, True, cpu) == 1  # laneformer-2b gate/up (K 3072)
+    assert rows(3072, 2048, False, cpu) == 1  # q|k|v rows

@@ -71,11 +71,18 @@ def build_model(
     return model.eval()
 
 
-def median_ms(fn, repeats: int = 10) -> float:
+def median_ms(fn, repeats: int = 10, before=None) -> float:
+    """Median milliseconds of fn() on the device, after one warm-up call. With `before`, each repeat first runs
+    before() untimed (a cache flush, say), synchronizes, and keeps the GPU busy for ~1 ms while the launches are
+    queued, so that the host's launch time of a single short kernel is not counted."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     fn()
     times = []
     for _ in range(repeats):
+        if before is not None:
+            before()
+            torch.cuda.synchronize()
+            torch.cuda._sleep(2_000_000)
         start.record()
         fn()
         end.record()

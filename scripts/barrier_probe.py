@@ -15,7 +15,6 @@ Each figure is microseconds per round or per launch: the median of 5 timed repea
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -25,6 +24,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402
+
+from inference.bench import median_ms  # noqa: E402
 
 
 @triton.jit
@@ -77,17 +78,7 @@ def _chain_kernel(out_ptr, USE_PDL: tl.constexpr):
 
 
 def timed_us(fn, per: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / per)
-    return statistics.median(times)
+    return median_ms(fn, repeats=5) * 1e3 / per
 
 
 def probe(programs: int, rounds: int) -> dict:

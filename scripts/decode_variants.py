@@ -24,8 +24,11 @@ import torch  # noqa: E402
 
 from inference.bench import build_model, measure_bandwidth, step_bytes, time_fast  # noqa: E402
 from inference.fast.runner import (  # noqa: E402
+    ATTENTION_KEYS,
+    HEAD_KEYS,
     ROW_BLOCK_KINDS,
     FastRunner,
+    block_spec,
     kind_overrides,
     prefetch_overrides,
 )
@@ -33,18 +36,19 @@ from inference.fast.runner import (  # noqa: E402
 
 def runner_kwargs(spec: str) -> dict:
     """'o=16,rows.gate_up=8,blocks.down=4/4096/8,head.row_blocks=2' -> FastRunner(prefetch={'o': 16},
-    row_blocks={'gate_up': 8}, blocks='down=4/4096/8', head_blocks={'row_blocks': 2})."""
+    row_blocks={'gate_up': 8}, blocks={'down': {...}}, head_blocks={'row_blocks': 2})."""
     items = [item.strip() for item in spec.split(",") if item.strip()]
-    rows = [item.removeprefix("rows.") for item in items if item.startswith("rows.")]
-    blocks = [item.removeprefix("blocks.") for item in items if item.startswith("blocks.")]
-    head = dict(item.removeprefix("head.").split("=") for item in items if item.startswith("head."))
-    attention = dict(item.removeprefix("attn.").split("=") for item in items if item.startswith("attn."))
-    tiles = [item for item in items if not item.startswith(("rows.", "blocks.", "head.", "attn."))]
-    return {"prefetch": prefetch_overrides(",".join(tiles)),
-            "row_blocks": kind_overrides(",".join(rows), ROW_BLOCK_KINDS, "row_blocks"),
-            "blocks": ",".join(blocks),
-            "head_blocks": {key: int(value) for key, value in head.items()},
-            "attention": {key: int(value) for key, value in attention.items()}}  # fmt: skip
+    prefixes = ("rows.", "blocks.", "head.", "attn.")
+
+    def group(prefix: str) -> str:
+        return ",".join(item.removeprefix(prefix) for item in items if item.startswith(prefix))
+
+    tiles = ",".join(item for item in items if not item.startswith(prefixes))
+    return {"prefetch": prefetch_overrides(tiles),
+            "row_blocks": kind_overrides(group("rows."), ROW_BLOCK_KINDS, "row_blocks"),
+            "blocks": block_spec(group("blocks.")),
+            "head_blocks": kind_overrides(group("head."), HEAD_KEYS, "head_blocks"),
+            "attention": kind_overrides(group("attn."), ATTENTION_KEYS, "attention")}  # fmt: skip
 
 
 def main() -> int:
@@ -74,9 +78,8 @@ def main() -> int:
                            generator=torch.Generator().manual_seed(0)).tolist()  # fmt: skip
     runners = {v: FastRunner(model, context, **runner_kwargs(v.rpartition(":")[2])) for v in variants}
     tok_s: dict[str, list[float]] = {v: [] for v in variants}
-    tokens: dict[
-        str, list[int]
-    ] = {}  # greedy output of each variant (block sizes change the summation order)
+    # greedy output of each variant (block sizes change the summation order)
+    tokens: dict[str, list[int]] = {}
     for _ in range(args.rounds):
         for v, runner in runners.items():
             tok_s[v].append(time_fast(runner, prompt, args.new_tokens, args.runs)["tok_s"])

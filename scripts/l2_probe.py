@@ -18,7 +18,6 @@ which is why prefetching a later kernel's weights into L2 did not pay in the dec
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -27,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+
+from inference.bench import median_ms  # noqa: E402
 
 BLOCK = 8192  # elements a read program sums
 # Per-thread prefetch of the line holding an address, predicated on $2: plain, and with L2::evict_last.
@@ -75,22 +76,9 @@ def _line_kernel(w_ptr, nbytes, STRIDE: tl.constexpr, THREADS: tl.constexpr, EVI
                                   is_pure=False, pack=1)  # fmt: skip
 
 
-def timed(fn, before=None, repeats: int = 7) -> float:
-    """Median microseconds of fn() after before() (not timed), device-synchronized; the host's launch time is not
-    counted (the GPU is kept busy while the launches are queued)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(repeats + 1):
-        if before is not None:
-            before()
-        torch.cuda.synchronize()
-        torch.cuda._sleep(2_000_000)  # ~1 ms of GPU busy-wait: the launches below are queued before it ends
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times[1:])
+def timed(fn, before) -> float:
+    """Median microseconds of fn() after before() (untimed), the host's launch time not counted."""
+    return median_ms(fn, repeats=7, before=before) * 1e3
 
 
 def probe(mib: int, sms: int, flush) -> dict:

@@ -132,6 +132,20 @@ def test_block_spec():
     for bad in ("head=4/512/4", "down=4/512", "down=4/x/4", "down"):
         with pytest.raises(ValueError, match="blocks:"):
             block_spec(bad)
+    assert block_spec({"down": {"block_k": 4096}}) == {"down": {"block_k": 4096}}
+    for bad in ({"head": {"block_n": 4}}, {"down": {"block_m": 4}}, {"down": {"block_n": 0}}):
+        with pytest.raises(ValueError, match="blocks"):
+            block_spec(bad)
+
+
+@pytest.mark.parametrize(
+    "kwargs,what",
+    [({"head_blocks": {"rows": 2}}, "head_blocks:"), ({"attention": {"warps": 2}}, "attention:"),
+     ({"blocks": {"down": {"block_n": -1}}}, "blocks.down:")],
+)  # fmt: skip
+def test_runner_rejects_unknown_block_settings(kwargs, what):
+    with pytest.raises(ValueError, match=what):
+        FastRunner(make_model("tiny-llama"), 32, **kwargs)
 
 
 @pytest.mark.parametrize("preset", ["tiny-laneformer", "tiny-llama"])

@@ -94,11 +94,20 @@ def prefetch_overrides(spec: str | dict[str, int]) -> dict[str, int]:
 
 
 BLOCK_KEYS = ("block_n", "block_k", "num_warps")
+HEAD_KEYS = ("block_n", "row_blocks", "num_warps")  # lm_head's block arguments
+ATTENTION_KEYS = ("splits", "block_t", "num_warps")
 
 
-def block_spec(spec: str) -> dict[str, dict[str, int]]:
-    """KOG_BLOCKS's form, 'down=2/1024/8,o=4/512/4' (block_n/block_k/num_warps; 0 keeps the kernel's choice)
-    -> {'down': {'block_n': 2, 'block_k': 1024, 'num_warps': 8}, ...} for the matrix-vector kinds (sweeps)."""
+def block_spec(spec: str | dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """KOG_BLOCKS's form, 'down=2/1024/8,o=4/512/4' (block_n/block_k/num_warps; 0 keeps the kernel's choice), or
+    the dict it stands for, {'down': {'block_n': 2, 'block_k': 1024, 'num_warps': 8}, ...} -> that dict, checked:
+    block sizes of the matrix-vector kinds (sweeps)."""
+    if isinstance(spec, dict):
+        for kind, sizes in spec.items():
+            if kind not in DEFAULT_PREFETCH:
+                raise ValueError(f"blocks: expected kinds in {', '.join(DEFAULT_PREFETCH)}, got {kind!r}")
+            kind_overrides(sizes, BLOCK_KEYS, f"blocks.{kind}")
+        return {kind: dict(sizes) for kind, sizes in spec.items()}
     blocks = {}
     for item in (part.strip() for part in spec.split(",")):
         if not item:
@@ -130,7 +139,7 @@ class FastRunner:
     def __init__(self, model: Transformer, max_context: int, vocab_limit: int | None = None, *,
                  use_pdl: bool = True, prefetch: dict[str, int] | None = None,
                  row_blocks: dict[str, int] | None = None,
-                 blocks: str = "", head_blocks: dict[str, int] | None = None,
+                 blocks: str | dict[str, dict[str, int]] = "", head_blocks: dict[str, int] | None = None,
                  attention: dict[str, int] | None = None):  # fmt: skip
         cfg = model.cfg
         if (why := supports(cfg)) is not None:
@@ -177,7 +186,8 @@ class FastRunner:
         # num_warps) override the attention's split count, key block and warps (for sweeps).
         attention = {"splits": int(os.environ.get("KOG_ATTN_SPLITS", "0")),
                      "block_t": int(os.environ.get("KOG_ATTN_BLOCK_T", "64")),
-                     "num_warps": int(os.environ.get("KOG_ATTN_WARPS", "0")), **(attention or {})}  # fmt: skip
+                     "num_warps": int(os.environ.get("KOG_ATTN_WARPS", "0")),
+                     **kind_overrides(attention or {}, ATTENTION_KEYS, "attention")}  # fmt: skip
         splits = attention["splits"] or default_splits(cfg.num_kv_heads, device)
         self.attn_block_t, self.attn_warps = attention["block_t"], attention["num_warps"] or None
         # KOG_HEAD_BLOCK_N / KOG_HEAD_ROW_BLOCKS / KOG_HEAD_WARPS override the head's blocks (0: its own choice).
@@ -186,7 +196,7 @@ class FastRunner:
             "row_blocks": int(os.environ.get("KOG_HEAD_ROW_BLOCKS", "0")) or None,
             "num_warps": int(os.environ.get("KOG_HEAD_WARPS", "0")) or None,
         }
-        self.head_blocks.update(head_blocks or {})
+        self.head_blocks.update(kind_overrides(head_blocks or {}, HEAD_KEYS, "head_blocks"))
         # KOG_PREFILL_ATTN / KOG_PREFILL_NORM override the prefill kernels' blocks (prefill.block_overrides).
         self.prefill_blocks = (
             block_overrides("KOG_PREFILL_ATTN", ("block_m", "block_n", "num_warps", "num_stages")),

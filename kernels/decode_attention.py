@@ -21,7 +21,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels import pdl_kwargs, sm_count
+from kernels import interpreted, pdl_kwargs, sm_count
+from kernels.cluster import cluster_sync, exchange_load, exchange_store, launch_clusters
 from kernels.rope import rope_pairing
 
 
@@ -56,10 +57,15 @@ def _decode_attention_kernel(
     BLOCK_T: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     QK_NORM: tl.constexpr,
+    CLUSTER: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    kv = tl.program_id(0)
-    split = tl.program_id(1)
+    if CLUSTER:  # one cluster of SPLITS programs a KV head (kernels/cluster.py)
+        kv = tl.program_id(0) // SPLITS
+        split = tl.program_id(0) % SPLITS
+    else:
+        kv = tl.program_id(0)
+        split = tl.program_id(1)
     lane = kv // kv_per_lane
     kv_in_lane = kv % kv_per_lane
     heads = tl.arange(0, BLOCK_H)  # query rows: the G heads of this KV head, padded for tl.dot
@@ -150,32 +156,77 @@ def _decode_attention_kernel(
         m = m_new
         t0 += BLOCK_T
 
-    part = kv * SPLITS + split
-    row_ok = heads < GP  # the padding rows beyond GP are not kept
-    tl.store(part_o_ptr + (part * GP + heads[:, None]) * HDP + d[None, :], acc, mask=row_ok[:, None])
-    tl.store(part_ml_ptr + (part * 2) * GP + heads, m, mask=row_ok)
-    tl.store(part_ml_ptr + (part * 2 + 1) * GP + heads, l_sum, mask=row_ok)
-    # Every thread's partial is written before one thread publishes it; the last split merges.
-    tl.debug_barrier()
-    done = tl.atomic_add(counter_ptr + kv, 1, sem="acq_rel", scope="gpu")
-    if done == SPLITS - 1:
+    if CLUSTER:
+        _cluster_merge(acc, m, l_sum, out_ptr + lane * stride_out_lane + kv_in_lane * G * HD, split, heads, d,
+                       d_ok, HD, HDP, G, GP, BLOCK_H, SPLITS)  # fmt: skip
+    else:
+        part = kv * SPLITS + split
+        row_ok = heads < GP  # the padding rows beyond GP are not kept
+        tl.store(part_o_ptr + (part * GP + heads[:, None]) * HDP + d[None, :], acc, mask=row_ok[:, None])
+        tl.store(part_ml_ptr + (part * 2) * GP + heads, m, mask=row_ok)
+        tl.store(part_ml_ptr + (part * 2 + 1) * GP + heads, l_sum, mask=row_ok)
+        # Every thread's partial is written before one thread publishes it; the last split merges.
+        tl.debug_barrier()
+        done = tl.atomic_add(counter_ptr + kv, 1, sem="acq_rel", scope="gpu")
+        if done == SPLITS - 1:
+            group_rows = tl.arange(0, GP)
+            splits = tl.arange(0, SPLITS)
+            parts = kv * SPLITS + splits
+            ml_offs = (parts[:, None] * 2) * GP + group_rows[None, :]  # [SPLITS, GP]
+            ms = tl.load(part_ml_ptr + ml_offs, cache_modifier=".cg")
+            ls = tl.load(part_ml_ptr + ml_offs + GP, cache_modifier=".cg")
+            m_all = tl.max(ms, axis=0)
+            m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
+            w = tl.exp2(ms - m_all[None, :])  # [SPLITS, GP]; empty splits weigh 0
+            o_offs = (parts[:, None, None] * GP + group_rows[None, :, None]) * HDP + d[None, None, :]
+            os = tl.load(part_o_ptr + o_offs, cache_modifier=".cg")
+            o = tl.sum(os * w[:, :, None], axis=0) / tl.sum(w * ls, axis=0)[:, None]
+            out_offs = lane * stride_out_lane + (kv_in_lane * G + group_rows[:, None]) * HD + d[None, :]
+            tl.store(
+                out_ptr + out_offs,
+                o.to(out_ptr.dtype.element_ty),
+                mask=(group_rows < G)[:, None] & d_ok[None, :],
+            )
+            tl.atomic_xchg(counter_ptr + kv, 0)
+
+
+@triton.jit
+def _cluster_merge(acc, m, l_sum, out_ptr, split, heads, d, d_ok, HD: tl.constexpr, HDP: tl.constexpr,
+                   G: tl.constexpr, GP: tl.constexpr, BLOCK_H: tl.constexpr, SPLITS: tl.constexpr):  # fmt: skip
+    """The partials of a KV head's SPLITS programs (one cluster) merged by its split 0 through distributed
+    shared memory: each program leaves acc [BLOCK_H, HDP], m and l_sum [BLOCK_H] in its exchange region
+    (exchange_bytes), split 0 reads every peer's and writes the G heads' output rows at out_ptr."""
+    region: tl.constexpr = (BLOCK_H * HDP + 2 * BLOCK_H) * 4
+    o_back = (heads[:, None] * HDP + d[None, :]) * 4 - region
+    m_back = (BLOCK_H * HDP + heads) * 4 - region
+    # The helpers are ordered side effects: the sync comes after every store in program order.
+    exchange_store(o_back, acc)
+    exchange_store(m_back, m)
+    exchange_store(m_back + BLOCK_H * 4, l_sum)
+    ready = cluster_sync(split * 0)  # every partial is in its program's shared memory
+    if split == 0:
         group_rows = tl.arange(0, GP)
-        splits = tl.arange(0, SPLITS)
-        parts = kv * SPLITS + splits
-        ml_offs = (parts[:, None] * 2) * GP + group_rows[None, :]  # [SPLITS, GP]
-        ms = tl.load(part_ml_ptr + ml_offs, cache_modifier=".cg")
-        ls = tl.load(part_ml_ptr + ml_offs + GP, cache_modifier=".cg")
+        ranks = tl.arange(0, SPLITS)[:, None] + ready  # [SPLITS, 1]
+        ml_back = (BLOCK_H * HDP + group_rows[None, :]) * 4 - region  # [1, GP]
+        ms = exchange_load(ml_back, ranks)  # [SPLITS, GP]
+        ls = exchange_load(ml_back + BLOCK_H * 4, ranks)
         m_all = tl.max(ms, axis=0)
         m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
         w = tl.exp2(ms - m_all[None, :])  # [SPLITS, GP]; empty splits weigh 0
-        o_offs = (parts[:, None, None] * GP + group_rows[None, :, None]) * HDP + d[None, None, :]
-        os = tl.load(part_o_ptr + o_offs, cache_modifier=".cg")
+        go_back = (group_rows[None, :, None] * HDP + d[None, None, :]) * 4 - region  # [1, GP, HDP]
+        os = exchange_load(go_back, ranks[:, :, None])  # [SPLITS, GP, HDP]
         o = tl.sum(os * w[:, :, None], axis=0) / tl.sum(w * ls, axis=0)[:, None]
-        out_offs = lane * stride_out_lane + (kv_in_lane * G + group_rows[:, None]) * HD + d[None, :]
+        out_offs = group_rows[:, None] * HD + d[None, :]
         tl.store(
             out_ptr + out_offs, o.to(out_ptr.dtype.element_ty), mask=(group_rows < G)[:, None] & d_ok[None, :]
         )
-        tl.atomic_xchg(counter_ptr + kv, 0)
+    cluster_sync(ready)  # the peers keep their shared memory until split 0 has read it
+
+
+def exchange_bytes(group: int, head_dim: int) -> int:
+    """Distributed shared memory a program of the cluster merge leaves its partial in (_cluster_merge)."""
+    block_h = max(16, triton.next_power_of_2(group))
+    return (block_h * padded_head_dim(head_dim) + 2 * block_h) * 4
 
 
 def padded_head_dim(head_dim: int) -> int:
@@ -221,6 +272,7 @@ def decode_attention(
     use_pdl: bool = False,
     block_t: int = 64,
     num_warps: int | None = None,
+    cluster: bool = False,
 ) -> torch.Tensor:
     """Attention of the token at position pos[0] (a device int tensor) over the cache, writing its k, v there.
 
@@ -266,7 +318,10 @@ def decode_attention(
 
     if num_warps is None:
         num_warps = 2 if padded_head_dim(hd) <= 64 else 4
-    _decode_attention_kernel[(num_kv, scratch.splits)](
+    if cluster and (interpreted() or scratch.splits > 16):
+        raise ValueError(f"cluster: needs a GPU and at most 16 splits, got {scratch.splits} splits"
+                         + (" under the interpreter" if interpreted() else ""))  # fmt: skip
+    args = (
         qkv,
         qkv.stride(0),
         k_cache,
@@ -287,6 +342,8 @@ def decode_attention(
         max_len,
         hd**-0.5 * 1.4426950408889634,
         eps,
+    )
+    options = dict(
         HD=hd,
         HDP=padded_head_dim(hd),
         G=group,
@@ -296,8 +353,15 @@ def decode_attention(
         BLOCK_T=block_t,
         INTERLEAVED=interleaved,
         QK_NORM=q_norm is not None,
+        CLUSTER=cluster,
         USE_PDL=use_pdl,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),
     )
+    if cluster:
+        launch_clusters(
+            _decode_attention_kernel, num_kv, scratch.splits, exchange_bytes(group, hd), args, options
+        )
+    else:
+        _decode_attention_kernel[(num_kv, scratch.splits)](*args, **options)
     return out

@@ -25,6 +25,7 @@ import torch  # noqa: E402
 from inference.bench import build_model, measure_bandwidth, step_bytes, time_fast  # noqa: E402
 from inference.fast.runner import (  # noqa: E402
     ATTENTION_KEYS,
+    ATTENTION_SWITCHES,
     HEAD_KEYS,
     ROW_BLOCK_KINDS,
     FastRunner,
@@ -48,7 +49,7 @@ def runner_kwargs(spec: str) -> dict:
             "row_blocks": kind_overrides(group("rows."), ROW_BLOCK_KINDS, "row_blocks"),
             "blocks": block_spec(group("blocks.")),
             "head_blocks": kind_overrides(group("head."), HEAD_KEYS, "head_blocks"),
-            "attention": kind_overrides(group("attn."), ATTENTION_KEYS, "attention")}  # fmt: skip
+            "attention": kind_overrides(group("attn."), ATTENTION_KEYS, "attention", ATTENTION_SWITCHES)}  # fmt: skip
 
 
 def main() -> int:
@@ -88,7 +89,7 @@ def main() -> int:
              "blocks": runners[v].blocks,
              "head_blocks": runners[v].head_blocks,
              "attention": {"splits": runners[v].attn_scratch.splits, "block_t": runners[v].attn_block_t,
-                           "num_warps": runners[v].attn_warps},
+                           "num_warps": runners[v].attn_warps, "cluster": runners[v].attn_cluster},
              "same_tokens_as_first": tokens[v] == tokens[variants[0]], "tok_s": statistics.median(t),
              "rounds": t, "pct_ceiling": 100 * statistics.median(t) / ceiling} for v, t in tok_s.items()]  # fmt: skip
     print(f"{args.model}: ceiling {ceiling:,.0f} tok/s at {bandwidth['read_gbs']:,.0f} GB/s")

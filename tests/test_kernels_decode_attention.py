@@ -1,6 +1,6 @@
 import pytest
 import torch
-from kernel_testing import DEVICE, assert_close, dtype_params, poisoned, randn
+from kernel_testing import DEVICE, ON_GPU, assert_close, dtype_params, poisoned, randn
 
 from kernels.decode_attention import AttentionScratch, decode_attention
 
@@ -56,6 +56,7 @@ def run_case(
     qk_norm=False,
     splits=4,
     block_t=16,
+    cluster=False,
 ):
     qkv = randn(lanes, (num_heads + 2 * num_kv) // lanes * hd, scale=2.0)
     # Positions the kernel must not read (beyond pos, before the window) are NaN.
@@ -74,7 +75,7 @@ def run_case(
     out = poisoned(lanes, num_heads // lanes * hd, dtype=torch.float32)
     pos_t = torch.tensor([pos], dtype=torch.int32, device=DEVICE)
     decode_attention(qkv, k_cache, v_cache, pos_t, cos, sin, out, scratch, num_heads=num_heads, window=window,
-                     interleaved=interleaved, q_norm=q_norm, k_norm=k_norm, block_t=block_t)  # fmt: skip
+                     interleaved=interleaved, q_norm=q_norm, k_norm=k_norm, block_t=block_t, cluster=cluster)  # fmt: skip
     assert_close(out, want, dtype, "out")
     assert_close(k_cache[:, pos], want_k, dtype, "cached k")
     assert_close(v_cache[:, pos], want_v, dtype, "cached v")
@@ -131,3 +132,31 @@ def test_rejects_bad_shapes():
     with pytest.raises(ValueError, match="num_heads:"):
         decode_attention(randn(1, 64), k_cache, k_cache.clone(), torch.zeros(1, dtype=torch.int32, device=DEVICE),
                          cos, cos, randn(1, 24), scratch, num_heads=3)  # fmt: skip
+
+
+@pytest.mark.skipif(not ON_GPU, reason="thread-block clusters need a Hopper GPU (not the interpreter)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize(
+    "lanes,num_heads,num_kv,hd,pos,splits,window,interleaved,qk_norm",
+    [
+        (1, 32, 8, 64, 600, 16, None, False, False),  # Llama-3.2-1B's heads, 16-program clusters
+        (1, 16, 8, 128, 700, 16, None, False, True),  # Qwen3-1.7B's (q/k norm, rotate-half)
+        (2, 8, 4, 96, 333, 8, None, True, False),  # two lanes, head dim 96, 8-program clusters
+        (1, 6, 2, 16, 0, 16, None, True, False),  # the first token: one split has it, 15 are empty
+        (1, 8, 2, 32, 90, 4, 16, True, False),  # a window, 4-program clusters
+        (1, 4, 2, 16, 41, 2, None, True, False),  # group 2, 2-program clusters
+    ],
+)
+def test_cluster_merge_matches_reference(dtype, lanes, num_heads, num_kv, hd, pos, splits, window, interleaved,
+                                         qk_norm):  # fmt: skip
+    # The split partials merged through distributed shared memory instead of the counter (kernels/cluster.py);
+    # run twice so that a program reading a stale exchange region would show.
+    for p in (pos, pos + 1):
+        run_case(dtype, lanes, num_heads, num_kv, hd, p, max_len=p + 8, window=window, interleaved=interleaved,
+                 qk_norm=qk_norm, splits=splits, block_t=64, cluster=True)  # fmt: skip
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's refusal")
+def test_cluster_merge_needs_a_gpu():
+    with pytest.raises(ValueError, match="cluster: needs a GPU"):
+        run_case(torch.float32, 1, 2, 1, 16, 5, max_len=8, cluster=True)

@@ -74,17 +74,20 @@ class LayerWeights:
     history_in: int | None  # the layer whose partials DELAYED mode adds
 
 
-def kind_overrides(spec: str | dict[str, int], kinds, what: str = "prefetch") -> dict[str, int]:
+def kind_overrides(spec: str | dict[str, int], kinds, what: str = "prefetch", switches=()) -> dict[str, int]:
     """'o=4,gate_up=2' (an environment variable's form) or {'o': 4, 'gate_up': 2} -> the checked dict: every
-    kind one of `kinds`, every value an integer >= 1."""
+    kind one of `kinds`, every value an integer >= 1 (0 or 1 for the kinds in `switches`)."""
     if isinstance(spec, str):
         items = [item.partition("=")[::2] for item in (part.strip() for part in spec.split(",")) if item]
     else:
-        items = [(kind, str(value)) for kind, value in spec.items()]
+        items = [
+            (kind, str(int(value)) if isinstance(value, bool) else str(value)) for kind, value in spec.items()
+        ]
     for kind, value in items:
-        if kind not in kinds or not value.isdigit() or int(value) < 1:
-            raise ValueError(f"{what}: expected kind=n with kind in {', '.join(kinds)} and n >= 1, "
-                             f"got {kind}={value}")  # fmt: skip
+        allowed = value in ("0", "1") if kind in switches else value.isdigit() and int(value) >= 1
+        if kind not in kinds or not allowed:
+            raise ValueError(f"{what}: expected kind=n with kind in {', '.join(kinds)} and n >= 1 "
+                             f"(0 or 1 for {', '.join(switches) or 'none'}), got {kind}={value}")  # fmt: skip
     return {kind: int(value) for kind, value in items}
 
 
@@ -95,7 +98,8 @@ def prefetch_overrides(spec: str | dict[str, int]) -> dict[str, int]:
 
 BLOCK_KEYS = ("block_n", "block_k", "num_warps")
 HEAD_KEYS = ("block_n", "row_blocks", "num_warps")  # lm_head's block arguments
-ATTENTION_KEYS = ("splits", "block_t", "num_warps")
+ATTENTION_KEYS = ("splits", "block_t", "num_warps", "cluster")
+ATTENTION_SWITCHES = ("cluster",)
 
 
 def block_spec(spec: str | dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
@@ -187,9 +191,15 @@ class FastRunner:
         attention = {"splits": int(os.environ.get("KOG_ATTN_SPLITS", "0")),
                      "block_t": int(os.environ.get("KOG_ATTN_BLOCK_T", "64")),
                      "num_warps": int(os.environ.get("KOG_ATTN_WARPS", "0")),
-                     **kind_overrides(attention or {}, ATTENTION_KEYS, "attention")}  # fmt: skip
+                     **kind_overrides(os.environ.get("KOG_ATTN_CLUSTER", "") and
+                                      {"cluster": os.environ["KOG_ATTN_CLUSTER"]},
+                                      ATTENTION_KEYS, "KOG_ATTN_CLUSTER", ATTENTION_SWITCHES),
+                     **kind_overrides(attention or {}, ATTENTION_KEYS, "attention", ATTENTION_SWITCHES)}  # fmt: skip
         splits = attention["splits"] or default_splits(cfg.num_kv_heads, device)
         self.attn_block_t, self.attn_warps = attention["block_t"], attention["num_warps"] or None
+        # KOG_ATTN_CLUSTER=1|0 (or the `cluster` key): merge the splits through a cluster's shared memory
+        # instead of the arrival counter (kernels/cluster.py; a GPU only).
+        self.attn_cluster = bool(attention.get("cluster", 0)) and device.type == "cuda"
         # KOG_HEAD_BLOCK_N / KOG_HEAD_ROW_BLOCKS / KOG_HEAD_WARPS override the head's blocks (0: its own choice).
         self.head_blocks = {
             "block_n": int(os.environ.get("KOG_HEAD_BLOCK_N", "0")) or None,
@@ -288,6 +298,7 @@ class FastRunner:
                 use_pdl=pdl,
                 block_t=self.attn_block_t,
                 num_warps=self.attn_warps,
+                cluster=self.attn_cluster,
             )
             self._add_partials(i, w, 0, self.attn, w.wo, first)
             rmsnorm_gemv(self.x, w.w1, self.h, norm_weight=w.ffn_norm, eps=eps, weight_up=w.w3, use_pdl=pdl,

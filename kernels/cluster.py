@@ -9,9 +9,10 @@ Triton's own, addressed from the end of the allocation (`%dynamic_smem_size`), s
 exchange never overlap.
 
 The jit helpers take byte offsets into the exchange region as int32 tensors and work element by element, so
-they fit any register layout: a program reading its peers at the offsets it wrote itself with the same tensor
-shape gets each peer's element at the same place. None of this runs under the interpreter: kernels keep
-another path for it.
+they fit any register layout. A program may touch a peer's shared memory only while the peer is running: the
+kernel arrives at the cluster barrier early and waits before its first remote store (every peer has started),
+and pushes (remote stores, then a sync, then local loads), so that no program reads a peer that may have
+exited. None of this runs under the interpreter: kernels keep another path for it.
 """
 
 import torch
@@ -22,33 +23,51 @@ from triton.runtime.jit import JITFunction
 # The region's address: global_smem is Triton's dynamic shared memory and the exchange its last bytes; $1
 # counts back from the end (offset - the region's size: negative, the 32-bit wrap-around is intended).
 _REGION = "mov.u32 a, global_smem; mov.u32 s, %dynamic_smem_size; add.u32 a, a, s; add.u32 a, a, $1; "
-_STORE = tl.constexpr("{ .reg .u32 a, s; " + _REGION + "st.shared.f32 [a], $2; mov.u32 $0, 0; }")
-_LOAD = tl.constexpr(
-    "{ .reg .u32 a, s, r; " + _REGION + "mapa.shared::cluster.u32 r, a, $2; ld.shared::cluster.f32 $0, [r]; }"
+_PUT = tl.constexpr(
+    "{ .reg .u32 a, s, r; .reg .pred p; "
+    + _REGION
+    + "setp.ne.u32 p, $4, 0; mapa.shared::cluster.u32 r, a, $3; "
+    "@p st.shared::cluster.f32 [r], $2; mov.u32 $0, 0; }"
 )
-# Arrive (release: this thread's shared-memory stores and peer loads before it), then wait for the whole
-# cluster (acquire).
+_GET = tl.constexpr("{ .reg .u32 a, s; " + _REGION + "ld.shared.f32 $0, [a]; }")
+_ARRIVE = tl.constexpr("barrier.cluster.arrive.relaxed.aligned; mov.u32 $0, $1;")
+_WAIT = tl.constexpr("barrier.cluster.wait.aligned; mov.u32 $0, $1;")  # acquire
 _SYNC = tl.constexpr(
     "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned; mov.u32 $0, $1;"
 )
 
 
 @triton.jit
-def exchange_store(back, value):
-    """Store fp32 `value` at exchange offset `back` (bytes, minus the region's size) of this program."""
-    return tl.inline_asm_elementwise(_STORE, "=r,r,f", [back, value], dtype=tl.int32, is_pure=False, pack=1)
+def exchange_put(back, value, rank, keep):
+    """Store fp32 `value` at exchange offset `back` (bytes, minus the region's size) of the cluster's program
+    `rank`, where `keep` (int32) is not 0."""
+    return tl.inline_asm_elementwise(
+        _PUT, "=r,r,f,r,r", [back, value, rank, keep], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 @triton.jit
-def exchange_load(back, rank):
-    """fp32 at exchange offset `back` of the cluster's program `rank` (this program's own when it is its rank)."""
-    return tl.inline_asm_elementwise(_LOAD, "=f,r,r", [back, rank], dtype=tl.float32, is_pure=False, pack=1)
+def exchange_get(back):
+    """fp32 at exchange offset `back` of this program's own region."""
+    return tl.inline_asm_elementwise(_GET, "=f,r", [back], dtype=tl.float32, is_pure=False, pack=1)
+
+
+@triton.jit
+def cluster_arrive(token):
+    """This thread arrives at the cluster barrier without ordering memory (pair it with cluster_wait)."""
+    return tl.inline_asm_elementwise(_ARRIVE, "=r,r", [token], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def cluster_wait(token):
+    """Wait until every thread of the cluster has arrived (acquire)."""
+    return tl.inline_asm_elementwise(_WAIT, "=r,r", [token], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
 def cluster_sync(token):
-    """Every thread of every program in the cluster arrives and waits for all; returns `token`, so that what
-    depends on the result comes after the sync."""
+    """Every thread of every program in the cluster arrives (release: its shared-memory stores before it) and
+    waits for all (acquire). Each helper returns `token`, so that what depends on the result comes after."""
     return tl.inline_asm_elementwise(_SYNC, "=r,r", [token], dtype=tl.int32, is_pure=False, pack=1)
 
 

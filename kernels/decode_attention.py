@@ -22,7 +22,14 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import interpreted, pdl_kwargs, sm_count
-from kernels.cluster import cluster_sync, exchange_load, exchange_store, launch_clusters
+from kernels.cluster import (
+    cluster_arrive,
+    cluster_sync,
+    cluster_wait,
+    exchange_get,
+    exchange_put,
+    launch_clusters,
+)
 from kernels.rope import rope_pairing
 
 
@@ -90,6 +97,9 @@ def _decode_attention_kernel(
     # The first block of cached keys was written by earlier steps: in flight before we wait for q, k, v.
     k_next = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0, cache_modifier=".cg")
     v_next = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0, cache_modifier=".cg")
+    started = 0
+    if CLUSTER:  # waited for before the first remote store, long after (kernels/cluster.py)
+        started = cluster_arrive(split * 0)
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -158,7 +168,7 @@ def _decode_attention_kernel(
 
     if CLUSTER:
         _cluster_merge(acc, m, l_sum, out_ptr + lane * stride_out_lane + kv_in_lane * G * HD, split, heads, d,
-                       d_ok, HD, HDP, G, GP, BLOCK_H, SPLITS)  # fmt: skip
+                       started, HD, HDP, G, GP, SPLITS)  # fmt: skip
     else:
         part = kv * SPLITS + split
         row_ok = heads < GP  # the padding rows beyond GP are not kept
@@ -191,42 +201,43 @@ def _decode_attention_kernel(
 
 
 @triton.jit
-def _cluster_merge(acc, m, l_sum, out_ptr, split, heads, d, d_ok, HD: tl.constexpr, HDP: tl.constexpr,
-                   G: tl.constexpr, GP: tl.constexpr, BLOCK_H: tl.constexpr, SPLITS: tl.constexpr):  # fmt: skip
-    """The partials of a KV head's SPLITS programs (one cluster) merged by its split 0 through distributed
-    shared memory: each program leaves acc [BLOCK_H, HDP], m and l_sum [BLOCK_H] in its exchange region
-    (exchange_bytes), split 0 reads every peer's and writes the G heads' output rows at out_ptr."""
-    region: tl.constexpr = (BLOCK_H * HDP + 2 * BLOCK_H) * 4
-    o_back = (heads[:, None] * HDP + d[None, :]) * 4 - region
-    m_back = (BLOCK_H * HDP + heads) * 4 - region
-    # The helpers are ordered side effects: the sync comes after every store in program order.
-    exchange_store(o_back, acc)
-    exchange_store(m_back, m)
-    exchange_store(m_back + BLOCK_H * 4, l_sum)
-    ready = cluster_sync(split * 0)  # every partial is in its program's shared memory
-    if split == 0:
-        group_rows = tl.arange(0, GP)
-        ranks = tl.arange(0, SPLITS)[:, None] + ready  # [SPLITS, 1]
-        ml_back = (BLOCK_H * HDP + group_rows[None, :]) * 4 - region  # [1, GP]
-        ms = exchange_load(ml_back, ranks)  # [SPLITS, GP]
-        ls = exchange_load(ml_back + BLOCK_H * 4, ranks)
-        m_all = tl.max(ms, axis=0)
-        m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
-        w = tl.exp2(ms - m_all[None, :])  # [SPLITS, GP]; empty splits weigh 0
-        go_back = (group_rows[None, :, None] * HDP + d[None, None, :]) * 4 - region  # [1, GP, HDP]
-        os = exchange_load(go_back, ranks[:, :, None])  # [SPLITS, GP, HDP]
-        o = tl.sum(os * w[:, :, None], axis=0) / tl.sum(w * ls, axis=0)[:, None]
-        out_offs = group_rows[:, None] * HD + d[None, :]
-        tl.store(
-            out_ptr + out_offs, o.to(out_ptr.dtype.element_ty), mask=(group_rows < G)[:, None] & d_ok[None, :]
-        )
-    cluster_sync(ready)  # the peers keep their shared memory until split 0 has read it
+def _cluster_merge(acc, m, l_sum, out_ptr, split, heads, d, started, HD: tl.constexpr, HDP: tl.constexpr,
+                   G: tl.constexpr, GP: tl.constexpr, SPLITS: tl.constexpr):  # fmt: skip
+    """The partials of a KV head's SPLITS programs (one cluster) merged through distributed shared memory.
+    The G heads' output elements, flattened (head row, dim), are dealt out in SPLITS slices of E; every program
+    puts its acc [BLOCK_H, HDP] and the row's m and l_sum into the owner of each element's slot for it, then
+    after one cluster sync merges its own slice from its own shared memory and writes it at out_ptr.
+    The owner's region: o, m, l planes of [SPLITS sources, E] fp32 (exchange_bytes)."""
+    E: tl.constexpr = GP * HDP // SPLITS  # >= 1: HDP >= 16 >= SPLITS
+    plane: tl.constexpr = SPLITS * E * 4
+    region: tl.constexpr = 3 * plane
+    e = heads[:, None] * HDP + d[None, :]  # [BLOCK_H, HDP]
+    keep = (heads < GP)[:, None] + tl.zeros([1, HDP], dtype=tl.int32)  # padding rows go nowhere
+    slot = (split * E + e % E) * 4 - region
+    owner = e // E
+    cluster_wait(started)  # every peer is running: its shared memory may be written
+    exchange_put(slot, acc, owner, keep)
+    exchange_put(slot + plane, m[:, None] + tl.zeros([1, HDP], dtype=tl.float32), owner, keep)
+    exchange_put(slot + 2 * plane, l_sum[:, None] + tl.zeros([1, HDP], dtype=tl.float32), owner, keep)
+    ready = cluster_sync(started)  # every slot of every program is written; nothing remote after this
+
+    j = tl.arange(0, E)
+    mine = ((tl.arange(0, SPLITS)[:, None] * E + j[None, :]) * 4 - region) + ready  # [SPLITS sources, E]
+    os = exchange_get(mine)
+    ms = exchange_get(mine + plane)
+    ls = exchange_get(mine + 2 * plane)
+    m_all = tl.max(ms, axis=0)
+    m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
+    w = tl.exp2(ms - m_all[None, :])  # [SPLITS, E]; empty splits weigh 0
+    o = tl.sum(os * w, axis=0) / tl.sum(w * ls, axis=0)
+    e_mine = split * E + j
+    row, dim = e_mine // HDP, e_mine % HDP
+    tl.store(out_ptr + row * HD + dim, o.to(out_ptr.dtype.element_ty), mask=(row < G) & (dim < HD))
 
 
 def exchange_bytes(group: int, head_dim: int) -> int:
-    """Distributed shared memory a program of the cluster merge leaves its partial in (_cluster_merge)."""
-    block_h = max(16, triton.next_power_of_2(group))
-    return (block_h * padded_head_dim(head_dim) + 2 * block_h) * 4
+    """Shared memory a program of the cluster merge receives its slice of the partials in (_cluster_merge)."""
+    return 3 * triton.next_power_of_2(group) * padded_head_dim(head_dim) * 4
 
 
 def padded_head_dim(head_dim: int) -> int:

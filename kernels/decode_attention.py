@@ -10,8 +10,13 @@ RoPE rotates dim d with its partner: d ^ 1 (interleaved pairs) or d +- hd/2 (rot
 keys in the model's layout. Grid: (KV heads, SPLITS); each program streams one contiguous chunk of the cache
 with the next block's loads in flight while it computes the current one, and writes its unnormalised partial
 (o, max, sum). The G query heads of a KV head are padded to 16 rows so that both products run on the tensor
-cores (tl.dot), as in flash-decoding; the padding costs no memory traffic. The last split of a head to finish (an atomic counter) merges the partials and writes the
-output: no second launch. The token's own key and value come from registers, not from a re-read of the cache.
+cores (tl.dot), as in flash-decoding; the padding costs no memory traffic. The token's own key and value come
+from registers, not from a re-read of the cache. The partials are merged in the same launch:
+- on a GPU, a KV head's splits form one thread-block cluster (kernels/cluster.py): after a cluster barrier
+  each split merges 1/SPLITS of the head group's output elements (H200, scripts/decode_variants.py in turns:
+  +2.2% llama-3.2-1b, +2.2% qwen3-1.7b, +1.4% laneformer-2b against the counter below);
+- otherwise (the interpreter, or more than 16 splits) the last split of a head to finish, found by an
+  atomic counter, merges all of them.
 
 Bytes: (p + 1) * hd * 2 cache elements per KV head (W of them in windowed layers), this token's q/k/v once.
 """
@@ -23,11 +28,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import interpreted, pdl_kwargs, sm_count
 from kernels.cluster import (
-    cluster_arrive,
     cluster_sync,
-    cluster_wait,
-    exchange_get,
-    exchange_put,
     launch_clusters,
 )
 from kernels.rope import rope_pairing
@@ -97,9 +98,6 @@ def _decode_attention_kernel(
     # The first block of cached keys was written by earlier steps: in flight before we wait for q, k, v.
     k_next = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0, cache_modifier=".cg")
     v_next = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0, cache_modifier=".cg")
-    started = 0
-    if CLUSTER:  # waited for before the first remote store, long after (kernels/cluster.py)
-        started = cluster_arrive(split * 0)
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -167,8 +165,8 @@ def _decode_attention_kernel(
         t0 += BLOCK_T
 
     if CLUSTER:
-        _cluster_merge(acc, m, l_sum, out_ptr + lane * stride_out_lane + kv_in_lane * G * HD, split, heads, d,
-                       started, HD, HDP, G, GP, SPLITS)  # fmt: skip
+        _cluster_merge(acc, m, l_sum, part_o_ptr, part_ml_ptr, kv, split, heads, d,
+                       out_ptr + lane * stride_out_lane + kv_in_lane * G * HD, HD, HDP, G, GP, SPLITS)  # fmt: skip
     else:
         part = kv * SPLITS + split
         row_ok = heads < GP  # the padding rows beyond GP are not kept
@@ -201,43 +199,32 @@ def _decode_attention_kernel(
 
 
 @triton.jit
-def _cluster_merge(acc, m, l_sum, out_ptr, split, heads, d, started, HD: tl.constexpr, HDP: tl.constexpr,
-                   G: tl.constexpr, GP: tl.constexpr, SPLITS: tl.constexpr):  # fmt: skip
-    """The partials of a KV head's SPLITS programs (one cluster) merged through distributed shared memory.
-    The G heads' output elements, flattened (head row, dim), are dealt out in SPLITS slices of E; every program
-    puts its acc [BLOCK_H, HDP] and the row's m and l_sum into the owner of each element's slot for it, then
-    after one cluster sync merges its own slice from its own shared memory and writes it at out_ptr.
-    The owner's region: o, m, l planes of [SPLITS sources, E] fp32 (exchange_bytes)."""
-    E: tl.constexpr = GP * HDP // SPLITS  # >= 1: HDP >= 16 >= SPLITS
-    plane: tl.constexpr = SPLITS * E * 4
-    region: tl.constexpr = 3 * plane
-    e = heads[:, None] * HDP + d[None, :]  # [BLOCK_H, HDP]
-    keep = (heads < GP)[:, None] + tl.zeros([1, HDP], dtype=tl.int32)  # padding rows go nowhere
-    slot = (split * E + e % E) * 4 - region
-    owner = e // E
-    cluster_wait(started)  # every peer is running: its shared memory may be written
-    exchange_put(slot, acc, owner, keep)
-    exchange_put(slot + plane, m[:, None] + tl.zeros([1, HDP], dtype=tl.float32), owner, keep)
-    exchange_put(slot + 2 * plane, l_sum[:, None] + tl.zeros([1, HDP], dtype=tl.float32), owner, keep)
-    ready = cluster_sync(started)  # every slot of every program is written; nothing remote after this
+def _cluster_merge(acc, m, l_sum, part_o_ptr, part_ml_ptr, kv, split, heads, d, out_ptr, HD: tl.constexpr,
+                   HDP: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, SPLITS: tl.constexpr):  # fmt: skip
+    """The partials of a KV head's SPLITS programs (one cluster) merged without an arrival counter: each
+    program stores its partial, the cluster syncs (release / acquire: the partials are visible to every
+    program of the cluster), and each program merges its own 1/SPLITS of the G heads' output elements,
+    flattened (head row, dim), and writes them at out_ptr. Sharing the merge keeps the tail short."""
+    part = kv * SPLITS + split
+    row_ok = heads < GP  # the padding rows beyond GP are not kept
+    tl.store(part_o_ptr + (part * GP + heads[:, None]) * HDP + d[None, :], acc, mask=row_ok[:, None])
+    tl.store(part_ml_ptr + (part * 2) * GP + heads, m, mask=row_ok)
+    tl.store(part_ml_ptr + (part * 2 + 1) * GP + heads, l_sum, mask=row_ok)
+    ready = cluster_sync(split * 0)  # an ordered side effect after the stores; the loads depend on its result
 
-    j = tl.arange(0, E)
-    mine = ((tl.arange(0, SPLITS)[:, None] * E + j[None, :]) * 4 - region) + ready  # [SPLITS sources, E]
-    os = exchange_get(mine)
-    ms = exchange_get(mine + plane)
-    ls = exchange_get(mine + 2 * plane)
+    E: tl.constexpr = GP * HDP // SPLITS  # >= 1: HDP >= 16 >= SPLITS
+    e = split * E + tl.arange(0, E)
+    row, dim = e // HDP, e % HDP
+    parts = kv * SPLITS + tl.arange(0, SPLITS)[:, None] + ready  # [SPLITS, 1]
+    ml_offs = (parts * 2) * GP + row[None, :]  # [SPLITS, E]
+    ms = tl.load(part_ml_ptr + ml_offs, cache_modifier=".cg")
+    ls = tl.load(part_ml_ptr + ml_offs + GP, cache_modifier=".cg")
+    os = tl.load(part_o_ptr + (parts * GP + row[None, :]) * HDP + dim[None, :], cache_modifier=".cg")
     m_all = tl.max(ms, axis=0)
     m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
     w = tl.exp2(ms - m_all[None, :])  # [SPLITS, E]; empty splits weigh 0
     o = tl.sum(os * w, axis=0) / tl.sum(w * ls, axis=0)
-    e_mine = split * E + j
-    row, dim = e_mine // HDP, e_mine % HDP
     tl.store(out_ptr + row * HD + dim, o.to(out_ptr.dtype.element_ty), mask=(row < G) & (dim < HD))
-
-
-def exchange_bytes(group: int, head_dim: int) -> int:
-    """Shared memory a program of the cluster merge receives its slice of the partials in (_cluster_merge)."""
-    return 3 * triton.next_power_of_2(group) * padded_head_dim(head_dim) * 4
 
 
 def padded_head_dim(head_dim: int) -> int:
@@ -283,7 +270,7 @@ def decode_attention(
     use_pdl: bool = False,
     block_t: int = 64,
     num_warps: int | None = None,
-    cluster: bool = False,
+    cluster: bool | None = None,
 ) -> torch.Tensor:
     """Attention of the token at position pos[0] (a device int tensor) over the cache, writing its k, v there.
 
@@ -293,6 +280,8 @@ def decode_attention(
     num_warps: None picks 2 for head dims up to 64 and 4 above. On an H200 (scripts/decode_variants.py, in
     turns) 2 warps made llama-3.2-1b (head dim 64) 1.1% faster, while qwen3-1.7b (128) and laneformer-2b (96)
     ran 3-4x slower with them; 8 warps were slower on all three.
+    cluster: merge the splits in a thread-block cluster (True), through the counter (False), or the first
+    wherever it can run (None: a GPU and at most 16 splits).
     """
     if (
         k_cache.dim() != 3
@@ -329,7 +318,10 @@ def decode_attention(
 
     if num_warps is None:
         num_warps = 2 if padded_head_dim(hd) <= 64 else 4
-    if cluster and (interpreted() or scratch.splits > 16):
+    clusters_possible = k_cache.is_cuda and not interpreted() and scratch.splits <= 16
+    if cluster is None:
+        cluster = clusters_possible
+    elif cluster and not clusters_possible:
         raise ValueError(f"cluster: needs a GPU and at most 16 splits, got {scratch.splits} splits"
                          + (" under the interpreter" if interpreted() else ""))  # fmt: skip
     args = (
@@ -370,9 +362,7 @@ def decode_attention(
         **pdl_kwargs(use_pdl),
     )
     if cluster:
-        launch_clusters(
-            _decode_attention_kernel, num_kv, scratch.splits, exchange_bytes(group, hd), args, options
-        )
+        launch_clusters(_decode_attention_kernel, num_kv, scratch.splits, args, options)
     else:
         _decode_attention_kernel[(num_kv, scratch.splits)](*args, **options)
     return out

@@ -197,9 +197,9 @@ class FastRunner:
                      **kind_overrides(attention or {}, ATTENTION_KEYS, "attention", ATTENTION_SWITCHES)}  # fmt: skip
         splits = attention["splits"] or default_splits(cfg.num_kv_heads, device)
         self.attn_block_t, self.attn_warps = attention["block_t"], attention["num_warps"] or None
-        # KOG_ATTN_CLUSTER=1|0 (or the `cluster` key): merge the splits through a cluster's shared memory
-        # instead of the arrival counter (kernels/cluster.py; a GPU only).
-        self.attn_cluster = bool(attention.get("cluster", 0)) and device.type == "cuda"
+        # KOG_ATTN_CLUSTER=1|0 (or the `cluster` key) forces the attention's split merge through a thread-block
+        # cluster or through the arrival counter (unset: the kernel's choice, clusters on a GPU).
+        self.attn_cluster = bool(attention["cluster"]) if "cluster" in attention else None
         # KOG_HEAD_BLOCK_N / KOG_HEAD_ROW_BLOCKS / KOG_HEAD_WARPS override the head's blocks (0: its own choice).
         self.head_blocks = {
             "block_n": int(os.environ.get("KOG_HEAD_BLOCK_N", "0")) or None,

@@ -277,9 +277,11 @@ def decode_attention(
     qkv: [L, (H/L + 2 KV/L) * hd]: per lane this token's q heads, then k heads, then v heads (before RoPE).
     k_cache, v_cache: [KV, max_len, hd] of this layer. cos, sin: [max_positions, hd/2] fp32.
     out: [L, H/L * hd]. q_norm, k_norm: [hd] (Qwen3). scratch: from AttentionScratch for this model.
-    num_warps: None picks 2 for head dims up to 64 and 4 above. On an H200 (scripts/decode_variants.py, in
-    turns) 2 warps made llama-3.2-1b (head dim 64) 1.1% faster, while qwen3-1.7b (128) and laneformer-2b (96)
-    ran 3-4x slower with them; 8 warps were slower on all three.
+    num_warps: None picks 4, except 2 for head dims up to 64 with the counter merge. On an H200
+    (scripts/decode_variants.py, in turns): with the counter, 2 warps made llama-3.2-1b (head dim 64) 1.1%
+    faster, while qwen3-1.7b (128) and laneformer-2b (96) ran 3-4x slower with them; with the cluster merge,
+    whose last step is spread over the threads, 4 warps are 1.2% faster than 2 on llama-3.2-1b. 8 warps were
+    slower on all three models both ways.
     cluster: merge the splits in a thread-block cluster (True), through the counter (False), or the first
     wherever it can run (None: a GPU and at most 16 splits).
     """
@@ -316,14 +318,14 @@ def decode_attention(
     if scratch.part_o.shape[:3] != (num_kv, scratch.splits, triton.next_power_of_2(group)):
         raise ValueError("scratch: allocated for another head layout")
 
-    if num_warps is None:
-        num_warps = 2 if padded_head_dim(hd) <= 64 else 4
     clusters_possible = k_cache.is_cuda and not interpreted() and scratch.splits <= 16
     if cluster is None:
         cluster = clusters_possible
     elif cluster and not clusters_possible:
         raise ValueError(f"cluster: needs a GPU and at most 16 splits, got {scratch.splits} splits"
                          + (" under the interpreter" if interpreted() else ""))  # fmt: skip
+    if num_warps is None:
+        num_warps = 2 if padded_head_dim(hd) <= 64 and not cluster else 4
     args = (
         qkv,
         qkv.stride(0),

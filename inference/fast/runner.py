@@ -200,6 +200,8 @@ class FastRunner:
         # KOG_ATTN_CLUSTER=1|0 (or the `cluster` key) forces the attention's split merge through a thread-block
         # cluster or through the arrival counter (unset: the kernel's choice, clusters on a GPU).
         self.attn_cluster = bool(attention["cluster"]) if "cluster" in attention else None
+        if self.attn_cluster and device.type != "cuda":
+            raise ValueError("cluster: thread-block clusters need a GPU (set it to 0 or leave it unset)")
         # KOG_HEAD_BLOCK_N / KOG_HEAD_ROW_BLOCKS / KOG_HEAD_WARPS override the head's blocks (0: its own choice).
         self.head_blocks = {
             "block_n": int(os.environ.get("KOG_HEAD_BLOCK_N", "0")) or None,

@@ -318,7 +318,8 @@ def decode_attention(
     if scratch.part_o.shape[:3] != (num_kv, scratch.splits, triton.next_power_of_2(group)):
         raise ValueError("scratch: allocated for another head layout")
 
-    clusters_possible = k_cache.is_cuda and not interpreted() and scratch.splits <= 16
+    # (meta tensors count as a GPU's: scripts/kernel_report.py compiles what a GPU would run)
+    clusters_possible = k_cache.device.type != "cpu" and not interpreted() and scratch.splits <= 16
     if cluster is None:
         cluster = clusters_possible
     elif cluster and not clusters_possible:

@@ -40,6 +40,12 @@ def intercepted_launches(preset: str) -> list[tuple[JITFunction, dict, dict, int
     def fake_run(self, *args, grid, warmup, **kwargs):
         launches.append((self, args, kwargs, kwargs.get("num_warps", 4)))
 
+    def fake_cluster_launch(kernel, clusters, size, args, kwargs):
+        launches.append((kernel, args, kwargs, kwargs.get("num_warps", 4)))
+
+    from kernels import decode_attention
+
+    decode_attention.launch_clusters = fake_cluster_launch
     for module in ("rmsnorm_gemv", "lane_reduce_gemv", "decode_attention", "lm_head", "final_norm"):
         mod = __import__(f"kernels.{module}", fromlist=["x"])
         mod.sm_count = lambda device: 132

@@ -18,6 +18,8 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
+CLUSTER_SIZES = (1, 2, 4, 8, 16)  # 16 is non-portable; the H100 and H200 allow it
+
 # Every thread arrives (release) and then waits for all threads of the cluster (acquire).
 _SYNC = tl.constexpr(
     "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned; mov.u32 $0, $1;"
@@ -36,8 +38,8 @@ def launch_clusters(kernel: JITFunction, clusters: int, size: int, args: tuple, 
     """kernel[(clusters * size,)](*args, **kwargs) with the programs grouped into clusters of `size` along x
     (at most 8, or 16 where the device allows non-portable clusters, as the H100 / H200 do). kwargs must name
     every parameter not in args (and may add launch options such as num_warps and launch_pdl)."""
-    if size not in (1, 2, 4, 8, 16):
-        raise ValueError(f"size: expected a cluster of 1, 2, 4, 8 or 16 programs, got {size}")
+    if size not in CLUSTER_SIZES:
+        raise ValueError(f"size: expected a cluster of {CLUSTER_SIZES} programs, got {size}")
     compiled = kernel.warmup(*args, grid=(clusters * size,), **kwargs)
     values = list(args) + [kwargs[name] for name in kernel.arg_names[len(args) :]]
     num_warps, _, shared = compiled.packed_metadata

@@ -15,7 +15,7 @@ from registers, not from a re-read of the cache. The partials are merged in the 
 - on a GPU, a KV head's splits form one thread-block cluster (kernels/cluster.py): after a cluster barrier
   each split merges 1/SPLITS of the head group's output elements (H200, scripts/decode_variants.py in turns:
   +2.2% llama-3.2-1b, +2.2% qwen3-1.7b, +1.4% laneformer-2b against the counter below);
-- otherwise (the interpreter, or more than 16 splits) the last split of a head to finish, found by an
+- otherwise (the interpreter, or a split count that is not a cluster size) the last split of a head to finish, found by an
   atomic counter, merges all of them.
 
 Bytes: (p + 1) * hd * 2 cache elements per KV head (W of them in windowed layers), this token's q/k/v once.
@@ -27,10 +27,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import interpreted, pdl_kwargs, sm_count
-from kernels.cluster import (
-    cluster_sync,
-    launch_clusters,
-)
+from kernels.cluster import CLUSTER_SIZES, cluster_sync, launch_clusters
 from kernels.rope import rope_pairing
 
 
@@ -164,15 +161,15 @@ def _decode_attention_kernel(
         m = m_new
         t0 += BLOCK_T
 
+    part = kv * SPLITS + split
+    row_ok = heads < GP  # the padding rows beyond GP are not kept
+    tl.store(part_o_ptr + (part * GP + heads[:, None]) * HDP + d[None, :], acc, mask=row_ok[:, None])
+    tl.store(part_ml_ptr + (part * 2) * GP + heads, m, mask=row_ok)
+    tl.store(part_ml_ptr + (part * 2 + 1) * GP + heads, l_sum, mask=row_ok)
     if CLUSTER:
-        _cluster_merge(acc, m, l_sum, part_o_ptr, part_ml_ptr, kv, split, heads, d,
-                       out_ptr + lane * stride_out_lane + kv_in_lane * G * HD, HD, HDP, G, GP, SPLITS)  # fmt: skip
+        _cluster_merge(part_o_ptr, part_ml_ptr, kv, split, out_ptr + lane * stride_out_lane + kv_in_lane * G * HD,
+                       HD, HDP, G, GP, SPLITS)  # fmt: skip
     else:
-        part = kv * SPLITS + split
-        row_ok = heads < GP  # the padding rows beyond GP are not kept
-        tl.store(part_o_ptr + (part * GP + heads[:, None]) * HDP + d[None, :], acc, mask=row_ok[:, None])
-        tl.store(part_ml_ptr + (part * 2) * GP + heads, m, mask=row_ok)
-        tl.store(part_ml_ptr + (part * 2 + 1) * GP + heads, l_sum, mask=row_ok)
         # Every thread's partial is written before one thread publishes it; the last split merges.
         tl.debug_barrier()
         done = tl.atomic_add(counter_ptr + kv, 1, sem="acq_rel", scope="gpu")
@@ -199,17 +196,12 @@ def _decode_attention_kernel(
 
 
 @triton.jit
-def _cluster_merge(acc, m, l_sum, part_o_ptr, part_ml_ptr, kv, split, heads, d, out_ptr, HD: tl.constexpr,
-                   HDP: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, SPLITS: tl.constexpr):  # fmt: skip
-    """The partials of a KV head's SPLITS programs (one cluster) merged without an arrival counter: each
-    program stores its partial, the cluster syncs (release / acquire: the partials are visible to every
-    program of the cluster), and each program merges its own 1/SPLITS of the G heads' output elements,
-    flattened (head row, dim), and writes them at out_ptr. Sharing the merge keeps the tail short."""
-    part = kv * SPLITS + split
-    row_ok = heads < GP  # the padding rows beyond GP are not kept
-    tl.store(part_o_ptr + (part * GP + heads[:, None]) * HDP + d[None, :], acc, mask=row_ok[:, None])
-    tl.store(part_ml_ptr + (part * 2) * GP + heads, m, mask=row_ok)
-    tl.store(part_ml_ptr + (part * 2 + 1) * GP + heads, l_sum, mask=row_ok)
+def _cluster_merge(part_o_ptr, part_ml_ptr, kv, split, out_ptr, HD: tl.constexpr, HDP: tl.constexpr,
+                   G: tl.constexpr, GP: tl.constexpr, SPLITS: tl.constexpr):  # fmt: skip
+    """The partials of a KV head's SPLITS programs (one cluster), each stored by its program, merged without an
+    arrival counter: the cluster syncs (release / acquire: the partials are visible to every program of the
+    cluster), and each program merges its own 1/SPLITS of the G heads' output elements, flattened (head row,
+    dim), and writes them at out_ptr. Sharing the merge keeps the tail short."""
     ready = cluster_sync(split * 0)  # an ordered side effect after the stores; the loads depend on its result
 
     E: tl.constexpr = GP * HDP // SPLITS  # >= 1: HDP >= 16 >= SPLITS
@@ -283,7 +275,7 @@ def decode_attention(
     whose last step is spread over the threads, 4 warps are 1.2% faster than 2 on llama-3.2-1b. 8 warps were
     slower on all three models both ways.
     cluster: merge the splits in a thread-block cluster (True), through the counter (False), or the first
-    wherever it can run (None: a GPU and at most 16 splits).
+    wherever it can run (None: a GPU and a split count of 1, 2, 4, 8 or 16).
     """
     if (
         k_cache.dim() != 3
@@ -319,11 +311,11 @@ def decode_attention(
         raise ValueError("scratch: allocated for another head layout")
 
     # (meta tensors count as a GPU's: scripts/kernel_report.py compiles what a GPU would run)
-    clusters_possible = k_cache.device.type != "cpu" and not interpreted() and scratch.splits <= 16
+    clusters_possible = k_cache.device.type != "cpu" and not interpreted() and scratch.splits in CLUSTER_SIZES
     if cluster is None:
         cluster = clusters_possible
     elif cluster and not clusters_possible:
-        raise ValueError(f"cluster: needs a GPU and at most 16 splits, got {scratch.splits} splits"
+        raise ValueError(f"cluster: needs a GPU and splits in {CLUSTER_SIZES}, got {scratch.splits} splits"
                          + (" under the interpreter" if interpreted() else ""))  # fmt: skip
     if num_warps is None:
         num_warps = 2 if padded_head_dim(hd) <= 64 and not cluster else 4

@@ -160,3 +160,13 @@ def test_cluster_merge_matches_reference(dtype, lanes, num_heads, num_kv, hd, po
 def test_cluster_merge_needs_a_gpu():
     with pytest.raises(ValueError, match="cluster: needs a GPU"):
         run_case(torch.float32, 1, 2, 1, 16, 5, max_len=8, cluster=True)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the choice between clusters and the counter is a GPU's")
+def test_split_counts_that_are_no_cluster_size_use_the_counter():
+    # 12 splits: no cluster of 12 programs exists, so the kernel's own choice is the counter, and forcing a
+    # cluster is refused
+    scratch = run_case(torch.float32, 1, 8, 2, 32, 90, max_len=96, splits=12, block_t=16, cluster=None)
+    assert (scratch.counter == 0).all()
+    with pytest.raises(ValueError, match="cluster: needs a GPU and splits in"):
+        run_case(torch.float32, 1, 8, 2, 32, 90, max_len=96, splits=12, block_t=16, cluster=True)

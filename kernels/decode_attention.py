@@ -15,7 +15,7 @@ from registers, not from a re-read of the cache. The partials are merged in the 
 - on a GPU, a KV head's splits form one thread-block cluster (kernels/cluster.py): after a cluster barrier
   each split merges 1/SPLITS of the head group's output elements (H200, scripts/decode_variants.py in turns:
   +2.2% llama-3.2-1b, +2.2% qwen3-1.7b, +1.4% laneformer-2b against the counter below);
-- otherwise (the interpreter, or a split count that is not a cluster size) the last split of a head to finish, found by an
+- otherwise (the interpreter, or more than 16 splits) the last split of a head to finish, found by an
   atomic counter, merges all of them.
 
 Bytes: (p + 1) * hd * 2 cache elements per KV head (W of them in windowed layers), this token's q/k/v once.
@@ -228,6 +228,10 @@ class AttentionScratch:
     to, zero)."""
 
     def __init__(self, num_kv_heads: int, group: int, head_dim: int, splits: int, device: torch.device):
+        if splits < 1 or splits & (splits - 1):
+            raise ValueError(
+                f"splits: expected a power of two (the merge spans them with tl.arange), got {splits}"
+            )
         gp, hdp = triton.next_power_of_2(group), padded_head_dim(head_dim)
         self.splits = splits
         self.part_o = torch.empty(num_kv_heads, splits, gp, hdp, dtype=torch.float32, device=device)
@@ -275,7 +279,7 @@ def decode_attention(
     whose last step is spread over the threads, 4 warps are 1.2% faster than 2 on llama-3.2-1b. 8 warps were
     slower on all three models both ways.
     cluster: merge the splits in a thread-block cluster (True), through the counter (False), or the first
-    wherever it can run (None: a GPU and a split count of 1, 2, 4, 8 or 16).
+    wherever it can run (None: a GPU and at most 16 splits).
     """
     if (
         k_cache.dim() != 3

@@ -163,10 +163,16 @@ def test_cluster_merge_needs_a_gpu():
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the choice between clusters and the counter is a GPU's")
-def test_split_counts_that_are_no_cluster_size_use_the_counter():
-    # 12 splits: no cluster of 12 programs exists, so the kernel's own choice is the counter, and forcing a
+def test_more_splits_than_a_cluster_holds_use_the_counter():
+    # 32 splits: clusters hold at most 16 programs, so the kernel's own choice is the counter, and forcing a
     # cluster is refused
-    scratch = run_case(torch.float32, 1, 8, 2, 32, 90, max_len=96, splits=12, block_t=16, cluster=None)
+    scratch = run_case(torch.float32, 1, 8, 2, 32, 90, max_len=96, splits=32, block_t=16, cluster=None)
     assert (scratch.counter == 0).all()
     with pytest.raises(ValueError, match="cluster: needs a GPU and splits in"):
-        run_case(torch.float32, 1, 8, 2, 32, 90, max_len=96, splits=12, block_t=16, cluster=True)
+        run_case(torch.float32, 1, 8, 2, 32, 90, max_len=96, splits=32, block_t=16, cluster=True)
+
+
+def test_split_counts_must_be_powers_of_two():
+    for splits in (0, 12):
+        with pytest.raises(ValueError, match="splits: expected a power of two"):
+            AttentionScratch(2, 2, 16, splits, DEVICE)

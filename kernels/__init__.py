@@ -29,6 +29,14 @@ def sm_count(device: torch.device) -> int:
     return 1
 
 
+def hopper_features(device: torch.device) -> bool:
+    """Whether kernels may use sm_90 features (programmatic dependent launch, thread-block clusters) on
+    `device`: a Hopper or later GPU, or meta tensors (scripts/kernel_report.py compiles for sm_90)."""
+    if device.type == "meta":
+        return True
+    return device.type == "cuda" and not interpreted() and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def pdl_kwargs(use_pdl: bool) -> dict:
     """Launch options for programmatic dependent launch (the interpreter knows no such option)."""
     return {"launch_pdl": True} if use_pdl else {}

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels import interpreted, pdl_kwargs, sm_count
+from kernels import hopper_features, interpreted, pdl_kwargs, sm_count
 from kernels.cluster import CLUSTER_SIZES, cluster_sync, launch_clusters
 from kernels.rope import rope_pairing
 
@@ -279,7 +279,7 @@ def decode_attention(
     whose last step is spread over the threads, 4 warps are 1.2% faster than 2 on llama-3.2-1b. 8 warps were
     slower on all three models both ways.
     cluster: merge the splits in a thread-block cluster (True), through the counter (False), or the first
-    wherever it can run (None: a GPU and at most 16 splits).
+    wherever it can run (None: a Hopper or later GPU and at most 16 splits).
     """
     if (
         k_cache.dim() != 3
@@ -314,12 +314,11 @@ def decode_attention(
     if scratch.part_o.shape[:3] != (num_kv, scratch.splits, triton.next_power_of_2(group)):
         raise ValueError("scratch: allocated for another head layout")
 
-    # (meta tensors count as a GPU's: scripts/kernel_report.py compiles what a GPU would run)
-    clusters_possible = k_cache.device.type != "cpu" and not interpreted() and scratch.splits in CLUSTER_SIZES
+    clusters_possible = hopper_features(k_cache.device) and scratch.splits in CLUSTER_SIZES
     if cluster is None:
         cluster = clusters_possible
     elif cluster and not clusters_possible:
-        raise ValueError(f"cluster: needs a GPU and splits in {CLUSTER_SIZES}, got {scratch.splits} splits"
+        raise ValueError(f"cluster: needs a Hopper GPU and splits in {CLUSTER_SIZES}, got {scratch.splits} splits"
                          + (" under the interpreter" if interpreted() else ""))  # fmt: skip
     if num_warps is None:
         num_warps = 2 if padded_head_dim(hd) <= 64 and not cluster else 4

@@ -142,7 +142,7 @@ def test_block_spec():
     "kwargs,what",
     [({"head_blocks": {"rows": 2}}, "head_blocks:"), ({"attention": {"warps": 2}}, "attention:"),
      ({"blocks": {"down": {"block_n": -1}}}, "blocks.down:"), ({"attention": {"cluster": 2}}, "attention:")]
-    + ([] if ON_GPU else [({"attention": {"cluster": 1}}, "cluster: thread-block clusters need a GPU")]),
+    + ([] if ON_GPU else [({"attention": {"cluster": 1}}, "cluster: thread-block clusters need a Hopper GPU")]),
 )  # fmt: skip
 def test_runner_rejects_unknown_block_settings(kwargs, what):
     with pytest.raises(ValueError, match=what):

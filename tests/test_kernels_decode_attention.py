@@ -2,6 +2,7 @@ import pytest
 import torch
 from kernel_testing import DEVICE, ON_GPU, assert_close, dtype_params, poisoned, randn
 
+import kernels
 from kernels.decode_attention import AttentionScratch, decode_attention
 
 
@@ -158,7 +159,7 @@ def test_cluster_merge_matches_reference(dtype, lanes, num_heads, num_kv, hd, po
 
 @pytest.mark.skipif(ON_GPU, reason="the interpreter's refusal")
 def test_cluster_merge_needs_a_gpu():
-    with pytest.raises(ValueError, match="cluster: needs a GPU"):
+    with pytest.raises(ValueError, match="cluster: needs a Hopper GPU"):
         run_case(torch.float32, 1, 2, 1, 16, 5, max_len=8, cluster=True)
 
 
@@ -168,7 +169,7 @@ def test_more_splits_than_a_cluster_holds_use_the_counter():
     # cluster is refused
     scratch = run_case(torch.float32, 1, 8, 2, 32, 90, max_len=96, splits=32, block_t=16, cluster=None)
     assert (scratch.counter == 0).all()
-    with pytest.raises(ValueError, match="cluster: needs a GPU and splits in"):
+    with pytest.raises(ValueError, match="cluster: needs a Hopper GPU and splits in"):
         run_case(torch.float32, 1, 8, 2, 32, 90, max_len=96, splits=32, block_t=16, cluster=True)
 
 
@@ -176,3 +177,13 @@ def test_split_counts_must_be_powers_of_two():
     for splits in (0, 12):
         with pytest.raises(ValueError, match="splits: expected a power of two"):
             AttentionScratch(2, 2, 16, splits, DEVICE)
+
+
+def test_sm90_features_need_a_hopper_gpu(monkeypatch):
+    # clusters and griddepcontrol are sm_90 instructions: an Ampere GPU keeps the counter merge and plain launches
+    monkeypatch.setattr(kernels, "interpreted", lambda: False)
+    for capability, expected in (((8, 0), False), ((9, 0), True), ((10, 0), True)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert kernels.hopper_features(torch.device("cuda")) is expected
+    assert kernels.hopper_features(torch.device("meta"))
+    assert not kernels.hopper_features(torch.device("cpu"))

@@ -31,6 +31,7 @@ from inference.config import ModelConfig
 from inference.events import SamplingParams
 from inference.fast.prefill import block_overrides, forward_prompt
 from inference.model import KVCache, Transformer
+from kernels import hopper_features
 from kernels.decode_attention import AttentionScratch, decode_attention, default_splits
 from kernels.final_norm import final_norm
 from kernels.lane_reduce_gemv import lane_reduce_gemv
@@ -152,7 +153,7 @@ class FastRunner:
             raise ValueError(f"max_context: must be in (1, {cfg.max_position_embeddings}], got {max_context}")
         device = model.tok_embeddings.device
         self.model, self.cfg, self.device, self.max_context = model, cfg, device, max_context
-        self.use_pdl = use_pdl and device.type == "cuda"
+        self.use_pdl = use_pdl and device.type == "cuda" and hopper_features(device)  # griddepcontrol: sm_90
         # Ids past the tokenizer's vocabulary (padded embedding rows) are never chosen: nothing decodes them.
         self.vocab_limit = min(vocab_limit or cfg.vocab_size, cfg.vocab_size)
         self.last_prefill_ms = 0.0
@@ -200,8 +201,10 @@ class FastRunner:
         # KOG_ATTN_CLUSTER=1|0 (or the `cluster` key) forces the attention's split merge through a thread-block
         # cluster or through the arrival counter (unset: the kernel's choice, clusters on a GPU).
         self.attn_cluster = bool(attention["cluster"]) if "cluster" in attention else None
-        if self.attn_cluster and device.type != "cuda":
-            raise ValueError("cluster: thread-block clusters need a GPU (set it to 0 or leave it unset)")
+        if self.attn_cluster and not (device.type == "cuda" and hopper_features(device)):
+            raise ValueError(
+                "cluster: thread-block clusters need a Hopper GPU (set it to 0 or leave it unset)"
+            )
         # KOG_HEAD_BLOCK_N / KOG_HEAD_ROW_BLOCKS / KOG_HEAD_WARPS override the head's blocks (0: its own choice).
         self.head_blocks = {
             "block_n": int(os.environ.get("KOG_HEAD_BLOCK_N", "0")) or None,

@@ -267,6 +267,7 @@ def decode_attention(
     block_t: int = 64,
     num_warps: int | None = None,
     cluster: bool | None = None,
+    maxnreg: int | None = None,
 ) -> torch.Tensor:
     """Attention of the token at position pos[0] (a device int tensor) over the cache, writing its k, v there.
 
@@ -280,6 +281,7 @@ def decode_attention(
     slower on all three models both ways.
     cluster: merge the splits in a thread-block cluster (True), through the counter (False), or the first
     wherever it can run (None: a Hopper or later GPU and at most 16 splits).
+    maxnreg: a register cap per thread for the compiler (None: its own choice; for sweeps).
     """
     if (
         k_cache.dim() != 3
@@ -358,6 +360,7 @@ def decode_attention(
         USE_PDL=use_pdl,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),
+        **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     if cluster:
         launch_clusters(_decode_attention_kernel, num_kv, scratch.splits, args, options)

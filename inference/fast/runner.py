@@ -99,7 +99,7 @@ def prefetch_overrides(spec: str | dict[str, int]) -> dict[str, int]:
 
 BLOCK_KEYS = ("block_n", "block_k", "num_warps")
 HEAD_KEYS = ("block_n", "row_blocks", "num_warps")  # lm_head's block arguments
-ATTENTION_KEYS = ("splits", "block_t", "num_warps", "cluster")
+ATTENTION_KEYS = ("splits", "block_t", "num_warps", "cluster", "maxnreg")
 ATTENTION_SWITCHES = ("cluster",)
 
 
@@ -198,6 +198,7 @@ class FastRunner:
                      **kind_overrides(attention or {}, ATTENTION_KEYS, "attention", ATTENTION_SWITCHES)}  # fmt: skip
         splits = attention["splits"] or default_splits(cfg.num_kv_heads, device)
         self.attn_block_t, self.attn_warps = attention["block_t"], attention["num_warps"] or None
+        self.attn_maxnreg = attention.get("maxnreg")  # a register cap (sweeps)
         # KOG_ATTN_CLUSTER=1|0 (or the `cluster` key) forces the attention's split merge through a thread-block
         # cluster or through the arrival counter (unset: the kernel's choice, clusters on a GPU).
         self.attn_cluster = bool(attention["cluster"]) if "cluster" in attention else None
@@ -304,6 +305,7 @@ class FastRunner:
                 block_t=self.attn_block_t,
                 num_warps=self.attn_warps,
                 cluster=self.attn_cluster,
+                maxnreg=self.attn_maxnreg,
             )
             self._add_partials(i, w, 0, self.attn, w.wo, first)
             rmsnorm_gemv(self.x, w.w1, self.h, norm_weight=w.ffn_norm, eps=eps, weight_up=w.w3, use_pdl=pdl,

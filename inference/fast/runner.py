@@ -189,12 +189,12 @@ class FastRunner:
         group = cfg.num_heads // cfg.num_kv_heads
         # KOG_ATTN_SPLITS / KOG_ATTN_BLOCK_T / KOG_ATTN_WARPS (or the `attention` argument's splits, block_t,
         # num_warps) override the attention's split count, key block and warps (for sweeps).
+        env_cluster = os.environ.get("KOG_ATTN_CLUSTER", "")
         attention = {"splits": int(os.environ.get("KOG_ATTN_SPLITS", "0")),
                      "block_t": int(os.environ.get("KOG_ATTN_BLOCK_T", "64")),
                      "num_warps": int(os.environ.get("KOG_ATTN_WARPS", "0")),
-                     **kind_overrides(os.environ.get("KOG_ATTN_CLUSTER", "") and
-                                      {"cluster": os.environ["KOG_ATTN_CLUSTER"]},
-                                      ATTENTION_KEYS, "KOG_ATTN_CLUSTER", ATTENTION_SWITCHES),
+                     **kind_overrides(f"cluster={env_cluster}" if env_cluster else "", ATTENTION_KEYS,
+                                      "KOG_ATTN_CLUSTER", ATTENTION_SWITCHES),
                      **kind_overrides(attention or {}, ATTENTION_KEYS, "attention", ATTENTION_SWITCHES)}  # fmt: skip
         splits = attention["splits"] or default_splits(cfg.num_kv_heads, device)
         self.attn_block_t, self.attn_warps = attention["block_t"], attention["num_warps"] or None

@@ -71,6 +71,14 @@ def build_model(
     return model.eval()
 
 
+def cuda_missing(tool: str) -> bool:
+    """True, after saying so on stderr, when there is no CUDA GPU: the GPU tools' common refusal (exit 2)."""
+    if torch.cuda.is_available():
+        return False
+    print(f"{tool}: needs a CUDA GPU", file=sys.stderr)
+    return True
+
+
 def median_ms(fn, repeats: int = 10, before=None) -> float:
     """Median milliseconds of fn() on the device, after one warm-up call. With `before`, each repeat first runs
     before() untimed (a cache flush, say), synchronizes, and keeps the GPU busy for ~1 ms while the launches are
@@ -711,8 +719,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"--init {args.init}: {args.model!r} is a checkpoint directory; --init applies to presets only"
         )
-    if not torch.cuda.is_available():
-        print("bench: needs a CUDA GPU", file=sys.stderr)
+    if cuda_missing("bench"):
         return 2
     if args.new_tokens < 2 or args.prompt_len < 1:
         raise SystemExit("--new-tokens must be >= 2 and --prompt-len >= 1")

@@ -25,7 +25,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402
 
-from inference.bench import median_ms  # noqa: E402
+from inference.bench import cuda_missing, median_ms  # noqa: E402
 
 
 @triton.jit
@@ -120,8 +120,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2000)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("barrier_probe: needs a CUDA GPU", file=sys.stderr)
+    if cuda_missing("barrier_probe"):
         return 2
     rows = [probe(int(p), args.rounds) for p in args.programs.split(",")]
     print("| programs | grid barrier us | data flags us | PDL launch us | stream-order launch us |")

@@ -112,11 +112,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from inference.bench import cuda_missing
     from inference.engine import Engine
     from inference.redis_server import start_redis
 
-    if not torch.cuda.is_available():
-        print("bench_worker: needs a CUDA GPU", file=sys.stderr)
+    if cuda_missing("bench_worker"):
         return 2
     scratch = Path(tempfile.mkdtemp(prefix="bench_worker."))
     os.environ.setdefault("KOG_CACHE_DIR", str(scratch / "cache"))  # the worker synthesises nothing again

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from inference.bench import build_model, measure_bandwidth, step_bytes, time_fast  # noqa: E402
+from inference.bench import build_model, cuda_missing, measure_bandwidth, step_bytes, time_fast  # noqa: E402
 from inference.fast.runner import (  # noqa: E402
     ATTENTION_KEYS,
     ATTENTION_SWITCHES,
@@ -65,8 +65,7 @@ def main() -> int:
     parser.add_argument("--empty-cache", action="store_true",
                         help="return the bandwidth test's 4 GiB to the driver before building the runners")  # fmt: skip
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("decode_variants: needs a CUDA GPU", file=sys.stderr)
+    if cuda_missing("decode_variants"):
         return 2
     variants = args.variant or [""]
     device = torch.device("cuda")

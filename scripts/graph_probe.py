@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from inference.bench import build_model  # noqa: E402
+from inference.bench import build_model, cuda_missing  # noqa: E402
 from inference.fast.runner import FastRunner  # noqa: E402
 
 
@@ -39,6 +39,8 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
+    if cuda_missing("graph_probe"):
+        return 2
     model = build_model(args.model, torch.device("cuda"), torch.bfloat16)
     runner = FastRunner(model, args.prompt_len + args.new_tokens + 8)
     prompt = torch.randint(0, model.cfg.vocab_size, (args.prompt_len,),

@@ -27,7 +27,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from inference.bench import median_ms  # noqa: E402
+from inference.bench import cuda_missing, median_ms  # noqa: E402
 
 BLOCK = 8192  # elements a read program sums
 # Per-thread prefetch of the line holding an address, predicated on $2: plain, and with L2::evict_last.
@@ -127,8 +127,7 @@ def main() -> int:
     parser.add_argument("--mib", default="16,32")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("l2_probe: needs a CUDA GPU", file=sys.stderr)
+    if cuda_missing("l2_probe"):
         return 2
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     junk = torch.ones(1 << 29, dtype=torch.bfloat16, device="cuda")  # 1 GiB

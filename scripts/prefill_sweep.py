@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from inference.bench import median_ms  # noqa: E402
+from inference.bench import cuda_missing, median_ms  # noqa: E402
 from inference.config import ModelConfig  # noqa: E402
 from inference.model import rope_tables  # noqa: E402
 from inference.presets import preset_config  # noqa: E402
@@ -113,8 +113,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=4094)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("prefill_sweep: needs a CUDA GPU", file=sys.stderr)
+    if cuda_missing("prefill_sweep"):
         return 2
     cfg = ModelConfig.from_hf(preset_config(args.model))
     result = {"model": args.model, "tokens": args.tokens, "silu_mul": silu_mul_sweep(cfg, args.tokens),

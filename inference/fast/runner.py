@@ -153,7 +153,8 @@ class FastRunner:
             raise ValueError(f"max_context: must be in (1, {cfg.max_position_embeddings}], got {max_context}")
         device = model.tok_embeddings.device
         self.model, self.cfg, self.device, self.max_context = model, cfg, device, max_context
-        self.use_pdl = use_pdl and device.type == "cuda" and hopper_features(device)  # griddepcontrol: sm_90
+        sm90 = device.type == "cuda" and hopper_features(device)  # PDL and clusters: Hopper and later
+        self.use_pdl = use_pdl and sm90
         # Ids past the tokenizer's vocabulary (padded embedding rows) are never chosen: nothing decodes them.
         self.vocab_limit = min(vocab_limit or cfg.vocab_size, cfg.vocab_size)
         self.last_prefill_ms = 0.0
@@ -202,7 +203,7 @@ class FastRunner:
         # KOG_ATTN_CLUSTER=1|0 (or the `cluster` key) forces the attention's split merge through a thread-block
         # cluster or through the arrival counter (unset: the kernel's choice, clusters on a GPU).
         self.attn_cluster = bool(attention["cluster"]) if "cluster" in attention else None
-        if self.attn_cluster and not (device.type == "cuda" and hopper_features(device)):
+        if self.attn_cluster and not sm90:
             raise ValueError(
                 "cluster: thread-block clusters need a Hopper GPU (set it to 0 or leave it unset)"
             )

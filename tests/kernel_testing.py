@@ -67,3 +67,43 @@ def lane_reduction(p: torch.Tensor, mode: str, past: torch.Tensor | None = None)
         old = past.double().cpu()
         return p + (old.sum(0, keepdim=True) - old)
     return p * math.sqrt(p.shape[0])
+
+
+def rope(x, cos, sin, interleaved):
+    """x [..., hd] rotated at one position (cos, sin [hd/2]), in either layout."""
+    if interleaved:
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), -1).flatten(-2)
+    half = x.shape[-1] // 2
+    x0, x1 = x[..., :half], x[..., half:]
+    return torch.cat((x0 * cos - x1 * sin, x1 * cos + x0 * sin), -1)
+
+
+def rms(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def attention_reference(
+    qkv, k_cache, v_cache, pos, cos, sin, num_heads, window, interleaved, q_norm, k_norm, eps
+):
+    """fp64 attention of one token; returns (out [L, H/L*hd], k_p [KV, hd], v_p [KV, hd]) with k_p, v_p as cached."""
+    lanes = qkv.shape[0]
+    num_kv, _, hd = k_cache.shape
+    hl, kvl, group = num_heads // lanes, num_kv // lanes, num_heads // num_kv
+    qkv = qkv.double().cpu()
+    q = qkv[:, : hl * hd].reshape(num_heads, hd)
+    k = qkv[:, hl * hd : (hl + kvl) * hd].reshape(num_kv, hd)
+    v = qkv[:, (hl + kvl) * hd :].reshape(num_kv, hd)
+    if q_norm is not None:
+        q, k = rms(q, q_norm.double().cpu(), eps), rms(k, k_norm.double().cpu(), eps)
+    c, s = cos[pos].double().cpu(), sin[pos].double().cpu()
+    q, k = rope(q, c, s, interleaved), rope(k, c, s, interleaved)
+    # what the cache holds (and the kernel attends with) is rounded to the cache dtype
+    k_p, v_p = k.to(k_cache.dtype).double(), v.to(v_cache.dtype).double()
+    start = 0 if window is None else max(0, pos - window + 1)
+    keys = torch.cat((k_cache[:, start:pos].double().cpu(), k_p[:, None]), 1)  # [KV, n, hd]
+    values = torch.cat((v_cache[:, start:pos].double().cpu(), v_p[:, None]), 1)
+    keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)  # [H, n, hd]
+    scores = torch.einsum("hd,hnd->hn", q, keys) * hd**-0.5
+    out = torch.einsum("hn,hnd->hd", scores.softmax(-1), values)
+    return out.reshape(lanes, hl * hd), k_p, v_p

@@ -32,32 +32,6 @@ from kernels.rope import rope_pairing
 
 
 @triton.jit
-def split_keys(pos_ptr, window, split, SPLITS: tl.constexpr, BLOCK_T: tl.constexpr):
-    """This split's keys [lo, hi) of the token at pos (a whole number of key blocks each but the last), and
-    hi_cached = min(hi, pos): the cache holds positions < pos, the token itself comes from q|k|v."""
-    pos = tl.load(pos_ptr, cache_modifier=".cg")
-    start = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)
-    n_keys = pos + 1 - start
-    chunk = tl.cdiv(tl.cdiv(n_keys, SPLITS), BLOCK_T) * BLOCK_T
-    lo = start + split * chunk
-    hi = tl.minimum(lo + chunk, pos + 1)
-    return pos, lo, hi, tl.minimum(hi, pos)
-
-
-@triton.jit
-def cache_block(k_cache_ptr, v_cache_ptr, kv_base, t0, hi_cached, HD: tl.constexpr, HDP: tl.constexpr,
-                BLOCK_T: tl.constexpr):  # fmt: skip
-    """Loads of the keys and values at positions [t0, t0 + BLOCK_T) below hi_cached ([BLOCK_T, HDP] each)."""
-    d = tl.arange(0, HDP)
-    t = t0 + tl.arange(0, BLOCK_T)
-    offs = kv_base + t[:, None] * HD + d[None, :]
-    mask = (t < hi_cached)[:, None] & (d < HD)[None, :]
-    k = tl.load(k_cache_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
-    v = tl.load(v_cache_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
-    return k, v
-
-
-@triton.jit
 def _decode_attention_kernel(
     qkv_ptr,
     stride_qkv_lane,
@@ -97,29 +71,6 @@ def _decode_attention_kernel(
     else:
         kv = tl.program_id(0)
         split = tl.program_id(1)
-    pos, lo, hi, hi_cached = split_keys(pos_ptr, window, split, SPLITS, BLOCK_T)
-    # The first block of cached keys was written by earlier steps: in flight before we wait for q, k, v.
-    kv_base = kv.to(tl.int64) * max_len * HD
-    k_first, v_first = cache_block(k_cache_ptr, v_cache_ptr, kv_base, lo, hi_cached, HD, HDP, BLOCK_T)
-    if USE_PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-    attend(qkv_ptr, stride_qkv_lane, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr,
-           part_o_ptr, part_ml_ptr, counter_ptr, out_ptr, stride_out_lane, heads_per_lane, kv_per_lane, max_len,
-           scale_log2e, eps, kv, split, pos, lo, hi, hi_cached, k_first, v_first,
-           HD, HDP, G, GP, BLOCK_H, SPLITS, BLOCK_T, INTERLEAVED, QK_NORM, CLUSTER)  # fmt: skip
-
-
-@triton.jit
-def attend(qkv_ptr, stride_qkv_lane, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr,
-           part_o_ptr, part_ml_ptr, counter_ptr, out_ptr, stride_out_lane, heads_per_lane, kv_per_lane, max_len,
-           scale_log2e, eps, kv, split, pos, lo, hi, hi_cached, k_next, v_next,
-           HD: tl.constexpr, HDP: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BLOCK_H: tl.constexpr,
-           SPLITS: tl.constexpr, BLOCK_T: tl.constexpr, INTERLEAVED: tl.constexpr, QK_NORM: tl.constexpr,
-           CLUSTER: tl.constexpr):  # fmt: skip
-    """One split of KV head kv once q|k|v are in memory: the token's q/k norm and RoPE, its k and v into the
-    cache, the split's keys [lo, hi) (k_next, v_next: the first block, already requested), the partial, and
-    the merge of the head's splits (in the cluster, or by the last split to arrive)."""
     lane = kv // kv_per_lane
     kv_in_lane = kv % kv_per_lane
     heads = tl.arange(0, BLOCK_H)  # query rows: the G heads of this KV head, padded for tl.dot
@@ -128,21 +79,36 @@ def attend(qkv_ptr, stride_qkv_lane, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr,
     d_ok = d < HD
     partner, pair, first = rope_pairing(d, HD, INTERLEAVED)
     sign = tl.where(first, -1.0, 1.0)
+
+    # This split's keys [lo, hi); the cache holds positions < pos, the token itself comes from qkv.
+    pos = tl.load(pos_ptr, cache_modifier=".cg")
+    start = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)
+    n_keys = pos + 1 - start
+    chunk = tl.cdiv(tl.cdiv(n_keys, SPLITS), BLOCK_T) * BLOCK_T
+    lo = start + split * chunk
+    hi = tl.minimum(lo + chunk, pos + 1)
+    hi_cached = tl.minimum(hi, pos)
     kv_base = kv.to(tl.int64) * max_len * HD
+    t = lo + tl.arange(0, BLOCK_T)
+    kv_offs = kv_base + t[:, None] * HD + d[None, :]
+    kv_mask = (t < hi_cached)[:, None] & d_ok[None, :]
+    # The first block of cached keys was written by earlier steps: in flight before we wait for q, k, v.
+    k_next = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0, cache_modifier=".cg")
+    v_next = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0, cache_modifier=".cg")
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
     lane_qkv = qkv_ptr + lane * stride_qkv_lane
     q_rows = lane_qkv + (kv_in_lane * G + heads)[:, None] * HD  # [BLOCK_H, 1]
     q_mask = head_ok[:, None] & d_ok[None, :]
-    # .cg: in qkv_attention's fused launch other programs of the cluster wrote these rows (kernels/cluster.py)
-    q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-    q_partner = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0, cache_modifier=".cg").to(
-        tl.float32
-    )
+    q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0).to(tl.float32)
+    q_partner = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0).to(tl.float32)
     k_row = lane_qkv + (heads_per_lane + kv_in_lane) * HD
-    k = tl.load(k_row + d, mask=d_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-    k_partner = tl.load(k_row + partner, mask=d_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+    k = tl.load(k_row + d, mask=d_ok, other=0.0).to(tl.float32)
+    k_partner = tl.load(k_row + partner, mask=d_ok, other=0.0).to(tl.float32)
     v_row = lane_qkv + (heads_per_lane + kv_per_lane + kv_in_lane) * HD
-    v = tl.load(v_row + d, mask=d_ok, other=0.0, cache_modifier=".cg")
+    v = tl.load(v_row + d, mask=d_ok, other=0.0)
     if QK_NORM:
         q_rstd = 1.0 / tl.sqrt(tl.sum(q * q, axis=1) / HD + eps)
         q = q * q_rstd[:, None] * tl.load(q_norm_ptr + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
@@ -177,9 +143,11 @@ def attend(qkv_ptr, stride_qkv_lane, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr,
         k_blk = k_next
         v_blk = v_next
         t = t0 + tl.arange(0, BLOCK_T)
-        k_next, v_next = cache_block(
-            k_cache_ptr, v_cache_ptr, kv_base, t0 + BLOCK_T, hi_cached, HD, HDP, BLOCK_T
-        )
+        t_next = t + BLOCK_T
+        next_offs = kv_base + t_next[:, None] * HD + d[None, :]
+        next_mask = (t_next < hi_cached)[:, None] & d_ok[None, :]
+        k_next = tl.load(k_cache_ptr + next_offs, mask=next_mask, other=0.0, cache_modifier=".cg")
+        v_next = tl.load(v_cache_ptr + next_offs, mask=next_mask, other=0.0, cache_modifier=".cg")
 
         s = tl.dot(q_dot, tl.trans(k_blk), input_precision="ieee")  # [BLOCK_H, BLOCK_T]
         s = tl.where((t < hi_cached)[None, :], s, float("-inf"))
@@ -279,7 +247,7 @@ def default_splits(num_kv_heads: int, device: torch.device) -> int:
     return splits
 
 
-def attention_arguments(
+def decode_attention(
     qkv: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -290,17 +258,31 @@ def attention_arguments(
     scratch: AttentionScratch,
     *,
     num_heads: int,
-    window: int | None,
-    interleaved: bool,
-    q_norm: torch.Tensor | None,
-    k_norm: torch.Tensor | None,
-    eps: float,
-    block_t: int,
-    cluster: bool | None,
-) -> tuple[tuple, dict]:
-    """decode_attention's arguments checked and turned into the kernel's runtime arguments and constexprs
-    (without USE_PDL and the launch options), with the merge decided (constexprs["CLUSTER"]). Shared with
-    kernels/qkv_attention.py, whose kernel takes the same ones after its own."""
+    window: int | None = None,
+    interleaved: bool = True,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    use_pdl: bool = False,
+    block_t: int = 64,
+    num_warps: int | None = None,
+    cluster: bool | None = None,
+    maxnreg: int | None = None,
+) -> torch.Tensor:
+    """Attention of the token at position pos[0] (a device int tensor) over the cache, writing its k, v there.
+
+    qkv: [L, (H/L + 2 KV/L) * hd]: per lane this token's q heads, then k heads, then v heads (before RoPE).
+    k_cache, v_cache: [KV, max_len, hd] of this layer. cos, sin: [max_positions, hd/2] fp32.
+    out: [L, H/L * hd]. q_norm, k_norm: [hd] (Qwen3). scratch: from AttentionScratch for this model.
+    num_warps: None picks 4, except 2 for head dims up to 64 with the counter merge. On an H200
+    (scripts/decode_variants.py, in turns): with the counter, 2 warps made llama-3.2-1b (head dim 64) 1.1%
+    faster, while qwen3-1.7b (128) and laneformer-2b (96) ran 3-4x slower with them; with the cluster merge,
+    whose last step is spread over the threads, 4 warps are 1.2% faster than 2 on llama-3.2-1b. 8 warps were
+    slower on all three models both ways.
+    cluster: merge the splits in a thread-block cluster (True), through the counter (False), or the first
+    wherever it can run (None: a Hopper or later GPU and at most 16 splits).
+    maxnreg: a register cap per thread for the compiler (None: its own choice; for sweeps).
+    """
     if (
         k_cache.dim() != 3
         or k_cache.shape != v_cache.shape
@@ -340,6 +322,8 @@ def attention_arguments(
     elif cluster and not clusters_possible:
         raise ValueError(f"cluster: needs a Hopper GPU and splits in {CLUSTER_SIZES}, got {scratch.splits} splits"
                          + (" under the interpreter" if interpreted() else ""))  # fmt: skip
+    if num_warps is None:
+        num_warps = 2 if padded_head_dim(hd) <= 64 and not cluster else 4
     args = (
         qkv,
         qkv.stride(0),
@@ -362,7 +346,7 @@ def attention_arguments(
         hd**-0.5 * 1.4426950408889634,
         eps,
     )
-    constexprs = dict(
+    options = dict(
         HD=hd,
         HDP=padded_head_dim(hd),
         G=group,
@@ -373,61 +357,13 @@ def attention_arguments(
         INTERLEAVED=interleaved,
         QK_NORM=q_norm is not None,
         CLUSTER=cluster,
-    )
-    return args, constexprs
-
-
-def decode_attention(
-    qkv: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    pos: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    out: torch.Tensor,
-    scratch: AttentionScratch,
-    *,
-    num_heads: int,
-    window: int | None = None,
-    interleaved: bool = True,
-    q_norm: torch.Tensor | None = None,
-    k_norm: torch.Tensor | None = None,
-    eps: float = 1e-6,
-    use_pdl: bool = False,
-    block_t: int = 64,
-    num_warps: int | None = None,
-    cluster: bool | None = None,
-    maxnreg: int | None = None,
-) -> torch.Tensor:
-    """Attention of the token at position pos[0] (a device int tensor) over the cache, writing its k, v there.
-
-    qkv: [L, (H/L + 2 KV/L) * hd]: per lane this token's q heads, then k heads, then v heads (before RoPE).
-    k_cache, v_cache: [KV, max_len, hd] of this layer. cos, sin: [max_positions, hd/2] fp32.
-    out: [L, H/L * hd]. q_norm, k_norm: [hd] (Qwen3). scratch: from AttentionScratch for this model.
-    num_warps: None picks 4, except 2 for head dims up to 64 with the counter merge. On an H200
-    (scripts/decode_variants.py, in turns): with the counter, 2 warps made llama-3.2-1b (head dim 64) 1.1%
-    faster, while qwen3-1.7b (128) and laneformer-2b (96) ran 3-4x slower with them; with the cluster merge,
-    whose last step is spread over the threads, 4 warps are 1.2% faster than 2 on llama-3.2-1b. 8 warps were
-    slower on all three models both ways.
-    cluster: merge the splits in a thread-block cluster (True), through the counter (False), or the first
-    wherever it can run (None: a Hopper or later GPU and at most 16 splits).
-    maxnreg: a register cap per thread for the compiler (None: its own choice; for sweeps).
-    """
-    args, constexprs = attention_arguments(qkv, k_cache, v_cache, pos, cos, sin, out, scratch, num_heads=num_heads,
-                                           window=window, interleaved=interleaved, q_norm=q_norm, k_norm=k_norm,
-                                           eps=eps, block_t=block_t, cluster=cluster)  # fmt: skip
-    cluster = constexprs["CLUSTER"]
-    if num_warps is None:
-        num_warps = 2 if constexprs["HDP"] <= 64 and not cluster else 4
-    options = dict(
-        constexprs,
         USE_PDL=use_pdl,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),
         **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     if cluster:
-        launch_clusters(_decode_attention_kernel, k_cache.shape[0], scratch.splits, args, options)
+        launch_clusters(_decode_attention_kernel, num_kv, scratch.splits, args, options)
     else:
-        _decode_attention_kernel[(k_cache.shape[0], scratch.splits)](*args, **options)
+        _decode_attention_kernel[(num_kv, scratch.splits)](*args, **options)
     return out

@@ -170,34 +170,6 @@ def _pick_row_blocks(n: int, k: int, gated: bool, device: torch.device) -> int:
     return max(2, round(n / (2 * 8 * sm_count(device))))
 
 
-def input_strides(
-    x: torch.Tensor, token: torch.Tensor | None, norm_weight: torch.Tensor | None, lanes: int, k: int
-) -> tuple[int, int]:
-    """rmsnorm_gemv's x (or embedding table with `token`) and norm weight checked: their strides between lanes
-    (0 where every lane reads the same row). Shared with kernels/qkv_attention.py."""
-    if token is None:
-        if x.dim() != 2 or x.shape[1] != k or x.shape[0] not in (1, lanes) or x.stride(1) != 1:
-            raise ValueError(f"x: expected [{lanes} or 1, {k}] with unit inner stride, got {tuple(x.shape)}")
-        stride_x_lane = x.stride(0) if x.shape[0] == lanes else 0
-    else:
-        if x.dim() != 2 or x.shape[1] != k or not x.is_contiguous():
-            raise ValueError(f"x: expected the embedding table [V, {k}], got {tuple(x.shape)}")
-        if token.numel() != 1 or token.dtype not in (torch.int32, torch.int64):
-            raise ValueError(
-                f"token: expected one int32/int64 element, got {token.dtype} {tuple(token.shape)}"
-            )
-        stride_x_lane = 0
-    stride_norm_lane = 0
-    if norm_weight is not None:
-        if norm_weight.shape == (k,):
-            stride_norm_lane = 0
-        elif norm_weight.shape == (lanes, k) and norm_weight.is_contiguous():
-            stride_norm_lane = k
-        else:
-            raise ValueError(f"norm_weight: expected [{k}] or [{lanes}, {k}], got {tuple(norm_weight.shape)}")
-    return stride_x_lane, stride_norm_lane
-
-
 def rmsnorm_gemv(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -236,7 +208,26 @@ def rmsnorm_gemv(
         raise ValueError("bias: not supported together with weight_up")
     if out.shape != (lanes, n) or not out.is_contiguous():
         raise ValueError(f"out: expected contiguous ({lanes}, {n}), got {tuple(out.shape)}")
-    stride_x_lane, stride_norm_lane = input_strides(x, token, norm_weight, lanes, k)
+    if token is None:
+        if x.dim() != 2 or x.shape[1] != k or x.shape[0] not in (1, lanes) or x.stride(1) != 1:
+            raise ValueError(f"x: expected [{lanes} or 1, {k}] with unit inner stride, got {tuple(x.shape)}")
+        stride_x_lane = x.stride(0) if x.shape[0] == lanes else 0
+    else:
+        if x.dim() != 2 or x.shape[1] != k or not x.is_contiguous():
+            raise ValueError(f"x: expected the embedding table [V, {k}], got {tuple(x.shape)}")
+        if token.numel() != 1 or token.dtype not in (torch.int32, torch.int64):
+            raise ValueError(
+                f"token: expected one int32/int64 element, got {token.dtype} {tuple(token.shape)}"
+            )
+        stride_x_lane = 0
+    stride_norm_lane = 0
+    if norm_weight is not None:
+        if norm_weight.shape == (k,):
+            stride_norm_lane = 0
+        elif norm_weight.shape == (lanes, k) and norm_weight.is_contiguous():
+            stride_norm_lane = k
+        else:
+            raise ValueError(f"norm_weight: expected [{k}] or [{lanes}, {k}], got {tuple(norm_weight.shape)}")
     if bias is not None and (bias.shape != (lanes, n) or not bias.is_contiguous()):
         raise ValueError(f"bias: expected contiguous ({lanes}, {n}), got {tuple(bias.shape)}")
     for name, t in (("x", x), ("weight", weight), ("out", out)):

@@ -43,11 +43,10 @@ def intercepted_launches(preset: str) -> list[tuple[JITFunction, dict, dict, int
     def fake_cluster_launch(kernel, clusters, size, args, kwargs):
         launches.append((kernel, args, kwargs, kwargs.get("num_warps", 4)))
 
-    from kernels import decode_attention, qkv_attention
+    from kernels import decode_attention
 
-    decode_attention.launch_clusters = qkv_attention.launch_clusters = fake_cluster_launch
-    for module in ("rmsnorm_gemv", "lane_reduce_gemv", "decode_attention", "qkv_attention", "lm_head",
-                   "final_norm"):  # fmt: skip
+    decode_attention.launch_clusters = fake_cluster_launch
+    for module in ("rmsnorm_gemv", "lane_reduce_gemv", "decode_attention", "lm_head", "final_norm"):
         mod = __import__(f"kernels.{module}", fromlist=["x"])
         mod.sm_count = lambda device: 132
         if hasattr(mod, "interpreted"):
@@ -57,7 +56,7 @@ def intercepted_launches(preset: str) -> list[tuple[JITFunction, dict, dict, int
     cfg = ModelConfig.from_hf(preset_config(preset))
     model = Transformer(cfg, device="meta", dtype=torch.bfloat16)
     runner = FastRunner(model, min(4096, cfg.max_position_embeddings), use_pdl=False)
-    runner.use_pdl = runner.fused_qkv = True  # what an H200 runs (the meta device is not a Hopper GPU)
+    runner.use_pdl = True
     runner.decode_step(greedy=True)
     return launches
 

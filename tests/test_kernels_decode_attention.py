@@ -1,9 +1,47 @@
 import pytest
 import torch
-from kernel_testing import DEVICE, ON_GPU, assert_close, attention_reference, dtype_params, poisoned, randn
+from kernel_testing import DEVICE, ON_GPU, assert_close, dtype_params, poisoned, randn
 
 import kernels
 from kernels.decode_attention import AttentionScratch, decode_attention
+
+
+def rope(x, cos, sin, interleaved):
+    """x [..., hd] rotated at one position (cos, sin [hd/2]), in either layout."""
+    if interleaved:
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), -1).flatten(-2)
+    half = x.shape[-1] // 2
+    x0, x1 = x[..., :half], x[..., half:]
+    return torch.cat((x0 * cos - x1 * sin, x1 * cos + x0 * sin), -1)
+
+
+def rms(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def reference(qkv, k_cache, v_cache, pos, cos, sin, num_heads, window, interleaved, q_norm, k_norm, eps):
+    """fp64 attention of one token; returns (out [L, H/L*hd], k_p [KV, hd], v_p [KV, hd]) with k_p, v_p as cached."""
+    lanes = qkv.shape[0]
+    num_kv, _, hd = k_cache.shape
+    hl, kvl, group = num_heads // lanes, num_kv // lanes, num_heads // num_kv
+    qkv = qkv.double().cpu()
+    q = qkv[:, : hl * hd].reshape(num_heads, hd)
+    k = qkv[:, hl * hd : (hl + kvl) * hd].reshape(num_kv, hd)
+    v = qkv[:, (hl + kvl) * hd :].reshape(num_kv, hd)
+    if q_norm is not None:
+        q, k = rms(q, q_norm.double().cpu(), eps), rms(k, k_norm.double().cpu(), eps)
+    c, s = cos[pos].double().cpu(), sin[pos].double().cpu()
+    q, k = rope(q, c, s, interleaved), rope(k, c, s, interleaved)
+    # what the cache holds (and the kernel attends with) is rounded to the cache dtype
+    k_p, v_p = k.to(k_cache.dtype).double(), v.to(v_cache.dtype).double()
+    start = 0 if window is None else max(0, pos - window + 1)
+    keys = torch.cat((k_cache[:, start:pos].double().cpu(), k_p[:, None]), 1)  # [KV, n, hd]
+    values = torch.cat((v_cache[:, start:pos].double().cpu(), v_p[:, None]), 1)
+    keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)  # [H, n, hd]
+    scores = torch.einsum("hd,hnd->hn", q, keys) * hd**-0.5
+    out = torch.einsum("hn,hnd->hd", scores.softmax(-1), values)
+    return out.reshape(lanes, hl * hd), k_p, v_p
 
 
 def run_case(
@@ -32,7 +70,7 @@ def run_case(
     cos, sin = angles.cos().to(DEVICE), angles.sin().to(DEVICE)
     q_norm = randn(hd, dtype=dtype).abs() + 0.5 if qk_norm else None
     k_norm = randn(hd, dtype=dtype).abs() + 0.5 if qk_norm else None
-    want, want_k, want_v = attention_reference(qkv, k_cache, v_cache, pos, cos, sin, num_heads, window, interleaved,
+    want, want_k, want_v = reference(qkv, k_cache, v_cache, pos, cos, sin, num_heads, window, interleaved,
                                      q_norm, k_norm, 1e-6)  # fmt: skip
     scratch = AttentionScratch(num_kv, num_heads // num_kv, hd, splits, DEVICE)
     out = poisoned(lanes, num_heads // lanes * hd, dtype=torch.float32)

@@ -1,14 +1,12 @@
 """Batch-1 decode with the Triton kernels of `kernels/`: the runner the Engine picks on a GPU.
 
-A decode step is four kernels a layer on a Hopper GPU (model.py's math, fused):
-    qkv_attention      attention norm + q|k|v of every lane (+ Qwen2 bias; layer 0 reads the embedding row),
-                       then q/k norm, RoPE, KV-cache write, split-KV attention: each KV head's cluster
-                       projects its own head group's rows and attends over them (one launch)
+A decode step is five kernels a layer (model.py's math, fused):
+    rmsnorm_gemv       attention norm + q|k|v of every lane (+ Qwen2 bias); layer 0 reads the embedding row
+    decode_attention   q/k norm, RoPE, KV-cache write, split-KV attention
     lane_reduce_gemv   o-proj of every lane + the cross-lane reduction + the residual add
     rmsnorm_gemv       ffn norm + gate/up + SiLU
     lane_reduce_gemv   down-proj + reduction + residual add
-Elsewhere (the interpreter, older GPUs, `attention={"fused": 0}`) the first one is two kernels: rmsnorm_gemv
-(norm + q|k|v) and decode_attention. Then the head: final_norm (L > 1 only) and lm_head (norm, logits, argmax, token and position bookkeeping).
+then the head: final_norm (L > 1 only) and lm_head (norm, logits, argmax, token and position bookkeeping).
 The step reads its token and position from device buffers and leaves the next ones there, so it is captured
 once as a CUDA graph and replayed per token. The host never waits on the token it is about to launch for:
 it keeps LOOKAHEAD steps queued and reads finished ids from pinned memory behind an event per step.
@@ -38,7 +36,6 @@ from kernels.decode_attention import AttentionScratch, decode_attention, default
 from kernels.final_norm import final_norm
 from kernels.lane_reduce_gemv import lane_reduce_gemv
 from kernels.lm_head import HeadScratch, lm_head
-from kernels.qkv_attention import fusable, qkv_attention
 from kernels.rmsnorm_gemv import rmsnorm_gemv
 
 # Weight tiles each matrix-vector kind loads before it waits on the previous kernel (kernels' `prefetch`;
@@ -102,8 +99,8 @@ def prefetch_overrides(spec: str | dict[str, int]) -> dict[str, int]:
 
 BLOCK_KEYS = ("block_n", "block_k", "num_warps")
 HEAD_KEYS = ("block_n", "row_blocks", "num_warps")  # lm_head's block arguments
-ATTENTION_KEYS = ("splits", "block_t", "num_warps", "cluster", "maxnreg", "fused")
-ATTENTION_SWITCHES = ("cluster", "fused")
+ATTENTION_KEYS = ("splits", "block_t", "num_warps", "cluster", "maxnreg")
+ATTENTION_SWITCHES = ("cluster",)
 
 
 def block_spec(spec: str | dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
@@ -193,12 +190,12 @@ class FastRunner:
         group = cfg.num_heads // cfg.num_kv_heads
         # KOG_ATTN_SPLITS / KOG_ATTN_BLOCK_T / KOG_ATTN_WARPS (or the `attention` argument's splits, block_t,
         # num_warps) override the attention's split count, key block and warps (for sweeps).
-        switches = {name: os.environ.get(f"KOG_ATTN_{name.upper()}", "") for name in ATTENTION_SWITCHES}
+        env_cluster = os.environ.get("KOG_ATTN_CLUSTER", "")
         attention = {"splits": int(os.environ.get("KOG_ATTN_SPLITS", "0")),
                      "block_t": int(os.environ.get("KOG_ATTN_BLOCK_T", "64")),
                      "num_warps": int(os.environ.get("KOG_ATTN_WARPS", "0")),
-                     **kind_overrides(",".join(f"{name}={value}" for name, value in switches.items() if value),
-                                      ATTENTION_KEYS, "KOG_ATTN_CLUSTER / KOG_ATTN_FUSED", ATTENTION_SWITCHES),
+                     **kind_overrides(f"cluster={env_cluster}" if env_cluster else "", ATTENTION_KEYS,
+                                      "KOG_ATTN_CLUSTER", ATTENTION_SWITCHES),
                      **kind_overrides(attention or {}, ATTENTION_KEYS, "attention", ATTENTION_SWITCHES)}  # fmt: skip
         splits = attention["splits"] or default_splits(cfg.num_kv_heads, device)
         self.attn_block_t, self.attn_warps = attention["block_t"], attention["num_warps"] or None
@@ -209,16 +206,6 @@ class FastRunner:
         if self.attn_cluster and not sm90:
             raise ValueError(
                 "cluster: thread-block clusters need a Hopper GPU (set it to 0 or leave it unset)"
-            )
-        # KOG_ATTN_FUSED=1|0 (or the `fused` key): the q|k|v projection inside the attention's clusters
-        # (kernels/qkv_attention.py), or its own launch before the attention (unset: the first wherever the
-        # clusters can run and the merge is not forced through the counter).
-        can_fuse = sm90 and fusable(device, splits) and self.attn_cluster is not False
-        self.fused_qkv = bool(attention.get("fused", can_fuse))
-        if self.fused_qkv and not can_fuse:
-            raise ValueError(
-                "fused: the q|k|v projection runs inside the attention's clusters only on a Hopper GPU, with "
-                f"splits in a cluster size and cluster not 0 (got {splits} splits; set it to 0 or leave it unset)"
             )
         # KOG_HEAD_BLOCK_N / KOG_HEAD_ROW_BLOCKS / KOG_HEAD_WARPS override the head's blocks (0: its own choice).
         self.head_blocks = {
@@ -288,17 +275,39 @@ class FastRunner:
         cfg, eps, pdl = self.cfg, self.cfg.norm_eps, self.use_pdl
         for i, w in enumerate(self.layers):
             first = i == 0
-            if self.fused_qkv:
-                qkv_attention(self.embed if first else self.x, w.wqkv, self.qkv, self.cache.k[i, 0],
-                              self.cache.v[i, 0], self.pos, self.model.rope_cos, self.model.rope_sin, self.attn,
-                              self.attn_scratch, num_heads=cfg.num_heads, norm_weight=w.attention_norm, bias=w.bqkv,
-                              token=self.token if first else None, window=w.window, q_norm=w.q_norm,
-                              k_norm=w.k_norm, eps=eps, use_pdl=pdl, fused=True, prefetch=self.prefetch["qkv"],
-                              block_n=self.blocks.get("qkv", {}).get("block_n"),
-                              block_k=self.blocks.get("qkv", {}).get("block_k"), num_warps=self.attn_warps,
-                              block_t=self.attn_block_t)  # fmt: skip
-            else:
-                self._qkv_then_attention(i, w, first)
+            rmsnorm_gemv(
+                self.embed if first else self.x,
+                w.wqkv,
+                self.qkv,
+                norm_weight=w.attention_norm,
+                eps=eps,
+                bias=w.bqkv,
+                token=self.token if first else None,
+                use_pdl=pdl,
+                prefetch=self.prefetch["qkv"],
+                row_blocks=self.row_blocks.get("qkv"),
+                **self.blocks.get("qkv", {}),
+            )
+            decode_attention(
+                self.qkv,
+                self.cache.k[i, 0],
+                self.cache.v[i, 0],
+                self.pos,
+                self.model.rope_cos,
+                self.model.rope_sin,
+                self.attn,
+                self.attn_scratch,
+                num_heads=cfg.num_heads,
+                window=w.window,
+                q_norm=w.q_norm,
+                k_norm=w.k_norm,
+                eps=eps,
+                use_pdl=pdl,
+                block_t=self.attn_block_t,
+                num_warps=self.attn_warps,
+                cluster=self.attn_cluster,
+                maxnreg=self.attn_maxnreg,
+            )
             self._add_partials(i, w, 0, self.attn, w.wo, first)
             rmsnorm_gemv(self.x, w.w1, self.h, norm_weight=w.ffn_norm, eps=eps, weight_up=w.w3, use_pdl=pdl,
                          prefetch=self.prefetch["gate_up"], row_blocks=self.row_blocks.get("gate_up"),
@@ -316,43 +325,6 @@ class FastRunner:
                 use_pdl=pdl, **self.head_blocks)  # fmt: skip
         if not greedy:
             self._sample_next()
-
-    def _qkv_then_attention(self, i: int, w: LayerWeights, first: bool) -> None:
-        """The attention norm + q|k|v (rmsnorm_gemv), then decode_attention: two launches."""
-        cfg, eps, pdl = self.cfg, self.cfg.norm_eps, self.use_pdl
-        rmsnorm_gemv(
-            self.embed if first else self.x,
-            w.wqkv,
-            self.qkv,
-            norm_weight=w.attention_norm,
-            eps=eps,
-            bias=w.bqkv,
-            token=self.token if first else None,
-            use_pdl=pdl,
-            prefetch=self.prefetch["qkv"],
-            row_blocks=self.row_blocks.get("qkv"),
-            **self.blocks.get("qkv", {}),
-        )
-        decode_attention(
-            self.qkv,
-            self.cache.k[i, 0],
-            self.cache.v[i, 0],
-            self.pos,
-            self.model.rope_cos,
-            self.model.rope_sin,
-            self.attn,
-            self.attn_scratch,
-            num_heads=cfg.num_heads,
-            window=w.window,
-            q_norm=w.q_norm,
-            k_norm=w.k_norm,
-            eps=eps,
-            use_pdl=pdl,
-            block_t=self.attn_block_t,
-            num_warps=self.attn_warps,
-            cluster=self.attn_cluster,
-            maxnreg=self.attn_maxnreg,
-        )
 
     def _add_partials(self, i: int, w: LayerWeights, block: int, act: torch.Tensor, weight: torch.Tensor,
                       first: bool) -> None:  # fmt: skip

@@ -47,7 +47,6 @@ def _lane_reduce_gemv_kernel(
     X_FROM_TOKEN: tl.constexpr,
     STORE_HISTORY: tl.constexpr,
     PREFETCH: tl.constexpr,
-    STAGES: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -57,21 +56,6 @@ def _lane_reduce_gemv_kernel(
     tile_ok = lane_ok[:, None] & (rows < N)[None, :]  # [LANES_P, BLOCK_N]
     w_offs = ((lanes[:, None] * N + rows[None, :]).to(tl.int64) * K)[:, :, None] + cols[None, None, :]
 
-    act_rows = act_ptr + lanes[:, None] * stride_act_lane  # [LANES_P, 1]
-    if STAGES > 0:
-        p = _staged_partials(w_ptr, w_offs, tile_ok, act_rows, lane_ok, cols, K, LANES_P, BLOCK_N, BLOCK_K, STAGES,
-                             USE_PDL)  # fmt: skip
-    else:
-        p = _partials(w_ptr, w_offs, tile_ok, act_rows, lane_ok, cols, K, LANES_P, BLOCK_N, BLOCK_K, PREFETCH,
-                      USE_PDL)  # fmt: skip
-    _reduce_into_x(p, rows, lanes, tile_ok, N, x_ptr, embed_ptr, token_ptr, hist_out_ptr, hist_in_ptr, lane_scale,
-                   MODE, X_FROM_TOKEN, STORE_HISTORY)  # fmt: skip
-
-
-@triton.jit
-def _partials(w_ptr, w_offs, tile_ok, act_rows, lane_ok, cols, K: tl.constexpr, LANES_P: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, USE_PDL: tl.constexpr):  # fmt: skip
-    """[LANES_P, BLOCK_N] partials, the K loop unrolled: every tile's loads issued together, in registers."""
     # The first PREFETCH weight tiles are in flight before we wait for the kernel that produces act (weights are
     # read once per token: evict them first).
     w_early = ()
@@ -84,6 +68,7 @@ def _partials(w_ptr, w_offs, tile_ok, act_rows, lane_ok, cols, K: tl.constexpr, 
         gdc_wait()
         gdc_launch_dependents()
 
+    act_rows = act_ptr + lanes[:, None] * stride_act_lane  # [LANES_P, 1]
     acc = tl.zeros([LANES_P, BLOCK_N, BLOCK_K], dtype=tl.float32)
     for i in tl.static_range(0, (K + BLOCK_K - 1) // BLOCK_K):
         k_ok = i * BLOCK_K + cols < K  # K is a constexpr: a multiple of 8 keeps the loads 16 bytes wide
@@ -95,45 +80,8 @@ def _partials(w_ptr, w_offs, tile_ok, act_rows, lane_ok, cols, K: tl.constexpr, 
         a_mask = lane_ok[:, None] & k_ok[None, :]
         a = tl.load(act_rows + i * BLOCK_K + cols[None, :], mask=a_mask, other=0.0).to(tl.float32)
         acc += w.to(tl.float32) * a[:, None, :]
-    return tl.sum(acc, axis=2)  # [LANES_P, BLOCK_N]; padded lanes are 0
+    p = tl.sum(acc, axis=2)  # [LANES_P, BLOCK_N]; padded lanes are 0
 
-
-@triton.jit
-def _wait_token(first):
-    """griddepcontrol.wait (and the dependents' launch) where `first` is true; returns 0. Loads whose addresses
-    depend on the result cannot be moved above the wait, by the compiler or its software pipeliner."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.u32 p, $1, 0; @p griddepcontrol.wait; @p griddepcontrol.launch_dependents; "
-        "mov.u32 $0, 0; }", "=r,r", [first.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
-    )  # fmt: skip
-
-
-@triton.jit
-def _staged_partials(w_ptr, w_offs, tile_ok, act_rows, lane_ok, cols, K: tl.constexpr, LANES_P: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, USE_PDL: tl.constexpr):  # fmt: skip
-    """[LANES_P, BLOCK_N] partials from a software-pipelined K loop: the weight tiles of STAGES - 1 iterations
-    ahead are copied into shared memory (cp.async), so the first ones are in flight before the wait on the
-    kernel that produces act without holding registers. The wait is in the first iteration, and act's loads
-    take their addresses from it (the pipeliner would otherwise schedule them before it)."""
-    acc = tl.zeros([LANES_P, BLOCK_N, BLOCK_K], dtype=tl.float32)
-    ready = 0
-    for i in tl.range(0, (K + BLOCK_K - 1) // BLOCK_K, num_stages=STAGES):
-        k_ok = i * BLOCK_K + cols < K
-        w_mask = tile_ok[:, :, None] & k_ok[None, None, :]
-        w = tl.load(w_ptr + w_offs + i * BLOCK_K, mask=w_mask, other=0.0, eviction_policy="evict_first")
-        if USE_PDL:
-            ready += _wait_token(i == 0)
-        a_mask = lane_ok[:, None] & k_ok[None, :]
-        a = tl.load(act_rows + ready + i * BLOCK_K + cols[None, :], mask=a_mask, other=0.0).to(tl.float32)
-        acc += w.to(tl.float32) * a[:, None, :]
-    return tl.sum(acc, axis=2)
-
-
-@triton.jit
-def _reduce_into_x(p, rows, lanes, tile_ok, N, x_ptr, embed_ptr, token_ptr, hist_out_ptr, hist_in_ptr, lane_scale,
-                   MODE: tl.constexpr, X_FROM_TOKEN: tl.constexpr, STORE_HISTORY: tl.constexpr):  # fmt: skip
-    """The partials p [LANES_P, BLOCK_N] stored for a later layer (STORE_HISTORY), reduced across lanes by MODE
-    and added to the residual x (or to the embedding row: layer 0)."""
     lane_rows = lanes[:, None] * N + rows[None, :]
     if STORE_HISTORY:
         tl.store(hist_out_ptr + lane_rows, p, mask=tile_ok)
@@ -198,7 +146,6 @@ def lane_reduce_gemv(
     token: torch.Tensor | None = None,
     use_pdl: bool = False,
     prefetch: int = 1,
-    stages: int = 0,
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
@@ -209,9 +156,7 @@ def lane_reduce_gemv(
     (int tensor [1] on the device), x is overwritten with embedding[token] + r instead: layer 0).
     history_out: [L, N] fp32 to store p in; history_in: [L, N] fp32, the partials of layer i - d (DELAYED).
     prefetch: weight tiles ([L, block_n, block_k]) a program loads before it waits for act (at least 1; more
-    than the rows' tiles means all of them). stages: 0 unrolls the K loop (every tile's loads issued at once,
-    into registers); 2 or more pipelines it through shared memory with stages - 1 tiles in flight ahead
-    (prefetch is then unused).
+    than the rows' tiles means all of them).
     """
     if weight.dim() != 3 or not weight.is_contiguous():
         raise ValueError(f"weight: expected a contiguous [L, N, K] tensor, got {tuple(weight.shape)}")
@@ -240,8 +185,6 @@ def lane_reduce_gemv(
     block_n, block_k, num_warps = block_n or auto_n, block_k or auto_k, num_warps or auto_warps
     if prefetch < 1:
         raise ValueError(f"prefetch: expected at least 1 tile, got {prefetch}")
-    if stages < 0 or stages == 1:
-        raise ValueError(f"stages: expected 0 (unrolled) or at least 2, got {stages}")
     _lane_reduce_gemv_kernel[(triton.cdiv(n, block_n),)](
         act,
         act.stride(0),
@@ -262,7 +205,6 @@ def lane_reduce_gemv(
         X_FROM_TOKEN=embedding is not None,
         STORE_HISTORY=history_out is not None,
         PREFETCH=min(prefetch, triton.cdiv(k, block_k)),
-        STAGES=stages,
         USE_PDL=use_pdl,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),

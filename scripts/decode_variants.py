@@ -6,7 +6,7 @@
 A variant is a KOG_PREFETCH-style list (kind=tiles, kinds qkv, o, gate_up, down; "" is the default), where
 rows.qkv=n / rows.gate_up=n set FastRunner's row_blocks, blocks.down=2/1024/8 (block_n/block_k/num_warps of a kind) its block sizes and head.row_blocks=4
 (or head.block_n, head.num_warps) the head's, attn.splits=32 (or attn.block_t, attn.num_warps, attn.maxnreg, and
-attn.cluster=0|1 for the merge) the attention's, stages.down=4 (or stages.o) a pipelined K loop for that kind;
+attn.cluster=0|1 for the merge) the attention's;
 "name:spec" labels one, so a setting can be built twice (two runner instances: what memory placement alone
 does). Every round times each variant once (bench.time_fast: median of --runs after a warm-up), so slow drifts of the clock or
 the temperature hit all variants alike; the table keeps the median over rounds, beside the ceiling measured in
@@ -29,7 +29,6 @@ from inference.fast.runner import (  # noqa: E402
     ATTENTION_SWITCHES,
     HEAD_KEYS,
     ROW_BLOCK_KINDS,
-    STAGED_KINDS,
     FastRunner,
     block_spec,
     kind_overrides,
@@ -41,7 +40,7 @@ def runner_kwargs(spec: str) -> dict:
     """'o=16,rows.gate_up=8,blocks.down=4/4096/8,head.row_blocks=2' -> FastRunner(prefetch={'o': 16},
     row_blocks={'gate_up': 8}, blocks={'down': {...}}, head_blocks={'row_blocks': 2})."""
     items = [item.strip() for item in spec.split(",") if item.strip()]
-    prefixes = ("rows.", "blocks.", "head.", "attn.", "stages.")
+    prefixes = ("rows.", "blocks.", "head.", "attn.")
 
     def group(prefix: str) -> str:
         return ",".join(item.removeprefix(prefix) for item in items if item.startswith(prefix))
@@ -51,8 +50,7 @@ def runner_kwargs(spec: str) -> dict:
             "row_blocks": kind_overrides(group("rows."), ROW_BLOCK_KINDS, "row_blocks"),
             "blocks": block_spec(group("blocks.")),
             "head_blocks": kind_overrides(group("head."), HEAD_KEYS, "head_blocks"),
-            "attention": kind_overrides(group("attn."), ATTENTION_KEYS, "attention", ATTENTION_SWITCHES),
-            "stages": kind_overrides(group("stages."), STAGED_KINDS, "stages")}  # fmt: skip
+            "attention": kind_overrides(group("attn."), ATTENTION_KEYS, "attention", ATTENTION_SWITCHES)}  # fmt: skip
 
 
 def main() -> int:
@@ -88,7 +86,6 @@ def main() -> int:
             tok_s[v].append(time_fast(runner, prompt, args.new_tokens, args.runs)["tok_s"])
             tokens[v] = runner.out_tokens[args.prompt_len : args.prompt_len + args.new_tokens].tolist()
     rows = [{"variant": v or "default", "prefetch": runners[v].prefetch, "row_blocks": runners[v].row_blocks,
-             "stages": runners[v].stages,
              "blocks": runners[v].blocks,
              "head_blocks": runners[v].head_blocks,
              "attention": {"splits": runners[v].attn_scratch.splits, "block_t": runners[v].attn_block_t,

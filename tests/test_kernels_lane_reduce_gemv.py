@@ -37,28 +37,6 @@ def test_lane_reduce_gemv_matches_reference(dtype, mode, lanes, n, k, block_n, b
 
 
 @pytest.mark.parametrize("dtype", dtype_params())
-@pytest.mark.parametrize("mode", ["sum", "delayed"])
-@pytest.mark.parametrize("lanes,n,k", [(1, 37, 200), (3, 21, 48)])  # K: 7 tiles with a partial one, and 3
-@pytest.mark.parametrize("stages", [2, 4])
-def test_k_loop_pipelined_through_shared_memory(dtype, mode, lanes, n, k, stages):
-    act = randn(lanes, k, dtype=dtype)
-    w = randn(lanes, n, k, dtype=dtype, scale=k**-0.5)
-    x = randn(lanes, n)
-    history_in = randn(lanes, n) if mode == "delayed" else None
-    history_out = poisoned(lanes, n, dtype=torch.float32)
-    want_x, want_p = reference(act, w, x, mode, history_in)
-    lane_reduce_gemv(act, w, x, mode=mode, history_out=history_out, history_in=history_in, block_n=4, block_k=32,
-                     stages=stages)  # fmt: skip
-    assert_close(x, want_x, dtype, "x")
-    assert_close(history_out, want_p, dtype, "history_out")
-
-
-def test_stages_must_be_zero_or_at_least_two():
-    with pytest.raises(ValueError, match="stages: expected 0"):
-        lane_reduce_gemv(randn(1, 32), randn(1, 8, 32), randn(1, 8), stages=1)
-
-
-@pytest.mark.parametrize("dtype", dtype_params())
 def test_layer_zero_starts_from_the_embedding_row(dtype):
     lanes, n, k, vocab = 4, 40, 32, 9
     table = randn(vocab, n, dtype=dtype)

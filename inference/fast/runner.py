@@ -44,9 +44,6 @@ from kernels.rmsnorm_gemv import rmsnorm_gemv
 # 1,184 -> 1,212 tok/s, laneformer 698 -> 709). More tiles for the others measured no better (qkv, gate/up)
 # or far worse (laneformer's down-proj at 3 tiles: registers).
 DEFAULT_PREFETCH = {"qkv": 1, "o": 64, "gate_up": 1, "down": 1}
-# The kinds lane_reduce_gemv runs, whose K loop may be pipelined through shared memory (its `stages`; unset: 0,
-# the unrolled loop).
-STAGED_KINDS = ("o", "down")
 # The norm-fused kinds whose blocks of rows a program may be told to take in turn (rmsnorm_gemv's
 # `row_blocks`; unset: the kernel's own choice).
 ROW_BLOCK_KINDS = ("qkv", "gate_up")
@@ -148,7 +145,7 @@ class FastRunner:
                  use_pdl: bool = True, prefetch: dict[str, int] | None = None,
                  row_blocks: dict[str, int] | None = None,
                  blocks: str | dict[str, dict[str, int]] = "", head_blocks: dict[str, int] | None = None,
-                 attention: dict[str, int] | None = None, stages: dict[str, int] | None = None):  # fmt: skip
+                 attention: dict[str, int] | None = None):  # fmt: skip
         cfg = model.cfg
         if (why := supports(cfg)) is not None:
             raise ValueError(f"model: the fast path does not support {why}")
@@ -228,9 +225,6 @@ class FastRunner:
         env = os.environ.get
         self.prefetch = {**DEFAULT_PREFETCH, **prefetch_overrides(env("KOG_PREFETCH", "")),
                          **prefetch_overrides(prefetch or {})}  # fmt: skip
-        # KOG_STAGES=down=4 pipelines a lane_reduce_gemv kind's K loop through shared memory (sweeps).
-        self.stages = {**kind_overrides(env("KOG_STAGES", ""), STAGED_KINDS, "stages"),
-                       **kind_overrides(stages or {}, STAGED_KINDS, "stages")}  # fmt: skip
         self.row_blocks = {**kind_overrides(env("KOG_ROW_BLOCKS", ""), ROW_BLOCK_KINDS, "row_blocks"),
                            **kind_overrides(row_blocks or {}, ROW_BLOCK_KINDS, "row_blocks")}  # fmt: skip
         # KOG_BLOCKS=down=2/1024/8 overrides the matrix-vector kinds' block sizes (block_spec; for sweeps).
@@ -346,7 +340,6 @@ class FastRunner:
             token=self.token if first else None,
             use_pdl=self.use_pdl,
             prefetch=self.prefetch["down" if block else "o"],
-            stages=self.stages.get("down" if block else "o", 0),
             **self.blocks.get("down" if block else "o", {}),
         )
 

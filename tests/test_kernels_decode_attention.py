@@ -150,8 +150,8 @@ def test_rejects_bad_shapes():
 )
 def test_cluster_merge_matches_reference(dtype, lanes, num_heads, num_kv, hd, pos, splits, window, interleaved,
                                          qk_norm):  # fmt: skip
-    # The split partials merged through distributed shared memory instead of the counter (kernels/cluster.py);
-    # run twice so that a program reading a stale exchange region would show.
+    # The split partials merged after a cluster barrier instead of through the counter (kernels/cluster.py); run
+    # twice, at consecutive positions, so that a program reading a stale partial of the call before would show.
     for p in (pos, pos + 1):
         run_case(dtype, lanes, num_heads, num_kv, hd, p, max_len=p + 8, window=window, interleaved=interleaved,
                  qk_norm=qk_norm, splits=splits, block_t=64, cluster=True)  # fmt: skip

@@ -153,7 +153,8 @@ class FastRunner:
             raise ValueError(f"max_context: must be in (1, {cfg.max_position_embeddings}], got {max_context}")
         device = model.tok_embeddings.device
         self.model, self.cfg, self.device, self.max_context = model, cfg, device, max_context
-        sm90 = device.type == "cuda" and hopper_features(device)  # PDL and clusters: Hopper and later
+        # PDL and clusters: Hopper and later (not meta tensors, which scripts/kernel_report.py builds on)
+        sm90 = device.type == "cuda" and hopper_features(device)
         self.use_pdl = use_pdl and sm90
         # Ids past the tokenizer's vocabulary (padded embedding rows) are never chosen: nothing decodes them.
         self.vocab_limit = min(vocab_limit or cfg.vocab_size, cfg.vocab_size)

@@ -10,6 +10,10 @@ A program owns a block of output rows n for *all* lanes, so every lane's partial
 registers and the reduction, whatever the layer, needs no second kernel and no atomics. The raw partials are
 stored for layer i + d when it needs them ([L, N] fp32, tiny next to the weights).
 
+A launch may also cover a group of lanes only (lanes lane_start ... of the model's total): DELAYED and SCALED
+need no partial of the other lanes from this layer, so groups of lanes can run as independent launches (the
+runner's lane groups); the past partials are then summed over all lanes of the history.
+
 Bytes: the weight once (L * N * K elements), act once per program (L1/L2 hits), x read and written once.
 Grid: row blocks only; rows are split finely enough that every multiprocessor holds several programs.
 With layer 0 the residual before the block is the embedding row of a token id that lives on the device.
@@ -38,9 +42,12 @@ def _lane_reduce_gemv_kernel(
     hist_in_ptr,
     N,
     lane_scale,
+    lane_start,
     K: tl.constexpr,
     LANES: tl.constexpr,
     LANES_P: tl.constexpr,
+    TOTAL_LANES: tl.constexpr,
+    TOTAL_LANES_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     MODE: tl.constexpr,
@@ -83,13 +90,21 @@ def _lane_reduce_gemv_kernel(
     p = tl.sum(acc, axis=2)  # [LANES_P, BLOCK_N]; padded lanes are 0
 
     lane_rows = lanes[:, None] * N + rows[None, :]
+    hist_rows = lane_start * N + lane_rows  # this launch's lanes in the [TOTAL_LANES, N] history
     if STORE_HISTORY:
-        tl.store(hist_out_ptr + lane_rows, p, mask=tile_ok)
+        tl.store(hist_out_ptr + hist_rows, p, mask=tile_ok)
     if MODE == 0:
         r = tl.zeros_like(p) + tl.sum(p, axis=0)[None, :]
     elif MODE == 1:
-        past = tl.load(hist_in_ptr + lane_rows, mask=tile_ok, other=0.0)
-        r = p + tl.sum(past, axis=0)[None, :] - past
+        past = tl.load(hist_in_ptr + hist_rows, mask=tile_ok, other=0.0)
+        if TOTAL_LANES == LANES:
+            past_sum = tl.sum(past, axis=0)
+        else:  # a group of lanes: the other groups' past partials too
+            all_lanes = tl.arange(0, TOTAL_LANES_P)
+            all_ok = (all_lanes < TOTAL_LANES)[:, None] & (rows < N)[None, :]
+            all_rows = all_lanes[:, None] * N + rows[None, :]
+            past_sum = tl.sum(tl.load(hist_in_ptr + all_rows, mask=all_ok, other=0.0), axis=0)
+        r = p + past_sum[None, :] - past
     else:
         r = p * lane_scale
     if X_FROM_TOKEN:
@@ -146,6 +161,8 @@ def lane_reduce_gemv(
     token: torch.Tensor | None = None,
     use_pdl: bool = False,
     prefetch: int = 1,
+    lane_start: int = 0,
+    total_lanes: int | None = None,
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
@@ -154,7 +171,10 @@ def lane_reduce_gemv(
 
     act: [L, K]; weight: [L, N, K]; x: [L, N] fp32, updated in place (with `embedding` [V, N] and `token`
     (int tensor [1] on the device), x is overwritten with embedding[token] + r instead: layer 0).
-    history_out: [L, N] fp32 to store p in; history_in: [L, N] fp32, the partials of layer i - d (DELAYED).
+    history_out: [T, N] fp32 to store p in; history_in: [T, N] fp32, the partials of layer i - d (DELAYED).
+    lane_start, total_lanes: act, weight and x hold lanes lane_start .. lane_start + L - 1 of the model's
+    T = total_lanes (None: L, all of them); the histories hold all T. A group of lanes cannot take mode 'sum',
+    which needs every lane's partial of this layer.
     prefetch: weight tiles ([L, block_n, block_k]) a program loads before it waits for act (at least 1; more
     than the rows' tiles means all of them).
     """
@@ -167,10 +187,17 @@ def lane_reduce_gemv(
         raise ValueError(f"act: expected ({lanes}, {k}) with unit inner stride, got {tuple(act.shape)}")
     if x.shape != (lanes, n) or not x.is_contiguous() or x.dtype != torch.float32:
         raise ValueError(f"x: expected a contiguous fp32 ({lanes}, {n}), got {x.dtype} {tuple(x.shape)}")
+    total = total_lanes or lanes
+    if not 0 <= lane_start <= total - lanes:
+        raise ValueError(
+            f"lane_start: lanes {lane_start} .. {lane_start + lanes - 1} are not within {total} lanes"
+        )
+    if mode == "sum" and total != lanes:
+        raise ValueError(f"mode: 'sum' needs all {total} lanes in one launch, got {lanes}")
     for name, t in (("history_out", history_out), ("history_in", history_in)):
-        if t is not None and (t.shape != (lanes, n) or not t.is_contiguous() or t.dtype != torch.float32):
+        if t is not None and (t.shape != (total, n) or not t.is_contiguous() or t.dtype != torch.float32):
             raise ValueError(
-                f"{name}: expected a contiguous fp32 ({lanes}, {n}), got {t.dtype} {tuple(t.shape)}"
+                f"{name}: expected a contiguous fp32 ({total}, {n}), got {t.dtype} {tuple(t.shape)}"
             )
     if mode == "delayed" and history_in is None:
         raise ValueError("history_in: required with mode 'delayed'")
@@ -195,10 +222,13 @@ def lane_reduce_gemv(
         history_out if history_out is not None else x,
         history_in if history_in is not None else x,
         n,
-        float(lanes) ** 0.5,
+        float(total) ** 0.5,
+        lane_start,
         K=k,
         LANES=lanes,
         LANES_P=triton.next_power_of_2(lanes),
+        TOTAL_LANES=total,
+        TOTAL_LANES_P=triton.next_power_of_2(total),
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         MODE=MODES[mode],

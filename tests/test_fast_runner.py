@@ -104,6 +104,49 @@ def test_laneformer_reductions_and_windows():
             assert rel_err(fast, ref) < LOGIT_TOL, overrides
 
 
+@pytest.mark.parametrize(
+    "overrides,lane_groups",
+    [({}, {"groups": 2}), ({}, {"groups": 4, "skew": 3}), ({"sliding_window": 8, "broadcast_delay": 1},
+     {"groups": 2, "skew": 2}), ({"use_comm": False, "use_early_comm": False}, {"groups": 2, "skew": 5})],
+)  # fmt: skip
+def test_lane_groups_match_the_reference(overrides, lane_groups):
+    # groups of lanes as their own chains of launches (streams on a GPU) from the first delayed layer on;
+    # without communication every layer is split, layer 0's embedding row included
+    model = make_model("tiny-laneformer", seed=3, **overrides)
+    runner = FastRunner(model, 64, lane_groups=lane_groups)
+    first_split = 0 if overrides.get("use_comm") is False else model.cfg.broadcast_delay
+    assert runner.split_from == first_split
+    assert [(g.start, g.stop) for g in runner.groups] == [
+        (s, s + 4 // lane_groups["groups"]) for s in range(0, 4, 4 // lane_groups["groups"])
+    ]
+    for fast, ref, _ in teacher_forced(model, list(range(5, 17)), steps=3, lane_groups=lane_groups):
+        assert rel_err(fast, ref) < LOGIT_TOL
+
+
+@fp32_only
+def test_lane_groups_generate_the_same_tokens():
+    model = make_model("tiny-laneformer", seed=11, sliding_window=8)
+    prompt, params = [4, 8, 15, 16, 23, 42], SamplingParams(max_new_tokens=12)
+    whole = list(FastRunner(model, 64).generate_tokens(prompt, params))
+    grouped = list(
+        FastRunner(model, 64, lane_groups={"groups": 2, "skew": 2}).generate_tokens(prompt, params)
+    )
+    assert grouped == whole
+
+
+def test_lane_groups_reject_what_they_cannot_split():
+    with pytest.raises(ValueError, match="do not divide the model's 4 lanes"):
+        FastRunner(make_model("tiny-laneformer"), 32, lane_groups={"groups": 3})
+    with pytest.raises(ValueError, match="do not divide the model's 1 lanes"):
+        FastRunner(make_model("tiny-llama"), 32, lane_groups={"groups": 2})
+    with pytest.raises(ValueError, match="nothing to split"):  # d = 0: every layer sums at once
+        FastRunner(make_model("tiny-laneformer", broadcast_delay=0), 32, lane_groups={"groups": 2})
+    with pytest.raises(ValueError, match="skew"):
+        FastRunner(make_model("tiny-laneformer"), 32, lane_groups={"groups": 2, "skew": 6})
+    with pytest.raises(ValueError, match="lane_groups"):
+        FastRunner(make_model("tiny-laneformer"), 32, lane_groups={"streams": 2})
+
+
 @pytest.mark.parametrize("preset", ["tiny-laneformer", "tiny-qwen3"])
 def test_weights_loaded_before_the_wait_change_nothing(preset):
     # every matrix-vector kind with all of its weight tiles in flight before it waits on the previous kernel

@@ -37,6 +37,30 @@ def test_lane_reduce_gemv_matches_reference(dtype, mode, lanes, n, k, block_n, b
 
 
 @pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("mode", ["delayed", "scaled"])
+@pytest.mark.parametrize("total,start,lanes", [(8, 4, 4), (8, 0, 2), (6, 3, 3), (4, 1, 1)])
+def test_a_group_of_lanes_equals_those_lanes_of_one_launch(dtype, mode, total, start, lanes):
+    # the runner's lane groups: lanes start .. start + lanes - 1 launched alone, reading every lane's past
+    n, k = 24, 64
+    act = randn(total, k, dtype=dtype)
+    w = randn(total, n, k, dtype=dtype, scale=k**-0.5)
+    x = randn(total, n)
+    history_in = randn(total, n) if mode == "delayed" else None
+    history_out = poisoned(total, n, dtype=torch.float32)
+    want_x, want_p = reference(act, w, x, mode, history_in)
+    group = slice(start, start + lanes)
+    untouched = x.clone()
+    lane_reduce_gemv(act[group], w[group], x[group], mode=mode, history_out=history_out, history_in=history_in,
+                     lane_start=start, total_lanes=total)  # fmt: skip
+    assert_close(x[group], want_x[group], dtype, "x")
+    assert_close(history_out[group], want_p[group], dtype, "history_out")
+    outside = torch.ones(total, dtype=torch.bool)
+    outside[group] = False
+    assert torch.equal(x[outside], untouched[outside])  # other lanes' residuals are not touched
+    assert torch.isnan(history_out[outside]).all()  # nor their history rows (still poisoned)
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
 def test_layer_zero_starts_from_the_embedding_row(dtype):
     lanes, n, k, vocab = 4, 40, 32, 9
     table = randn(vocab, n, dtype=dtype)
@@ -86,3 +110,9 @@ def test_rejects_bad_arguments():
         lane_reduce_gemv(randn(3, 16), w, x)
     with pytest.raises(ValueError, match="prefetch:"):
         lane_reduce_gemv(randn(2, 16), w, x, prefetch=0)
+    with pytest.raises(ValueError, match="lane_start:"):
+        lane_reduce_gemv(randn(2, 16), w, x, mode="scaled", lane_start=3, total_lanes=4)
+    with pytest.raises(ValueError, match="'sum' needs all 4 lanes"):
+        lane_reduce_gemv(randn(2, 16), w, x, mode="sum", lane_start=2, total_lanes=4)
+    with pytest.raises(ValueError, match="history_in: expected a contiguous fp32 \\(4, 8\\)"):
+        lane_reduce_gemv(randn(2, 16), w, x, mode="delayed", history_in=randn(2, 8), total_lanes=4)

@@ -7,6 +7,11 @@ A decode step is five kernels a layer (model.py's math, fused):
     rmsnorm_gemv       ffn norm + gate/up + SiLU
     lane_reduce_gemv   down-proj + reduction + residual add
 then the head: final_norm (L > 1 only) and lm_head (norm, logits, argmax, token and position bookkeeping).
+
+Lane groups (Laneformer): from the first layer whose reductions are delayed, a lane's layer i needs the other
+lanes' partials of layer i - d only, so groups of lanes can decode as independent chains of launches, one CUDA
+stream each, meeting only through those old partials. While one group's attention waits on its chain of
+dependent reads, the other's matrix-vector kernels keep the memory busy (`lane_groups`, off by default).
 The step reads its token and position from device buffers and leaves the next ones there, so it is captured
 once as a CUDA graph and replayed per token. The host never waits on the token it is about to launch for:
 it keeps LOOKAHEAD steps queued and reads finished ids from pinned memory behind an event per step.
@@ -23,7 +28,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -74,6 +79,29 @@ class LayerWeights:
     mode: str  # how the lane partials reach the residual (kernels/lane_reduce_gemv.py)
     history_in: int | None  # the layer whose partials DELAYED mode adds
 
+    def lanes(self, start: int, stop: int) -> LayerWeights:
+        """The weights of lanes [start, stop) (views; lanes are the outer dimension)."""
+        per_lane = ("attention_norm", "wqkv", "bqkv", "wo", "ffn_norm", "w1", "w3", "w2")
+        return replace(
+            self, **{f: getattr(self, f)[start:stop] for f in per_lane if getattr(self, f) is not None}
+        )
+
+
+@dataclass
+class LaneGroup:
+    """Lanes [start, stop) of the model with their views of the step's buffers (all lanes: one group)."""
+
+    start: int
+    stop: int
+    layers: list[LayerWeights]
+    x: torch.Tensor  # [lanes, D] fp32
+    qkv: torch.Tensor  # [lanes, (H/L + 2 KV/L) * hd]
+    attn: torch.Tensor  # [lanes, H/L * hd]
+    h: torch.Tensor  # [lanes, F/L]
+    kv_heads: slice  # of the cache's KV heads
+    num_heads: int
+    scratch: AttentionScratch  # its own: groups run at the same time
+
 
 def kind_overrides(spec: str | dict[str, int], kinds, what: str = "prefetch", switches=()) -> dict[str, int]:
     """'o=4,gate_up=2' (an environment variable's form) or {'o': 4, 'gate_up': 2} -> the checked dict: every
@@ -101,6 +129,9 @@ BLOCK_KEYS = ("block_n", "block_k", "num_warps")
 HEAD_KEYS = ("block_n", "row_blocks", "num_warps")  # lm_head's block arguments
 ATTENTION_KEYS = ("splits", "block_t", "num_warps", "cluster", "maxnreg")
 ATTENTION_SWITCHES = ("cluster",)
+# Lane groups: how many (1: none), and how many kernels of its first split layer group g - 1 runs before group g
+# starts (0: they start together).
+LANE_GROUP_KEYS = ("groups", "skew")
 
 
 def block_spec(spec: str | dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
@@ -145,7 +176,7 @@ class FastRunner:
                  use_pdl: bool = True, prefetch: dict[str, int] | None = None,
                  row_blocks: dict[str, int] | None = None,
                  blocks: str | dict[str, dict[str, int]] = "", head_blocks: dict[str, int] | None = None,
-                 attention: dict[str, int] | None = None):  # fmt: skip
+                 attention: dict[str, int] | None = None, lane_groups: dict[str, int] | None = None):  # fmt: skip
         cfg = model.cfg
         if (why := supports(cfg)) is not None:
             raise ValueError(f"model: the fast path does not support {why}")
@@ -232,6 +263,21 @@ class FastRunner:
         self.blocks = {**block_spec(env("KOG_BLOCKS", "")), **block_spec(blocks)}
         self.attn_scratch = AttentionScratch(cfg.num_kv_heads, group, hd, splits, device)
         self.head_scratch = HeadScratch(cfg.vocab_size, device)
+        self.whole = LaneGroup(0, lanes, self.layers, self.x, self.qkv, self.attn, self.h, slice(None),
+                               cfg.num_heads, self.attn_scratch)  # fmt: skip
+        # KOG_LANE_GROUPS=groups=2,skew=2 (or the `lane_groups` argument): see the module docstring.
+        lane_groups = {**kind_overrides(env("KOG_LANE_GROUPS", ""), LANE_GROUP_KEYS, "KOG_LANE_GROUPS"),
+                       **kind_overrides(lane_groups or {}, LANE_GROUP_KEYS, "lane_groups")}  # fmt: skip
+        self.groups, self.split_from = self._lane_groups(lane_groups.get("groups", 1), attention["splits"])
+        self.skew = lane_groups.get("skew", 0)
+        if not 0 <= self.skew <= 5:
+            raise ValueError(f"lane_groups: skew is a count of a layer's five kernels, got {self.skew}")
+        self.streams = (
+            [torch.cuda.Stream(device) for _ in self.groups]
+            if device.type == "cuda" and self.groups
+            else None
+        )
+        self.group_events: dict[tuple[int, int, int], torch.cuda.Event] = {}  # (group, layer, kernel) -> done
 
         self.graphs: dict[bool, torch.cuda.CUDAGraph] = {}
         # Prompts up to 1024 tokens replay a graph captured for the next power of two (from 64).
@@ -243,7 +289,7 @@ class FastRunner:
         self.prompt_last = zeros(1, dtype=torch.long)
         if device.type == "cuda":
             self.host_tokens = torch.zeros(RING, dtype=torch.int32, pin_memory=True)
-            self.events = [torch.cuda.Event() for _ in range(RING)]
+            self.token_events = [torch.cuda.Event() for _ in range(RING)]
             self.capture(greedy=True)
             for bucket in self.prefill_buckets:
                 self.prefill_graphs[bucket] = self._capture_prefill(bucket)
@@ -269,51 +315,41 @@ class FastRunner:
             history_in=history_in,
         )
 
+    def _lane_groups(self, count: int, splits: int) -> tuple[list[LaneGroup], int]:
+        """`count` groups of lanes for the layers from the first one after which no reduction is an immediate
+        sum (every lane's partial of the same layer), and that layer; ([], number of layers) for one group."""
+        cfg, n = self.cfg, len(self.layers)
+        if count == 1:
+            return [], n
+        lanes = cfg.num_lanes
+        if lanes % count:
+            raise ValueError(f"lane_groups: {count} groups do not divide the model's {lanes} lanes")
+        split_from = max((i + 1 for i, w in enumerate(self.layers) if w.mode == "sum"), default=0)
+        if split_from == n:
+            raise ValueError("lane_groups: every layer sums all lanes' partials at once (nothing to split)")
+        per, kv = lanes // count, cfg.num_kv_heads // count
+        splits = splits or default_splits(kv, self.device)
+        group_size = cfg.num_heads // cfg.num_kv_heads
+        groups = []
+        for start in range(0, lanes, per):
+            stop = start + per
+            groups.append(LaneGroup(
+                start, stop, [w.lanes(start, stop) for w in self.layers], self.x[start:stop],
+                self.qkv[start:stop], self.attn[start:stop], self.h[start:stop],
+                slice(start // per * kv, (start // per + 1) * kv), cfg.num_heads // count,
+                AttentionScratch(kv, group_size, cfg.head_dim, splits, self.device)))  # fmt: skip
+        return groups, split_from
+
     # --- one decode step -------------------------------------------------------------------------------
 
     def decode_step(self, greedy: bool = True) -> None:
         """Launch one step: consumes token/pos, leaves logits, the next token, out_tokens[pos + 1], pos + 1."""
         cfg, eps, pdl = self.cfg, self.cfg.norm_eps, self.use_pdl
-        for i, w in enumerate(self.layers):
-            first = i == 0
-            rmsnorm_gemv(
-                self.embed if first else self.x,
-                w.wqkv,
-                self.qkv,
-                norm_weight=w.attention_norm,
-                eps=eps,
-                bias=w.bqkv,
-                token=self.token if first else None,
-                use_pdl=pdl,
-                prefetch=self.prefetch["qkv"],
-                row_blocks=self.row_blocks.get("qkv"),
-                **self.blocks.get("qkv", {}),
-            )
-            decode_attention(
-                self.qkv,
-                self.cache.k[i, 0],
-                self.cache.v[i, 0],
-                self.pos,
-                self.model.rope_cos,
-                self.model.rope_sin,
-                self.attn,
-                self.attn_scratch,
-                num_heads=cfg.num_heads,
-                window=w.window,
-                q_norm=w.q_norm,
-                k_norm=w.k_norm,
-                eps=eps,
-                use_pdl=pdl,
-                block_t=self.attn_block_t,
-                num_warps=self.attn_warps,
-                cluster=self.attn_cluster,
-                maxnreg=self.attn_maxnreg,
-            )
-            self._add_partials(i, w, 0, self.attn, w.wo, first)
-            rmsnorm_gemv(self.x, w.w1, self.h, norm_weight=w.ffn_norm, eps=eps, weight_up=w.w3, use_pdl=pdl,
-                         prefetch=self.prefetch["gate_up"], row_blocks=self.row_blocks.get("gate_up"),
-                         **self.blocks.get("gate_up", {}))  # fmt: skip
-            self._add_partials(i, w, 1, self.h, w.w2, False)
+        for i in range(self.split_from):
+            for launch in self._layer_launches(self.whole, i):
+                launch()
+        if self.groups:
+            self._grouped_layers()
 
         if cfg.num_lanes > 1:
             final_norm(self.x, self.final_norm_weight, self.head_in, eps=eps,
@@ -327,13 +363,108 @@ class FastRunner:
         if not greedy:
             self._sample_next()
 
+    def _grouped_layers(self) -> None:
+        """Layers split_from .. N - 1, each lane group on its own stream. A group's o-proj / down-proj of layer i
+        reads the other groups' partials of layer i - d, so it waits for those launches; nothing else crosses.
+        Without streams (the interpreter) the groups run one after another, layer by layer."""
+        layers = range(self.split_from, len(self.layers))
+        if self.streams is None:
+            for i in layers:
+                for group in self.groups:
+                    for launch in self._layer_launches(group, i):
+                        launch()
+            return
+        main = torch.cuda.current_stream(self.device)
+        for stream in self.streams:
+            stream.wait_stream(main)
+        for i in layers:
+            for g, (group, stream) in enumerate(zip(self.groups, self.streams, strict=True)):
+                with torch.cuda.stream(stream):
+                    for k, launch in enumerate(self._layer_launches(group, i)):
+                        past = group.layers[i].history_in
+                        if k in (2, 4) and past is not None and past >= self.split_from:
+                            for other in range(len(self.groups)):
+                                if other != g:
+                                    stream.wait_event(self._event(other, past, k))
+                        if g and k == 0 and i == self.split_from and self.skew:
+                            stream.wait_event(self._event(g - 1, i, self.skew - 1))
+                        launch()
+                        if (k in (2, 4) and i in self.history_layers) or (
+                            i == self.split_from and k == self.skew - 1
+                        ):
+                            self._event(g, i, k).record(stream)
+        for stream in self.streams:
+            main.wait_stream(stream)
+
+    def _event(self, group: int, layer: int, kernel: int) -> torch.cuda.Event:
+        key = (group, layer, kernel)
+        if key not in self.group_events:
+            self.group_events[key] = torch.cuda.Event()
+        return self.group_events[key]
+
+    def _layer_launches(self, group: LaneGroup, i: int) -> list:
+        """Layer i's five launches for a group of lanes, as closures (in order)."""
+        eps, pdl, w = self.cfg.norm_eps, self.use_pdl, group.layers[i]
+        first = i == 0
+
+        def qkv() -> None:
+            rmsnorm_gemv(
+                self.embed if first else group.x,
+                w.wqkv,
+                group.qkv,
+                norm_weight=w.attention_norm,
+                eps=eps,
+                bias=w.bqkv,
+                token=self.token if first else None,
+                use_pdl=pdl,
+                prefetch=self.prefetch["qkv"],
+                row_blocks=self.row_blocks.get("qkv"),
+                **self.blocks.get("qkv", {}),
+            )
+
+        def attention() -> None:
+            decode_attention(
+                group.qkv,
+                self.cache.k[i, 0, group.kv_heads],
+                self.cache.v[i, 0, group.kv_heads],
+                self.pos,
+                self.model.rope_cos,
+                self.model.rope_sin,
+                group.attn,
+                group.scratch,
+                num_heads=group.num_heads,
+                window=w.window,
+                q_norm=w.q_norm,
+                k_norm=w.k_norm,
+                eps=eps,
+                use_pdl=pdl,
+                block_t=self.attn_block_t,
+                num_warps=self.attn_warps,
+                cluster=self.attn_cluster,
+                maxnreg=self.attn_maxnreg,
+            )
+
+        def gate_up() -> None:
+            rmsnorm_gemv(group.x, w.w1, group.h, norm_weight=w.ffn_norm, eps=eps, weight_up=w.w3, use_pdl=pdl,
+                         prefetch=self.prefetch["gate_up"], row_blocks=self.row_blocks.get("gate_up"),
+                         **self.blocks.get("gate_up", {}))  # fmt: skip
+
+        return [
+            qkv,
+            attention,
+            lambda: self._add_partials(i, w, 0, group.attn, w.wo, first, group),
+            gate_up,
+            lambda: self._add_partials(i, w, 1, group.h, w.w2, False, group),
+        ]
+
     def _add_partials(self, i: int, w: LayerWeights, block: int, act: torch.Tensor, weight: torch.Tensor,
-                      first: bool) -> None:  # fmt: skip
+                      first: bool, group: LaneGroup | None = None) -> None:  # fmt: skip
+        group = group or self.whole
         history = self.history
         lane_reduce_gemv(
             act,
             weight,
-            self.x,
+            group.x,
             mode=w.mode,
             history_out=history[block, i] if i in self.history_layers else None,
             history_in=history[block, w.history_in] if w.history_in is not None else None,
@@ -341,6 +472,8 @@ class FastRunner:
             token=self.token if first else None,
             use_pdl=self.use_pdl,
             prefetch=self.prefetch["down" if block else "o"],
+            lane_start=group.start,
+            total_lanes=self.cfg.num_lanes,
             **self.blocks.get("down" if block else "o", {}),
         )
 
@@ -479,13 +612,13 @@ class FastRunner:
                 graph.replay()
                 slot = launched % RING
                 self.host_tokens[slot].copy_(self.token[0], non_blocking=True)
-                self.events[slot].record()
+                self.token_events[slot].record()
                 pending.append(slot)
                 launched += 1
             if not pending:
                 return
             slot = pending.popleft()
-            self.events[slot].synchronize()
+            self.token_events[slot].synchronize()
             token = int(self.host_tokens[slot])
             yield token
             if token in stop_ids:

@@ -649,7 +649,8 @@ def table(result: dict) -> str:
     if "breakdown" in result and "kinds" in result["breakdown"]:
         b = result["breakdown"]
         lines += [
-            f"\nper kernel (fast path, {b['kernels_per_step']} kernels/step, step span {b['step_span_us']:.0f} us):",
+            f"\nper kernel (fast path{', one stream' if b.get('one_stream') else ''}, {b['kernels_per_step']} "
+            f"kernels/step, step span {b['step_span_us']:.0f} us):",
             "| kernel | per step | us on path | us busy | MB read | GB/s | % of read bw | ideal us |",
             "| --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
@@ -764,9 +765,15 @@ def main(argv: list[str] | None = None) -> int:
         other = "fast, CUDA graph, no PDL" if runner.use_pdl else "fast, CUDA graph, PDL"
         row(other, lambda: time_fast(FastRunner(model, max_context, use_pdl=not runner.use_pdl), prompt,
                                      args.new_tokens, args.runs))  # fmt: skip
+    # With lane groups (two streams) kernels overlap, so the per-kernel breakdown is of the one-stream step.
+    one_stream = FastRunner(model, max_context, lane_groups={"groups": 1}) if runner.groups else runner
+    if runner.groups:
+        row("fast, CUDA graph, one stream (no lane groups)",
+            lambda: time_fast(one_stream, prompt, args.new_tokens, args.runs))  # fmt: skip
     if args.breakdown and runner is not None:
         try:
-            result["breakdown"] = breakdown(model, runner, prompt, 20, result["bandwidth"]["read_gbs"])
+            result["breakdown"] = breakdown(model, one_stream, prompt, 20, result["bandwidth"]["read_gbs"])
+            result["breakdown"]["one_stream"] = one_stream is not runner
         except Exception as e:
             result["breakdown"] = {"error": f"{type(e).__name__}: {e}"}
     if args.sweep and runner is not None:

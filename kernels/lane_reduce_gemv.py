@@ -134,10 +134,11 @@ def _pick_blocks(lanes: int, n: int, k: int, device: torch.device) -> tuple[int,
     block_k = min(512, triton.next_power_of_2(k))
     while k % block_k and block_k > 64:  # avoid a half-masked last tile (K = 384 -> 128)
         block_k //= 2
-    # With lanes, tiles of at most 2048 lane x column elements: laneformer-2b's down-proj (8 lanes, K 1536) as
-    # 4 rows x 256 columns streams 4.7% faster end to end than 4 x 512 (H200, in turns; 8 rows or 8 warps slower).
-    while lanes_p * block_k > 2048 and block_k > 64:
-        block_k //= 2
+    # With lanes, tiles at most 256 columns wide: laneformer-2b's down-proj (K 1536) as 4 rows x 256 columns
+    # streams faster end to end than 4 x 512 (H200, scripts/decode_variants.py in turns): +4.7% with all 8 lanes
+    # in one launch, +0.7% with the runner's lane groups of 4 (8 rows, 8 warps, 2 x 512 or 4 x 128: slower).
+    if lanes_p > 1:
+        block_k = min(block_k, 256)
     # Measured on an H200 (python -m inference.bench --sweep): with lanes, 4 rows (8 for short K) and four
     # warps; one lane with a short K, 4 rows and four warps.
     if lanes_p > 1:

@@ -106,8 +106,8 @@ def test_laneformer_reductions_and_windows():
 
 @pytest.mark.parametrize(
     "overrides,lane_groups",
-    [({}, {"groups": 2}), ({}, {"groups": 4, "skew": 3}), ({"sliding_window": 8, "broadcast_delay": 1},
-     {"groups": 2, "skew": 2}), ({"use_comm": False, "use_early_comm": False}, {"groups": 2, "skew": 5})],
+    [({}, {"groups": 2}), ({}, {"groups": 4}), ({"sliding_window": 8, "broadcast_delay": 1}, {"groups": 2}),
+     ({"use_comm": False, "use_early_comm": False}, {"groups": 2})],
 )  # fmt: skip
 def test_lane_groups_match_the_reference(overrides, lane_groups):
     # groups of lanes as their own chains of launches (streams on a GPU) from the first delayed layer on;
@@ -128,10 +128,16 @@ def test_lane_groups_generate_the_same_tokens():
     model = make_model("tiny-laneformer", seed=11, sliding_window=8)
     prompt, params = [4, 8, 15, 16, 23, 42], SamplingParams(max_new_tokens=12)
     whole = list(FastRunner(model, 64).generate_tokens(prompt, params))
-    grouped = list(
-        FastRunner(model, 64, lane_groups={"groups": 2, "skew": 2}).generate_tokens(prompt, params)
-    )
+    grouped = list(FastRunner(model, 64, lane_groups={"groups": 2}).generate_tokens(prompt, params))
     assert grouped == whole
+
+
+def test_lane_groups_are_the_default_on_a_gpu_only():
+    # two streams pay only where they run at once; the interpreter runs the groups one after another
+    runner = FastRunner(make_model("tiny-laneformer"), 32)
+    assert [(g.start, g.stop) for g in runner.groups] == ([(0, 2), (2, 4)] if ON_GPU else [])
+    assert FastRunner(make_model("tiny-laneformer"), 32, lane_groups={"groups": 1}).groups == []
+    assert FastRunner(make_model("tiny-llama"), 32).groups == []  # one lane
 
 
 def test_lane_groups_reject_what_they_cannot_split():
@@ -141,8 +147,6 @@ def test_lane_groups_reject_what_they_cannot_split():
         FastRunner(make_model("tiny-llama"), 32, lane_groups={"groups": 2})
     with pytest.raises(ValueError, match="nothing to split"):  # d = 0: every layer sums at once
         FastRunner(make_model("tiny-laneformer", broadcast_delay=0), 32, lane_groups={"groups": 2})
-    with pytest.raises(ValueError, match="skew"):
-        FastRunner(make_model("tiny-laneformer"), 32, lane_groups={"groups": 2, "skew": 6})
     with pytest.raises(ValueError, match="lane_groups"):
         FastRunner(make_model("tiny-laneformer"), 32, lane_groups={"streams": 2})
 

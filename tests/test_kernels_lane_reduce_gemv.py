@@ -82,6 +82,7 @@ def test_launcher_picks_the_measured_blocks_on_a_gpu(monkeypatch):
     assert pick(1, 2048, 8192, cpu) == (4, 4096, 8)  # llama-3.2-1b down-proj
     assert pick(1, 2048, 6144, cpu) == (8, 2048, 8)  # qwen3-1.7b down-proj
     assert pick(8, 3072, 1536, cpu) == (4, 256, 4)  # laneformer-2b down-proj
+    assert pick(4, 3072, 1536, cpu) == (4, 256, 4)  # the same in the runner's lane groups of 4 lanes
     assert pick(8, 3072, 384, cpu) == (8, 128, 4)  # laneformer-2b o-proj: K 384 in tiles of 128
     assert pick(1, 2048, 2048, cpu) == (8, 2048, 8)  # llama-3.2-1b and qwen3-1.7b o-proj
     assert pick(1, 1536, 1024, cpu) == (4, 512, 4)  # a short K: 4 rows of 512 on 4 warps

@@ -129,9 +129,9 @@ BLOCK_KEYS = ("block_n", "block_k", "num_warps")
 HEAD_KEYS = ("block_n", "row_blocks", "num_warps")  # lm_head's block arguments
 ATTENTION_KEYS = ("splits", "block_t", "num_warps", "cluster", "maxnreg")
 ATTENTION_SWITCHES = ("cluster",)
-# Lane groups: how many (1: none), and how many kernels of its first split layer group g - 1 runs before group g
-# starts (0: they start together).
-LANE_GROUP_KEYS = ("groups", "skew")
+# Lane groups: how many (1: none). Unset: 2 on a GPU wherever the lanes split in two past their first layers
+# (laneformer-2b on an H200, scripts/decode_variants.py in turns: 800 -> 844 tok/s; 4 groups 832).
+LANE_GROUP_KEYS = ("groups",)
 
 
 def block_spec(spec: str | dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
@@ -265,18 +265,11 @@ class FastRunner:
         self.head_scratch = HeadScratch(cfg.vocab_size, device)
         self.whole = LaneGroup(0, lanes, self.layers, self.x, self.qkv, self.attn, self.h, slice(None),
                                cfg.num_heads, self.attn_scratch)  # fmt: skip
-        # KOG_LANE_GROUPS=groups=2,skew=2 (or the `lane_groups` argument): see the module docstring.
+        # KOG_LANE_GROUPS=groups=2 (or the `lane_groups` argument): see the module docstring.
         lane_groups = {**kind_overrides(env("KOG_LANE_GROUPS", ""), LANE_GROUP_KEYS, "KOG_LANE_GROUPS"),
                        **kind_overrides(lane_groups or {}, LANE_GROUP_KEYS, "lane_groups")}  # fmt: skip
-        self.groups, self.split_from = self._lane_groups(lane_groups.get("groups", 1), attention["splits"])
-        self.skew = lane_groups.get("skew", 0)
-        if not 0 <= self.skew <= 5:
-            raise ValueError(f"lane_groups: skew is a count of a layer's five kernels, got {self.skew}")
-        self.streams = (
-            [torch.cuda.Stream(device) for _ in self.groups]
-            if device.type == "cuda" and self.groups
-            else None
-        )
+        self.groups, self.split_from = self._lane_groups(lane_groups.get("groups"), splits)
+        self.streams = [torch.cuda.Stream(device) for _ in self.groups] if device.type == "cuda" else None
         self.group_events: dict[tuple[int, int, int], torch.cuda.Event] = {}  # (group, layer, kernel) -> done
 
         self.graphs: dict[bool, torch.cuda.CUDAGraph] = {}
@@ -315,20 +308,25 @@ class FastRunner:
             history_in=history_in,
         )
 
-    def _lane_groups(self, count: int, splits: int) -> tuple[list[LaneGroup], int]:
-        """`count` groups of lanes for the layers from the first one after which no reduction is an immediate
-        sum (every lane's partial of the same layer), and that layer; ([], number of layers) for one group."""
+    def _lane_groups(self, count: int | None, splits: int) -> tuple[list[LaneGroup], int]:
+        """`count` groups of lanes (None: 2 on a GPU where they can split, else 1) for the layers from the first
+        one after which no reduction is an immediate sum (every lane's partial of the same layer), and that layer;
+        ([], number of layers) for one group. Each group's attention keeps the whole model's split count: half
+        the KV heads then take half the programs, which measured faster than filling the GPU per group (the
+        two groups run at once: laneformer-2b 823 tok/s at 8 splits a KV head, 780 at 16, 814 at 4)."""
         cfg, n = self.cfg, len(self.layers)
+        split_from = max((i + 1 for i, w in enumerate(self.layers) if w.mode == "sum"), default=0)
+        if count is None:
+            splittable = cfg.num_lanes % 2 == 0 and split_from < n
+            count = 2 if splittable and self.device.type == "cuda" else 1
         if count == 1:
             return [], n
         lanes = cfg.num_lanes
         if lanes % count:
             raise ValueError(f"lane_groups: {count} groups do not divide the model's {lanes} lanes")
-        split_from = max((i + 1 for i, w in enumerate(self.layers) if w.mode == "sum"), default=0)
         if split_from == n:
             raise ValueError("lane_groups: every layer sums all lanes' partials at once (nothing to split)")
         per, kv = lanes // count, cfg.num_kv_heads // count
-        splits = splits or default_splits(kv, self.device)
         group_size = cfg.num_heads // cfg.num_kv_heads
         groups = []
         for start in range(0, lanes, per):
@@ -374,27 +372,34 @@ class FastRunner:
                     for launch in self._layer_launches(group, i):
                         launch()
             return
+        waits = {(g, i, k): self._cross_waits(g, i, k) for g in range(len(self.groups)) for i in layers
+                 for k in range(5)}  # fmt: skip
+        awaited = {key for keys in waits.values() for key in keys}
         main = torch.cuda.current_stream(self.device)
         for stream in self.streams:
             stream.wait_stream(main)
+        # Issued kernel by kernel across the groups, so that every event waited on is recorded first.
         for i in layers:
-            for g, (group, stream) in enumerate(zip(self.groups, self.streams, strict=True)):
-                with torch.cuda.stream(stream):
-                    for k, launch in enumerate(self._layer_launches(group, i)):
-                        past = group.layers[i].history_in
-                        if k in (2, 4) and past is not None and past >= self.split_from:
-                            for other in range(len(self.groups)):
-                                if other != g:
-                                    stream.wait_event(self._event(other, past, k))
-                        if g and k == 0 and i == self.split_from and self.skew:
-                            stream.wait_event(self._event(g - 1, i, self.skew - 1))
-                        launch()
-                        if (k in (2, 4) and i in self.history_layers) or (
-                            i == self.split_from and k == self.skew - 1
-                        ):
+            launches = [self._layer_launches(group, i) for group in self.groups]
+            for k in range(5):
+                for g, stream in enumerate(self.streams):
+                    with torch.cuda.stream(stream):
+                        for key in waits[g, i, k]:
+                            stream.wait_event(self._event(*key))
+                        launches[g][k]()
+                        if (g, i, k) in awaited:
                             self._event(g, i, k).record(stream)
         for stream in self.streams:
             main.wait_stream(stream)
+
+    def _cross_waits(self, g: int, i: int, k: int) -> list[tuple[int, int, int]]:
+        """The other groups' launches (group, layer, kernel) that group g's kernel k of layer i waits for: its
+        o-proj / down-proj (kernels 2 and 4) reads their partials of layer i - d (before the split the fork
+        orders them)."""
+        past = self.layers[i].history_in
+        if k not in (2, 4) or past is None or past < self.split_from:
+            return []
+        return [(other, past, k) for other in range(len(self.groups)) if other != g]
 
     def _event(self, group: int, layer: int, kernel: int) -> torch.cuda.Event:
         key = (group, layer, kernel)

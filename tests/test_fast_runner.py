@@ -132,11 +132,13 @@ def test_lane_groups_generate_the_same_tokens():
     assert grouped == whole
 
 
-def test_lane_groups_are_the_default_on_a_gpu_only():
-    # two streams pay only where they run at once; the interpreter runs the groups one after another
-    runner = FastRunner(make_model("tiny-laneformer"), 32)
-    assert [(g.start, g.stop) for g in runner.groups] == ([(0, 2), (2, 4)] if ON_GPU else [])
-    assert FastRunner(make_model("tiny-laneformer"), 32, lane_groups={"groups": 1}).groups == []
+def test_lane_groups_are_the_default_on_a_gpu_for_large_layers():
+    # two streams pay only where they run at once (not under the interpreter) and where a layer's kernels stream
+    # long enough (not launch-bound): ~54 MB a layer in bf16 here
+    big = make_model("tiny-laneformer", hidden_size=1024, intermediate_size=8192)
+    assert [(g.start, g.stop) for g in FastRunner(big, 32).groups] == ([(0, 2), (2, 4)] if ON_GPU else [])
+    assert FastRunner(big, 32, lane_groups={"groups": 1}).groups == []
+    assert FastRunner(make_model("tiny-laneformer"), 32).groups == []  # ~0.2 MB a layer
     assert FastRunner(make_model("tiny-llama"), 32).groups == []  # one lane
 
 

@@ -49,6 +49,8 @@ from kernels.rmsnorm_gemv import rmsnorm_gemv
 # 1,184 -> 1,212 tok/s, laneformer 698 -> 709). More tiles for the others measured no better (qkv, gate/up)
 # or far worse (laneformer's down-proj at 3 tiles: registers).
 DEFAULT_PREFETCH = {"qkv": 1, "o": 64, "gate_up": 1, "down": 1}
+# With lane groups the gate/up pair takes two tiles (laneformer-2b, three calls in turns: +0.4%, +0.4%, +0.6%).
+GROUPED_PREFETCH = {"gate_up": 2}
 # The norm-fused kinds whose blocks of rows a program may be told to take in turn (rmsnorm_gemv's
 # `row_blocks`; unset: the kernel's own choice).
 ROW_BLOCK_KINDS = ("qkv", "gate_up")
@@ -255,8 +257,7 @@ class FastRunner:
         # KOG_ROW_BLOCKS=gate_up=8 rmsnorm_gemv's row blocks a program (unset: its own choice); the arguments
         # override both.
         env = os.environ.get
-        self.prefetch = {**DEFAULT_PREFETCH, **prefetch_overrides(env("KOG_PREFETCH", "")),
-                         **prefetch_overrides(prefetch or {})}  # fmt: skip
+        prefetch = {**prefetch_overrides(env("KOG_PREFETCH", "")), **prefetch_overrides(prefetch or {})}
         self.row_blocks = {**kind_overrides(env("KOG_ROW_BLOCKS", ""), ROW_BLOCK_KINDS, "row_blocks"),
                            **kind_overrides(row_blocks or {}, ROW_BLOCK_KINDS, "row_blocks")}  # fmt: skip
         # KOG_BLOCKS=down=2/1024/8 overrides the matrix-vector kinds' block sizes (block_spec; for sweeps).
@@ -269,6 +270,7 @@ class FastRunner:
         lane_groups = {**kind_overrides(env("KOG_LANE_GROUPS", ""), LANE_GROUP_KEYS, "KOG_LANE_GROUPS"),
                        **kind_overrides(lane_groups or {}, LANE_GROUP_KEYS, "lane_groups")}  # fmt: skip
         self.groups, self.split_from = self._lane_groups(lane_groups.get("groups"), splits)
+        self.prefetch = {**DEFAULT_PREFETCH, **(GROUPED_PREFETCH if self.groups else {}), **prefetch}
         self.streams = [torch.cuda.Stream(device) for _ in self.groups] if device.type == "cuda" else None
         self.group_events: dict[tuple[int, int, int], torch.cuda.Event] = {}  # (group, layer, kernel) -> done
 
@@ -309,7 +311,7 @@ class FastRunner:
         )
 
     def _lane_groups(self, count: int | None, splits: int) -> tuple[list[LaneGroup], int]:
-        """`count` groups of lanes (None: 2 on a GPU where they can split, else 1) for the layers from the first
+        """`count` groups of lanes (None: 2 on a GPU where they can split and pay, else 1) for the layers from the first
         one after which no reduction is an immediate sum (every lane's partial of the same layer), and that layer;
         ([], number of layers) for one group. Each group's attention keeps the whole model's split count: half
         the KV heads then take half the programs, which measured faster than filling the GPU per group (the
@@ -317,7 +319,11 @@ class FastRunner:
         cfg, n = self.cfg, len(self.layers)
         split_from = max((i + 1 for i, w in enumerate(self.layers) if w.mode == "sum"), default=0)
         if count is None:
-            splittable = cfg.num_lanes % 2 == 0 and split_from < n
+            # Two streams pay where a layer's kernels stream for tens of microseconds (laneformer-2b: ~300 MB a
+            # layer, +4.9%); the trained default model's (~5 MB) are launch-bound and lost 1.8%.
+            w = self.layers[0]
+            layer_bytes = sum(t.numel() * t.element_size() for t in (w.wqkv, w.wo, w.w1, w.w3, w.w2))
+            splittable = cfg.num_lanes % 2 == 0 and split_from < n and layer_bytes >= 32 * 2**20
             count = 2 if splittable and self.device.type == "cuda" else 1
         if count == 1:
             return [], n

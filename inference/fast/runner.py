@@ -8,13 +8,15 @@ A decode step is five kernels a layer (model.py's math, fused):
     lane_reduce_gemv   down-proj + reduction + residual add
 then the head: final_norm (L > 1 only) and lm_head (norm, logits, argmax, token and position bookkeeping).
 
-Lane groups (Laneformer): from the first layer whose reductions are delayed, a lane's layer i needs the other
-lanes' partials of layer i - d only, so groups of lanes can decode as independent chains of launches, one CUDA
-stream each, meeting only through those old partials. While one group's attention waits on its chain of
-dependent reads, the other's matrix-vector kernels keep the memory busy (`lane_groups`, off by default).
 The step reads its token and position from device buffers and leaves the next ones there, so it is captured
 once as a CUDA graph and replayed per token. The host never waits on the token it is about to launch for:
 it keeps LOOKAHEAD steps queued and reads finished ids from pinned memory behind an event per step.
+
+Lane groups (Laneformer): from the first layer whose reductions are delayed, a lane's layer i needs the other
+lanes' partials of layer i - d only, so two groups of lanes decode as independent chains of launches, one CUDA
+stream each (forked and joined inside the step's graph), meeting only through those old partials. While one
+group's attention waits on its chain of dependent reads, or one group's kernel drains, the other's kernels keep
+the memory busy (`lane_groups`; the default on a GPU for large layers; kernels/NOTES.md, round 8).
 
 Prefill (inference/fast/prefill.py) is the reference model's math over the whole prompt: cuBLAS matrix
 products, Triton flash attention with RoPE and the KV-cache write, one kernel per block boundary; graphs for
@@ -311,9 +313,9 @@ class FastRunner:
         )
 
     def _lane_groups(self, count: int | None, splits: int) -> tuple[list[LaneGroup], int]:
-        """`count` groups of lanes (None: 2 on a GPU where they can split and pay, else 1) for the layers from the first
-        one after which no reduction is an immediate sum (every lane's partial of the same layer), and that layer;
-        ([], number of layers) for one group. Each group's attention keeps the whole model's split count: half
+        """`count` groups of lanes (None: 2 on a GPU where they can split and pay, else 1) for the layers from
+        the first one after which no reduction is an immediate sum (every lane's partial of the same layer), and
+        that layer; ([], number of layers) for one group. Each group's attention keeps the whole model's split count: half
         the KV heads then take half the programs, which measured faster than filling the GPU per group (the
         two groups run at once: laneformer-2b 823 tok/s at 8 splits a KV head, 780 at 16, 814 at 4)."""
         cfg, n = self.cfg, len(self.layers)

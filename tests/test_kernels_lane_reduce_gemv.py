@@ -13,6 +13,13 @@ def reference(act, weight, x, mode, history_in=None, base=None):
     return old + lane_reduction(p, mode, history_in), p
 
 
+def inputs(lanes: int, n: int, k: int, dtype: torch.dtype, mode: str):
+    """act [L, K], weight [L, N, K], x [L, N] fp32, the past partials (DELAYED only) and a poisoned history_out."""
+    history_in = randn(lanes, n) if mode == "delayed" else None
+    return (randn(lanes, k, dtype=dtype), randn(lanes, n, k, dtype=dtype, scale=k**-0.5), randn(lanes, n),
+            history_in, poisoned(lanes, n, dtype=torch.float32))  # fmt: skip
+
+
 # (lanes, rows, K): one lane (Llama), a lane count that is not a power of two, odd sizes and round ones
 SHAPES = [(1, 37, 40), (2, 24, 64), (3, 21, 48), (8, 16, 96)]
 
@@ -24,11 +31,7 @@ SHAPES = [(1, 37, 40), (2, 24, 64), (3, 21, 48), (8, 16, 96)]
 @pytest.mark.parametrize("block_n,block_k", [(None, None), (4, 32), (8, 128)])
 @pytest.mark.parametrize("prefetch", [1, 2, 64])  # weight tiles before the wait: one, two, all of them
 def test_lane_reduce_gemv_matches_reference(dtype, mode, lanes, n, k, block_n, block_k, prefetch):
-    act = randn(lanes, k, dtype=dtype)
-    w = randn(lanes, n, k, dtype=dtype, scale=k**-0.5)
-    x = randn(lanes, n)
-    history_in = randn(lanes, n) if mode == "delayed" else None
-    history_out = poisoned(lanes, n, dtype=torch.float32)
+    act, w, x, history_in, history_out = inputs(lanes, n, k, dtype, mode)
     want_x, want_p = reference(act, w, x, mode, history_in)
     lane_reduce_gemv(act, w, x, mode=mode, history_out=history_out, history_in=history_in, block_n=block_n,
                      block_k=block_k, prefetch=prefetch)  # fmt: skip
@@ -41,12 +44,7 @@ def test_lane_reduce_gemv_matches_reference(dtype, mode, lanes, n, k, block_n, b
 @pytest.mark.parametrize("total,start,lanes", [(8, 4, 4), (8, 0, 2), (6, 3, 3), (4, 1, 1)])
 def test_a_group_of_lanes_equals_those_lanes_of_one_launch(dtype, mode, total, start, lanes):
     # the runner's lane groups: lanes start .. start + lanes - 1 launched alone, reading every lane's past
-    n, k = 24, 64
-    act = randn(total, k, dtype=dtype)
-    w = randn(total, n, k, dtype=dtype, scale=k**-0.5)
-    x = randn(total, n)
-    history_in = randn(total, n) if mode == "delayed" else None
-    history_out = poisoned(total, n, dtype=torch.float32)
+    act, w, x, history_in, history_out = inputs(total, 24, 64, dtype, mode)
     want_x, want_p = reference(act, w, x, mode, history_in)
     group = slice(start, start + lanes)
     untouched = x.clone()

@@ -18,19 +18,6 @@ from inference.bench import build_model, cuda_missing  # noqa: E402
 from inference.fast.runner import FastRunner  # noqa: E402
 
 
-def capture_steps(runner: FastRunner, steps: int) -> torch.cuda.CUDAGraph:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        runner.decode_step(True)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(steps):
-            runner.decode_step(True)
-    return graph
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="llama-3.2-1b")
@@ -45,7 +32,7 @@ def main() -> int:
     runner = FastRunner(model, args.prompt_len + args.new_tokens + 8)
     prompt = torch.randint(0, model.cfg.vocab_size, (args.prompt_len,),
                            generator=torch.Generator().manual_seed(0)).tolist()  # fmt: skip
-    graphs = {n: capture_steps(runner, n) for n in map(int, args.steps_per_graph.split(","))}
+    graphs = {n: runner.capture(True, steps=n) for n in map(int, args.steps_per_graph.split(","))}
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for n, graph in graphs.items():
         replays = args.new_tokens // n

@@ -276,7 +276,7 @@ class FastRunner:
         self.streams = [torch.cuda.Stream(device) for _ in self.groups] if device.type == "cuda" else None
         self.group_events: dict[tuple[int, int, int], torch.cuda.Event] = {}  # (group, layer, kernel) -> done
 
-        self.graphs: dict[bool, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[bool, int], torch.cuda.CUDAGraph] = {}  # (greedy, steps) -> graph
         # Prompts up to 1024 tokens replay a graph captured for the next power of two (from 64).
         self.prefill_buckets = (
             [b for b in (64, 128, 256, 512, 1024) if b < max_context] if device.type == "cuda" else []
@@ -512,22 +512,34 @@ class FastRunner:
 
     # --- graphs --------------------------------------------------------------------------------------
 
-    def capture(self, greedy: bool) -> torch.cuda.CUDAGraph:
-        """Capture one decode step (warmed up first so every kernel is compiled outside the capture)."""
-        if greedy in self.graphs:
-            return self.graphs[greedy]
+    def capture(self, greedy: bool, steps: int = 1) -> torch.cuda.CUDAGraph:
+        """Capture `steps` decode steps as one graph (the runner replays one; scripts/graph_probe.py times more),
+        leaving token, position and outputs as they were."""
+        if (greedy, steps) in self.graphs:
+            return self.graphs[greedy, steps]
         saved = [t.clone() for t in (self.token, self.pos, self.out_tokens, self.seen)]
+
+        def run() -> None:
+            for _ in range(steps):
+                self.decode_step(greedy)
+
+        graph = self._graph_of(run)
+        for t, s in zip((self.token, self.pos, self.out_tokens, self.seen), saved, strict=True):
+            t.copy_(s)
+        self.graphs[greedy, steps] = graph
+        return graph
+
+    def _graph_of(self, run) -> torch.cuda.CUDAGraph:
+        """run() captured as a CUDA graph, after one eager call on a side stream (every kernel compiled outside
+        the capture)."""
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            self.decode_step(greedy)
+            run()
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self.decode_step(greedy)
-        for t, s in zip((self.token, self.pos, self.out_tokens, self.seen), saved, strict=True):
-            t.copy_(s)
-        self.graphs[greedy] = graph
+            run()
         return graph
 
     def step(self, greedy: bool = True) -> None:
@@ -547,15 +559,9 @@ class FastRunner:
     def _capture_prefill(self, bucket: int) -> torch.cuda.CUDAGraph:
         """forward_prompt over the first `bucket` positions of prompt_ids as a graph: prompts up to the bucket
         are padded after their end, which causal attention never lets the real positions see."""
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            self.forward_prompt(self.prompt_ids[:bucket], self.prompt_last)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.logits.copy_(self.forward_prompt(self.prompt_ids[:bucket], self.prompt_last))
-        return graph
+        return self._graph_of(
+            lambda: self.logits.copy_(self.forward_prompt(self.prompt_ids[:bucket], self.prompt_last))
+        )
 
     @torch.no_grad()
     def prefill(self, prompt_ids: list[int], greedy: bool = True) -> None:

@@ -18,6 +18,11 @@ from registers, not from a re-read of the cache. The partials are merged in the 
 - otherwise (the interpreter, or more than 16 splits) the last split of a head to finish, found by an
   atomic counter, merges all of them.
 
+Once its own reads are done, each program also asks L2 for the first block of cached keys and values its split
+will read in the next layer (`next_layer`): that launch, a chain of dependent reads whose programs often start
+only as the q|k|v kernel drains, then finds its first block in L2 instead of HBM. The request costs no busy
+bandwidth: the merge leaves the memory idle, and the next layer reads the same bytes anyway.
+
 Bytes: (p + 1) * hd * 2 cache elements per KV head (W of them in windowed layers), this token's q/k/v once.
 """
 
@@ -47,9 +52,12 @@ def _decode_attention_kernel(
     counter_ptr,
     out_ptr,
     stride_out_lane,
+    next_k_ptr,
+    next_v_ptr,
     heads_per_lane,
     kv_per_lane,
     window,
+    next_window,
     max_len,
     scale_log2e,
     eps,
@@ -64,6 +72,7 @@ def _decode_attention_kernel(
     QK_NORM: tl.constexpr,
     CLUSTER: tl.constexpr,
     USE_PDL: tl.constexpr,
+    PREFETCH_NEXT: tl.constexpr,
 ):
     if CLUSTER:  # one cluster of SPLITS programs a KV head (kernels/cluster.py)
         kv = tl.program_id(0) // SPLITS
@@ -166,6 +175,8 @@ def _decode_attention_kernel(
     tl.store(part_o_ptr + (part * GP + heads[:, None]) * HDP + d[None, :], acc, mask=row_ok[:, None])
     tl.store(part_ml_ptr + (part * 2) * GP + heads, m, mask=row_ok)
     tl.store(part_ml_ptr + (part * 2 + 1) * GP + heads, l_sum, mask=row_ok)
+    if PREFETCH_NEXT:  # once this split's own reads are done (see _prefetch_next_block)
+        _prefetch_next_block(next_k_ptr, next_v_ptr, kv_base, pos, next_window, split, HD, SPLITS, BLOCK_T)
     if CLUSTER:
         _cluster_merge(part_o_ptr, part_ml_ptr, kv, split, out_ptr + lane * stride_out_lane + kv_in_lane * G * HD,
                        HD, HDP, G, GP, SPLITS)  # fmt: skip
@@ -193,6 +204,37 @@ def _decode_attention_kernel(
                 mask=(group_rows < G)[:, None] & d_ok[None, :],
             )
             tl.atomic_xchg(counter_ptr + kv, 0)
+
+
+# One thread of the program asks L2 for $2 bytes from address $1 (a multiple of 16 bytes, 16-byte aligned).
+_BULK_PREFETCH_L2 = tl.constexpr(
+    "{ .reg .pred p; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; setp.ne.and.u32 p, $2, 0, p; "
+    "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }"
+)
+
+
+@triton.jit
+def _prefetch_next_block(next_k_ptr, next_v_ptr, kv_base, pos, next_window, split, HD: tl.constexpr,
+                         SPLITS: tl.constexpr, BLOCK_T: tl.constexpr):  # fmt: skip
+    """The first block of cached keys and values this program's split will read in the next layer (the same
+    split of the same KV head; the next layer may have another window), asked into L2 now.
+
+    Why the first block only, and after this split's own reads (H200, scripts/decode_variants.py in turns,
+    tok/s with the prefetch off -> on; laneformer-2b / qwen3-1.7b): the first block alone at this point gave
+    837 -> 840 / 923 -> 937 at 512 + 256 and 780 -> 780 / 813 -> 814 at 3,839 + 256 tokens. The whole split
+    range asked for right after the wait gave 844 / 931 but 765 / 786 at the long context, where those bytes
+    (16 MB a layer for qwen3-1.7b) compete with this layer's own reads. Asked for after the wait, the first
+    block gave 843 / 931 and 779 / 810."""
+    start = tl.where(next_window > 0, tl.maximum(pos - next_window + 1, 0), 0)
+    chunk = tl.cdiv(tl.cdiv(pos + 1 - start, SPLITS), BLOCK_T) * BLOCK_T
+    lo = start + split * chunk
+    hi = tl.minimum(tl.minimum(lo + chunk, pos), lo + BLOCK_T)
+    nbytes = (tl.maximum(hi - lo, 0) * HD * next_k_ptr.dtype.element_ty.primitive_bitwidth // 8).to(tl.int32)
+    offset = kv_base + lo.to(tl.int64) * HD
+    for ptr in tl.static_range(2):
+        base = (next_k_ptr if ptr == 0 else next_v_ptr) + offset
+        tl.inline_asm_elementwise(_BULK_PREFETCH_L2, "=r,l,r", [base, nbytes], dtype=tl.int32, is_pure=False,
+                                  pack=1)  # fmt: skip
 
 
 @triton.jit
@@ -239,6 +281,12 @@ class AttentionScratch:
         self.counter = torch.zeros(num_kv_heads, dtype=torch.int32, device=device)
 
 
+def prefetch_next_possible(k_cache: torch.Tensor) -> bool:
+    """Whether decode_attention can take next_layer for this cache: the bulk prefetch is sm_90's and moves
+    16-byte multiples from 16-byte aligned addresses (a cache row, hd elements, must be a multiple of 16 B)."""
+    return hopper_features(k_cache.device) and k_cache.shape[-1] * k_cache.element_size() % 16 == 0
+
+
 def default_splits(num_kv_heads: int, device: torch.device) -> int:
     """Enough (power-of-two) splits that the KV heads together fill the multiprocessors once."""
     splits = 1
@@ -268,6 +316,7 @@ def decode_attention(
     num_warps: int | None = None,
     cluster: bool | None = None,
     maxnreg: int | None = None,
+    next_layer: tuple[torch.Tensor, torch.Tensor, int | None] | None = None,
 ) -> torch.Tensor:
     """Attention of the token at position pos[0] (a device int tensor) over the cache, writing its k, v there.
 
@@ -282,6 +331,11 @@ def decode_attention(
     cluster: merge the splits in a thread-block cluster (True), through the counter (False), or the first
     wherever it can run (None: a Hopper or later GPU and at most 16 splits).
     maxnreg: a register cap per thread for the compiler (None: its own choice; for sweeps).
+    next_layer: (k_cache, v_cache, window) of the next layer, or None. Given, each program asks L2 (a bulk
+    prefetch, sm_90), once its own reads are done, for the first block of cached keys and values its split
+    will read in the next layer: that launch's first block, loaded before its wait, then comes from L2, not HBM.
+    The bytes are the ones the next layer reads anyway, asked for while this layer's merge leaves the memory
+    idle. Needs a Hopper GPU and cache rows of a multiple of 16 bytes (prefetch_next_possible).
     """
     if (
         k_cache.dim() != 3
@@ -324,6 +378,15 @@ def decode_attention(
                          + (" under the interpreter" if interpreted() else ""))  # fmt: skip
     if num_warps is None:
         num_warps = 2 if padded_head_dim(hd) <= 64 and not cluster else 4
+    if next_layer is not None:
+        if next_layer[0].shape != k_cache.shape or next_layer[1].shape != k_cache.shape:
+            raise ValueError(f"next_layer: expected caches shaped like this layer's {tuple(k_cache.shape)}, got "
+                             f"{tuple(next_layer[0].shape)} and {tuple(next_layer[1].shape)}")  # fmt: skip
+        if not prefetch_next_possible(k_cache):
+            raise ValueError("next_layer: the L2 prefetch needs a Hopper GPU and cache rows of a multiple of 16 "
+                             f"bytes (got {hd * k_cache.element_size()})"
+                             + (" (under the interpreter)" if interpreted() else ""))  # fmt: skip
+    next_k, next_v, next_window = next_layer if next_layer is not None else (k_cache, v_cache, None)
     args = (
         qkv,
         qkv.stride(0),
@@ -339,9 +402,12 @@ def decode_attention(
         scratch.counter,
         out,
         out.stride(0),
+        next_k,
+        next_v,
         heads_per_lane,
         kv_per_lane,
         window or 0,
+        next_window or 0,
         max_len,
         hd**-0.5 * 1.4426950408889634,
         eps,
@@ -358,6 +424,7 @@ def decode_attention(
         QK_NORM=q_norm is not None,
         CLUSTER=cluster,
         USE_PDL=use_pdl,
+        PREFETCH_NEXT=next_layer is not None,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),
         **({"maxnreg": maxnreg} if maxnreg else {}),

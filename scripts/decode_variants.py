@@ -5,7 +5,7 @@
 
 A variant is a KOG_PREFETCH-style list (kind=tiles, kinds qkv, o, gate_up, down; "" is the default), where
 rows.qkv=n / rows.gate_up=n set FastRunner's row_blocks, blocks.down=2/1024/8 (block_n/block_k/num_warps of a kind) its block sizes and head.row_blocks=4
-(or head.block_n, head.num_warps) the head's, attn.splits=32 (or attn.block_t, attn.num_warps, attn.maxnreg, and
+(or head.block_n, head.num_warps) the head's, attn.splits=32 (or attn.block_t, attn.num_warps, attn.maxnreg, attn.prefetch_next=0|1, and
 attn.cluster=0|1 for the merge) the attention's, lanes.groups=n its lane groups (1: none);
 "name:spec" labels one, so a setting can be built twice (two runner instances: what memory placement alone
 does). Every round times each variant once (bench.time_fast: median of --runs after a warm-up), so slow drifts of the clock or
@@ -91,7 +91,8 @@ def main() -> int:
              "blocks": runners[v].blocks,
              "head_blocks": runners[v].head_blocks,
              "attention": {"splits": runners[v].attn_scratch.splits, "block_t": runners[v].attn_block_t,
-                           "num_warps": runners[v].attn_warps, "cluster": runners[v].attn_cluster, "maxnreg": runners[v].attn_maxnreg},
+                           "num_warps": runners[v].attn_warps, "cluster": runners[v].attn_cluster, "maxnreg": runners[v].attn_maxnreg,
+                           "prefetch_next": runners[v].attn_prefetch_next},
              "lane_groups": max(1, len(runners[v].groups)),
              "same_tokens_as_first": tokens[v] == tokens[variants[0]], "tok_s": statistics.median(t),
              "rounds": t, "pct_ceiling": 100 * statistics.median(t) / ceiling} for v, t in tok_s.items()]  # fmt: skip

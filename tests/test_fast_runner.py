@@ -210,6 +210,21 @@ def test_attention_merge_by_cluster_or_counter_matches_the_reference(preset, clu
         assert rel_err(fast, ref) < LOGIT_TOL
 
 
+@pytest.mark.parametrize("preset", ["tiny-laneformer", "tiny-qwen3"])
+def test_next_layer_prefetch_is_the_gpu_default_and_changes_nothing(preset):
+    # each attention asks L2 for the next layer's keys and values on a Hopper GPU; the logits are the same bits
+    model = make_model(preset, seed=9)
+    assert FastRunner(model, 32).attn_prefetch_next is ON_GPU
+    if not ON_GPU:
+        with pytest.raises(ValueError, match="prefetch_next: the L2 prefetch needs a Hopper GPU"):
+            FastRunner(model, 32, attention={"prefetch_next": 1})
+        return
+    prompt = list(range(3, 40))
+    on = [fast for fast, _, _ in teacher_forced(model, prompt, steps=4)]
+    off = [fast for fast, _, _ in teacher_forced(model, prompt, steps=4, attention={"prefetch_next": 0})]
+    assert all(torch.equal(a, b) for a, b in zip(on, off, strict=True))
+
+
 @pytest.mark.parametrize("preset", ["tiny-laneformer", "tiny-llama"])
 def test_explicit_block_sizes_and_head_row_blocks_change_nothing(preset):
     # every matrix-vector kind and the head on blocks of their own, the head's in several blocks a program

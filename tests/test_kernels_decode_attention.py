@@ -58,6 +58,7 @@ def run_case(
     splits=4,
     block_t=16,
     cluster=False,
+    next_window="none",
 ):
     qkv = randn(lanes, (num_heads + 2 * num_kv) // lanes * hd, scale=2.0)
     # Positions the kernel must not read (beyond pos, before the window) are NaN.
@@ -75,8 +76,15 @@ def run_case(
     scratch = AttentionScratch(num_kv, num_heads // num_kv, hd, splits, DEVICE)
     out = poisoned(lanes, num_heads // lanes * hd, dtype=torch.float32)
     pos_t = torch.tensor([pos], dtype=torch.int32, device=DEVICE)
+    # next_window other than "none": the next layer's caches (window next_window) asked into L2, never written
+    next_layer = None if next_window == "none" else (randn(*k_cache.shape, dtype=dtype),
+                                                     randn(*k_cache.shape, dtype=dtype), next_window)  # fmt: skip
+    next_before = None if next_layer is None else (next_layer[0].clone(), next_layer[1].clone())
     decode_attention(qkv, k_cache, v_cache, pos_t, cos, sin, out, scratch, num_heads=num_heads, window=window,
-                     interleaved=interleaved, q_norm=q_norm, k_norm=k_norm, block_t=block_t, cluster=cluster)  # fmt: skip
+                     interleaved=interleaved, q_norm=q_norm, k_norm=k_norm, block_t=block_t, cluster=cluster,
+                     next_layer=next_layer)  # fmt: skip
+    if next_layer is not None:
+        assert torch.equal(next_layer[0], next_before[0]) and torch.equal(next_layer[1], next_before[1])
     assert_close(out, want, dtype, "out")
     assert_close(k_cache[:, pos], want_k, dtype, "cached k")
     assert_close(v_cache[:, pos], want_v, dtype, "cached v")
@@ -187,3 +195,47 @@ def test_sm90_features_need_a_hopper_gpu(monkeypatch):
         assert kernels.hopper_features(torch.device("cuda")) is expected
     assert kernels.hopper_features(torch.device("meta"))
     assert not kernels.hopper_features(torch.device("cpu"))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the L2 bulk prefetch is an sm_90 instruction (not the interpreter)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "lanes,num_heads,num_kv,hd,pos,splits,window,next_window",
+    [
+        (2, 8, 4, 96, 333, 8, None, None),  # Laneformer's head dim, two lanes, two key blocks a split
+        (1, 32, 8, 64, 600, 16, None, None),  # Llama-3.2-1B's heads
+        (1, 8, 2, 32, 90, 4, 16, None),  # this layer windowed, the next one not
+        (1, 8, 2, 32, 90, 4, None, 16),  # the next layer windowed: other ranges than this layer's
+        (1, 6, 2, 16, 0, 16, None, None),  # the first token: nothing cached to ask for
+    ],
+)
+def test_next_layer_prefetch_changes_nothing(
+    dtype, lanes, num_heads, num_kv, hd, pos, splits, window, next_window
+):
+    # the same output and cache writes as without it (run_case), and the next layer's caches untouched
+    for p in (pos, pos + 1):
+        run_case(dtype, lanes, num_heads, num_kv, hd, p, max_len=p + 8, window=window, splits=splits, block_t=64,
+                 cluster=True, next_window=next_window)  # fmt: skip
+
+
+def test_next_layer_prefetch_refusals():
+    pos = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    cos = torch.ones(16, 6, device=DEVICE)
+
+    def attend(k_cache, next_layer):
+        hd = k_cache.shape[-1]
+        decode_attention(randn(1, 4 * hd), k_cache, k_cache.clone(), pos, cos[:, : hd // 2], cos[:, : hd // 2],
+                         randn(1, 2 * hd), AttentionScratch(1, 2, hd, 2, DEVICE), num_heads=2,
+                         next_layer=next_layer)  # fmt: skip
+
+    k_cache = randn(1, 16, 8, dtype=torch.float16)
+    with pytest.raises(ValueError, match="next_layer: expected caches shaped like"):
+        attend(k_cache, (randn(1, 8, 8, dtype=torch.float16), k_cache.clone(), None))
+    # rows of 12 fp16 elements are 24 bytes: no 16-byte multiple for the bulk prefetch (and no GPU under the
+    # interpreter at all)
+    odd = randn(1, 16, 12, dtype=torch.float16)
+    with pytest.raises(ValueError, match="next_layer: the L2 prefetch needs a Hopper GPU and cache rows"):
+        attend(odd, (odd.clone(), odd.clone(), None))
+    if not ON_GPU:
+        with pytest.raises(ValueError, match="under the interpreter"):
+            attend(k_cache, (k_cache.clone(), k_cache.clone(), None))

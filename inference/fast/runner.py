@@ -39,7 +39,12 @@ from inference.events import SamplingParams
 from inference.fast.prefill import block_overrides, forward_prompt
 from inference.model import KVCache, Transformer
 from kernels import hopper_features
-from kernels.decode_attention import AttentionScratch, decode_attention, default_splits
+from kernels.decode_attention import (
+    AttentionScratch,
+    decode_attention,
+    default_splits,
+    prefetch_next_possible,
+)
 from kernels.final_norm import final_norm
 from kernels.lane_reduce_gemv import lane_reduce_gemv
 from kernels.lm_head import HeadScratch, lm_head
@@ -131,8 +136,8 @@ def prefetch_overrides(spec: str | dict[str, int]) -> dict[str, int]:
 
 BLOCK_KEYS = ("block_n", "block_k", "num_warps")
 HEAD_KEYS = ("block_n", "row_blocks", "num_warps")  # lm_head's block arguments
-ATTENTION_KEYS = ("splits", "block_t", "num_warps", "cluster", "maxnreg")
-ATTENTION_SWITCHES = ("cluster",)
+ATTENTION_KEYS = ("splits", "block_t", "num_warps", "cluster", "maxnreg", "prefetch_next")
+ATTENTION_SWITCHES = ("cluster", "prefetch_next")
 # Lane groups: how many (1: none). Unset: 2 on a GPU wherever the lanes split in two past their first layers
 # (laneformer-2b on an H200, scripts/decode_variants.py in turns: 800 -> 844 tok/s; 4 groups 832).
 LANE_GROUP_KEYS = ("groups",)
@@ -236,6 +241,18 @@ class FastRunner:
         splits = attention["splits"] or default_splits(cfg.num_kv_heads, device)
         self.attn_block_t, self.attn_warps = attention["block_t"], attention["num_warps"] or None
         self.attn_maxnreg = attention.get("maxnreg")  # a register cap (sweeps)
+        # Each layer's attention asks L2 for the next layer's first block of keys and values (decode_attention's
+        # next_layer; the measurements are in kernels/decode_attention.py). KOG_ATTN_PREFETCH_NEXT=0|1 or the
+        # `prefetch_next` key: for sweeps.
+        env_prefetch = os.environ.get("KOG_ATTN_PREFETCH_NEXT", "")
+        if env_prefetch:
+            attention = {**kind_overrides(f"prefetch_next={env_prefetch}", ATTENTION_KEYS, "KOG_ATTN_PREFETCH_NEXT",
+                                          ATTENTION_SWITCHES), **attention}  # fmt: skip
+        possible = prefetch_next_possible(self.cache.k)
+        self.attn_prefetch_next = bool(attention.get("prefetch_next", possible))
+        if self.attn_prefetch_next and not possible:
+            raise ValueError("prefetch_next: the L2 prefetch needs a Hopper GPU and cache rows of a multiple of "
+                             "16 bytes (set it to 0 or leave it unset)")  # fmt: skip
         # KOG_ATTN_CLUSTER=1|0 (or the `cluster` key) forces the attention's split merge through a thread-block
         # cluster or through the arrival counter (unset: the kernel's choice, clusters on a GPU).
         self.attn_cluster = bool(attention["cluster"]) if "cluster" in attention else None
@@ -455,6 +472,7 @@ class FastRunner:
                 num_warps=self.attn_warps,
                 cluster=self.attn_cluster,
                 maxnreg=self.attn_maxnreg,
+                **self._next_layer(group, i),
             )
 
         def gate_up() -> None:
@@ -469,6 +487,14 @@ class FastRunner:
             gate_up,
             lambda: self._add_partials(i, w, 1, group.h, w.w2, False, group),
         ]
+
+    def _next_layer(self, group: LaneGroup, i: int) -> dict:
+        """decode_attention's next_layer / prefetch_next arguments for layer i of a group."""
+        if not self.attn_prefetch_next or i + 1 == len(self.layers):
+            return {}
+        heads = group.kv_heads
+        return {"next_layer": (self.cache.k[i + 1, 0, heads], self.cache.v[i + 1, 0, heads],
+                               self.layers[i + 1].window)}  # fmt: skip
 
     def _add_partials(self, i: int, w: LayerWeights, block: int, act: torch.Tensor, weight: torch.Tensor,
                       first: bool, group: LaneGroup | None = None) -> None:  # fmt: skip

@@ -597,20 +597,23 @@ class FastRunner:
         n = len(prompt_ids)
         if not 0 < n < self.max_context:
             raise ValueError(f"prompt_ids: length must be in [1, {self.max_context - 1}], got {n}")
+        # Nothing here waits for the GPU: a Python scalar or list written into a device tensor (`t[i] = True`,
+        # torch.tensor(..., device=)) is a pageable copy that synchronizes the stream, which at 4,094 tokens held
+        # the host until the prefill's last kernel and left the GPU idle while it queued the rest.
         ids = torch.tensor(prompt_ids, dtype=torch.long)
+        self.prompt_last.fill_(n - 1)
         bucket = next((b for b in self.prefill_buckets if b >= n), None)
         if bucket is None:
             ids = ids.to(self.device, non_blocking=True)
-            self.logits.copy_(self.forward_prompt(ids, torch.tensor([n - 1], device=self.device)))
+            self.logits.copy_(self.forward_prompt(ids, self.prompt_last))
         else:
             self.prompt_ids[:n].copy_(ids, non_blocking=True)
-            self.prompt_last.fill_(n - 1)
             if bucket not in self.prefill_graphs:
                 self.prefill_graphs[bucket] = self._capture_prefill(bucket)
             self.prefill_graphs[bucket].replay()
             ids = self.prompt_ids[:n]
         self.seen.zero_()
-        self.seen[ids] = True
+        self.seen.index_fill_(0, ids, True)
         self.pos.fill_(n - 1)
         if greedy:
             token = self.logits[: self.vocab_limit].argmax().to(torch.int32).view(1)

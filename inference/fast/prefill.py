@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from inference.model import rms_norm
 from kernels.decode_attention import decode_attention
+from kernels.lane_scale import lane_scale
 from kernels.prefill_attention import prefill_attention
 from kernels.prefill_kv_write import launch_prefill_kv_write
 from kernels.prefill_residual_norm import prefill_residual_norm
@@ -47,9 +48,10 @@ def forward_prompt(runner: FastRunner, ids: torch.Tensor, last: torch.Tensor) ->
     attn_blocks, norm_blocks = runner.prefill_blocks
     embedded = F.embedding(ids, runner.embed).view(1, T, dim)
     x = embedded.expand(lanes, T, dim)  # [L, T, D]: every lane starts from the same row
-    # The lanes' rows are equal, so the first norm's statistics are taken once ([1, T, D]) and only the
-    # per-lane scale broadcasts to [L, T, D].
-    h = rms_norm(embedded, runner.layers[0].attention_norm[:, None], eps)
+    # The lanes' rows are equal, so the first norm is taken once ([T, D]) and only the per-lane scale spreads
+    # it to [L, T, D] (kernels/lane_scale.py: rms_norm's bits, without eager's slow broadcast).
+    normed = F.rms_norm(embedded.view(T, dim).float(), (dim,), eps=eps).to(embedded.dtype)
+    h = lane_scale(normed, runner.layers[0].attention_norm)
     # Raw lane partials [L, T, D] by layer; each is dropped once nothing reads it again (a delayed layer reads
     # the partials of layer i - d), so a long prompt holds ~d + 1 of them, not one per layer.
     attn_partials: list[torch.Tensor | None] = []

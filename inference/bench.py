@@ -339,10 +339,9 @@ def breakdown(model: Transformer, runner, prompt: list[int], replays: int, read_
     return {"kinds": kinds, "kernels_per_step": per_step, "step_span_us": statistics.median(step_spans)}
 
 
-def prefill_profile(runner, prompt: list[int], top: int = 14) -> dict:
-    """GPU time of one prefill by kernel name (after a warm-up), largest first: where the TTFT goes. Also the
-    timeline of that prefill (call to first token on the host): how long until the GPU's first kernel starts,
-    the GPU idle between kernels, and the host's tail after the last one."""
+def profiled_prefill(runner, prompt: list[int]):
+    """torch.profiler's record (host and GPU) of one prefill up to its first token on the host, after a warm-up;
+    the host range is named "prefill to first token"."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     runner.prefill(prompt)
@@ -351,6 +350,16 @@ def prefill_profile(runner, prompt: list[int], top: int = 14) -> dict:
     with profile(activities=activities) as prof, record_function("prefill to first token"):
         runner.prefill(prompt)
         int(runner.token.item())
+    return prof
+
+
+def prefill_profile(runner, prompt: list[int], top: int = 14) -> dict:
+    """GPU time of one prefill by kernel name (after a warm-up), largest first: where the TTFT goes. Also the
+    timeline of that prefill (call to first token on the host): how long until the GPU's first kernel starts,
+    the GPU idle between kernels, and the host's tail after the last one. The first of these holds ~2 ms that
+    the profiler itself adds at the first CUDA call it sees (kernels/NOTES.md, round 9): untraced, the GPU's
+    span is the TTFT."""
+    prof = profiled_prefill(runner, prompt)
     per_name: dict[str, list] = {}
     spans, wall = [], None
     for e in prof.events():

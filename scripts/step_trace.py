@@ -21,9 +21,9 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 
 import torch  # noqa: E402
 from decode_variants import runner_kwargs  # noqa: E402
-from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from inference.bench import build_model, cuda_missing  # noqa: E402
+from inference.bench import build_model, cuda_missing, profiled_prefill  # noqa: E402
 from inference.fast.runner import FastRunner  # noqa: E402
 
 
@@ -85,13 +85,7 @@ def main() -> int:
     if args.prefill_len:
         long_prompt = torch.randint(0, model.cfg.vocab_size, (args.prefill_len,),
                                     generator=torch.Generator().manual_seed(1)).tolist()  # fmt: skip
-        runner.prefill(long_prompt)
-        torch.cuda.synchronize()
-        activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
-        with profile(activities=activities) as prof, record_function("prefill to first token"):
-            runner.prefill(long_prompt)
-            int(runner.token.item())
-        export(prof, args.out / f"{args.model}.prefill.json.gz")
+        export(profiled_prefill(runner, long_prompt), args.out / f"{args.model}.prefill.json.gz")
     return 0
 
 

@@ -132,3 +132,21 @@ def test_bad_requests_fail_in_one_line(tiny, tmp_path, flags, words):
     assert result.returncode != 0
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
     assert words in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal without a GPU")
+@pytest.mark.parametrize(
+    "script,args",
+    [
+        ("scripts/step_trace.py", ["--model", "tiny-llama", "--out", "trace"]),
+        ("scripts/decode_variants.py", ["--model", "tiny-llama"]),
+        ("scripts/graph_probe.py", ["--model", "tiny-llama"]),
+    ],
+)
+def test_gpu_scripts_refuse_in_one_line_without_a_gpu(tmp_path, script, args):
+    # they import the whole runner first (a broken import would show here) and then say what they need
+    done = subprocess.run([sys.executable, str(ROOT / script), *args], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().endswith("needs a CUDA GPU"), done.stderr
+    assert not (tmp_path / "trace").exists()

@@ -379,9 +379,12 @@ def decode_attention(
     if num_warps is None:
         num_warps = 2 if padded_head_dim(hd) <= 64 and not cluster else 4
     if next_layer is not None:
-        if next_layer[0].shape != k_cache.shape or next_layer[1].shape != k_cache.shape:
-            raise ValueError(f"next_layer: expected caches shaped like this layer's {tuple(k_cache.shape)}, got "
-                             f"{tuple(next_layer[0].shape)} and {tuple(next_layer[1].shape)}")  # fmt: skip
+        if any(
+            t.shape != k_cache.shape or not t.is_contiguous() or t.data_ptr() % 16 for t in next_layer[:2]
+        ):
+            raise ValueError(f"next_layer: expected contiguous, 16-byte aligned caches shaped like this layer's "
+                             f"{tuple(k_cache.shape)}, got {tuple(next_layer[0].shape)} and "
+                             f"{tuple(next_layer[1].shape)}")  # fmt: skip
         if not prefetch_next_possible(k_cache):
             raise ValueError("next_layer: the L2 prefetch needs a Hopper GPU and cache rows of a multiple of 16 "
                              f"bytes (got {hd * k_cache.element_size()})"

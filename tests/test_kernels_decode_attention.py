@@ -229,8 +229,14 @@ def test_next_layer_prefetch_refusals():
                          next_layer=next_layer)  # fmt: skip
 
     k_cache = randn(1, 16, 8, dtype=torch.float16)
-    with pytest.raises(ValueError, match="next_layer: expected caches shaped like"):
+    with pytest.raises(
+        ValueError, match="next_layer: expected contiguous, 16-byte aligned caches shaped like"
+    ):
         attend(k_cache, (randn(1, 8, 8, dtype=torch.float16), k_cache.clone(), None))
+    wide = randn(1, 16, 16, dtype=torch.float16)
+    for strided in (wide[:, :, :8], wide.view(-1)[4:132].view(1, 16, 8)):  # not contiguous; 8 bytes off
+        with pytest.raises(ValueError, match="next_layer: expected contiguous, 16-byte aligned"):
+            attend(k_cache, (strided, k_cache.clone(), None))
     # rows of 12 fp16 elements are 24 bytes: no 16-byte multiple for the bulk prefetch (and no GPU under the
     # interpreter at all)
     odd = randn(1, 16, 12, dtype=torch.float16)

@@ -489,7 +489,7 @@ class FastRunner:
         ]
 
     def _next_layer(self, group: LaneGroup, i: int) -> dict:
-        """decode_attention's next_layer / prefetch_next arguments for layer i of a group."""
+        """decode_attention's next_layer argument for layer i of a group (the same KV heads one layer on)."""
         if not self.attn_prefetch_next or i + 1 == len(self.layers):
             return {}
         heads = group.kv_heads

@@ -225,6 +225,17 @@ def test_next_layer_prefetch_is_the_gpu_default_and_changes_nothing(preset):
     assert all(torch.equal(a, b) for a, b in zip(on, off, strict=True))
 
 
+def test_attention_switches_from_the_environment(monkeypatch):
+    # KOG_ATTN_CLUSTER and KOG_ATTN_PREFETCH_NEXT (0|1) are read like the `attention` argument's keys
+    monkeypatch.setenv("KOG_ATTN_CLUSTER", "0")
+    monkeypatch.setenv("KOG_ATTN_PREFETCH_NEXT", "0")
+    runner = FastRunner(make_model("tiny-llama"), 32)
+    assert runner.attn_cluster is False and runner.attn_prefetch_next is False
+    monkeypatch.setenv("KOG_ATTN_PREFETCH_NEXT", "2")
+    with pytest.raises(ValueError, match="KOG_ATTN_"):
+        FastRunner(make_model("tiny-llama"), 32)
+
+
 @pytest.mark.parametrize("preset", ["tiny-laneformer", "tiny-llama"])
 def test_explicit_block_sizes_and_head_row_blocks_change_nothing(preset):
     # every matrix-vector kind and the head on blocks of their own, the head's in several blocks a program

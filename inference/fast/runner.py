@@ -138,6 +138,7 @@ BLOCK_KEYS = ("block_n", "block_k", "num_warps")
 HEAD_KEYS = ("block_n", "row_blocks", "num_warps")  # lm_head's block arguments
 ATTENTION_KEYS = ("splits", "block_t", "num_warps", "cluster", "maxnreg", "prefetch_next")
 ATTENTION_SWITCHES = ("cluster", "prefetch_next")
+SWITCH_ENV = (("KOG_ATTN_CLUSTER", "cluster"), ("KOG_ATTN_PREFETCH_NEXT", "prefetch_next"))
 # Lane groups: how many (1: none). Unset: 2 on a GPU wherever the lanes split in two past their first layers
 # (laneformer-2b on an H200, scripts/decode_variants.py in turns: 800 -> 844 tok/s; 4 groups 832).
 LANE_GROUP_KEYS = ("groups",)
@@ -230,24 +231,21 @@ class FastRunner:
         self.cache = KVCache(cfg, max_context, 1, device, dtype)
         group = cfg.num_heads // cfg.num_kv_heads
         # KOG_ATTN_SPLITS / KOG_ATTN_BLOCK_T / KOG_ATTN_WARPS (or the `attention` argument's splits, block_t,
-        # num_warps) override the attention's split count, key block and warps (for sweeps).
-        env_cluster = os.environ.get("KOG_ATTN_CLUSTER", "")
+        # num_warps) override the attention's split count, key block and warps, and KOG_ATTN_CLUSTER /
+        # KOG_ATTN_PREFETCH_NEXT=0|1 (or the `cluster` / `prefetch_next` keys) its switches, below (for sweeps).
+        env_switches = ",".join(
+            f"{key}={os.environ[name]}" for name, key in SWITCH_ENV if os.environ.get(name)
+        )
         attention = {"splits": int(os.environ.get("KOG_ATTN_SPLITS", "0")),
                      "block_t": int(os.environ.get("KOG_ATTN_BLOCK_T", "64")),
                      "num_warps": int(os.environ.get("KOG_ATTN_WARPS", "0")),
-                     **kind_overrides(f"cluster={env_cluster}" if env_cluster else "", ATTENTION_KEYS,
-                                      "KOG_ATTN_CLUSTER", ATTENTION_SWITCHES),
+                     **kind_overrides(env_switches, ATTENTION_KEYS, "KOG_ATTN_*", ATTENTION_SWITCHES),
                      **kind_overrides(attention or {}, ATTENTION_KEYS, "attention", ATTENTION_SWITCHES)}  # fmt: skip
         splits = attention["splits"] or default_splits(cfg.num_kv_heads, device)
         self.attn_block_t, self.attn_warps = attention["block_t"], attention["num_warps"] or None
         self.attn_maxnreg = attention.get("maxnreg")  # a register cap (sweeps)
         # Each layer's attention asks L2 for the next layer's first block of keys and values (decode_attention's
-        # next_layer; the measurements are in kernels/decode_attention.py). KOG_ATTN_PREFETCH_NEXT=0|1 or the
-        # `prefetch_next` key: for sweeps.
-        env_prefetch = os.environ.get("KOG_ATTN_PREFETCH_NEXT", "")
-        if env_prefetch:
-            attention = {**kind_overrides(f"prefetch_next={env_prefetch}", ATTENTION_KEYS, "KOG_ATTN_PREFETCH_NEXT",
-                                          ATTENTION_SWITCHES), **attention}  # fmt: skip
+        # next_layer; the measurements are in kernels/decode_attention.py).
         possible = prefetch_next_possible(self.cache.k)
         self.attn_prefetch_next = bool(attention.get("prefetch_next", possible))
         if self.attn_prefetch_next and not possible:

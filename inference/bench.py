@@ -471,7 +471,7 @@ def sweep_head(model: Transformer, runner, read_gbs: float) -> list[dict]:
     nbytes = runner.head_weight.numel() * runner.head_weight.element_size()
 
     def down():
-        runner._add_partials(last, w_last, 1, runner.h, w_last.w2, False).run()
+        runner._add_partials(last, w_last, 1, runner.h, w_last.w2, False)
 
     pos = runner.pos.clone()
 

@@ -31,16 +31,13 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels import hopper_features, interpreted, sm_count
-from kernels.cluster import CLUSTER_SIZES, cluster_sync
-from kernels.pairing import Launch
+from kernels import hopper_features, interpreted, pdl_kwargs, sm_count
+from kernels.cluster import CLUSTER_SIZES, cluster_sync, launch_clusters
 from kernels.rope import rope_pairing
 
 
 @triton.jit
-def decode_attention_program(
-    pid0,
-    pid1,
+def _decode_attention_kernel(
     qkv_ptr,
     stride_qkv_lane,
     k_cache_ptr,
@@ -77,14 +74,12 @@ def decode_attention_program(
     USE_PDL: tl.constexpr,
     PREFETCH_NEXT: tl.constexpr,
 ):
-    """One program: split `split` of KV head `kv`; (pid0, pid1) = (kv * SPLITS + split, 0) in clusters (a 1-D
-    grid), else (kv, split) (kernels/pairing.py)."""
     if CLUSTER:  # one cluster of SPLITS programs a KV head (kernels/cluster.py)
-        kv = pid0 // SPLITS
-        split = pid0 % SPLITS
+        kv = tl.program_id(0) // SPLITS
+        split = tl.program_id(0) % SPLITS
     else:
-        kv = pid0
-        split = pid1
+        kv = tl.program_id(0)
+        split = tl.program_id(1)
     lane = kv // kv_per_lane
     kv_in_lane = kv % kv_per_lane
     heads = tl.arange(0, BLOCK_H)  # query rows: the G heads of this KV head, padded for tl.dot
@@ -211,52 +206,6 @@ def decode_attention_program(
             tl.atomic_xchg(counter_ptr + kv, 0)
 
 
-@triton.jit
-def _decode_attention_kernel(
-    qkv_ptr,
-    stride_qkv_lane,
-    k_cache_ptr,
-    v_cache_ptr,
-    pos_ptr,
-    cos_ptr,
-    sin_ptr,
-    q_norm_ptr,
-    k_norm_ptr,
-    part_o_ptr,
-    part_ml_ptr,
-    counter_ptr,
-    out_ptr,
-    stride_out_lane,
-    next_k_ptr,
-    next_v_ptr,
-    heads_per_lane,
-    kv_per_lane,
-    window,
-    next_window,
-    max_len,
-    scale_log2e,
-    eps,
-    HD: tl.constexpr,
-    HDP: tl.constexpr,
-    G: tl.constexpr,
-    GP: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    SPLITS: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    INTERLEAVED: tl.constexpr,
-    QK_NORM: tl.constexpr,
-    CLUSTER: tl.constexpr,
-    USE_PDL: tl.constexpr,
-    PREFETCH_NEXT: tl.constexpr,
-):
-    decode_attention_program(tl.program_id(0), tl.program_id(1), qkv_ptr, stride_qkv_lane, k_cache_ptr,
-                             v_cache_ptr, pos_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, part_o_ptr,
-                             part_ml_ptr, counter_ptr, out_ptr, stride_out_lane, next_k_ptr, next_v_ptr,
-                             heads_per_lane, kv_per_lane, window, next_window, max_len, scale_log2e, eps, HD,
-                             HDP, G, GP, BLOCK_H, SPLITS, BLOCK_T, INTERLEAVED, QK_NORM, CLUSTER, USE_PDL,
-                             PREFETCH_NEXT)  # fmt: skip
-
-
 # One thread of the program asks L2 for $2 bytes from address $1 (a multiple of 16 bytes, 16-byte aligned).
 _BULK_PREFETCH_L2 = tl.constexpr(
     "{ .reg .pred p; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; setp.ne.and.u32 p, $2, 0, p; "
@@ -346,15 +295,7 @@ def default_splits(num_kv_heads: int, device: torch.device) -> int:
     return splits
 
 
-def decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
-                     cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, scratch: AttentionScratch,
-                     **options) -> torch.Tensor:  # fmt: skip
-    """Runs decode_attention_launch with the same arguments; returns out."""
-    decode_attention_launch(qkv, k_cache, v_cache, pos, cos, sin, out, scratch, **options).run()
-    return out
-
-
-def decode_attention_launch(
+def decode_attention(
     qkv: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -376,8 +317,8 @@ def decode_attention_launch(
     cluster: bool | None = None,
     maxnreg: int | None = None,
     next_layer: tuple[torch.Tensor, torch.Tensor, int | None] | None = None,
-) -> Launch:
-    """The launch of the attention of the token at position pos[0] (a device int tensor) over the cache, writing its k, v there.
+) -> torch.Tensor:
+    """Attention of the token at position pos[0] (a device int tensor) over the cache, writing its k, v there.
 
     qkv: [L, (H/L + 2 KV/L) * hd]: per lane this token's q heads, then k heads, then v heads (before RoPE).
     k_cache, v_cache: [KV, max_len, hd] of this layer. cos, sin: [max_positions, hd/2] fp32.
@@ -474,7 +415,7 @@ def decode_attention_launch(
         hd**-0.5 * 1.4426950408889634,
         eps,
     )
-    constexprs = dict(
+    options = dict(
         HD=hd,
         HDP=padded_head_dim(hd),
         G=group,
@@ -487,8 +428,12 @@ def decode_attention_launch(
         CLUSTER=cluster,
         USE_PDL=use_pdl,
         PREFETCH_NEXT=next_layer is not None,
+        num_warps=num_warps,
+        **pdl_kwargs(use_pdl),
+        **({"maxnreg": maxnreg} if maxnreg else {}),
     )
-    splits = scratch.splits
-    grid = (num_kv * splits,) if cluster else (num_kv, splits)
-    return Launch(_decode_attention_kernel, decode_attention_program, grid, args, constexprs, num_warps, use_pdl,
-                  cluster=splits if cluster else 1, maxnreg=maxnreg)  # fmt: skip
+    if cluster:
+        launch_clusters(_decode_attention_kernel, num_kv, scratch.splits, args, options)
+    else:
+        _decode_attention_kernel[(num_kv, scratch.splits)](*args, **options)
+    return out

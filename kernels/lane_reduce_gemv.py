@@ -24,17 +24,14 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels import interpreted, sm_count
-from kernels.pairing import Launch
+from kernels import interpreted, pdl_kwargs, sm_count
 
 SUM, DELAYED, SCALED = 0, 1, 2
 MODES = {"sum": SUM, "delayed": DELAYED, "scaled": SCALED}
 
 
 @triton.jit
-def lane_reduce_gemv_program(
-    pid_n,
-    unused_pid,
+def _lane_reduce_gemv_kernel(
     act_ptr,
     stride_act_lane,
     w_ptr,
@@ -59,8 +56,7 @@ def lane_reduce_gemv_program(
     PREFETCH: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    """One program: output rows block pid_n of every lane (a 1-D grid; kernels/pairing.py)."""
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     lanes = tl.arange(0, LANES_P)
     cols = tl.arange(0, BLOCK_K)
     lane_ok = lanes < LANES
@@ -120,38 +116,6 @@ def lane_reduce_gemv_program(
     tl.store(x_ptr + lane_rows, old + r, mask=tile_ok)
 
 
-@triton.jit
-def _lane_reduce_gemv_kernel(
-    act_ptr,
-    stride_act_lane,
-    w_ptr,
-    x_ptr,
-    embed_ptr,
-    token_ptr,
-    hist_out_ptr,
-    hist_in_ptr,
-    N,
-    lane_scale,
-    lane_start,
-    K: tl.constexpr,
-    LANES: tl.constexpr,
-    LANES_P: tl.constexpr,
-    TOTAL_LANES: tl.constexpr,
-    TOTAL_LANES_P: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    MODE: tl.constexpr,
-    X_FROM_TOKEN: tl.constexpr,
-    STORE_HISTORY: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
-    lane_reduce_gemv_program(tl.program_id(0), 0, act_ptr, stride_act_lane, w_ptr, x_ptr, embed_ptr, token_ptr,
-                             hist_out_ptr, hist_in_ptr, N, lane_scale, lane_start, K, LANES, LANES_P, TOTAL_LANES,
-                             TOTAL_LANES_P, BLOCK_N, BLOCK_K, MODE, X_FROM_TOKEN, STORE_HISTORY, PREFETCH,
-                             USE_PDL)  # fmt: skip
-
-
 def _pick_blocks(lanes: int, n: int, k: int, device: torch.device) -> tuple[int, int, int]:
     if interpreted():  # programs run one after another there: few, large ones
         return min(64, triton.next_power_of_2(n)), min(128, triton.next_power_of_2(k)), 4
@@ -186,13 +150,7 @@ def _pick_blocks(lanes: int, n: int, k: int, device: torch.device) -> tuple[int,
     return block_n, block_k, num_warps
 
 
-def lane_reduce_gemv(act: torch.Tensor, weight: torch.Tensor, x: torch.Tensor, **options) -> torch.Tensor:
-    """Runs lane_reduce_gemv_launch(act, weight, x, **options); returns x."""
-    lane_reduce_gemv_launch(act, weight, x, **options).run()
-    return x
-
-
-def lane_reduce_gemv_launch(
+def lane_reduce_gemv(
     act: torch.Tensor,
     weight: torch.Tensor,
     x: torch.Tensor,
@@ -209,8 +167,8 @@ def lane_reduce_gemv_launch(
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
-) -> Launch:
-    """The launch of x[l] += r[l] from the lane partials p[l] = weight[l] @ act[l] (see the module docstring for `mode`).
+) -> torch.Tensor:
+    """x[l] += r[l] from the lane partials p[l] = weight[l] @ act[l] (see the module docstring for `mode`).
 
     act: [L, K]; weight: [L, N, K]; x: [L, N] fp32, updated in place (with `embedding` [V, N] and `token`
     (int tensor [1] on the device), x is overwritten with embedding[token] + r instead: layer 0).
@@ -255,7 +213,7 @@ def lane_reduce_gemv_launch(
     block_n, block_k, num_warps = block_n or auto_n, block_k or auto_k, num_warps or auto_warps
     if prefetch < 1:
         raise ValueError(f"prefetch: expected at least 1 tile, got {prefetch}")
-    args = (
+    _lane_reduce_gemv_kernel[(triton.cdiv(n, block_n),)](
         act,
         act.stride(0),
         weight,
@@ -267,8 +225,6 @@ def lane_reduce_gemv_launch(
         n,
         float(total) ** 0.5,
         lane_start,
-    )
-    constexprs = dict(
         K=k,
         LANES=lanes,
         LANES_P=triton.next_power_of_2(lanes),
@@ -281,13 +237,7 @@ def lane_reduce_gemv_launch(
         STORE_HISTORY=history_out is not None,
         PREFETCH=min(prefetch, triton.cdiv(k, block_k)),
         USE_PDL=use_pdl,
+        num_warps=num_warps,
+        **pdl_kwargs(use_pdl),
     )
-    return Launch(
-        _lane_reduce_gemv_kernel,
-        lane_reduce_gemv_program,
-        (triton.cdiv(n, block_n),),
-        args,
-        constexprs,
-        num_warps,
-        use_pdl,
-    )
+    return x

@@ -22,8 +22,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels import interpreted, sm_count
-from kernels.pairing import Launch
+from kernels import interpreted, pdl_kwargs, sm_count
 
 
 @triton.jit
@@ -77,9 +76,7 @@ def row_dots(tiles, xs, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def rmsnorm_gemv_program(
-    pid_n,
-    lane,
+def _rmsnorm_gemv_kernel(
     x_ptr,
     stride_x_lane,
     token_ptr,
@@ -102,9 +99,9 @@ def rmsnorm_gemv_program(
     ROW_BLOCKS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    """One program: rows block pid_n (ROW_BLOCKS blocks of BLOCK_N rows) of lane `lane` (kernels/pairing.py)."""
     TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
-    rows = pid_n * ROW_BLOCKS * BLOCK_N + tl.arange(0, BLOCK_N)
+    lane = tl.program_id(1)
+    rows = tl.program_id(0) * ROW_BLOCKS * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     cols = tl.arange(0, BLOCK_K)
     w_offs = (lane * N + rows).to(tl.int64)[:, None] * K + cols[None, :]  # [BLOCK_N, BLOCK_K]
@@ -145,35 +142,6 @@ def rmsnorm_gemv_program(
             rows, row_ok, w_offs, w, u = next_rows, next_ok, next_offs, next_w, next_u
 
 
-@triton.jit
-def _rmsnorm_gemv_kernel(
-    x_ptr,
-    stride_x_lane,
-    token_ptr,
-    norm_ptr,
-    stride_norm_lane,
-    w_ptr,
-    w_up_ptr,
-    bias_ptr,
-    out_ptr,
-    N,
-    eps,
-    K: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    HAS_NORM: tl.constexpr,
-    GATED: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    X_FROM_TOKEN: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    ROW_BLOCKS: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
-    rmsnorm_gemv_program(tl.program_id(0), tl.program_id(1), x_ptr, stride_x_lane, token_ptr, norm_ptr,
-                         stride_norm_lane, w_ptr, w_up_ptr, bias_ptr, out_ptr, N, eps, K, BLOCK_N, BLOCK_K, HAS_NORM,
-                         GATED, HAS_BIAS, X_FROM_TOKEN, PREFETCH, ROW_BLOCKS, USE_PDL)  # fmt: skip
-
-
 def _pick_blocks(lanes: int, n: int, k: int, gated: bool, device: torch.device) -> tuple[int, int, int]:
     if interpreted():  # programs run one after another there: few, large ones
         return min(64, triton.next_power_of_2(n)), min(128, triton.next_power_of_2(k)), 4
@@ -202,13 +170,7 @@ def _pick_row_blocks(n: int, k: int, gated: bool, device: torch.device) -> int:
     return max(2, round(n / (2 * 8 * sm_count(device))))
 
 
-def rmsnorm_gemv(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, **options) -> torch.Tensor:
-    """Runs rmsnorm_gemv_launch(x, weight, out, **options); returns out."""
-    rmsnorm_gemv_launch(x, weight, out, **options).run()
-    return out
-
-
-def rmsnorm_gemv_launch(
+def rmsnorm_gemv(
     x: torch.Tensor,
     weight: torch.Tensor,
     out: torch.Tensor,
@@ -224,8 +186,8 @@ def rmsnorm_gemv_launch(
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
-) -> Launch:
-    """The launch of out[l] = W[l] @ (rmsnorm(x[l]) * norm_weight) (+ bias[l]), or silu(W[l] @ h) * (W_up[l] @ h) with weight_up.
+) -> torch.Tensor:
+    """out[l] = W[l] @ (rmsnorm(x[l]) * norm_weight) (+ bias[l]), or silu(W[l] @ h) * (W_up[l] @ h) with weight_up.
 
     prefetch: weight tiles ([block_n, block_k] of each matrix) a program loads before it waits for x (at least
     1; more than the row's tiles means all of them). row_blocks: blocks of block_n rows each program takes in
@@ -285,7 +247,7 @@ def rmsnorm_gemv_launch(
     if row_blocks < 1:
         raise ValueError(f"row_blocks: expected at least 1, got {row_blocks}")
     grid = (triton.cdiv(triton.cdiv(n, block_n), row_blocks), lanes)
-    args = (
+    _rmsnorm_gemv_kernel[grid](
         x,
         stride_x_lane,
         token if token is not None else x,
@@ -297,8 +259,6 @@ def rmsnorm_gemv_launch(
         out,
         n,
         eps,
-    )
-    constexprs = dict(
         K=k,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
@@ -309,5 +269,7 @@ def rmsnorm_gemv_launch(
         PREFETCH=min(prefetch, triton.cdiv(k, block_k)),
         ROW_BLOCKS=row_blocks,
         USE_PDL=use_pdl,
+        num_warps=num_warps,
+        **pdl_kwargs(use_pdl),
     )
-    return Launch(_rmsnorm_gemv_kernel, rmsnorm_gemv_program, grid, args, constexprs, num_warps, use_pdl)
+    return out

@@ -18,7 +18,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
@@ -44,17 +43,10 @@ def intercepted_launches(preset: str) -> list[tuple[JITFunction, dict, dict, int
     def fake_cluster_launch(kernel, clusters, size, args, kwargs):
         launches.append((kernel, args, kwargs, kwargs.get("num_warps", 4)))
 
-    from kernels import pairing
+    from kernels import decode_attention
 
-    pairing.launch_clusters = fake_cluster_launch
-    for module in (
-        "rmsnorm_gemv",
-        "lane_reduce_gemv",
-        "decode_attention",
-        "lm_head",
-        "final_norm",
-        "pairing",
-    ):
+    decode_attention.launch_clusters = fake_cluster_launch
+    for module in ("rmsnorm_gemv", "lane_reduce_gemv", "decode_attention", "lm_head", "final_norm"):
         mod = __import__(f"kernels.{module}", fromlist=["x"])
         mod.sm_count = lambda device: 132
         if hasattr(mod, "interpreted"):
@@ -74,32 +66,21 @@ def compile_report(fn: JITFunction, args: tuple, kwargs: dict, num_warps: int) -
     bound = dict(zip(names, args, strict=False)) | {k: v for k, v in kwargs.items() if k in names}
     constexprs = {n for n, p in zip(names, fn.params, strict=True) if p.is_constexpr}
     signature, consts, attrs = {}, {}, {}
-
-    def describe(path: tuple, value):
-        """The signature entry of an argument (tuples, as kernels/pairing.py passes a body's arguments, by
-        element), recording its constexprs and 16-divisibility on the way."""
-        if isinstance(value, tuple):
-            return tuple(describe(path + (j,), v) for j, v in enumerate(value))
-        if isinstance(value, tl.constexpr):
-            consts[path] = value.value
-            return "constexpr"
-        if isinstance(value, torch.Tensor):
-            attrs[path] = [["tt.divisibility", 16]]
-            return "*" + DTYPES[value.dtype]
-        if isinstance(value, bool):
-            return "i1"
-        if isinstance(value, int):
-            if value % 16 == 0:
-                attrs[path] = [["tt.divisibility", 16]]
-            return "i32"
-        return "fp32"
-
     for i, name in enumerate(names):
         value = bound[name]
         if name in constexprs:
             signature[name], consts[name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = "*" + DTYPES[value.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, int):
+            signature[name] = "i32"
+            if value % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
         else:
-            signature[name] = describe((i,), value)
+            signature[name] = "fp32"
     compiled = triton.compile(ASTSource(fn, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": num_warps})  # fmt: skip
     ptx_path = Path("/tmp") / f"kernel_report_{fn.__name__}.ptx"
@@ -111,18 +92,8 @@ def compile_report(fn: JITFunction, args: tuple, kwargs: dict, num_warps: int) -
         "?",
     )
     spills = next((line.split(", ")[1] for line in out.splitlines() if "spill stores" in line), "?")
-    blocks = {
-        k: v
-        for k, v in consts.items()
-        if isinstance(k, str) and k.startswith(("BLOCK", "SPLITS", "K", "LANES"))
-    }
+    blocks = {k: v for k, v in consts.items() if k.startswith(("BLOCK", "SPLITS", "K", "LANES"))}
     return f"{fn.__name__:28s} warps {num_warps} regs {regs:>3} {spills:24s} 16B loads {compiled.asm['ptx'].count('.v4.'):3d} {blocks}"
-
-
-def describe_args(args) -> tuple:
-    """A hashable summary of launch arguments: tensors by dtype, tuples element by element."""
-    return tuple(describe_args(a) if isinstance(a, tuple) else str(a.dtype) if isinstance(a, torch.Tensor)
-                 else str(a) for a in args)  # fmt: skip
 
 
 def main(presets: list[str]) -> None:
@@ -130,7 +101,8 @@ def main(presets: list[str]) -> None:
         print(f"== {preset}")
         seen = set()
         for fn, args, kwargs, warps in intercepted_launches(preset):
-            key = (fn.__name__, tuple(sorted((k, str(v)) for k, v in kwargs.items())), describe_args(args))
+            key = (fn.__name__, tuple(sorted((k, str(v)) for k, v in kwargs.items())),
+                   tuple(str(a.dtype) if isinstance(a, torch.Tensor) else a for a in args))  # fmt: skip
             if key in seen:
                 continue
             seen.add(key)

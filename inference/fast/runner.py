@@ -41,15 +41,14 @@ from inference.model import KVCache, Transformer
 from kernels import hopper_features
 from kernels.decode_attention import (
     AttentionScratch,
-    decode_attention_launch,
+    decode_attention,
     default_splits,
     prefetch_next_possible,
 )
 from kernels.final_norm import final_norm
-from kernels.lane_reduce_gemv import lane_reduce_gemv_launch
+from kernels.lane_reduce_gemv import lane_reduce_gemv
 from kernels.lm_head import HeadScratch, lm_head
-from kernels.pairing import Launch, run_paired
-from kernels.rmsnorm_gemv import rmsnorm_gemv_launch
+from kernels.rmsnorm_gemv import rmsnorm_gemv
 
 # Weight tiles each matrix-vector kind loads before it waits on the previous kernel (kernels' `prefetch`;
 # more than a row has means all). The o-proj takes all of its tiles: attention before it reads little, so
@@ -142,13 +141,7 @@ ATTENTION_SWITCHES = ("cluster", "prefetch_next")
 SWITCH_ENV = (("KOG_ATTN_CLUSTER", "cluster"), ("KOG_ATTN_PREFETCH_NEXT", "prefetch_next"))
 # Lane groups: how many (1: none). Unset: 2 on a GPU wherever the lanes split in two past their first layers
 # (laneformer-2b on an H200, scripts/decode_variants.py in turns: 800 -> 844 tok/s; 4 groups 832).
-LANE_GROUP_KEYS = ("groups", "paired", "skew")
-LANE_GROUP_SWITCHES = ("paired",)
-LAYER_KERNELS = 5  # q|k|v, attention, o-proj, gate/up, down-proj
-ATTENTION_KERNEL = 1
-# Paired launches (lanes.paired=1): kernels group 1 runs behind group 0. 3 puts group 0's attention beside
-# group 1's gate/up pair and group 1's attention beside group 0's down-proj.
-DEFAULT_PAIR_SKEW = 3
+LANE_GROUP_KEYS = ("groups",)
 
 
 def block_spec(spec: str | dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
@@ -291,11 +284,9 @@ class FastRunner:
         self.whole = LaneGroup(0, lanes, self.layers, self.x, self.qkv, self.attn, self.h, slice(None),
                                cfg.num_heads, self.attn_scratch)  # fmt: skip
         # KOG_LANE_GROUPS=groups=2 (or the `lane_groups` argument): see the module docstring.
-        lane_groups = {**kind_overrides(env("KOG_LANE_GROUPS", ""), LANE_GROUP_KEYS, "KOG_LANE_GROUPS",
-                                        LANE_GROUP_SWITCHES),
-                       **kind_overrides(lane_groups or {}, LANE_GROUP_KEYS, "lane_groups", LANE_GROUP_SWITCHES)}  # fmt: skip
+        lane_groups = {**kind_overrides(env("KOG_LANE_GROUPS", ""), LANE_GROUP_KEYS, "KOG_LANE_GROUPS"),
+                       **kind_overrides(lane_groups or {}, LANE_GROUP_KEYS, "lane_groups")}  # fmt: skip
         self.groups, self.split_from = self._lane_groups(lane_groups.get("groups"), splits)
-        self.pair_skew = self._pairing(lane_groups)
         self.prefetch = {**DEFAULT_PREFETCH, **(GROUPED_PREFETCH if self.groups else {}), **prefetch}
         self.streams = [torch.cuda.Stream(device) for _ in self.groups] if device.type == "cuda" else None
         self.group_events: dict[tuple[int, int, int], torch.cuda.Event] = {}  # (group, layer, kernel) -> done
@@ -377,10 +368,8 @@ class FastRunner:
         cfg, eps, pdl = self.cfg, self.cfg.norm_eps, self.use_pdl
         for i in range(self.split_from):
             for launch in self._layer_launches(self.whole, i):
-                launch.run()
-        if self.pair_skew:
-            self._paired_layers()
-        elif self.groups:
+                launch()
+        if self.groups:
             self._grouped_layers()
 
         if cfg.num_lanes > 1:
@@ -395,48 +384,6 @@ class FastRunner:
         if not greedy:
             self._sample_next()
 
-    def _pairing(self, lane_groups: dict[str, int]) -> int:
-        """Kernels by which group 1 runs behind group 0 in paired launches (0: no pairing, the groups on streams).
-        Pairing needs exactly two groups; the skew is 1 .. LAYER_KERNELS - 1, so that the two attentions never
-        share a launch and, with a delay of one layer, a kernel never shares one with the launch whose partials
-        it reads."""
-        paired, skew = lane_groups.get("paired", 0), lane_groups.get("skew", DEFAULT_PAIR_SKEW)
-        if not paired:
-            return 0
-        if len(self.groups) != 2:
-            raise ValueError(
-                f"lane_groups: paired launches need 2 lane groups, got {max(1, len(self.groups))}"
-            )
-        if not 0 < skew < LAYER_KERNELS:
-            raise ValueError(f"lane_groups: skew must be in 1 .. {LAYER_KERNELS - 1} kernels, got {skew}")
-        return skew
-
-    def _paired_layers(self) -> None:
-        """Layers split_from .. N - 1 of two lane groups as one chain of launches on one stream, each holding a
-        kernel of either group (kernels/pairing.py): group 1 runs pair_skew kernels behind group 0, so that each
-        group's attention shares its launch with a matrix-vector kernel of the other, whose weights stream while
-        the attention's chain of dependent reads runs. The attention goes first in its launch (its programs are
-        dispatched first, and its clusters must start at program 0). Kernels of different warps run one after
-        the other instead."""
-        layers = range(self.split_from, len(self.layers))
-        chains = [
-            [launch for i in layers for launch in self._layer_launches(group, i)] for group in self.groups
-        ]
-        skew, n = self.pair_skew, len(chains[0])
-        for slot in range(n + skew):
-            a = chains[0][slot] if slot < n else None
-            b = chains[1][slot - skew] if slot >= skew else None
-            if a is None or b is None:
-                (a or b).run()
-                continue
-            if (slot - skew) % LAYER_KERNELS == ATTENTION_KERNEL:
-                a, b = b, a
-            if a.num_warps == b.num_warps:
-                run_paired(a, b)
-            else:
-                a.run()
-                b.run()
-
     def _grouped_layers(self) -> None:
         """Layers split_from .. N - 1, each lane group on its own stream. A group's o-proj / down-proj of layer i
         reads the other groups' partials of layer i - d, so it waits for those launches; nothing else crosses.
@@ -446,7 +393,7 @@ class FastRunner:
             for i in layers:
                 for group in self.groups:
                     for launch in self._layer_launches(group, i):
-                        launch.run()
+                        launch()
             return
         waits = {(g, i, k): self._cross_waits(g, i, k) for g in range(len(self.groups)) for i in layers
                  for k in range(5)}  # fmt: skip
@@ -462,7 +409,7 @@ class FastRunner:
                     with torch.cuda.stream(stream):
                         for key in waits[g, i, k]:
                             stream.wait_event(self._event(*key))
-                        launches[g][k].run()
+                        launches[g][k]()
                         if (g, i, k) in awaited:
                             self._event(g, i, k).record(stream)
         for stream in self.streams:
@@ -483,53 +430,60 @@ class FastRunner:
             self.group_events[key] = torch.cuda.Event()
         return self.group_events[key]
 
-    def _layer_launches(self, group: LaneGroup, i: int) -> list[Launch]:
-        """Layer i's five launches for a group of lanes, in order (LAYER_KERNELS; described, not started)."""
+    def _layer_launches(self, group: LaneGroup, i: int) -> list:
+        """Layer i's five launches for a group of lanes, as closures (in order)."""
         eps, pdl, w = self.cfg.norm_eps, self.use_pdl, group.layers[i]
         first = i == 0
-        qkv = rmsnorm_gemv_launch(
-            self.embed if first else group.x,
-            w.wqkv,
-            group.qkv,
-            norm_weight=w.attention_norm,
-            eps=eps,
-            bias=w.bqkv,
-            token=self.token if first else None,
-            use_pdl=pdl,
-            prefetch=self.prefetch["qkv"],
-            row_blocks=self.row_blocks.get("qkv"),
-            **self.blocks.get("qkv", {}),
-        )
-        attention = decode_attention_launch(
-            group.qkv,
-            self.cache.k[i, 0, group.kv_heads],
-            self.cache.v[i, 0, group.kv_heads],
-            self.pos,
-            self.model.rope_cos,
-            self.model.rope_sin,
-            group.attn,
-            group.scratch,
-            num_heads=group.num_heads,
-            window=w.window,
-            q_norm=w.q_norm,
-            k_norm=w.k_norm,
-            eps=eps,
-            use_pdl=pdl,
-            block_t=self.attn_block_t,
-            num_warps=self.attn_warps,
-            cluster=self.attn_cluster,
-            maxnreg=self.attn_maxnreg,
-            **self._next_layer(group, i),
-        )
-        gate_up = rmsnorm_gemv_launch(group.x, w.w1, group.h, norm_weight=w.ffn_norm, eps=eps, weight_up=w.w3,
-                                      use_pdl=pdl, prefetch=self.prefetch["gate_up"],
-                                      row_blocks=self.row_blocks.get("gate_up"), **self.blocks.get("gate_up", {}))  # fmt: skip
+
+        def qkv() -> None:
+            rmsnorm_gemv(
+                self.embed if first else group.x,
+                w.wqkv,
+                group.qkv,
+                norm_weight=w.attention_norm,
+                eps=eps,
+                bias=w.bqkv,
+                token=self.token if first else None,
+                use_pdl=pdl,
+                prefetch=self.prefetch["qkv"],
+                row_blocks=self.row_blocks.get("qkv"),
+                **self.blocks.get("qkv", {}),
+            )
+
+        def attention() -> None:
+            decode_attention(
+                group.qkv,
+                self.cache.k[i, 0, group.kv_heads],
+                self.cache.v[i, 0, group.kv_heads],
+                self.pos,
+                self.model.rope_cos,
+                self.model.rope_sin,
+                group.attn,
+                group.scratch,
+                num_heads=group.num_heads,
+                window=w.window,
+                q_norm=w.q_norm,
+                k_norm=w.k_norm,
+                eps=eps,
+                use_pdl=pdl,
+                block_t=self.attn_block_t,
+                num_warps=self.attn_warps,
+                cluster=self.attn_cluster,
+                maxnreg=self.attn_maxnreg,
+                **self._next_layer(group, i),
+            )
+
+        def gate_up() -> None:
+            rmsnorm_gemv(group.x, w.w1, group.h, norm_weight=w.ffn_norm, eps=eps, weight_up=w.w3, use_pdl=pdl,
+                         prefetch=self.prefetch["gate_up"], row_blocks=self.row_blocks.get("gate_up"),
+                         **self.blocks.get("gate_up", {}))  # fmt: skip
+
         return [
             qkv,
             attention,
-            self._add_partials(i, w, 0, group.attn, w.wo, first, group),
+            lambda: self._add_partials(i, w, 0, group.attn, w.wo, first, group),
             gate_up,
-            self._add_partials(i, w, 1, group.h, w.w2, False, group),
+            lambda: self._add_partials(i, w, 1, group.h, w.w2, False, group),
         ]
 
     def _next_layer(self, group: LaneGroup, i: int) -> dict:
@@ -541,11 +495,10 @@ class FastRunner:
                                self.layers[i + 1].window)}  # fmt: skip
 
     def _add_partials(self, i: int, w: LayerWeights, block: int, act: torch.Tensor, weight: torch.Tensor,
-                      first: bool, group: LaneGroup | None = None) -> Launch:  # fmt: skip
-        """The o-proj (block 0) or down-proj (block 1) of layer i for a group of lanes, described."""
+                      first: bool, group: LaneGroup | None = None) -> None:  # fmt: skip
         group = group or self.whole
         history = self.history
-        return lane_reduce_gemv_launch(
+        lane_reduce_gemv(
             act,
             weight,
             group.x,

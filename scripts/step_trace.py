@@ -27,15 +27,19 @@ from inference.bench import build_model, cuda_missing, profiled_prefill  # noqa:
 from inference.fast.runner import FastRunner  # noqa: E402
 
 
-def export(prof, path: Path) -> list[dict]:
-    """The trace written gzipped to path; its GPU kernel events returned."""
+def export(prof, path: Path) -> None:
+    """The trace written gzipped to path."""
     raw = path.with_suffix("")
     prof.export_chrome_trace(str(raw))
     with raw.open("rb") as src, gzip.open(path, "wb") as dst:
         shutil.copyfileobj(src, dst)
-    events = json.loads(raw.read_text())["traceEvents"]
     raw.unlink()
-    return [e for e in events if e.get("cat") == "kernel"]
+
+
+def kernel_events(path: Path) -> list[dict]:
+    """The GPU kernel events of a trace written by export."""
+    with gzip.open(path, "rt") as f:
+        return [e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel"]
 
 
 def print_step(kernels: list[dict], replay: int, per_step: int) -> None:
@@ -78,7 +82,9 @@ def main() -> int:
         for _ in range(args.replays):
             graph.replay()
         torch.cuda.synchronize()
-    kernels = export(prof, args.out / f"{args.model}.decode.json.gz")
+    decode_trace = args.out / f"{args.model}.decode.json.gz"
+    export(prof, decode_trace)
+    kernels = kernel_events(decode_trace)
     per_step = len(kernels) // args.replays
     print_step(kernels, args.replays // 2, per_step)
 

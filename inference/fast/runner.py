@@ -142,6 +142,8 @@ SWITCH_ENV = (("KOG_ATTN_CLUSTER", "cluster"), ("KOG_ATTN_PREFETCH_NEXT", "prefe
 # Lane groups: how many (1: none). Unset: 2 on a GPU wherever the lanes split in two past their first layers
 # (laneformer-2b on an H200, scripts/decode_variants.py in turns: 800 -> 844 tok/s; 4 groups 832).
 LANE_GROUP_KEYS = ("groups",)
+LAYER_KERNELS = 5  # a layer's launches (_layer_launches): q|k|v, attention, o-proj, gate/up, down-proj
+PARTIAL_KERNELS = (2, 4)  # the o-proj and down-proj: they read the other lanes' partials of layer i - d
 
 
 def block_spec(spec: str | dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
@@ -396,7 +398,7 @@ class FastRunner:
                         launch()
             return
         waits = {(g, i, k): self._cross_waits(g, i, k) for g in range(len(self.groups)) for i in layers
-                 for k in range(5)}  # fmt: skip
+                 for k in range(LAYER_KERNELS)}  # fmt: skip
         awaited = {key for keys in waits.values() for key in keys}
         main = torch.cuda.current_stream(self.device)
         for stream in self.streams:
@@ -404,7 +406,7 @@ class FastRunner:
         # Issued kernel by kernel across the groups, so that every event waited on is recorded first.
         for i in layers:
             launches = [self._layer_launches(group, i) for group in self.groups]
-            for k in range(5):
+            for k in range(LAYER_KERNELS):
                 for g, stream in enumerate(self.streams):
                     with torch.cuda.stream(stream):
                         for key in waits[g, i, k]:
@@ -420,7 +422,7 @@ class FastRunner:
         o-proj / down-proj (kernels 2 and 4) reads their partials of layer i - d (before the split the fork
         orders them)."""
         past = self.layers[i].history_in
-        if k not in (2, 4) or past is None or past < self.split_from:
+        if k not in PARTIAL_KERNELS or past is None or past < self.split_from:
             return []
         return [(other, past, k) for other in range(len(self.groups)) if other != g]
 

@@ -40,37 +40,3 @@ def hopper_features(device: torch.device) -> bool:
 def pdl_kwargs(use_pdl: bool) -> dict:
     """Launch options for programmatic dependent launch (the interpreter knows no such option)."""
     return {"launch_pdl": True} if use_pdl else {}
-
-
-def set_carveout(percent: int) -> int:
-    """Ask every compiled kernel of this package for the same split of each multiprocessor's L1 / shared memory
-    (cuFuncSetAttribute PREFERRED_SHARED_MEMORY_CARVEOUT, in percent of the largest shared memory). Kernels that
-    prefer different splits cannot share a multiprocessor: it drains before it changes the split, and a kernel
-    launched early (programmatic dependent launch) then waits for that instead of for its data. Returns how many
-    kernels were set."""
-    import ctypes
-    import sys
-
-    from triton.runtime.jit import JITFunction
-
-    if not 0 <= percent <= 100:
-        raise ValueError(f"carveout: expected a percentage in 0 .. 100, got {percent}")
-    cuda = ctypes.CDLL("libcuda.so.1")
-    carveout_attribute = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
-    count = 0
-    for name, module in list(sys.modules.items()):
-        if not name.startswith("kernels."):
-            continue
-        for fn in vars(module).values():
-            if not isinstance(fn, JITFunction):
-                continue
-            for kernel_cache, *_ in fn.device_caches.values():
-                for compiled in kernel_cache.values():
-                    compiled._init_handles()
-                    status = cuda.cuFuncSetAttribute(
-                        ctypes.c_void_p(compiled.function), carveout_attribute, ctypes.c_int(percent)
-                    )
-                    if status != 0:
-                        raise RuntimeError(f"cuFuncSetAttribute failed ({status}) for {fn.__name__}")
-                    count += 1
-    return count

@@ -27,12 +27,9 @@ from inference.bench import build_model, cuda_missing, measure_bandwidth, step_b
 from inference.fast.runner import (  # noqa: E402
     ATTENTION_KEYS,
     ATTENTION_SWITCHES,
-    CARVEOUT_KEYS,
     HEAD_KEYS,
     LANE_GROUP_KEYS,
     ROW_BLOCK_KINDS,
-    STAGED_KEYS,
-    STAGED_SWITCHES,
     FastRunner,
     block_spec,
     kind_overrides,
@@ -44,7 +41,7 @@ def runner_kwargs(spec: str) -> dict:
     """'o=16,rows.gate_up=8,blocks.down=4/4096/8,head.row_blocks=2' -> FastRunner(prefetch={'o': 16},
     row_blocks={'gate_up': 8}, blocks={'down': {...}}, head_blocks={'row_blocks': 2})."""
     items = [item.strip() for item in spec.split(",") if item.strip()]
-    prefixes = ("rows.", "blocks.", "head.", "attn.", "lanes.", "staged.", "carveout.")
+    prefixes = ("rows.", "blocks.", "head.", "attn.", "lanes.")
 
     def group(prefix: str) -> str:
         return ",".join(item.removeprefix(prefix) for item in items if item.startswith(prefix))
@@ -55,9 +52,7 @@ def runner_kwargs(spec: str) -> dict:
             "blocks": block_spec(group("blocks.")),
             "head_blocks": kind_overrides(group("head."), HEAD_KEYS, "head_blocks"),
             "attention": kind_overrides(group("attn."), ATTENTION_KEYS, "attention", ATTENTION_SWITCHES),
-            "lane_groups": kind_overrides(group("lanes."), LANE_GROUP_KEYS, "lane_groups"),
-            "staged": kind_overrides(group("staged."), STAGED_KEYS, "staged", STAGED_SWITCHES),
-            "carveout": kind_overrides(group("carveout."), CARVEOUT_KEYS, "carveout")}  # fmt: skip
+            "lane_groups": kind_overrides(group("lanes."), LANE_GROUP_KEYS, "lane_groups")}  # fmt: skip
 
 
 def main() -> int:

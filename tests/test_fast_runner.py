@@ -162,27 +162,6 @@ def test_weights_loaded_before_the_wait_change_nothing(preset):
         assert rel_err(fast, ref) < LOGIT_TOL
 
 
-@pytest.mark.skipif(not ON_GPU or torch.cuda.get_device_capability()[0] < 9, reason="TMA needs a Hopper GPU")
-@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
-@pytest.mark.parametrize("early", [0, 1])
-def test_staged_kernels_match_the_reference(preset, early):
-    # every matrix-vector kind past layer 0 through kernels/staged_gemv.py, with and without the early trigger
-    model = make_model(preset, seed=6)
-    staged = {"qkv": 1, "o": 1, "gate_up": 1, "down": 1, "early": early}
-    for fast, ref, _ in teacher_forced(model, list(range(3, 14)), steps=4, staged=staged):
-        assert rel_err(fast, ref) < LOGIT_TOL
-
-
-def test_staged_kernels_need_hopper_and_one_lane():
-    if not ON_GPU:
-        with pytest.raises(ValueError, match="staged: needs a Hopper GPU"):
-            FastRunner(make_model("tiny-llama"), 32, staged={"gate_up": 1})
-    with pytest.raises(ValueError, match="staged"):
-        FastRunner(make_model("tiny-laneformer"), 32, staged={"o": 1})
-    with pytest.raises(ValueError, match="staged"):
-        FastRunner(make_model("tiny-llama"), 32, staged={"head": 1})
-
-
 def test_prefetch_overrides():
     assert prefetch_overrides(" o=4, gate_up=2 ") == {"o": 4, "gate_up": 2}
     assert prefetch_overrides("") == {}

@@ -38,7 +38,7 @@ from inference.config import ModelConfig
 from inference.events import SamplingParams
 from inference.fast.prefill import block_overrides, forward_prompt
 from inference.model import KVCache, Transformer
-from kernels import hopper_features, set_carveout
+from kernels import hopper_features
 from kernels.decode_attention import (
     AttentionScratch,
     decode_attention,
@@ -49,7 +49,6 @@ from kernels.final_norm import final_norm
 from kernels.lane_reduce_gemv import lane_reduce_gemv
 from kernels.lm_head import HeadScratch, lm_head
 from kernels.rmsnorm_gemv import rmsnorm_gemv
-from kernels.staged_gemv import staged_gemv
 
 # Weight tiles each matrix-vector kind loads before it waits on the previous kernel (kernels' `prefetch`;
 # more than a row has means all). The o-proj takes all of its tiles: attention before it reads little, so
@@ -143,13 +142,6 @@ SWITCH_ENV = (("KOG_ATTN_CLUSTER", "cluster"), ("KOG_ATTN_PREFETCH_NEXT", "prefe
 # Lane groups: how many (1: none). Unset: 2 on a GPU wherever the lanes split in two past their first layers
 # (laneformer-2b on an H200, scripts/decode_variants.py in turns: 800 -> 844 tok/s; 4 groups 832).
 LANE_GROUP_KEYS = ("groups",)
-# Matrix-vector kinds that may run as kernels/staged_gemv.py (weights through shared memory by TMA; one-lane models
-# on Hopper), and "early": those kernels let the next launch start at once instead of after their wait.
-STAGED_KEYS = ("qkv", "o", "gate_up", "down", "early", "share")
-STAGED_SWITCHES = STAGED_KEYS[:-1]  # share is KiB
-# One L1 / shared-memory split for every kernel of the step (kernels.set_carveout; percent of the largest shared
-# memory), or None: each kernel's own preference.
-CARVEOUT_KEYS = ("percent",)
 LAYER_KERNELS = 5  # a layer's launches (_layer_launches): q|k|v, attention, o-proj, gate/up, down-proj
 PARTIAL_KERNELS = (2, 4)  # the o-proj and down-proj: they read the other lanes' partials of layer i - d
 
@@ -196,8 +188,7 @@ class FastRunner:
                  use_pdl: bool = True, prefetch: dict[str, int] | None = None,
                  row_blocks: dict[str, int] | None = None,
                  blocks: str | dict[str, dict[str, int]] = "", head_blocks: dict[str, int] | None = None,
-                 attention: dict[str, int] | None = None, lane_groups: dict[str, int] | None = None,
-                 staged: dict[str, int] | None = None, carveout: dict[str, int] | None = None):  # fmt: skip
+                 attention: dict[str, int] | None = None, lane_groups: dict[str, int] | None = None):  # fmt: skip
         cfg = model.cfg
         if (why := supports(cfg)) is not None:
             raise ValueError(f"model: the fast path does not support {why}")
@@ -298,21 +289,6 @@ class FastRunner:
         lane_groups = {**kind_overrides(env("KOG_LANE_GROUPS", ""), LANE_GROUP_KEYS, "KOG_LANE_GROUPS"),
                        **kind_overrides(lane_groups or {}, LANE_GROUP_KEYS, "lane_groups")}  # fmt: skip
         self.groups, self.split_from = self._lane_groups(lane_groups.get("groups"), splits)
-        # KOG_STAGED=gate_up=1,o=1,early=1 (or the `staged` argument): kinds run by staged_gemv (sweeps).
-        staged = {**kind_overrides(env("KOG_STAGED", ""), STAGED_KEYS, "KOG_STAGED", STAGED_SWITCHES),
-                  **kind_overrides(staged or {}, STAGED_KEYS, "staged", STAGED_SWITCHES)}  # fmt: skip
-        self.staged = {kind for kind, on in staged.items() if on and kind not in ("early", "share")}
-        self.staged_early = bool(staged.get("early"))
-        self.staged_share = staged.get(
-            "share"
-        )  # KiB of weights a program (None: one program a multiprocessor)
-        if self.staged and not (sm90 and lanes == 1 and dtype == torch.bfloat16):
-            raise ValueError("staged: needs a Hopper GPU, one lane and bf16 weights")
-        self.tma_descriptors: dict = {}
-        # KOG_CARVEOUT=percent=100 (or the `carveout` argument): every kernel asks for the same split (sweeps).
-        carveout = {**kind_overrides(env("KOG_CARVEOUT", ""), CARVEOUT_KEYS, "KOG_CARVEOUT"),
-                    **kind_overrides(carveout or {}, CARVEOUT_KEYS, "carveout")}  # fmt: skip
-        self.carveout = carveout.get("percent")
         self.prefetch = {**DEFAULT_PREFETCH, **(GROUPED_PREFETCH if self.groups else {}), **prefetch}
         self.streams = [torch.cuda.Stream(device) for _ in self.groups] if device.type == "cuda" else None
         self.group_events: dict[tuple[int, int, int], torch.cuda.Event] = {}  # (group, layer, kernel) -> done
@@ -462,10 +438,6 @@ class FastRunner:
         first = i == 0
 
         def qkv() -> None:
-            if "qkv" in self.staged and not first and w.bqkv is None:
-                staged_gemv(group.x[0], w.wqkv[0], group.qkv[0], norm_weight=w.attention_norm.view(-1), eps=eps,
-                            use_pdl=pdl, trigger_early=self.staged_early, share_kb=self.staged_share, descriptors=self.tma_descriptors)  # fmt: skip
-                return
             rmsnorm_gemv(
                 self.embed if first else group.x,
                 w.wqkv,
@@ -504,10 +476,6 @@ class FastRunner:
             )
 
         def gate_up() -> None:
-            if "gate_up" in self.staged:
-                staged_gemv(group.x[0], w.w1[0], group.h[0], norm_weight=w.ffn_norm.view(-1), eps=eps, weight_up=w.w3[0],
-                            use_pdl=pdl, trigger_early=self.staged_early, share_kb=self.staged_share, descriptors=self.tma_descriptors)  # fmt: skip
-                return
             rmsnorm_gemv(group.x, w.w1, group.h, norm_weight=w.ffn_norm, eps=eps, weight_up=w.w3, use_pdl=pdl,
                          prefetch=self.prefetch["gate_up"], row_blocks=self.row_blocks.get("gate_up"),
                          **self.blocks.get("gate_up", {}))  # fmt: skip
@@ -532,10 +500,6 @@ class FastRunner:
                       first: bool, group: LaneGroup | None = None) -> None:  # fmt: skip
         group = group or self.whole
         history = self.history
-        if ("down" if block else "o") in self.staged and not first and history is None:
-            staged_gemv(act[0], weight[0], group.x[0], residual=True, use_pdl=self.use_pdl,
-                        trigger_early=self.staged_early, share_kb=self.staged_share, descriptors=self.tma_descriptors)  # fmt: skip
-            return
         lane_reduce_gemv(
             act,
             weight,
@@ -599,8 +563,6 @@ class FastRunner:
         with torch.cuda.stream(stream):
             run()
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        if self.carveout is not None:
-            set_carveout(self.carveout)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             run()

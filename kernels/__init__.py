@@ -2,8 +2,8 @@
 
 Each file holds one `@triton.jit` kernel and its host launcher. The launchers take `use_pdl`: the kernel then
 waits on the previous kernel with `griddepcontrol.wait` (issued after its first weight loads, which depend on
-nothing) and lets the next one launch early; every kernel waits unconditionally so that the chain of
-dependencies stays transitive.
+nothing) and lets the next one launch early, after its wait or, with the matrix-vector kernels' `trigger_early`,
+before its first loads; every kernel waits unconditionally so that the chain of dependencies stays transitive.
 
 Without a CUDA device the kernels run under Triton's interpreter (that is how CI tests them on the CPU). The
 choice is made when a `@triton.jit` decorator runs, so it is made here, before any kernel module is imported.

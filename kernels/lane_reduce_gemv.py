@@ -55,6 +55,7 @@ def _lane_reduce_gemv_kernel(
     STORE_HISTORY: tl.constexpr,
     PREFETCH: tl.constexpr,
     USE_PDL: tl.constexpr,
+    TRIGGER_EARLY: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     lanes = tl.arange(0, LANES_P)
@@ -65,6 +66,8 @@ def _lane_reduce_gemv_kernel(
 
     # The first PREFETCH weight tiles are in flight before we wait for the kernel that produces act (weights are
     # read once per token: evict them first).
+    if USE_PDL and TRIGGER_EARLY:  # the next kernel may launch now, beside this one (its loads too)
+        gdc_launch_dependents()
     w_early = ()
     for i in tl.static_range(PREFETCH):
         w_mask = tile_ok[:, :, None] & (i * BLOCK_K + cols < K)[None, None, :]
@@ -73,7 +76,8 @@ def _lane_reduce_gemv_kernel(
         )
     if USE_PDL:
         gdc_wait()
-        gdc_launch_dependents()
+        if not TRIGGER_EARLY:
+            gdc_launch_dependents()
 
     act_rows = act_ptr + lanes[:, None] * stride_act_lane  # [LANES_P, 1]
     acc = tl.zeros([LANES_P, BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -161,6 +165,7 @@ def lane_reduce_gemv(
     embedding: torch.Tensor | None = None,
     token: torch.Tensor | None = None,
     use_pdl: bool = False,
+    trigger_early: bool = False,
     prefetch: int = 1,
     lane_start: int = 0,
     total_lanes: int | None = None,
@@ -237,6 +242,7 @@ def lane_reduce_gemv(
         STORE_HISTORY=history_out is not None,
         PREFETCH=min(prefetch, triton.cdiv(k, block_k)),
         USE_PDL=use_pdl,
+        TRIGGER_EARLY=trigger_early,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),
     )

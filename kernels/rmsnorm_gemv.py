@@ -98,6 +98,7 @@ def _rmsnorm_gemv_kernel(
     PREFETCH: tl.constexpr,
     ROW_BLOCKS: tl.constexpr,
     USE_PDL: tl.constexpr,
+    TRIGGER_EARLY: tl.constexpr,
 ):
     TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
     lane = tl.program_id(1)
@@ -108,11 +109,14 @@ def _rmsnorm_gemv_kernel(
 
     # The first PREFETCH weight tiles are in flight before we wait for the kernel that produces x (more of them
     # keeps more bytes moving across the boundary, at the cost of registers); the rest of the block after it.
+    if USE_PDL and TRIGGER_EARLY:  # the next kernel may launch now, beside this one (its loads too)
+        gdc_launch_dependents()
     w = weight_tiles(w_ptr, w_offs, row_ok, cols, K, BLOCK_K, 0, PREFETCH)
     u = weight_tiles(w_up_ptr, w_offs, row_ok, cols, K, BLOCK_K, 0, PREFETCH if GATED else 0)
     if USE_PDL:
         gdc_wait()
-        gdc_launch_dependents()
+        if not TRIGGER_EARLY:
+            gdc_launch_dependents()
     w = w + weight_tiles(w_ptr, w_offs, row_ok, cols, K, BLOCK_K, PREFETCH, TILES - PREFETCH)
     u = u + weight_tiles(
         w_up_ptr, w_offs, row_ok, cols, K, BLOCK_K, PREFETCH, TILES - PREFETCH if GATED else 0
@@ -181,6 +185,7 @@ def rmsnorm_gemv(
     bias: torch.Tensor | None = None,
     token: torch.Tensor | None = None,
     use_pdl: bool = False,
+    trigger_early: bool = False,
     prefetch: int = 1,
     row_blocks: int | None = None,
     block_n: int | None = None,
@@ -269,6 +274,7 @@ def rmsnorm_gemv(
         PREFETCH=min(prefetch, triton.cdiv(k, block_k)),
         ROW_BLOCKS=row_blocks,
         USE_PDL=use_pdl,
+        TRIGGER_EARLY=trigger_early,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),
     )

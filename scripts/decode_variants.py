@@ -6,7 +6,8 @@
 A variant is a KOG_PREFETCH-style list (kind=tiles, kinds qkv, o, gate_up, down; "" is the default), where
 rows.qkv=n / rows.gate_up=n set FastRunner's row_blocks, blocks.down=2/1024/8 (block_n/block_k/num_warps of a kind) its block sizes and head.row_blocks=4
 (or head.block_n, head.num_warps) the head's, attn.splits=32 (or attn.block_t, attn.num_warps, attn.maxnreg, attn.prefetch_next=0|1, and
-attn.cluster=0|1 for the merge) the attention's, lanes.groups=n its lane groups (1: none);
+attn.cluster=0|1 for the merge) the attention's, lanes.groups=n its lane groups (1: none), early.o=0|1 (kinds qkv, o,
+gate_up, down) whether a kind lets the next kernel launch before its wait;
 "name:spec" labels one, so a setting can be built twice (two runner instances: what memory placement alone
 does). Every round times each variant once (bench.time_fast: median of --runs after a warm-up), so slow drifts of the clock or
 the temperature hit all variants alike; the table keeps the median over rounds, beside the ceiling measured in
@@ -27,6 +28,7 @@ from inference.bench import build_model, cuda_missing, measure_bandwidth, step_b
 from inference.fast.runner import (  # noqa: E402
     ATTENTION_KEYS,
     ATTENTION_SWITCHES,
+    EARLY_KINDS,
     HEAD_KEYS,
     LANE_GROUP_KEYS,
     ROW_BLOCK_KINDS,
@@ -41,7 +43,7 @@ def runner_kwargs(spec: str) -> dict:
     """'o=16,rows.gate_up=8,blocks.down=4/4096/8,head.row_blocks=2' -> FastRunner(prefetch={'o': 16},
     row_blocks={'gate_up': 8}, blocks={'down': {...}}, head_blocks={'row_blocks': 2})."""
     items = [item.strip() for item in spec.split(",") if item.strip()]
-    prefixes = ("rows.", "blocks.", "head.", "attn.", "lanes.")
+    prefixes = ("rows.", "blocks.", "head.", "attn.", "lanes.", "early.")
 
     def group(prefix: str) -> str:
         return ",".join(item.removeprefix(prefix) for item in items if item.startswith(prefix))
@@ -52,7 +54,8 @@ def runner_kwargs(spec: str) -> dict:
             "blocks": block_spec(group("blocks.")),
             "head_blocks": kind_overrides(group("head."), HEAD_KEYS, "head_blocks"),
             "attention": kind_overrides(group("attn."), ATTENTION_KEYS, "attention", ATTENTION_SWITCHES),
-            "lane_groups": kind_overrides(group("lanes."), LANE_GROUP_KEYS, "lane_groups")}  # fmt: skip
+            "lane_groups": kind_overrides(group("lanes."), LANE_GROUP_KEYS, "lane_groups"),
+            "early": kind_overrides(group("early."), EARLY_KINDS, "early", EARLY_KINDS)}  # fmt: skip
 
 
 def main() -> int:
@@ -93,7 +96,7 @@ def main() -> int:
              "attention": {"splits": runners[v].attn_scratch.splits, "block_t": runners[v].attn_block_t,
                            "num_warps": runners[v].attn_warps, "cluster": runners[v].attn_cluster, "maxnreg": runners[v].attn_maxnreg,
                            "prefetch_next": runners[v].attn_prefetch_next},
-             "lane_groups": max(1, len(runners[v].groups)),
+             "lane_groups": max(1, len(runners[v].groups)), "early": sorted(runners[v].early),
              "same_tokens_as_first": tokens[v] == tokens[variants[0]], "tok_s": statistics.median(t),
              "rounds": t, "pct_ceiling": 100 * statistics.median(t) / ceiling} for v, t in tok_s.items()]  # fmt: skip
     print(f"{args.model}: ceiling {ceiling:,.0f} tok/s at {bandwidth['read_gbs']:,.0f} GB/s")

@@ -162,6 +162,29 @@ def test_weights_loaded_before_the_wait_change_nothing(preset):
         assert rel_err(fast, ref) < LOGIT_TOL
 
 
+def test_one_lane_models_trigger_qkv_and_o_early_by_default(monkeypatch):
+    llama = FastRunner(make_model("tiny-llama"), 32)
+    assert llama.early == {"qkv", "o"} and llama.prefetch["gate_up"] == 3
+    lanes = FastRunner(make_model("tiny-laneformer"), 32)
+    assert lanes.early == set() and lanes.prefetch["gate_up"] == 1
+    assert FastRunner(make_model("tiny-llama"), 32, early={"o": 0, "down": 1}).early == {"qkv", "down"}
+    monkeypatch.setenv("KOG_EARLY", "qkv=0")
+    assert FastRunner(make_model("tiny-llama"), 32).early == {"o"}
+    monkeypatch.delenv("KOG_EARLY")
+    with pytest.raises(ValueError, match="early"):
+        FastRunner(make_model("tiny-llama"), 32, early={"head": 1})
+    with pytest.raises(ValueError, match="early"):
+        FastRunner(make_model("tiny-llama"), 32, early={"o": 2})
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3", "tiny-laneformer"])
+def test_every_kind_triggering_early_matches_the_reference(preset):
+    model = make_model(preset, seed=8)
+    every = {kind: 1 for kind in ("qkv", "o", "gate_up", "down")}
+    for fast, ref, _ in teacher_forced(model, list(range(2, 12)), steps=3, early=every):
+        assert rel_err(fast, ref) < LOGIT_TOL
+
+
 def test_prefetch_overrides():
     assert prefetch_overrides(" o=4, gate_up=2 ") == {"o": 4, "gate_up": 2}
     assert prefetch_overrides("") == {}

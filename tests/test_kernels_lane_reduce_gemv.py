@@ -1,6 +1,6 @@
 import pytest
 import torch
-from kernel_testing import DEVICE, assert_close, dtype_params, lane_reduction, poisoned, randn
+from kernel_testing import DEVICE, ON_GPU, assert_close, dtype_params, lane_reduction, poisoned, randn
 
 import kernels.lane_reduce_gemv as lane_reduce_module
 from kernels.lane_reduce_gemv import lane_reduce_gemv
@@ -37,6 +37,19 @@ def test_lane_reduce_gemv_matches_reference(dtype, mode, lanes, n, k, block_n, b
                      block_k=block_k, prefetch=prefetch)  # fmt: skip
     assert_close(x, want_x, dtype, "x")
     assert_close(history_out, want_p, dtype, "history_out")
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+def test_triggering_the_next_kernel_early_changes_no_bit(dtype):
+    # trigger_early moves griddepcontrol.launch_dependents before the first loads (PDL on a GPU)
+    act, w, x, _, _ = inputs(1, 48, 256, dtype, "sum")
+    outs = []
+    for early in (False, True):
+        out = x.clone()
+        lane_reduce_gemv(act, w, out, mode="sum", use_pdl=ON_GPU, trigger_early=early, prefetch=64)
+        outs.append(out)
+    assert_close(outs[0], reference(act, w, x, "sum")[0], dtype, "x")
+    assert torch.equal(outs[0], outs[1])
 
 
 @pytest.mark.parametrize("dtype", dtype_params())

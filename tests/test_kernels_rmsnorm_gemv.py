@@ -1,6 +1,6 @@
 import pytest
 import torch
-from kernel_testing import DEVICE, assert_close, dtype_params, poisoned, randn
+from kernel_testing import DEVICE, ON_GPU, assert_close, dtype_params, poisoned, randn
 
 import kernels.rmsnorm_gemv as rmsnorm_module
 from kernels.rmsnorm_gemv import rmsnorm_gemv
@@ -65,6 +65,21 @@ def test_gated_silu(dtype, lanes, n, k, prefetch, row_blocks):
     rmsnorm_gemv(x, w, out, norm_weight=g, weight_up=w_up, block_n=8, block_k=32, prefetch=prefetch,
                  row_blocks=row_blocks)  # fmt: skip
     assert_close(out, reference(x, w, g, weight_up=w_up), dtype)
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+def test_triggering_the_next_kernel_early_changes_no_bit(dtype):
+    # trigger_early moves griddepcontrol.launch_dependents before the first loads (PDL on a GPU; a no-op in the
+    # interpreter, where the argument must still be taken)
+    x, w, w_up = randn(1, 128, scale=2.0), randn(1, 40, 128, dtype=dtype), randn(1, 40, 128, dtype=dtype)
+    outs = []
+    for early in (False, True):
+        out = poisoned(1, 40, dtype=torch.float32)
+        rmsnorm_gemv(x, w, out, norm_weight=randn(128, dtype=dtype, gen=torch.Generator().manual_seed(1)),
+                     weight_up=w_up, use_pdl=ON_GPU, trigger_early=early, prefetch=3)  # fmt: skip
+        outs.append(out)
+    assert torch.isfinite(outs[0]).all()
+    assert torch.equal(outs[0], outs[1])
 
 
 @pytest.mark.parametrize("dtype", dtype_params())

@@ -142,6 +142,15 @@ SWITCH_ENV = (("KOG_ATTN_CLUSTER", "cluster"), ("KOG_ATTN_PREFETCH_NEXT", "prefe
 # Lane groups: how many (1: none). Unset: 2 on a GPU wherever the lanes split in two past their first layers
 # (laneformer-2b on an H200, scripts/decode_variants.py in turns: 800 -> 844 tok/s; 4 groups 832).
 LANE_GROUP_KEYS = ("groups",)
+# Matrix-vector kinds that let the next kernel launch before their own wait (kernels' `trigger_early`).
+EARLY_KINDS = ("qkv", "o", "gate_up", "down")
+# One-lane models (Llama, Qwen3): the q|k|v and o-proj kernels trigger early, so the attention's programs are
+# resident (and load their first key block) while q|k|v streams, and the gate/up programs while the attention and
+# the o-proj run, each with 3 tiles of the pair in flight before its wait. H200, scripts/decode_variants.py in
+# turns (kernels/NOTES.md round 11): llama-3.2-1b 1,402 -> 1,419 tok/s, qwen3-1.7b 942 -> 958; 2 or 4 tiles, or
+# either trigger alone, gained less; an early down-proj lost 8% on qwen3. Laneformer's lane groups: no change.
+ONE_LANE_EARLY = {"qkv": 1, "o": 1}
+ONE_LANE_PREFETCH = {"gate_up": 3}
 LAYER_KERNELS = 5  # a layer's launches (_layer_launches): q|k|v, attention, o-proj, gate/up, down-proj
 PARTIAL_KERNELS = (2, 4)  # the o-proj and down-proj: they read the other lanes' partials of layer i - d
 
@@ -188,7 +197,8 @@ class FastRunner:
                  use_pdl: bool = True, prefetch: dict[str, int] | None = None,
                  row_blocks: dict[str, int] | None = None,
                  blocks: str | dict[str, dict[str, int]] = "", head_blocks: dict[str, int] | None = None,
-                 attention: dict[str, int] | None = None, lane_groups: dict[str, int] | None = None):  # fmt: skip
+                 attention: dict[str, int] | None = None, lane_groups: dict[str, int] | None = None,
+                 early: dict[str, int] | None = None):  # fmt: skip
         cfg = model.cfg
         if (why := supports(cfg)) is not None:
             raise ValueError(f"model: the fast path does not support {why}")
@@ -289,7 +299,15 @@ class FastRunner:
         lane_groups = {**kind_overrides(env("KOG_LANE_GROUPS", ""), LANE_GROUP_KEYS, "KOG_LANE_GROUPS"),
                        **kind_overrides(lane_groups or {}, LANE_GROUP_KEYS, "lane_groups")}  # fmt: skip
         self.groups, self.split_from = self._lane_groups(lane_groups.get("groups"), splits)
-        self.prefetch = {**DEFAULT_PREFETCH, **(GROUPED_PREFETCH if self.groups else {}), **prefetch}
+        # KOG_EARLY=o=1,qkv=0 (or the `early` argument) overrides the kinds whose next kernel may launch before
+        # their wait (sweeps).
+        one_lane = lanes == 1
+        early = {**(ONE_LANE_EARLY if one_lane else {}),
+                 **kind_overrides(env("KOG_EARLY", ""), EARLY_KINDS, "KOG_EARLY", EARLY_KINDS),
+                 **kind_overrides(early or {}, EARLY_KINDS, "early", EARLY_KINDS)}  # fmt: skip
+        self.early = {kind for kind, on in early.items() if on}
+        self.prefetch = {**DEFAULT_PREFETCH, **(GROUPED_PREFETCH if self.groups else {}),
+                         **(ONE_LANE_PREFETCH if one_lane else {}), **prefetch}  # fmt: skip
         self.streams = [torch.cuda.Stream(device) for _ in self.groups] if device.type == "cuda" else None
         self.group_events: dict[tuple[int, int, int], torch.cuda.Event] = {}  # (group, layer, kernel) -> done
 
@@ -447,6 +465,7 @@ class FastRunner:
                 bias=w.bqkv,
                 token=self.token if first else None,
                 use_pdl=pdl,
+                trigger_early="qkv" in self.early,
                 prefetch=self.prefetch["qkv"],
                 row_blocks=self.row_blocks.get("qkv"),
                 **self.blocks.get("qkv", {}),
@@ -477,8 +496,8 @@ class FastRunner:
 
         def gate_up() -> None:
             rmsnorm_gemv(group.x, w.w1, group.h, norm_weight=w.ffn_norm, eps=eps, weight_up=w.w3, use_pdl=pdl,
-                         prefetch=self.prefetch["gate_up"], row_blocks=self.row_blocks.get("gate_up"),
-                         **self.blocks.get("gate_up", {}))  # fmt: skip
+                         trigger_early="gate_up" in self.early, prefetch=self.prefetch["gate_up"],
+                         row_blocks=self.row_blocks.get("gate_up"), **self.blocks.get("gate_up", {}))  # fmt: skip
 
         return [
             qkv,
@@ -510,6 +529,7 @@ class FastRunner:
             embedding=self.embed if first else None,
             token=self.token if first else None,
             use_pdl=self.use_pdl,
+            trigger_early=("down" if block else "o") in self.early,
             prefetch=self.prefetch["down" if block else "o"],
             lane_start=group.start,
             total_lanes=self.cfg.num_lanes,

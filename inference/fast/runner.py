@@ -129,6 +129,14 @@ def kind_overrides(spec: str | dict[str, int], kinds, what: str = "prefetch", sw
     return {kind: int(value) for kind, value in items}
 
 
+def env_then_argument(env_name: str, argument: dict[str, int] | None, kinds, what: str,
+                      switches=()) -> dict[str, int]:  # fmt: skip
+    """A runner setting's overrides: the environment variable's (kind_overrides' form; for sweeps), then the
+    constructor argument's over them."""
+    return {**kind_overrides(os.environ.get(env_name, ""), kinds, env_name, switches),
+            **kind_overrides(argument or {}, kinds, what, switches)}  # fmt: skip
+
+
 def prefetch_overrides(spec: str | dict[str, int]) -> dict[str, int]:
     """KOG_PREFETCH's form (or a dict): weight tiles before the wait by kind (DEFAULT_PREFETCH's kinds)."""
     return kind_overrides(spec, DEFAULT_PREFETCH)
@@ -286,9 +294,8 @@ class FastRunner:
         # KOG_ROW_BLOCKS=gate_up=8 rmsnorm_gemv's row blocks a program (unset: its own choice); the arguments
         # override both.
         env = os.environ.get
-        prefetch = {**prefetch_overrides(env("KOG_PREFETCH", "")), **prefetch_overrides(prefetch or {})}
-        self.row_blocks = {**kind_overrides(env("KOG_ROW_BLOCKS", ""), ROW_BLOCK_KINDS, "row_blocks"),
-                           **kind_overrides(row_blocks or {}, ROW_BLOCK_KINDS, "row_blocks")}  # fmt: skip
+        prefetch = env_then_argument("KOG_PREFETCH", prefetch, DEFAULT_PREFETCH, "prefetch")
+        self.row_blocks = env_then_argument("KOG_ROW_BLOCKS", row_blocks, ROW_BLOCK_KINDS, "row_blocks")
         # KOG_BLOCKS=down=2/1024/8 overrides the matrix-vector kinds' block sizes (block_spec; for sweeps).
         self.blocks = {**block_spec(env("KOG_BLOCKS", "")), **block_spec(blocks)}
         self.attn_scratch = AttentionScratch(cfg.num_kv_heads, group, hd, splits, device)
@@ -296,15 +303,13 @@ class FastRunner:
         self.whole = LaneGroup(0, lanes, self.layers, self.x, self.qkv, self.attn, self.h, slice(None),
                                cfg.num_heads, self.attn_scratch)  # fmt: skip
         # KOG_LANE_GROUPS=groups=2 (or the `lane_groups` argument): see the module docstring.
-        lane_groups = {**kind_overrides(env("KOG_LANE_GROUPS", ""), LANE_GROUP_KEYS, "KOG_LANE_GROUPS"),
-                       **kind_overrides(lane_groups or {}, LANE_GROUP_KEYS, "lane_groups")}  # fmt: skip
+        lane_groups = env_then_argument("KOG_LANE_GROUPS", lane_groups, LANE_GROUP_KEYS, "lane_groups")
         self.groups, self.split_from = self._lane_groups(lane_groups.get("groups"), splits)
         # KOG_EARLY=o=1,qkv=0 (or the `early` argument) overrides the kinds whose next kernel may launch before
         # their wait (sweeps).
         one_lane = lanes == 1
         early = {**(ONE_LANE_EARLY if one_lane else {}),
-                 **kind_overrides(env("KOG_EARLY", ""), EARLY_KINDS, "KOG_EARLY", EARLY_KINDS),
-                 **kind_overrides(early or {}, EARLY_KINDS, "early", EARLY_KINDS)}  # fmt: skip
+                 **env_then_argument("KOG_EARLY", early, EARLY_KINDS, "early", EARLY_KINDS)}  # fmt: skip
         self.early = {kind for kind, on in early.items() if on}
         self.prefetch = {**DEFAULT_PREFETCH, **(GROUPED_PREFETCH if self.groups else {}),
                          **(ONE_LANE_PREFETCH if one_lane else {}), **prefetch}  # fmt: skip

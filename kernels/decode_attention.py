@@ -33,7 +33,6 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import hopper_features, interpreted, pdl_kwargs, sm_count
 from kernels.cluster import CLUSTER_SIZES, cluster_sync, launch_clusters
-from kernels.o_proj_epilogue import merge_splits, o_proj_add, o_proj_tiles
 from kernels.rope import rope_pairing
 
 
@@ -55,10 +54,6 @@ def _decode_attention_kernel(
     stride_out_lane,
     next_k_ptr,
     next_v_ptr,
-    wo_ptr,
-    stride_wo,
-    x_ptr,
-    dim,
     heads_per_lane,
     kv_per_lane,
     window,
@@ -78,10 +73,6 @@ def _decode_attention_kernel(
     CLUSTER: tl.constexpr,
     USE_PDL: tl.constexpr,
     PREFETCH_NEXT: tl.constexpr,
-    O_PROJ: tl.constexpr,
-    O_ROWS: tl.constexpr,
-    O_CHUNK: tl.constexpr,
-    O_EARLY: tl.constexpr,
 ):
     if CLUSTER:  # one cluster of SPLITS programs a KV head (kernels/cluster.py)
         kv = tl.program_id(0) // SPLITS
@@ -113,11 +104,6 @@ def _decode_attention_kernel(
     # The first block of cached keys was written by earlier steps: in flight before we wait for q, k, v.
     k_next = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0, cache_modifier=".cg")
     v_next = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0, cache_modifier=".cg")
-    # With the o-proj as epilogue (kernels/o_proj_epilogue.py), the first O_EARLY chunks of this program's Wo
-    # rows stream while the attention runs.
-    o_first_row = split * O_ROWS
-    wo_early = o_proj_tiles(wo_ptr, stride_wo, kv, o_first_row, dim, G, HD, GP, HDP, O_CHUNK, 0,
-                            O_EARLY if O_PROJ else 0)  # fmt: skip
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -191,15 +177,7 @@ def _decode_attention_kernel(
     tl.store(part_ml_ptr + (part * 2 + 1) * GP + heads, l_sum, mask=row_ok)
     if PREFETCH_NEXT:  # once this split's own reads are done (see _prefetch_next_block)
         _prefetch_next_block(next_k_ptr, next_v_ptr, kv_base, pos, next_window, split, HD, SPLITS, BLOCK_T)
-    if CLUSTER and O_PROJ:
-        # The rest of this program's Wo rows are in flight across the cluster barrier and the merge.
-        wo = wo_early + o_proj_tiles(wo_ptr, stride_wo, kv, o_first_row, dim, G, HD, GP, HDP, O_CHUNK, O_EARLY,
-                                     O_ROWS // O_CHUNK - O_EARLY)  # fmt: skip
-        ready = cluster_sync(split * 0)  # the partials of the whole cluster are visible after it
-        o = merge_splits(part_o_ptr, part_ml_ptr, kv * SPLITS + tl.arange(0, SPLITS) + ready, GP, HDP)
-        o = o.to(wo_ptr.dtype.element_ty).to(tl.float32)  # the attention output in the model's dtype
-        o_proj_add(wo, o, x_ptr, o_first_row, dim, O_CHUNK)
-    elif CLUSTER:
+    if CLUSTER:
         _cluster_merge(part_o_ptr, part_ml_ptr, kv, split, out_ptr + lane * stride_out_lane + kv_in_lane * G * HD,
                        HD, HDP, G, GP, SPLITS)  # fmt: skip
     else:
@@ -207,24 +185,24 @@ def _decode_attention_kernel(
         tl.debug_barrier()
         done = tl.atomic_add(counter_ptr + kv, 1, sem="acq_rel", scope="gpu")
         if done == SPLITS - 1:
-            parts = kv * SPLITS + tl.arange(0, SPLITS)
-            o = merge_splits(part_o_ptr, part_ml_ptr, parts, GP, HDP)  # [GP, HDP]
-            if O_PROJ:  # the last split adds every row's share (no cluster: the interpreter, pre-Hopper GPUs)
-                o = o.to(wo_ptr.dtype.element_ty).to(tl.float32)
-                first_row = 0
-                while first_row < dim:
-                    wo = o_proj_tiles(wo_ptr, stride_wo, kv, first_row, dim, G, HD, GP, HDP, O_CHUNK, 0,
-                                      O_ROWS // O_CHUNK)  # fmt: skip
-                    o_proj_add(wo, o, x_ptr, first_row, dim, O_CHUNK)
-                    first_row += O_ROWS
-            else:
-                group_rows = tl.arange(0, GP)
-                out_offs = lane * stride_out_lane + (kv_in_lane * G + group_rows[:, None]) * HD + d[None, :]
-                tl.store(
-                    out_ptr + out_offs,
-                    o.to(out_ptr.dtype.element_ty),
-                    mask=(group_rows < G)[:, None] & d_ok[None, :],
-                )
+            group_rows = tl.arange(0, GP)
+            splits = tl.arange(0, SPLITS)
+            parts = kv * SPLITS + splits
+            ml_offs = (parts[:, None] * 2) * GP + group_rows[None, :]  # [SPLITS, GP]
+            ms = tl.load(part_ml_ptr + ml_offs, cache_modifier=".cg")
+            ls = tl.load(part_ml_ptr + ml_offs + GP, cache_modifier=".cg")
+            m_all = tl.max(ms, axis=0)
+            m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
+            w = tl.exp2(ms - m_all[None, :])  # [SPLITS, GP]; empty splits weigh 0
+            o_offs = (parts[:, None, None] * GP + group_rows[None, :, None]) * HDP + d[None, None, :]
+            os = tl.load(part_o_ptr + o_offs, cache_modifier=".cg")
+            o = tl.sum(os * w[:, :, None], axis=0) / tl.sum(w * ls, axis=0)[:, None]
+            out_offs = lane * stride_out_lane + (kv_in_lane * G + group_rows[:, None]) * HD + d[None, :]
+            tl.store(
+                out_ptr + out_offs,
+                o.to(out_ptr.dtype.element_ty),
+                mask=(group_rows < G)[:, None] & d_ok[None, :],
+            )
             tl.atomic_xchg(counter_ptr + kv, 0)
 
 
@@ -324,7 +302,7 @@ def decode_attention(
     pos: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
-    out: torch.Tensor | None,
+    out: torch.Tensor,
     scratch: AttentionScratch,
     *,
     num_heads: int,
@@ -339,10 +317,7 @@ def decode_attention(
     cluster: bool | None = None,
     maxnreg: int | None = None,
     next_layer: tuple[torch.Tensor, torch.Tensor, int | None] | None = None,
-    o_proj: tuple[torch.Tensor, torch.Tensor] | None = None,
-    o_early: int | None = None,
-    o_chunk: int = 32,
-) -> torch.Tensor | None:
+) -> torch.Tensor:
     """Attention of the token at position pos[0] (a device int tensor) over the cache, writing its k, v there.
 
     qkv: [L, (H/L + 2 KV/L) * hd]: per lane this token's q heads, then k heads, then v heads (before RoPE).
@@ -361,11 +336,6 @@ def decode_attention(
     will read in the next layer: that launch's first block, loaded before its wait, then comes from L2, not HBM.
     The bytes are the ones the next layer reads anyway, asked for while this layer's merge leaves the memory
     idle. Needs a Hopper GPU and cache rows of a multiple of 16 bytes (prefetch_next_possible).
-    o_proj: (wo [D, H * hd], x [D] fp32) of a one-lane model: instead of writing `out` (None then), the launch
-    adds wo @ attention into the residual x (kernels/o_proj_epilogue.py), in no fixed order across KV heads.
-    With clusters, split s of each KV head takes rows [s * R, (s + 1) * R), R = D / splits rounded up to a
-    power of two, in chunks of o_chunk rows, of which o_early (None: all) are requested before the wait;
-    without clusters the last split of a head adds all rows.
     """
     if (
         k_cache.dim() != 3
@@ -386,9 +356,8 @@ def decode_attention(
         raise ValueError(
             f"qkv: expected [{lanes}, {(heads_per_lane + 2 * kv_per_lane) * hd}], got {tuple(qkv.shape)}"
         )
-    if o_proj is None and (out is None or out.shape != (lanes, heads_per_lane * hd) or out.stride(1) != 1):
-        raise ValueError(f"out: expected [{lanes}, {heads_per_lane * hd}], got "
-                         f"{None if out is None else tuple(out.shape)}")  # fmt: skip
+    if out.shape != (lanes, heads_per_lane * hd) or out.stride(1) != 1:
+        raise ValueError(f"out: expected [{lanes}, {heads_per_lane * hd}], got {tuple(out.shape)}")
     if cos.shape != sin.shape or cos.dim() != 2 or cos.shape[1] != hd // 2 or cos.dtype != torch.float32:
         raise ValueError(f"cos: expected fp32 [max_positions, {hd // 2}] like sin, got {tuple(cos.shape)}")
     if pos.numel() != 1 or pos.dtype not in (torch.int32, torch.int64):
@@ -421,10 +390,6 @@ def decode_attention(
                              f"bytes (got {hd * k_cache.element_size()})"
                              + (" (under the interpreter)" if interpreted() else ""))  # fmt: skip
     next_k, next_v, next_window = next_layer if next_layer is not None else (k_cache, v_cache, None)
-    o_rows, o_chunk, o_early = _o_proj_plan(o_proj, o_early, o_chunk, lanes, num_heads * hd, scratch.splits,
-                                            cluster, k_cache.dtype)  # fmt: skip
-    wo, x = o_proj if o_proj is not None else (k_cache[0], cos[0])  # placeholders the kernel never reads
-    out = out if out is not None else x
     args = (
         qkv,
         qkv.stride(0),
@@ -442,10 +407,6 @@ def decode_attention(
         out.stride(0),
         next_k,
         next_v,
-        wo,
-        wo.stride(0),
-        x,
-        x.shape[0],
         heads_per_lane,
         kv_per_lane,
         window or 0,
@@ -467,10 +428,6 @@ def decode_attention(
         CLUSTER=cluster,
         USE_PDL=use_pdl,
         PREFETCH_NEXT=next_layer is not None,
-        O_PROJ=o_proj is not None,
-        O_ROWS=o_rows,
-        O_CHUNK=o_chunk,
-        O_EARLY=o_early,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),
         **({"maxnreg": maxnreg} if maxnreg else {}),
@@ -479,31 +436,4 @@ def decode_attention(
         launch_clusters(_decode_attention_kernel, num_kv, scratch.splits, args, options)
     else:
         _decode_attention_kernel[(num_kv, scratch.splits)](*args, **options)
-    return None if o_proj is not None else out
-
-
-def _o_proj_plan(o_proj, o_early, o_chunk, lanes, width, splits, cluster, dtype):
-    """(rows a program, rows a chunk, chunks before the wait) for decode_attention's o_proj, checked."""
-    if o_proj is None:
-        return 1, 1, 0
-    wo, x = o_proj
-    if lanes != 1:
-        raise ValueError(f"o_proj: one lane only (each KV head's share is a full residual row), got {lanes}")
-    if wo.dim() != 2 or wo.shape[1] != width or wo.stride(1) != 1 or wo.dtype != dtype:
-        raise ValueError(f"o_proj: expected wo [D, {width}] {dtype} with unit inner stride, got "
-                         f"{wo.dtype} {tuple(wo.shape)}")  # fmt: skip
-    if x.shape != (wo.shape[0],) or not x.is_contiguous() or x.dtype != torch.float32:
-        raise ValueError(
-            f"o_proj: expected x a contiguous fp32 [{wo.shape[0]}], got {x.dtype} {tuple(x.shape)}"
-        )
-    if o_chunk < 1 or o_chunk & (o_chunk - 1):
-        raise ValueError(f"o_chunk: expected a power of two, got {o_chunk}")
-    if not cluster:  # the last split walks all rows: large chunks, none before the wait
-        rows = min(64, triton.next_power_of_2(wo.shape[0]))
-        return rows, rows, 0
-    rows = triton.next_power_of_2(triton.cdiv(wo.shape[0], splits))
-    chunk = min(o_chunk, rows)
-    chunks = rows // chunk
-    if o_early is not None and not 0 <= o_early <= chunks:
-        raise ValueError(f"o_early: expected 0 .. {chunks} chunks of {chunk} rows, got {o_early}")
-    return rows, chunk, chunks if o_early is None else o_early
+    return out

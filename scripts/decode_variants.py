@@ -6,8 +6,7 @@
 A variant is a KOG_PREFETCH-style list (kind=tiles, kinds qkv, o, gate_up, down; "" is the default), where
 rows.qkv=n / rows.gate_up=n set FastRunner's row_blocks, blocks.down=2/1024/8 (block_n/block_k/num_warps of a kind) its block sizes and head.row_blocks=4
 (or head.block_n, head.num_warps) the head's, attn.splits=32 (or attn.block_t, attn.num_warps, attn.maxnreg, attn.prefetch_next=0|1, and
-attn.cluster=0|1 for the merge; attn.o_proj=1 the o-proj as its epilogue, attn.o_early=n / attn.o_chunk=n
-its Wo chunks before the wait / rows a chunk) the attention's, lanes.groups=n its lane groups (1: none), early.o=0|1 (kinds qkv, o,
+attn.cluster=0|1 for the merge) the attention's, lanes.groups=n its lane groups (1: none), early.o=0|1 (kinds qkv, o,
 gate_up, down) whether a kind lets the next kernel launch before its wait;
 "name:spec" labels one, so a setting can be built twice (two runner instances: what memory placement alone
 does). Every round times each variant once (bench.time_fast: median of --runs after a warm-up), so slow drifts of the clock or
@@ -27,7 +26,6 @@ import torch  # noqa: E402
 
 from inference.bench import build_model, cuda_missing, measure_bandwidth, step_bytes, time_fast  # noqa: E402
 from inference.fast.runner import (  # noqa: E402
-    ATTENTION_COUNTS,
     ATTENTION_KEYS,
     ATTENTION_SWITCHES,
     EARLY_KINDS,
@@ -55,8 +53,7 @@ def runner_kwargs(spec: str) -> dict:
             "row_blocks": kind_overrides(group("rows."), ROW_BLOCK_KINDS, "row_blocks"),
             "blocks": block_spec(group("blocks.")),
             "head_blocks": kind_overrides(group("head."), HEAD_KEYS, "head_blocks"),
-            "attention": kind_overrides(group("attn."), ATTENTION_KEYS, "attention", ATTENTION_SWITCHES,
-                                        ATTENTION_COUNTS),
+            "attention": kind_overrides(group("attn."), ATTENTION_KEYS, "attention", ATTENTION_SWITCHES),
             "lane_groups": kind_overrides(group("lanes."), LANE_GROUP_KEYS, "lane_groups"),
             "early": kind_overrides(group("early."), EARLY_KINDS, "early", EARLY_KINDS)}  # fmt: skip
 

@@ -248,28 +248,6 @@ def test_next_layer_prefetch_is_the_gpu_default_and_changes_nothing(preset):
     assert all(torch.equal(a, b) for a, b in zip(on, off, strict=True))
 
 
-@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
-@pytest.mark.parametrize(
-    "attention", [{"o_proj": 1}, {"o_proj": 1, "o_early": 0, "splits": 4, "block_t": 16}]
-)
-def test_o_proj_as_the_attention_epilogue_matches_the_reference(preset, attention):
-    # layers 1 .. N - 1 add their o-proj into the residual from the attention's launch (clusters on a GPU, the last
-    # split of each KV head under the interpreter); layer 0 keeps its own o-proj launch
-    model = make_model(preset, seed=10)
-    runner = FastRunner(model, 32, attention=attention)
-    assert runner.attn_o_proj
-    for fast, ref, token in teacher_forced(model, list(range(3, 19)), steps=4, attention=attention):
-        assert rel_err(fast, ref) < LOGIT_TOL
-        assert token == int(fast.argmax())
-
-
-def test_o_proj_epilogue_needs_one_lane():
-    with pytest.raises(ValueError, match="o_proj: one-lane models only"):
-        FastRunner(make_model("tiny-laneformer"), 32, attention={"o_proj": 1})
-    with pytest.raises(ValueError, match="n >= 0 for o_early"):
-        FastRunner(make_model("tiny-llama"), 32, attention={"o_early": -1})
-
-
 def test_attention_switches_from_the_environment(monkeypatch):
     # KOG_ATTN_CLUSTER and KOG_ATTN_PREFETCH_NEXT (0|1) are read like the `attention` argument's keys
     monkeypatch.setenv("KOG_ATTN_CLUSTER", "0")

@@ -59,8 +59,6 @@ def run_case(
     block_t=16,
     cluster=False,
     next_window="none",
-    o_proj_rows=None,
-    o_early=None,
 ):
     qkv = randn(lanes, (num_heads + 2 * num_kv) // lanes * hd, scale=2.0)
     # Positions the kernel must not read (beyond pos, before the window) are NaN.
@@ -82,21 +80,12 @@ def run_case(
     next_layer = None if next_window == "none" else (randn(*k_cache.shape, dtype=dtype),
                                                      randn(*k_cache.shape, dtype=dtype), next_window)  # fmt: skip
     next_before = None if next_layer is None else (next_layer[0].clone(), next_layer[1].clone())
-    # o_proj_rows: the o-proj as epilogue, adding wo @ attention into an fp32 residual of that many rows
-    o_proj = None
-    if o_proj_rows is not None:
-        o_proj = (randn(o_proj_rows, num_heads * hd, dtype=dtype, scale=0.2), randn(o_proj_rows))
-        x_before, out = o_proj[1].clone(), None
     decode_attention(qkv, k_cache, v_cache, pos_t, cos, sin, out, scratch, num_heads=num_heads, window=window,
                      interleaved=interleaved, q_norm=q_norm, k_norm=k_norm, block_t=block_t, cluster=cluster,
-                     next_layer=next_layer, o_proj=o_proj, o_early=o_early)  # fmt: skip
+                     next_layer=next_layer)  # fmt: skip
     if next_layer is not None:
         assert torch.equal(next_layer[0], next_before[0]) and torch.equal(next_layer[1], next_before[1])
-    if o_proj is None:
-        assert_close(out, want, dtype, "out")
-    else:  # the attention output is rounded to the model's dtype before the o-proj, as in the reference
-        added = o_proj[0].double().cpu() @ want.to(dtype).double().flatten()
-        assert_close(o_proj[1] - x_before, added, dtype, "x increment")
+    assert_close(out, want, dtype, "out")
     assert_close(k_cache[:, pos], want_k, dtype, "cached k")
     assert_close(v_cache[:, pos], want_v, dtype, "cached v")
     assert (scratch.counter == 0).all(), "split counters must return to zero for the next layer"
@@ -256,59 +245,3 @@ def test_next_layer_prefetch_refusals():
     if not ON_GPU:
         with pytest.raises(ValueError, match="under the interpreter"):
             attend(k_cache, (k_cache.clone(), k_cache.clone(), None))
-
-
-@pytest.mark.parametrize("dtype", dtype_params())
-@pytest.mark.parametrize(
-    "num_heads,num_kv,hd,pos,rows",
-    [
-        (8, 2, 32, 37, 48),  # GQA group 4, rows not a multiple of the chunk
-        (6, 2, 24, 19, 40),  # group 3 (padded), head dim 24 (padded)
-        (4, 4, 16, 0, 16),  # the first token, no GQA
-    ],
-)
-def test_o_proj_epilogue_adds_into_the_residual(dtype, num_heads, num_kv, hd, pos, rows):
-    # Without clusters (the interpreter, pre-Hopper GPUs) the last split of each KV head adds every row's share.
-    for p in (pos, pos + 1):
-        run_case(dtype, 1, num_heads, num_kv, hd, p, max_len=p + 8, o_proj_rows=rows)
-
-
-@pytest.mark.skipif(not ON_GPU, reason="thread-block clusters need a Hopper GPU (not the interpreter)")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize(
-    "num_heads,num_kv,hd,pos,splits,rows,o_early,qk_norm",
-    [
-        (32, 8, 64, 600, 16, 2048, None, False),  # Llama-3.2-1B: 128 rows a program, all before the wait
-        (16, 8, 128, 700, 16, 2048, 0, True),  # Qwen3-1.7B, every chunk after the attention
-        (16, 8, 128, 70, 16, 2048, 2, True),  # half of them before the wait
-        (12, 2, 128, 333, 16, 1536, None, False),  # Qwen2-1.5B-like: 96 rows a program, padded to 128
-        (6, 2, 16, 0, 16, 100, None, False),  # the first token, 100 rows over 16 splits (8 a program, 4 idle)
-        (8, 2, 32, 90, 4, 200, 1, False),  # 4-program clusters
-    ],
-)
-def test_o_proj_epilogue_in_clusters(dtype, num_heads, num_kv, hd, pos, splits, rows, o_early, qk_norm):
-    for p in (pos, pos + 1):
-        run_case(dtype, 1, num_heads, num_kv, hd, p, max_len=p + 8, splits=splits, block_t=64, cluster=True,
-                 qk_norm=qk_norm, o_proj_rows=rows, o_early=o_early)  # fmt: skip
-
-
-def test_o_proj_epilogue_refusals():
-    pos = torch.zeros(1, dtype=torch.int32, device=DEVICE)
-    cos = torch.ones(16, 8, device=DEVICE)
-    k_cache = randn(2, 16, 16)
-
-    def attend(qkv, wo, x, **kw):
-        decode_attention(qkv, k_cache, k_cache.clone(), pos, cos, cos, None, AttentionScratch(2, 2, 16, 2, DEVICE),
-                         num_heads=4, o_proj=(wo, x), **kw)  # fmt: skip
-
-    with pytest.raises(ValueError, match="o_proj: one lane only"):
-        attend(randn(2, 64), randn(8, 32), randn(8))
-    with pytest.raises(ValueError, match=r"o_proj: expected wo \[D, 64\]"):
-        attend(randn(1, 128), randn(8, 32), randn(8))
-    with pytest.raises(ValueError, match=r"o_proj: expected x a contiguous fp32 \[8\]"):
-        attend(randn(1, 128), randn(8, 64), randn(8, dtype=torch.float16))
-    with pytest.raises(ValueError, match="o_chunk: expected a power of two"):
-        attend(randn(1, 128), randn(8, 64), randn(8), o_chunk=3)
-    with pytest.raises(ValueError, match=r"out: expected \[1, 64\], got None"):
-        decode_attention(randn(1, 128), k_cache, k_cache.clone(), pos, cos, cos, None,
-                         AttentionScratch(2, 2, 16, 2, DEVICE), num_heads=4)  # fmt: skip

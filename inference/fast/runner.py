@@ -112,10 +112,9 @@ class LaneGroup:
     scratch: AttentionScratch  # its own: groups run at the same time
 
 
-def kind_overrides(spec: str | dict[str, int], kinds, what: str = "prefetch", switches=(),
-                   counts=()) -> dict[str, int]:  # fmt: skip
+def kind_overrides(spec: str | dict[str, int], kinds, what: str = "prefetch", switches=()) -> dict[str, int]:
     """'o=4,gate_up=2' (an environment variable's form) or {'o': 4, 'gate_up': 2} -> the checked dict: every
-    kind one of `kinds`, every value an integer >= 1 (0 or 1 for the kinds in `switches`, >= 0 in `counts`)."""
+    kind one of `kinds`, every value an integer >= 1 (0 or 1 for the kinds in `switches`)."""
     if isinstance(spec, str):
         items = [item.partition("=")[::2] for item in (part.strip() for part in spec.split(",")) if item]
     else:
@@ -123,15 +122,10 @@ def kind_overrides(spec: str | dict[str, int], kinds, what: str = "prefetch", sw
             (kind, str(int(value)) if isinstance(value, bool) else str(value)) for kind, value in spec.items()
         ]
     for kind, value in items:
-        allowed = (
-            value in ("0", "1")
-            if kind in switches
-            else value.isdigit() and (int(value) >= 1 or kind in counts)
-        )
+        allowed = value in ("0", "1") if kind in switches else value.isdigit() and int(value) >= 1
         if kind not in kinds or not allowed:
             raise ValueError(f"{what}: expected kind=n with kind in {', '.join(kinds)} and n >= 1 "
-                             f"(0 or 1 for {', '.join(switches) or 'none'}; n >= 0 for "
-                             f"{', '.join(counts) or 'none'}), got {kind}={value}")  # fmt: skip
+                             f"(0 or 1 for {', '.join(switches) or 'none'}), got {kind}={value}")  # fmt: skip
     return {kind: int(value) for kind, value in items}
 
 
@@ -150,12 +144,9 @@ def prefetch_overrides(spec: str | dict[str, int]) -> dict[str, int]:
 
 BLOCK_KEYS = ("block_n", "block_k", "num_warps")
 HEAD_KEYS = ("block_n", "row_blocks", "num_warps")  # lm_head's block arguments
-ATTENTION_KEYS = ("splits", "block_t", "num_warps", "cluster", "maxnreg", "prefetch_next", "o_proj", "o_early",
-                  "o_chunk")  # fmt: skip
-ATTENTION_SWITCHES = ("cluster", "prefetch_next", "o_proj")
-ATTENTION_COUNTS = ("o_early",)
-SWITCH_ENV = (("KOG_ATTN_CLUSTER", "cluster"), ("KOG_ATTN_PREFETCH_NEXT", "prefetch_next"),
-              ("KOG_ATTN_O_PROJ", "o_proj"))  # fmt: skip
+ATTENTION_KEYS = ("splits", "block_t", "num_warps", "cluster", "maxnreg", "prefetch_next")
+ATTENTION_SWITCHES = ("cluster", "prefetch_next")
+SWITCH_ENV = (("KOG_ATTN_CLUSTER", "cluster"), ("KOG_ATTN_PREFETCH_NEXT", "prefetch_next"))
 # Lane groups: how many (1: none). Unset: 2 on a GPU wherever the lanes split in two past their first layers
 # (laneformer-2b on an H200, scripts/decode_variants.py in turns: 800 -> 844 tok/s; 4 groups 832).
 LANE_GROUP_KEYS = ("groups",)
@@ -260,8 +251,7 @@ class FastRunner:
         self.cache = KVCache(cfg, max_context, 1, device, dtype)
         group = cfg.num_heads // cfg.num_kv_heads
         # KOG_ATTN_SPLITS / KOG_ATTN_BLOCK_T / KOG_ATTN_WARPS (or the `attention` argument's splits, block_t,
-        # num_warps) override the attention's split count, key block and warps, KOG_ATTN_O_EARLY its Wo chunks
-        # before the wait, and KOG_ATTN_CLUSTER /
+        # num_warps) override the attention's split count, key block and warps, and KOG_ATTN_CLUSTER /
         # KOG_ATTN_PREFETCH_NEXT=0|1 (or the `cluster` / `prefetch_next` keys) its switches, below (for sweeps).
         env_switches = ",".join(
             f"{key}={os.environ[name]}" for name, key in SWITCH_ENV if os.environ.get(name)
@@ -269,11 +259,8 @@ class FastRunner:
         attention = {"splits": int(os.environ.get("KOG_ATTN_SPLITS", "0")),
                      "block_t": int(os.environ.get("KOG_ATTN_BLOCK_T", "64")),
                      "num_warps": int(os.environ.get("KOG_ATTN_WARPS", "0")),
-                     **({"o_early": int(os.environ["KOG_ATTN_O_EARLY"])} if os.environ.get("KOG_ATTN_O_EARLY")
-                        else {}),
                      **kind_overrides(env_switches, ATTENTION_KEYS, "KOG_ATTN_*", ATTENTION_SWITCHES),
-                     **kind_overrides(attention or {}, ATTENTION_KEYS, "attention", ATTENTION_SWITCHES,
-                                      ATTENTION_COUNTS)}  # fmt: skip
+                     **kind_overrides(attention or {}, ATTENTION_KEYS, "attention", ATTENTION_SWITCHES)}  # fmt: skip
         splits = attention["splits"] or default_splits(cfg.num_kv_heads, device)
         self.attn_block_t, self.attn_warps = attention["block_t"], attention["num_warps"] or None
         self.attn_maxnreg = attention.get("maxnreg")  # a register cap (sweeps)
@@ -291,12 +278,6 @@ class FastRunner:
             raise ValueError(
                 "cluster: thread-block clusters need a Hopper GPU (set it to 0 or leave it unset)"
             )
-        # The o-proj as the attention's epilogue (kernels/o_proj_epilogue.py), layers 1 .. N - 1 of one-lane
-        # models (layer 0's o-proj writes the residual from the embedding row). Unset: off.
-        self.attn_o_proj = bool(attention.get("o_proj", False))
-        if self.attn_o_proj and lanes != 1:
-            raise ValueError(f"o_proj: one-lane models only (this one has {lanes} lanes)")
-        self.attn_o_early, self.attn_o_chunk = attention.get("o_early"), attention.get("o_chunk", 32)
         # KOG_HEAD_BLOCK_N / KOG_HEAD_ROW_BLOCKS / KOG_HEAD_WARPS override the head's blocks (0: its own choice).
         self.head_blocks = {
             "block_n": int(os.environ.get("KOG_HEAD_BLOCK_N", "0")) or None,
@@ -495,8 +476,6 @@ class FastRunner:
                 **self.blocks.get("qkv", {}),
             )
 
-        fused_o_proj = self.attn_o_proj and not first
-
         def attention() -> None:
             decode_attention(
                 group.qkv,
@@ -505,7 +484,7 @@ class FastRunner:
                 self.pos,
                 self.model.rope_cos,
                 self.model.rope_sin,
-                None if fused_o_proj else group.attn,
+                group.attn,
                 group.scratch,
                 num_heads=group.num_heads,
                 window=w.window,
@@ -518,15 +497,6 @@ class FastRunner:
                 cluster=self.attn_cluster,
                 maxnreg=self.attn_maxnreg,
                 **self._next_layer(group, i),
-                **(
-                    {
-                        "o_proj": (w.wo[0], group.x[0]),
-                        "o_early": self.attn_o_early,
-                        "o_chunk": self.attn_o_chunk,
-                    }
-                    if fused_o_proj
-                    else {}
-                ),  # fmt: skip
             )
 
         def gate_up() -> None:
@@ -534,14 +504,10 @@ class FastRunner:
                          trigger_early="gate_up" in self.early, prefetch=self.prefetch["gate_up"],
                          row_blocks=self.row_blocks.get("gate_up"), **self.blocks.get("gate_up", {}))  # fmt: skip
 
-        def o_proj() -> None:
-            if not fused_o_proj:
-                self._add_partials(i, w, 0, group.attn, w.wo, first, group)
-
         return [
             qkv,
             attention,
-            o_proj,
+            lambda: self._add_partials(i, w, 0, group.attn, w.wo, first, group),
             gate_up,
             lambda: self._add_partials(i, w, 1, group.h, w.w2, False, group),
         ]

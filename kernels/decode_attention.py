@@ -104,6 +104,12 @@ def _decode_attention_kernel(
     # The first block of cached keys was written by earlier steps: in flight before we wait for q, k, v.
     k_next = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0, cache_modifier=".cg")
     v_next = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0, cache_modifier=".cg")
+    # So are Qwen3's q/k norm weights (they do not come from the previous kernel either).
+    if QK_NORM:
+        q_gain = tl.load(q_norm_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
+        q_gain_partner = tl.load(q_norm_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)
+        k_gain = tl.load(k_norm_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
+        k_gain_partner = tl.load(k_norm_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -118,22 +124,23 @@ def _decode_attention_kernel(
     k_partner = tl.load(k_row + partner, mask=d_ok, other=0.0).to(tl.float32)
     v_row = lane_qkv + (heads_per_lane + kv_per_lane + kv_in_lane) * HD
     v = tl.load(v_row + d, mask=d_ok, other=0.0)
-    if QK_NORM:
-        q_rstd = 1.0 / tl.sqrt(tl.sum(q * q, axis=1) / HD + eps)
-        q = q * q_rstd[:, None] * tl.load(q_norm_ptr + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
-        q_partner = (
-            q_partner
-            * q_rstd[:, None]
-            * tl.load(q_norm_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)[None, :]
-        )
-        k_rstd = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / HD + eps)
-        k = k * k_rstd * tl.load(k_norm_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
-        k_partner = k_partner * k_rstd * tl.load(k_norm_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)
     cos = tl.load(cos_ptr + pos * (HD // 2) + pair, mask=d_ok, other=0.0)
     sin = tl.load(sin_ptr + pos * (HD // 2) + pair, mask=d_ok, other=0.0)
-    q = (q * cos[None, :] + sign[None, :] * q_partner * sin[None, :]) * scale_log2e
-    q_dot = q.to(k_cache_ptr.dtype.element_ty)
-    k = k * cos + sign * k_partner * sin
+    # Qwen3's q/k norm: the gains before RoPE, the scalar 1 / rms after it (a rotation keeps the norm). In this
+    # order the partner loads are used before the norm's reductions, which the compiler otherwise lets the
+    # loads wait behind: one more dependent round trip to L2 a layer (sm_90 SASS).
+    q_rot = q * q_gain[None, :] if QK_NORM else q
+    k_rot = k * k_gain if QK_NORM else k
+    q_rot = (
+        q_rot * cos[None, :]
+        + sign[None, :] * (q_partner * q_gain_partner[None, :] if QK_NORM else q_partner) * sin[None, :]
+    )
+    k_rot = k_rot * cos + sign * (k_partner * k_gain_partner if QK_NORM else k_partner) * sin
+    if QK_NORM:
+        q_rot = q_rot / tl.sqrt(tl.sum(q * q, axis=1) / HD + eps)[:, None]
+        k_rot = k_rot / tl.sqrt(tl.sum(k * k, axis=0) / HD + eps)
+    q_dot = (q_rot * scale_log2e).to(k_cache_ptr.dtype.element_ty)
+    k = k_rot
 
     # The split holding `pos` writes this token into the cache and starts its softmax from it.
     owns = (pos >= lo) & (pos < hi)

@@ -57,6 +57,7 @@ def _lane_reduce_gemv_kernel(
     USE_PDL: tl.constexpr,
     TRIGGER_EARLY: tl.constexpr,
 ):
+    FOLD_RESIDUAL: tl.constexpr = LANES == 1 and MODE == 0 and not STORE_HISTORY
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     lanes = tl.arange(0, LANES_P)
     cols = tl.arange(0, BLOCK_K)
@@ -81,6 +82,19 @@ def _lane_reduce_gemv_kernel(
 
     act_rows = act_ptr + lanes[:, None] * stride_act_lane  # [LANES_P, 1]
     acc = tl.zeros([LANES_P, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    if FOLD_RESIDUAL:
+        # One lane, nothing to reduce across lanes or to keep: the residual enters the sum over K as one more term
+        # (column 0 of the accumulator; the same value, another fp32 rounding order), loaded now with the
+        # activations. Loaded for a final add instead, it came back one more dependent round trip to L2 after the
+        # reduction over K, before the store, at the end of every o-proj and down-proj: ptxas issued that load
+        # late, or Triton loaded it again in the reduction's layout (sm_90 SASS). H200, in turns, four runners:
+        # llama-3.2-1b 1,404 / 1,417 -> 1,435 / 1,431 tok/s, qwen3-1.7b 958 / 957 -> 965 / 963.
+        if X_FROM_TOKEN:
+            token = tl.load(token_ptr).to(tl.int64)
+            old = tl.load(embed_ptr + token * N + rows, mask=rows < N, other=0.0).to(tl.float32)[None, :]
+        else:
+            old = tl.load(x_ptr + lanes[:, None] * N + rows[None, :], mask=tile_ok, other=0.0)
+        acc = tl.where((cols == 0)[None, None, :], old[:, :, None], acc)
     for i in tl.static_range(0, (K + BLOCK_K - 1) // BLOCK_K):
         k_ok = i * BLOCK_K + cols < K  # K is a constexpr: a multiple of 8 keeps the loads 16 bytes wide
         if i < PREFETCH:
@@ -92,6 +106,9 @@ def _lane_reduce_gemv_kernel(
         a = tl.load(act_rows + i * BLOCK_K + cols[None, :], mask=a_mask, other=0.0).to(tl.float32)
         acc += w.to(tl.float32) * a[:, None, :]
     p = tl.sum(acc, axis=2)  # [LANES_P, BLOCK_N]; padded lanes are 0
+    if FOLD_RESIDUAL:
+        tl.store(x_ptr + lanes[:, None] * N + rows[None, :], p, mask=tile_ok)
+        return
 
     lane_rows = lanes[:, None] * N + rows[None, :]
     hist_rows = lane_start * N + lane_rows  # this launch's lanes in the [TOTAL_LANES, N] history

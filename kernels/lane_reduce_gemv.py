@@ -81,6 +81,7 @@ def _lane_reduce_gemv_kernel(
             gdc_launch_dependents()
 
     act_rows = act_ptr + lanes[:, None] * stride_act_lane  # [LANES_P, 1]
+    lane_rows = lanes[:, None] * N + rows[None, :]  # [LANES_P, BLOCK_N] offsets into x
     acc = tl.zeros([LANES_P, BLOCK_N, BLOCK_K], dtype=tl.float32)
     if FOLD_RESIDUAL:
         # One lane, nothing to reduce across lanes or to keep: the residual enters the sum over K as one more term
@@ -89,11 +90,7 @@ def _lane_reduce_gemv_kernel(
         # reduction over K, before the store, at the end of every o-proj and down-proj: ptxas issued that load
         # late, or Triton loaded it again in the reduction's layout (sm_90 SASS). H200, in turns, four runners:
         # llama-3.2-1b 1,404 / 1,417 -> 1,435 / 1,431 tok/s, qwen3-1.7b 958 / 957 -> 965 / 963.
-        if X_FROM_TOKEN:
-            token = tl.load(token_ptr).to(tl.int64)
-            old = tl.load(embed_ptr + token * N + rows, mask=rows < N, other=0.0).to(tl.float32)[None, :]
-        else:
-            old = tl.load(x_ptr + lanes[:, None] * N + rows[None, :], mask=tile_ok, other=0.0)
+        old = _residual(x_ptr, embed_ptr, token_ptr, lane_rows, rows, tile_ok, N, X_FROM_TOKEN)
         acc = tl.where((cols == 0)[None, None, :], old[:, :, None], acc)
     for i in tl.static_range(0, (K + BLOCK_K - 1) // BLOCK_K):
         k_ok = i * BLOCK_K + cols < K  # K is a constexpr: a multiple of 8 keeps the loads 16 bytes wide
@@ -107,10 +104,9 @@ def _lane_reduce_gemv_kernel(
         acc += w.to(tl.float32) * a[:, None, :]
     p = tl.sum(acc, axis=2)  # [LANES_P, BLOCK_N]; padded lanes are 0
     if FOLD_RESIDUAL:
-        tl.store(x_ptr + lanes[:, None] * N + rows[None, :], p, mask=tile_ok)
+        tl.store(x_ptr + lane_rows, p, mask=tile_ok)
         return
 
-    lane_rows = lanes[:, None] * N + rows[None, :]
     hist_rows = lane_start * N + lane_rows  # this launch's lanes in the [TOTAL_LANES, N] history
     if STORE_HISTORY:
         tl.store(hist_out_ptr + hist_rows, p, mask=tile_ok)
@@ -128,13 +124,20 @@ def _lane_reduce_gemv_kernel(
         r = p + past_sum[None, :] - past
     else:
         r = p * lane_scale
+    old = _residual(x_ptr, embed_ptr, token_ptr, lane_rows, rows, tile_ok, N, X_FROM_TOKEN)
+    tl.store(x_ptr + lane_rows, old + r, mask=tile_ok)
+
+
+@triton.jit
+def _residual(x_ptr, embed_ptr, token_ptr, lane_rows, rows, tile_ok, N, X_FROM_TOKEN: tl.constexpr):
+    """The residual before the block at this program's rows, fp32 [LANES_P, BLOCK_N] (or [1, BLOCK_N]: with
+    X_FROM_TOKEN every lane starts from the embedding row of the token on the device)."""
     if X_FROM_TOKEN:
         token = tl.load(token_ptr).to(tl.int64)
-        row_ok = rows < N
-        old = tl.load(embed_ptr + token * N + rows, mask=row_ok, other=0.0).to(tl.float32)[None, :]
+        old = tl.load(embed_ptr + token * N + rows, mask=rows < N, other=0.0).to(tl.float32)[None, :]
     else:
         old = tl.load(x_ptr + lane_rows, mask=tile_ok, other=0.0)
-    tl.store(x_ptr + lane_rows, old + r, mask=tile_ok)
+    return old
 
 
 def _pick_blocks(lanes: int, n: int, k: int, device: torch.device) -> tuple[int, int, int]:

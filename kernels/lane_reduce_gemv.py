@@ -57,7 +57,9 @@ def _lane_reduce_gemv_kernel(
     USE_PDL: tl.constexpr,
     TRIGGER_EARLY: tl.constexpr,
 ):
-    FOLD_RESIDUAL: tl.constexpr = LANES == 1 and MODE == 0 and not STORE_HISTORY
+    # Modes whose addend to x needs no partial of this layer but the lane's own: the residual (and, DELAYED, the
+    # other lanes' past partials) can enter the sum over K (below).
+    FOLD_RESIDUAL: tl.constexpr = (LANES == 1 and MODE == 0) or MODE == 1
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     lanes = tl.arange(0, LANES_P)
     cols = tl.arange(0, BLOCK_K)
@@ -83,15 +85,18 @@ def _lane_reduce_gemv_kernel(
     act_rows = act_ptr + lanes[:, None] * stride_act_lane  # [LANES_P, 1]
     lane_rows = lanes[:, None] * N + rows[None, :]  # [LANES_P, BLOCK_N] offsets into x
     acc = tl.zeros([LANES_P, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    hist_rows = lane_start * N + lane_rows  # this launch's lanes in the [TOTAL_LANES, N] history
     if FOLD_RESIDUAL:
-        # One lane, nothing to reduce across lanes or to keep: the residual enters the sum over K as one more term
+        # The residual (DELAYED: plus the other lanes' past partials) enters the sum over K as one more term
         # (column 0 of the accumulator; the same value, another fp32 rounding order), loaded now with the
         # activations. Loaded for a final add instead, it came back one more dependent round trip to L2 after the
         # reduction over K, before the store, at the end of every o-proj and down-proj: ptxas issued that load
         # late, or Triton loaded it again in the reduction's layout (sm_90 SASS). H200, in turns, four runners:
         # llama-3.2-1b 1,404 / 1,417 -> 1,435 / 1,431 tok/s, qwen3-1.7b 958 / 957 -> 965 / 963.
-        old = _residual(x_ptr, embed_ptr, token_ptr, lane_rows, rows, tile_ok, N, X_FROM_TOKEN)
-        acc = tl.where((cols == 0)[None, None, :], old[:, :, None], acc)
+        base = _residual(x_ptr, embed_ptr, token_ptr, lane_rows, rows, tile_ok, N, X_FROM_TOKEN)
+        if MODE == 1:
+            base += _others_past(hist_in_ptr, hist_rows, rows, tile_ok, N, TOTAL_LANES)
+        acc = tl.where((cols == 0)[None, None, :], base[:, :, None], acc)
     for i in tl.static_range(0, (K + BLOCK_K - 1) // BLOCK_K):
         k_ok = i * BLOCK_K + cols < K  # K is a constexpr: a multiple of 8 keeps the loads 16 bytes wide
         if i < PREFETCH:
@@ -102,30 +107,33 @@ def _lane_reduce_gemv_kernel(
         a_mask = lane_ok[:, None] & k_ok[None, :]
         a = tl.load(act_rows + i * BLOCK_K + cols[None, :], mask=a_mask, other=0.0).to(tl.float32)
         acc += w.to(tl.float32) * a[:, None, :]
-    p = tl.sum(acc, axis=2)  # [LANES_P, BLOCK_N]; padded lanes are 0
+    sums = tl.sum(acc, axis=2)  # [LANES_P, BLOCK_N]: p, or base + p when folded; padded lanes are 0
     if FOLD_RESIDUAL:
-        tl.store(x_ptr + lane_rows, p, mask=tile_ok)
+        tl.store(x_ptr + lane_rows, sums, mask=tile_ok)
+        if STORE_HISTORY:
+            # The raw partial back out of the sum: off by at most an ulp of the residual, the rounding that the
+            # residual's own fp32 store carries anyway.
+            tl.store(hist_out_ptr + hist_rows, sums - base, mask=tile_ok)
         return
 
-    hist_rows = lane_start * N + lane_rows  # this launch's lanes in the [TOTAL_LANES, N] history
+    p = sums
     if STORE_HISTORY:
         tl.store(hist_out_ptr + hist_rows, p, mask=tile_ok)
-    if MODE == 0:
-        r = tl.zeros_like(p) + tl.sum(p, axis=0)[None, :]
-    elif MODE == 1:
-        past = tl.load(hist_in_ptr + hist_rows, mask=tile_ok, other=0.0)
-        if TOTAL_LANES == LANES:
-            past_sum = tl.sum(past, axis=0)
-        else:  # a group of lanes: the other groups' past partials too
-            all_lanes = tl.arange(0, TOTAL_LANES_P)
-            all_ok = (all_lanes < TOTAL_LANES)[:, None] & (rows < N)[None, :]
-            all_rows = all_lanes[:, None] * N + rows[None, :]
-            past_sum = tl.sum(tl.load(hist_in_ptr + all_rows, mask=all_ok, other=0.0), axis=0)
-        r = p + past_sum[None, :] - past
-    else:
-        r = p * lane_scale
+    r = tl.zeros_like(p) + tl.sum(p, axis=0)[None, :] if MODE == 0 else p * lane_scale  # SUM, or SCALED
     old = _residual(x_ptr, embed_ptr, token_ptr, lane_rows, rows, tile_ok, N, X_FROM_TOKEN)
     tl.store(x_ptr + lane_rows, old + r, mask=tile_ok)
+
+
+@triton.jit
+def _others_past(hist_in_ptr, hist_rows, rows, tile_ok, N, TOTAL_LANES: tl.constexpr):
+    """DELAYED's addend but for the lane's own fresh partial, fp32 [LANES_P, BLOCK_N]: sum_{m != l} p_past[m].
+    Summed lane by lane from one row each, not as a reduction over a [TOTAL_LANES, BLOCK_N] tile: that one
+    crossed warps through shared memory, and its barrier held back the weight loads of the sum over K (sm_90
+    SASS)."""
+    past_sum = tl.zeros_like(rows).to(tl.float32)
+    for m in tl.static_range(TOTAL_LANES):
+        past_sum += tl.load(hist_in_ptr + m * N + rows, mask=rows < N, other=0.0)
+    return past_sum[None, :] - tl.load(hist_in_ptr + hist_rows, mask=tile_ok, other=0.0)
 
 
 @triton.jit

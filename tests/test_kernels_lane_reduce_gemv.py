@@ -72,6 +72,20 @@ def test_a_group_of_lanes_equals_those_lanes_of_one_launch(dtype, mode, total, s
 
 
 @pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("mode", ["sum", "delayed"])
+def test_partials_stay_exact_beside_a_large_residual(dtype, mode):
+    # DELAYED (and one lane's SUM) fold the residual into the sum over K and take the raw partial back out for
+    # the history: that must cost no more than the residual's own rounding, even with x 64 times the partials.
+    lanes = 4 if mode == "delayed" else 1
+    act, w, x, history_in, history_out = inputs(lanes, 40, 96, dtype, mode)
+    x *= 64
+    want_x, want_p = reference(act, w, x, mode, history_in)
+    lane_reduce_gemv(act, w, x, mode=mode, history_out=history_out, history_in=history_in)
+    assert_close(x, want_x, dtype, "x")
+    assert_close(history_out, want_p, dtype, "history_out")
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
 def test_layer_zero_starts_from_the_embedding_row(dtype):
     lanes, n, k, vocab = 4, 40, 32, 9
     table = randn(vocab, n, dtype=dtype)

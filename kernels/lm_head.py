@@ -20,7 +20,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import interpreted, pdl_kwargs
-from kernels.rmsnorm_gemv import next_row_block, norm_scale, normed_x_tiles, row_dots, weight_tiles
+from kernels.rmsnorm_gemv import next_row_block, normed_x_tiles, row_dots, weight_tiles
 
 MAX_GROUPS = 512
 
@@ -64,7 +64,7 @@ def _lm_head_kernel(
         gdc_launch_dependents()
     w = w + weight_tiles(w_ptr, w_offs, row_ok, cols, K, BLOCK_K, 1, TILES - 1)
 
-    xs, sumsq = normed_x_tiles(x_ptr, norm_ptr, cols, eps, K, BLOCK_K, HAS_NORM)
+    xs, rstd = normed_x_tiles(x_ptr, norm_ptr, cols, eps, K, BLOCK_K, HAS_NORM)
 
     # ROW_BLOCKS blocks of rows in turn, the next block's tiles in flight while this one is summed; the
     # program's best (value, first index) is kept across its blocks, which come in increasing row order.
@@ -72,10 +72,7 @@ def _lm_head_kernel(
         if j + 1 < ROW_BLOCKS:
             next_rows, next_ok, next_offs = next_row_block(rows, w_offs, V, BLOCK_N, K)
             next_w = weight_tiles(w_ptr, next_offs, next_ok, cols, K, BLOCK_K, 0, TILES)
-        logits = row_dots(w, xs, BLOCK_N, BLOCK_K)
-        if j == 0:
-            rstd = norm_scale(sumsq, eps, K, HAS_NORM)
-        logits *= rstd
+        logits = row_dots(w, xs, BLOCK_N, BLOCK_K) * rstd
         tl.store(logits_ptr + rows, logits, mask=row_ok)
         candidates = tl.where(rows < vocab_limit, logits, float("-inf"))
         block_best = tl.max(candidates, axis=0)

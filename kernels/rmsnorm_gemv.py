@@ -43,9 +43,8 @@ def weight_tiles(w_ptr, offs, row_ok, cols, K: tl.constexpr, BLOCK_K: tl.constex
 def normed_x_tiles(
     x_row, norm_row, cols, eps, K: tl.constexpr, BLOCK_K: tl.constexpr, HAS_NORM: tl.constexpr
 ):
-    """x * g by K tiles (a tuple of [BLOCK_K] fp32) and the squares of x summed per column ([BLOCK_K] fp32,
-    for norm_scale): RMSNorm's scalar is applied to the products at the end, so the normed vector is never
-    materialised."""
+    """x * g by K tiles (a tuple of [BLOCK_K] fp32) and the norm's rstd (1 without a norm): RMSNorm's scalar is
+    applied to the products at the end, so the normed vector is never materialised."""
     xs = ()
     sumsq = tl.zeros([BLOCK_K], dtype=tl.float32)
     for i in tl.static_range((K + BLOCK_K - 1) // BLOCK_K):
@@ -55,15 +54,8 @@ def normed_x_tiles(
             sumsq += xk * xk
             xk = xk * tl.load(norm_row + i * BLOCK_K + cols, mask=k_ok, other=0.0).to(tl.float32)
         xs = xs + (xk,)
-    return xs, sumsq
-
-
-@triton.jit
-def norm_scale(sumsq, eps, K: tl.constexpr, HAS_NORM: tl.constexpr):
-    """The norm's rstd from normed_x_tiles' column sums (1 without a norm). Called after the first products, not
-    beside the x loads: its shuffles wait for x, and ptxas had issued most weight loads after them, one round
-    trip to L2 late (sm_90 SASS of the q|k|v and gate/up kernels)."""
-    return 1.0 / tl.sqrt(tl.sum(sumsq, axis=0) / K + eps) if HAS_NORM else tl.full([], 1.0, tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(sumsq, axis=0) / K + eps) if HAS_NORM else tl.full([], 1.0, tl.float32)
+    return xs, rstd
 
 
 @triton.jit
@@ -134,7 +126,7 @@ def _rmsnorm_gemv_kernel(
     # from the same embedding row.
     x_row = x_ptr + tl.load(token_ptr).to(tl.int64) * K if X_FROM_TOKEN else x_ptr + lane * stride_x_lane
     norm_row = norm_ptr + lane * stride_norm_lane
-    xs, sumsq = normed_x_tiles(x_row, norm_row, cols, eps, K, BLOCK_K, HAS_NORM)
+    xs, rstd = normed_x_tiles(x_row, norm_row, cols, eps, K, BLOCK_K, HAS_NORM)
 
     # ROW_BLOCKS blocks of BLOCK_N rows one after another, the next block's tiles in flight while this one's
     # products are summed: a program streams without a gap from one block to the next (no program to end and
@@ -144,10 +136,7 @@ def _rmsnorm_gemv_kernel(
             next_rows, next_ok, next_offs = next_row_block(rows, w_offs, N, BLOCK_N, K)
             next_w = weight_tiles(w_ptr, next_offs, next_ok, cols, K, BLOCK_K, 0, TILES)
             next_u = weight_tiles(w_up_ptr, next_offs, next_ok, cols, K, BLOCK_K, 0, TILES if GATED else 0)
-        y = row_dots(w, xs, BLOCK_N, BLOCK_K)  # [BLOCK_N]
-        if j == 0:
-            rstd = norm_scale(sumsq, eps, K, HAS_NORM)
-        y *= rstd
+        y = row_dots(w, xs, BLOCK_N, BLOCK_K) * rstd  # [BLOCK_N]
         if HAS_BIAS:
             y += tl.load(bias_ptr + lane * N + rows, mask=row_ok, other=0.0).to(tl.float32)
         if GATED:

@@ -8,7 +8,9 @@
 
 A program owns a block of output rows n for *all* lanes, so every lane's partial for those rows is in its
 registers and the reduction, whatever the layer, needs no second kernel and no atomics. The raw partials are
-stored for layer i + d when it needs them ([L, N] fp32, tiny next to the weights).
+stored for layer i + d when it needs them ([L, N] fp32, tiny next to the weights). For one lane, and for DELAYED
+launches of up to 4 lanes, the residual (and the other lanes' past partials) enter the sum over K as its first
+term, loaded with the activations; the raw partial to keep is then that sum less the same term.
 
 A launch may also cover a group of lanes only (lanes lane_start ... of the model's total): DELAYED and SCALED
 need no partial of the other lanes from this layer, so groups of lanes can run as independent launches (the
@@ -58,8 +60,10 @@ def _lane_reduce_gemv_kernel(
     TRIGGER_EARLY: tl.constexpr,
 ):
     # Modes whose addend to x needs no partial of this layer but the lane's own: the residual (and, DELAYED, the
-    # other lanes' past partials) can enter the sum over K (below).
-    FOLD_RESIDUAL: tl.constexpr = (LANES == 1 and MODE == 0) or MODE == 1
+    # other lanes' past partials) can enter the sum over K (below). Not for 8 lanes in one launch (Laneformer on
+    # one stream): the past rows held beside the tiles took the o-proj from 128 to 190 registers and the down-proj
+    # from 158 to 255 with spills (sm_90): one stream fell from ~800 to 764 tok/s, 807 without (H200, runs 116, 119).
+    FOLD_RESIDUAL: tl.constexpr = (LANES == 1 and MODE == 0) or (MODE == 1 and LANES_P <= 4)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     lanes = tl.arange(0, LANES_P)
     cols = tl.arange(0, BLOCK_K)
@@ -91,8 +95,9 @@ def _lane_reduce_gemv_kernel(
         # (column 0 of the accumulator; the same value, another fp32 rounding order), loaded now with the
         # activations. Loaded for a final add instead, it came back one more dependent round trip to L2 after the
         # reduction over K, before the store, at the end of every o-proj and down-proj: ptxas issued that load
-        # late, or Triton loaded it again in the reduction's layout (sm_90 SASS). H200, in turns, four runners:
-        # llama-3.2-1b 1,404 / 1,417 -> 1,435 / 1,431 tok/s, qwen3-1.7b 958 / 957 -> 965 / 963.
+        # late, or Triton loaded it again in the reduction's layout (sm_90 SASS). H200, in turns, two runners each:
+        # llama-3.2-1b 1,404 / 1,417 -> 1,435 / 1,431 tok/s, qwen3-1.7b 958 / 957 -> 965 / 963, laneformer-2b's
+        # groups of 4 lanes 841 / 840 -> 860 / 858 (o-proj alone 853 / 852).
         base = _residual(x_ptr, embed_ptr, token_ptr, lane_rows, rows, tile_ok, N, X_FROM_TOKEN)
         if MODE == 1:
             base += _others_past(hist_in_ptr, hist_rows, rows, tile_ok, N, TOTAL_LANES)
@@ -119,7 +124,12 @@ def _lane_reduce_gemv_kernel(
     p = sums
     if STORE_HISTORY:
         tl.store(hist_out_ptr + hist_rows, p, mask=tile_ok)
-    r = tl.zeros_like(p) + tl.sum(p, axis=0)[None, :] if MODE == 0 else p * lane_scale  # SUM, or SCALED
+    if MODE == 0:
+        r = tl.zeros_like(p) + tl.sum(p, axis=0)[None, :]
+    elif MODE == 1:  # DELAYED, 8 lanes in one launch
+        r = p + _others_past(hist_in_ptr, hist_rows, rows, tile_ok, N, TOTAL_LANES)
+    else:
+        r = p * lane_scale
     old = _residual(x_ptr, embed_ptr, token_ptr, lane_rows, rows, tile_ok, N, X_FROM_TOKEN)
     tl.store(x_ptr + lane_rows, old + r, mask=tile_ok)
 

@@ -224,10 +224,24 @@ class JobClient:
     return redis.call('RPUSH', KEYS[1], ARGV[1])
     """
 
+    # The live workers' heartbeats, forgetting in the same step the registered ids whose heartbeat key has expired:
+    # KEYS[1]=the registry; ARGV[1]=the heartbeat keys' prefix. A heartbeat's TTL is Redis' own clock, so a
+    # worker is live exactly while its key is there: no host's clock is compared with another's (a registry score
+    # taken before a heartbeat that retried through a Redis restart had hidden a worker that was back).
+    _LIVE_WORKERS = """
+    local live = {}
+    for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+        local beat = redis.call('GET', ARGV[1] .. id)
+        if beat then table.insert(live, beat) else redis.call('ZREM', KEYS[1], id) end
+    end
+    return live
+    """
+
     def __init__(self, r, max_queue: int = 0):
         self.r = r
         self.max_queue = max_queue  # 0: unbounded
         self._submit = r.register_script(self._SUBMIT)
+        self._live_workers = r.register_script(self._LIVE_WORKERS)
 
     async def submit(self, spec: JobSpec) -> str:
         """Queue a job; returns its id. Raises QueueFull when the model's queue is at `max_queue`."""
@@ -255,13 +269,8 @@ class JobClient:
 
     async def workers(self) -> list[dict]:
         """The heartbeats of the live workers (a killed worker drops out after HEARTBEAT_TTL_S)."""
-        pipe = self.r.pipeline()
-        # forget workers that died without retiring: their heartbeat key has expired by now
-        pipe.zremrangebyscore(workers_key(), "-inf", time.time() - HEARTBEAT_TTL_S)
-        pipe.zrange(workers_key(), 0, -1)
-        _, ids = await pipe.execute()
-        values = await self.r.mget([worker_key(i) for i in ids]) if ids else []
-        return [json.loads(v) for v in values if v]
+        beats = await self._live_workers(keys=[workers_key()], args=[worker_key("")])
+        return [json.loads(beat) for beat in beats]
 
     async def events(
         self, job_id: str, after: str = "0-0", block_ms: int = 250

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import redis
 import redis.asyncio as aioredis
 
-from inference.protocol import JobClient, JobSpec, QueueFull, WorkerChannel
+from inference.protocol import JobClient, JobSpec, QueueFull, WorkerChannel, worker_key, workers_key
 
 
 @pytest.fixture
@@ -104,6 +105,23 @@ async def test_queue_event_reports_position_and_workers(client, channel):
     assert kind == "queue" and data == {"position": 1, "workers": 1}
     await events.aclose()
     assert first != second
+
+
+async def test_a_worker_is_listed_exactly_while_its_heartbeat_lives(client, channel, redis_url, monkeypatch):
+    # A heartbeat that retried through a Redis restart lands with the time it was begun at, seconds old; the
+    # worker is back all the same and must be listed (it was not, until its next beat: "available: none").
+    stale = time.time() - 10
+    with monkeypatch.context() as patch:
+        patch.setattr(time, "time", lambda: stale)
+        channel.heartbeat({})
+    assert [beat["id"] for beat in await client.workers()] == ["w1"]
+    # A worker that died without retiring drops out once its key expires, and leaves the registry with it.
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    r.pexpire(worker_key("w1"), 50)
+    await asyncio.sleep(0.2)
+    assert await client.workers() == []
+    assert r.zrange(workers_key(), 0, -1) == []
+    r.close()
 
 
 def test_sampling_params_roundtrip_through_spec():

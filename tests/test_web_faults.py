@@ -99,7 +99,7 @@ async def test_after_a_redis_restart_clients_are_told_and_the_web_serves_again(t
         worker.wait_ready(timeout_s=20)  # the worker is back in the new Redis
         await client.generate("fresh", max_tokens=5)
         done = await client.until(("done", "error"), timeout_s=30)
-        assert done["type"] == "done" and done["text"] == "fresh"
+        assert done["type"] == "done" and done["text"] == "fresh", done
         await client.ws.close()
         assert worker.process.poll() is None and web.process.poll() is None
     finally:

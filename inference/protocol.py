@@ -10,7 +10,8 @@ Torch-free: the web process imports it. Keys (all under `PREFIX`):
     cancel:<id>       set by whoever wants the job stopped; the worker looks at each flush
     worker:<wid>      heartbeat (json: models, device, job, ...) that expires after HEARTBEAT_TTL_S
     workers           sorted set: worker id -> time of its last heartbeat, so that listing the live
-                      workers costs two round trips however many keys Redis holds (no SCAN)
+                      workers (ids whose heartbeat key is still there) is one script however many
+                      keys Redis holds (no SCAN)
 
 Job status goes queued -> running -> done | error | cancelled. A job is never lost silently: a
 reader that finds its job's worker gone (heartbeat expired) writes the error event itself.

@@ -329,6 +329,20 @@ def test_rejects_what_it_cannot_run():
         FastRunner(make_model("tiny-llama"), 4096)
 
 
+def test_prefill_refuses_ids_it_cannot_embed_and_goes_on():
+    # the prefill's first kernel gathers embedding rows unchecked, so the runner checks the ids it stages
+    model = make_model("tiny-llama", seed=4)
+    runner = FastRunner(model, 64)
+    runner.prefill([5, 6, 7])
+    want = runner.logits.clone()
+    bad_prompts = ([1, model.cfg.vocab_size], [-1, 2], [2**70], [3, "x"])
+    for bad in bad_prompts:
+        with pytest.raises(ValueError, match="prompt_ids"):
+            runner.prefill(bad)
+    runner.prefill([5, 6, 7])
+    assert torch.equal(runner.logits, want) and int(runner.pos) == 3
+
+
 @fp32_only
 def test_engine_streams_the_same_text_through_the_fast_runner(monkeypatch):
     from inference.engine import Engine

@@ -25,12 +25,11 @@ import os
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 from inference.model import rms_norm
 from kernels.decode_attention import decode_attention
-from kernels.lane_scale import lane_scale
 from kernels.prefill_attention import prefill_attention
+from kernels.prefill_embed_norm import prefill_embed_norm
 from kernels.prefill_kv_write import launch_prefill_kv_write
 from kernels.prefill_residual_norm import prefill_residual_norm
 from kernels.silu_mul import silu_mul
@@ -46,12 +45,10 @@ def forward_prompt(runner: FastRunner, ids: torch.Tensor, last: torch.Tensor) ->
     lanes, dim, eps = cfg.num_lanes, cfg.hidden_size, cfg.norm_eps
     T = ids.shape[0]
     attn_blocks, norm_blocks = runner.prefill_blocks
-    embedded = F.embedding(ids, runner.embed).view(1, T, dim)
-    x = embedded.expand(lanes, T, dim)  # [L, T, D]: every lane starts from the same row
-    # The lanes' rows are equal, so the first norm is taken once ([T, D]) and only the per-lane scale spreads
-    # it to [L, T, D] (kernels/lane_scale.py: rms_norm's bits, without eager's slow broadcast).
-    normed = F.rms_norm(embedded.view(T, dim).float(), (dim,), eps=eps).to(embedded.dtype)
-    h = lane_scale(normed, runner.layers[0].attention_norm)
+    # The embedding rows and the first norm in one launch (kernels/prefill_embed_norm.py): every lane starts from
+    # the same row, so x is a broadcast view [L, T, D] and h [L, T, D] the norm with each lane's scale.
+    embedded, h = prefill_embed_norm(ids, runner.embed, runner.layers[0].attention_norm, eps)
+    x = embedded.view(1, T, dim).expand(lanes, T, dim)
     # Raw lane partials [L, T, D] by layer; each is dropped once nothing reads it again (a delayed layer reads
     # the partials of layer i - d), so a long prompt holds ~d + 1 of them, not one per layer.
     attn_partials: list[torch.Tensor | None] = []

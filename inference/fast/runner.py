@@ -322,9 +322,14 @@ class FastRunner:
             [b for b in (64, 128, 256, 512, 1024) if b < max_context] if device.type == "cuda" else []
         )
         self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.prompt_ids = zeros(max(self.prefill_buckets, default=1), dtype=torch.long)
-        self.prompt_last = zeros(1, dtype=torch.long)
+        # A prompt on the device: the index of its last position, then its ids (one copy from the host carries
+        # both); the prefill graphs read these views.
+        self.prompt_staged = zeros(max_context + 1, dtype=torch.long)
+        self.prompt_last, self.prompt_ids = self.prompt_staged[:1], self.prompt_staged[1:]
+        self.prompt_host = self.prompt_staged  # where the host writes it: here on the CPU, pinned on a GPU
         if device.type == "cuda":
+            self.prompt_host = torch.zeros(max_context + 1, dtype=torch.long, pin_memory=True)
+            self.prompt_copied = torch.cuda.Event()
             self.host_tokens = torch.zeros(RING, dtype=torch.int32, pin_memory=True)
             self.token_events = [torch.cuda.Event() for _ in range(RING)]
             self.capture(greedy=True)
@@ -622,21 +627,15 @@ class FastRunner:
         n = len(prompt_ids)
         if not 0 < n < self.max_context:
             raise ValueError(f"prompt_ids: length must be in [1, {self.max_context - 1}], got {n}")
-        # Nothing here waits for the GPU: a Python scalar or list written into a device tensor (`t[i] = True`,
-        # torch.tensor(..., device=)) is a pageable copy that synchronizes the stream, which at 4,094 tokens held
-        # the host until the prefill's last kernel and left the GPU idle while it queued the rest.
-        ids = torch.tensor(prompt_ids, dtype=torch.long)
-        self.prompt_last.fill_(n - 1)
+        self._stage_prompt(prompt_ids)
+        ids = self.prompt_ids[:n]
         bucket = next((b for b in self.prefill_buckets if b >= n), None)
         if bucket is None:
-            ids = ids.to(self.device, non_blocking=True)
             self.logits.copy_(self.forward_prompt(ids, self.prompt_last))
         else:
-            self.prompt_ids[:n].copy_(ids, non_blocking=True)
             if bucket not in self.prefill_graphs:
                 self.prefill_graphs[bucket] = self._capture_prefill(bucket)
             self.prefill_graphs[bucket].replay()
-            ids = self.prompt_ids[:n]
         self.seen.zero_()
         self.seen.index_fill_(0, ids, True)
         self.pos.fill_(n - 1)
@@ -647,6 +646,28 @@ class FastRunner:
             self.pos.add_(1)
         else:
             self._sample_next()
+
+    def _stage_prompt(self, prompt_ids: list[int]) -> None:
+        """[n - 1, ids...] into prompt_staged, without waiting for the GPU. The host is the limit at a long
+        prompt's start (its kernels each finish before the next is queued), so this is one write into a pinned
+        buffer through numpy (~4x faster than torch.tensor of a list) and one asynchronous copy, where a
+        Python scalar or list written into a device tensor would be a pageable copy that synchronizes the stream
+        (kernels/NOTES.md, rounds 9 and 14)."""
+        n = len(prompt_ids)
+        if self.device.type == "cuda":
+            self.prompt_copied.synchronize()  # the previous prompt has left the pinned buffer
+        staged = self.prompt_host.numpy()
+        staged[0] = n - 1
+        try:
+            staged[1 : n + 1] = prompt_ids
+        except (OverflowError, TypeError, ValueError) as e:
+            raise ValueError(f"prompt_ids: expected token ids (ints), got {type(e).__name__}: {e}") from None
+        lo, hi = staged[1 : n + 1].min(), staged[1 : n + 1].max()
+        if lo < 0 or hi >= self.embed.shape[0]:
+            raise ValueError(f"prompt_ids: token ids must be in [0, {self.embed.shape[0]}), got {lo} .. {hi}")
+        if self.device.type == "cuda":
+            self.prompt_staged[: n + 1].copy_(self.prompt_host[: n + 1], non_blocking=True)
+            self.prompt_copied.record()
 
     def generate_tokens(self, prompt_ids: list[int], params: SamplingParams,
                         stop_ids: frozenset[int] = frozenset()) -> Iterator[int]:  # fmt: skip

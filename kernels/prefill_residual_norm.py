@@ -19,8 +19,8 @@ its three inputs, is ~150 KB: one program a multiprocessor, idle memory while it
 What keeps the memory busy (the first version held one [8, 512] chunk a program at a time, load -> use ->
 store, and reached ~43% of the bandwidth): both loops are software-pipelined by Triton (tl.range with
 num_stages): the next STAGES - 1 chunks are copied asynchronously (cp.async) into shared memory while the
-current one is summed, so in-flight bytes cost no registers. Chunks of [8, 512] on 4 warps (default_blocks)
-keep 3 * 24 KB of bf16 inputs a program in flight; half that ([8, 256]) measured twice as slow on an H200.
+current one is summed, so in-flight bytes cost no registers. Chunks of [8, 1024] on 4 warps (default_blocks)
+keep 2 * 48 KB of bf16 inputs a program in flight; [8, 256] chunks measured twice as slow as [8, 512] on an H200.
 While some programs wait on HBM in their first pass, others read L2 in their second. Lane offsets are 64-bit
 once per program, offsets inside a row 32-bit.
 
@@ -105,15 +105,18 @@ def _prefill_residual_norm_kernel(
             tl.store(h_rows[:, None] + d[None, :], (w * normed.to(tl.float32)).to(normed.dtype), mask=mask)
 
 
-def default_blocks(lanes: int, dim: int) -> tuple[int, int, int]:
-    """(BLOCK_D, num_warps, stages): chunks of 4,096 elements ([8, 512] at 8 lanes, one [1, 2048] row at one
-    lane) on 4 warps, 3 chunks ahead in shared memory (see the module docstring). On an H200, laneformer-2b at
-    4,094 tokens, 30 calls: [8, 512] chunks 8.3 ms, [8, 256] 16.3 ms (with 2 or 4 stages), [8, 256] on 8 warps
-    29.6 ms (kernels/NOTES.md, run 9). Under the interpreter: 128 columns, no pipeline."""
+def default_blocks(lanes: int, dim: int, itemsize: int = 2) -> tuple[int, int, int]:
+    """(BLOCK_D, num_warps, stages): chunks of 16 KB an input ([8, 1024] in bf16 at 8 lanes, one [1, 2048] row at
+    one lane) on 4 warps, 2 chunks ahead in shared memory (3 * 3 * 16 KB a program with its three inputs). On
+    an H200, laneformer-2b's [8, 4,094, 3,072] bf16 alone (kernels/NOTES.md, run 128; us per call, sum / delayed
+    mode): [8, 1024] x 4 warps x 3 stages 200 / 297, [8, 512] x 4 warps x 4 stages (before) 276 / 327, [8, 512] x
+    2 warps x 4 stages 214 / 303, [8, 1024] x 8 warps 407 / 448; [8, 256] chunks were twice as slow as [8, 512]
+    (run 9). Under the interpreter: 128 columns, no pipeline."""
     if interpreted():
         return min(triton.next_power_of_2(dim), 128), 4, 1
-    block_d = min(triton.next_power_of_2(dim), max(64, 4096 // triton.next_power_of_2(lanes)))
-    return block_d, 4, 4
+    chunk = 16384 // itemsize  # elements of one input a stage
+    block_d = min(triton.next_power_of_2(dim), max(64, chunk // triton.next_power_of_2(lanes)))
+    return block_d, 4, 3
 
 
 def prefill_residual_norm(
@@ -147,7 +150,7 @@ def prefill_residual_norm(
         raise ValueError(f"past: a contiguous {tuple(x.shape)} with mode 'delayed' only")
     if norm_weight is not None and (norm_weight.shape != (lanes, D) or not norm_weight.is_contiguous()):
         raise ValueError(f"norm_weight: expected a contiguous [{lanes}, {D}]")
-    default_d, default_warps, default_stages = default_blocks(lanes, D)
+    default_d, default_warps, default_stages = default_blocks(lanes, D, partial.element_size())
     block_d = block_d or default_d
     if block_d & (block_d - 1):
         raise ValueError(f"block_d: expected a power of two, got {block_d}")

@@ -653,19 +653,18 @@ class FastRunner:
         buffer through numpy (~4x faster than torch.tensor of a list) and one asynchronous copy, where a
         Python scalar or list written into a device tensor would be a pageable copy that synchronizes the stream
         (kernels/NOTES.md, rounds 9 and 14)."""
-        n = len(prompt_ids)
-        if self.device.type == "cuda":
+        n, on_gpu, vocab = len(prompt_ids), self.device.type == "cuda", self.embed.shape[0]
+        if on_gpu:
             self.prompt_copied.synchronize()  # the previous prompt has left the pinned buffer
         staged = self.prompt_host.numpy()
-        staged[0] = n - 1
+        staged[0], ids = n - 1, staged[1 : n + 1]
         try:
-            staged[1 : n + 1] = prompt_ids
+            ids[:] = prompt_ids
         except (OverflowError, TypeError, ValueError) as e:
             raise ValueError(f"prompt_ids: expected token ids (ints), got {type(e).__name__}: {e}") from None
-        lo, hi = staged[1 : n + 1].min(), staged[1 : n + 1].max()
-        if lo < 0 or hi >= self.embed.shape[0]:
-            raise ValueError(f"prompt_ids: token ids must be in [0, {self.embed.shape[0]}), got {lo} .. {hi}")
-        if self.device.type == "cuda":
+        if ids.min() < 0 or ids.max() >= vocab:
+            raise ValueError(f"prompt_ids: token ids must be in [0, {vocab}), got {ids.min()} .. {ids.max()}")
+        if on_gpu:
             self.prompt_staged[: n + 1].copy_(self.prompt_host[: n + 1], non_blocking=True)
             self.prompt_copied.record()
 

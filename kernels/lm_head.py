@@ -49,7 +49,6 @@ def _lm_head_kernel(
     HAS_NORM: tl.constexpr,
     GREEDY: tl.constexpr,
     USE_PDL: tl.constexpr,
-    EVICT: tl.constexpr,
 ):
     TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
     pid = tl.program_id(0)
@@ -59,11 +58,11 @@ def _lm_head_kernel(
     w_offs = rows.to(tl.int64)[:, None] * K + cols[None, :]
     # As rmsnorm_gemv: the first weight tile is in flight before we wait for x, the rest of the block right
     # after it, then x and its norm statistics, then the products.
-    w = weight_tiles(w_ptr, w_offs, row_ok, cols, K, BLOCK_K, 0, 1, EVICT)
+    w = weight_tiles(w_ptr, w_offs, row_ok, cols, K, BLOCK_K, 0, 1)
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
-    w = w + weight_tiles(w_ptr, w_offs, row_ok, cols, K, BLOCK_K, 1, TILES - 1, EVICT)
+    w = w + weight_tiles(w_ptr, w_offs, row_ok, cols, K, BLOCK_K, 1, TILES - 1)
 
     xs, rstd = normed_x_tiles(x_ptr, norm_ptr, cols, eps, K, BLOCK_K, HAS_NORM)
 
@@ -72,7 +71,7 @@ def _lm_head_kernel(
     for j in tl.static_range(ROW_BLOCKS):
         if j + 1 < ROW_BLOCKS:
             next_rows, next_ok, next_offs = next_row_block(rows, w_offs, V, BLOCK_N, K)
-            next_w = weight_tiles(w_ptr, next_offs, next_ok, cols, K, BLOCK_K, 0, TILES, EVICT)
+            next_w = weight_tiles(w_ptr, next_offs, next_ok, cols, K, BLOCK_K, 0, TILES)
         logits = row_dots(w, xs, BLOCK_N, BLOCK_K) * rstd
         tl.store(logits_ptr + rows, logits, mask=row_ok)
         candidates = tl.where(rows < vocab_limit, logits, float("-inf"))
@@ -162,7 +161,6 @@ def lm_head(
     row_blocks: int | None = None,
     num_warps: int | None = None,
     group: int = 256,
-    evict: str = "evict_first",
 ) -> torch.Tensor:
     """logits = weight @ (rmsnorm(x) * norm_weight) (no norm without norm_weight); with greedy, also
     token[0] = argmax over the first vocab_limit rows (padded embedding rows are never chosen),
@@ -228,7 +226,6 @@ def lm_head(
         HAS_NORM=norm_weight is not None,
         GREEDY=greedy,
         USE_PDL=use_pdl,
-        EVICT=evict,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),
     )

@@ -27,14 +27,15 @@ from kernels import interpreted, pdl_kwargs, sm_count
 
 @triton.jit
 def weight_tiles(w_ptr, offs, row_ok, cols, K: tl.constexpr, BLOCK_K: tl.constexpr, FIRST: tl.constexpr,
-                  COUNT: tl.constexpr, EVICT: tl.constexpr):  # fmt: skip
+                  COUNT: tl.constexpr):  # fmt: skip
     """Loads of the weight tiles FIRST .. FIRST + COUNT - 1 ([BLOCK_N, BLOCK_K] each) of the rows at offs, as a
-    tuple, loaded with eviction policy EVICT: "evict_first" for weights read once per token, so that activations
-    and the KV cache stay in L2."""
+    tuple. Weights are read once per token: evicted first, so activations and the KV cache stay in L2."""
     tiles = ()
     for i in tl.static_range(FIRST, FIRST + COUNT):
         mask = row_ok[:, None] & (i * BLOCK_K + cols < K)[None, :]
-        tiles = tiles + (tl.load(w_ptr + offs + i * BLOCK_K, mask=mask, other=0.0, eviction_policy=EVICT),)
+        tiles = tiles + (
+            tl.load(w_ptr + offs + i * BLOCK_K, mask=mask, other=0.0, eviction_policy="evict_first"),
+        )
     return tiles
 
 
@@ -110,15 +111,15 @@ def _rmsnorm_gemv_kernel(
     # keeps more bytes moving across the boundary, at the cost of registers); the rest of the block after it.
     if USE_PDL and TRIGGER_EARLY:  # the next kernel may launch now, beside this one (its loads too)
         gdc_launch_dependents()
-    w = weight_tiles(w_ptr, w_offs, row_ok, cols, K, BLOCK_K, 0, PREFETCH, "evict_first")
-    u = weight_tiles(w_up_ptr, w_offs, row_ok, cols, K, BLOCK_K, 0, PREFETCH if GATED else 0, "evict_first")
+    w = weight_tiles(w_ptr, w_offs, row_ok, cols, K, BLOCK_K, 0, PREFETCH)
+    u = weight_tiles(w_up_ptr, w_offs, row_ok, cols, K, BLOCK_K, 0, PREFETCH if GATED else 0)
     if USE_PDL:
         gdc_wait()
         if not TRIGGER_EARLY:
             gdc_launch_dependents()
-    w = w + weight_tiles(w_ptr, w_offs, row_ok, cols, K, BLOCK_K, PREFETCH, TILES - PREFETCH, "evict_first")
+    w = w + weight_tiles(w_ptr, w_offs, row_ok, cols, K, BLOCK_K, PREFETCH, TILES - PREFETCH)
     u = u + weight_tiles(
-        w_up_ptr, w_offs, row_ok, cols, K, BLOCK_K, PREFETCH, TILES - PREFETCH if GATED else 0, "evict_first"
+        w_up_ptr, w_offs, row_ok, cols, K, BLOCK_K, PREFETCH, TILES - PREFETCH if GATED else 0
     )
 
     # x * g by K tiles ([BLOCK_K] fp32 each), and the norm's statistics. With X_FROM_TOKEN every lane starts
@@ -133,10 +134,8 @@ def _rmsnorm_gemv_kernel(
     for j in tl.static_range(ROW_BLOCKS):
         if j + 1 < ROW_BLOCKS:
             next_rows, next_ok, next_offs = next_row_block(rows, w_offs, N, BLOCK_N, K)
-            next_w = weight_tiles(w_ptr, next_offs, next_ok, cols, K, BLOCK_K, 0, TILES, "evict_first")
-            next_u = weight_tiles(
-                w_up_ptr, next_offs, next_ok, cols, K, BLOCK_K, 0, TILES if GATED else 0, "evict_first"
-            )
+            next_w = weight_tiles(w_ptr, next_offs, next_ok, cols, K, BLOCK_K, 0, TILES)
+            next_u = weight_tiles(w_up_ptr, next_offs, next_ok, cols, K, BLOCK_K, 0, TILES if GATED else 0)
         y = row_dots(w, xs, BLOCK_N, BLOCK_K) * rstd  # [BLOCK_N]
         if HAS_BIAS:
             y += tl.load(bias_ptr + lane * N + rows, mask=row_ok, other=0.0).to(tl.float32)

@@ -73,6 +73,8 @@ def _decode_attention_kernel(
     CLUSTER: tl.constexpr,
     USE_PDL: tl.constexpr,
     PREFETCH_NEXT: tl.constexpr,
+    KV_CACHE: tl.constexpr,
+    KV_EVICT: tl.constexpr,
 ):
     if CLUSTER:  # one cluster of SPLITS programs a KV head (kernels/cluster.py)
         kv = tl.program_id(0) // SPLITS
@@ -102,8 +104,12 @@ def _decode_attention_kernel(
     kv_offs = kv_base + t[:, None] * HD + d[None, :]
     kv_mask = (t < hi_cached)[:, None] & d_ok[None, :]
     # The first block of cached keys was written by earlier steps: in flight before we wait for q, k, v.
-    k_next = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0, cache_modifier=".cg")
-    v_next = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0, cache_modifier=".cg")
+    k_next = tl.load(
+        k_cache_ptr + kv_offs, mask=kv_mask, other=0.0, cache_modifier=KV_CACHE, eviction_policy=KV_EVICT
+    )
+    v_next = tl.load(
+        v_cache_ptr + kv_offs, mask=kv_mask, other=0.0, cache_modifier=KV_CACHE, eviction_policy=KV_EVICT
+    )
     # So are Qwen3's q/k norm weights (they do not come from the previous kernel either).
     if QK_NORM:
         q_gain = tl.load(q_norm_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
@@ -162,8 +168,10 @@ def _decode_attention_kernel(
         t_next = t + BLOCK_T
         next_offs = kv_base + t_next[:, None] * HD + d[None, :]
         next_mask = (t_next < hi_cached)[:, None] & d_ok[None, :]
-        k_next = tl.load(k_cache_ptr + next_offs, mask=next_mask, other=0.0, cache_modifier=".cg")
-        v_next = tl.load(v_cache_ptr + next_offs, mask=next_mask, other=0.0, cache_modifier=".cg")
+        k_next = tl.load(k_cache_ptr + next_offs, mask=next_mask, other=0.0, cache_modifier=KV_CACHE,
+                         eviction_policy=KV_EVICT)  # fmt: skip
+        v_next = tl.load(v_cache_ptr + next_offs, mask=next_mask, other=0.0, cache_modifier=KV_CACHE,
+                         eviction_policy=KV_EVICT)  # fmt: skip
 
         s = tl.dot(q_dot, tl.trans(k_blk), input_precision="ieee")  # [BLOCK_H, BLOCK_T]
         s = tl.where((t < hi_cached)[None, :], s, float("-inf"))
@@ -324,6 +332,7 @@ def decode_attention(
     cluster: bool | None = None,
     maxnreg: int | None = None,
     next_layer: tuple[torch.Tensor, torch.Tensor, int | None] | None = None,
+    kv_evict_first: bool = True,
 ) -> torch.Tensor:
     """Attention of the token at position pos[0] (a device int tensor) over the cache, writing its k, v there.
 
@@ -343,6 +352,10 @@ def decode_attention(
     will read in the next layer: that launch's first block, loaded before its wait, then comes from L2, not HBM.
     The bytes are the ones the next layer reads anyway, asked for while this layer's merge leaves the memory
     idle. Needs a Hopper GPU and cache rows of a multiple of 16 bytes (prefetch_next_possible).
+    kv_evict_first: the cached keys and values are read with L2's evict-first hint, as the weights are (False:
+    plain loads that skip L1). Read once a step, they would otherwise stay in L2 at normal priority, beside the
+    weight stream that needs the room: on an H200 (kernels/NOTES.md, round 15) +0.5% (qwen3-1.7b), +0.3%
+    (laneformer-2b) and +0.1% (llama-3.2-1b) tok/s at 512 + 256, within 0.6% either way at 3,840.
     """
     if (
         k_cache.dim() != 3
@@ -435,6 +448,8 @@ def decode_attention(
         CLUSTER=cluster,
         USE_PDL=use_pdl,
         PREFETCH_NEXT=next_layer is not None,
+        KV_CACHE="" if kv_evict_first else ".cg",  # ptxas takes no L2 eviction hint beside .cg
+        KV_EVICT="evict_first" if kv_evict_first else "",
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),
         **({"maxnreg": maxnreg} if maxnreg else {}),

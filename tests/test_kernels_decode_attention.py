@@ -59,6 +59,7 @@ def run_case(
     block_t=16,
     cluster=False,
     next_window="none",
+    kv_evict_first=True,
 ):
     qkv = randn(lanes, (num_heads + 2 * num_kv) // lanes * hd, scale=2.0)
     # Positions the kernel must not read (beyond pos, before the window) are NaN.
@@ -82,7 +83,7 @@ def run_case(
     next_before = None if next_layer is None else (next_layer[0].clone(), next_layer[1].clone())
     decode_attention(qkv, k_cache, v_cache, pos_t, cos, sin, out, scratch, num_heads=num_heads, window=window,
                      interleaved=interleaved, q_norm=q_norm, k_norm=k_norm, block_t=block_t, cluster=cluster,
-                     next_layer=next_layer)  # fmt: skip
+                     next_layer=next_layer, kv_evict_first=kv_evict_first)  # fmt: skip
     if next_layer is not None:
         assert torch.equal(next_layer[0], next_before[0]) and torch.equal(next_layer[1], next_before[1])
     assert_close(out, want, dtype, "out")
@@ -216,6 +217,14 @@ def test_next_layer_prefetch_changes_nothing(
     for p in (pos, pos + 1):
         run_case(dtype, lanes, num_heads, num_kv, hd, p, max_len=p + 8, window=window, splits=splits, block_t=64,
                  cluster=True, next_window=next_window)  # fmt: skip
+
+
+@pytest.mark.parametrize("kv_evict_first", [True, False])
+@pytest.mark.parametrize("dtype", dtype_params())
+def test_cache_read_hint_changes_nothing(dtype, kv_evict_first):
+    # the evict-first hint on the cache reads (and the plain .cg loads without it) attend the same keys
+    run_case(dtype, 2, 8, 4, 96 if ON_GPU else 24, 150, max_len=160, splits=4, block_t=16 if ON_GPU else 32,
+             cluster=ON_GPU, kv_evict_first=kv_evict_first)  # fmt: skip
 
 
 def test_next_layer_prefetch_refusals():

@@ -144,8 +144,8 @@ def prefetch_overrides(spec: str | dict[str, int]) -> dict[str, int]:
 
 BLOCK_KEYS = ("block_n", "block_k", "num_warps")
 HEAD_KEYS = ("block_n", "row_blocks", "num_warps")  # lm_head's block arguments
-ATTENTION_KEYS = ("splits", "block_t", "num_warps", "cluster", "maxnreg", "prefetch_next")
-ATTENTION_SWITCHES = ("cluster", "prefetch_next")
+ATTENTION_KEYS = ("splits", "block_t", "num_warps", "cluster", "maxnreg", "prefetch_next", "kv_evict_first")
+ATTENTION_SWITCHES = ("cluster", "prefetch_next", "kv_evict_first")
 SWITCH_ENV = (("KOG_ATTN_CLUSTER", "cluster"), ("KOG_ATTN_PREFETCH_NEXT", "prefetch_next"))
 # Lane groups: how many (1: none). Unset: 2 on a GPU wherever the lanes split in two past their first layers
 # (laneformer-2b on an H200, scripts/decode_variants.py in turns: 800 -> 844 tok/s; 4 groups 832).
@@ -264,6 +264,9 @@ class FastRunner:
         splits = attention["splits"] or default_splits(cfg.num_kv_heads, device)
         self.attn_block_t, self.attn_warps = attention["block_t"], attention["num_warps"] or None
         self.attn_maxnreg = attention.get("maxnreg")  # a register cap (sweeps)
+        self.attn_kv_evict_first = bool(
+            attention.get("kv_evict_first", True)
+        )  # decode_attention's cache reads
         # Each layer's attention asks L2 for the next layer's first block of keys and values (decode_attention's
         # next_layer; the measurements are in kernels/decode_attention.py).
         possible = prefetch_next_possible(self.cache.k)
@@ -501,6 +504,7 @@ class FastRunner:
                 num_warps=self.attn_warps,
                 cluster=self.attn_cluster,
                 maxnreg=self.attn_maxnreg,
+                kv_evict_first=self.attn_kv_evict_first,
                 **self._next_layer(group, i),
             )
 

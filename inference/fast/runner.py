@@ -264,9 +264,8 @@ class FastRunner:
         splits = attention["splits"] or default_splits(cfg.num_kv_heads, device)
         self.attn_block_t, self.attn_warps = attention["block_t"], attention["num_warps"] or None
         self.attn_maxnreg = attention.get("maxnreg")  # a register cap (sweeps)
-        self.attn_kv_evict_first = bool(
-            attention.get("kv_evict_first", True)
-        )  # decode_attention's cache reads
+        # the cache read with the weights' evict-first hint (decode_attention's kv_evict_first)
+        self.attn_kv_evict_first = bool(attention.get("kv_evict_first", True))
         # Each layer's attention asks L2 for the next layer's first block of keys and values (decode_attention's
         # next_layer; the measurements are in kernels/decode_attention.py).
         possible = prefetch_next_possible(self.cache.k)

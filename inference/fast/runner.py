@@ -540,7 +540,9 @@ class FastRunner:
             return [
                 qkv,
                 attention,
-                lambda: self._add_partials(i, w, 0, group.attn, w.wo, first, group, self.residuals[(i + 1) % 2]),
+                lambda: self._add_partials(
+                    i, w, 0, group.attn, w.wo, first, group, self.residuals[(i + 1) % 2]
+                ),
                 mlp,
             ]
         return [

@@ -37,11 +37,6 @@ def hopper_features(device: torch.device) -> bool:
     return device.type == "cuda" and not interpreted() and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors start at the same address (meta tensors, which have none, never do)."""
-    return a.device.type != "meta" and a.data_ptr() == b.data_ptr()
-
-
 def pdl_kwargs(use_pdl: bool) -> dict:
     """Launch options for programmatic dependent launch (the interpreter knows no such option)."""
     return {"launch_pdl": True} if use_pdl else {}

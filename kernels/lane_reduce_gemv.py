@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels import interpreted, pdl_kwargs, same_memory, sm_count
+from kernels import interpreted, pdl_kwargs, sm_count
 
 SUM, DELAYED, SCALED = 0, 1, 2
 MODES = {"sum": SUM, "delayed": DELAYED, "scaled": SCALED}
@@ -42,7 +42,6 @@ def _lane_reduce_gemv_kernel(
     token_ptr,
     hist_out_ptr,
     hist_in_ptr,
-    zero_ptr,
     N,
     lane_scale,
     lane_start,
@@ -55,7 +54,6 @@ def _lane_reduce_gemv_kernel(
     MODE: tl.constexpr,
     X_FROM_TOKEN: tl.constexpr,
     STORE_HISTORY: tl.constexpr,
-    ZERO: tl.constexpr,
     PREFETCH: tl.constexpr,
     USE_PDL: tl.constexpr,
     TRIGGER_EARLY: tl.constexpr,
@@ -89,8 +87,6 @@ def _lane_reduce_gemv_kernel(
 
     act_rows = act_ptr + lanes[:, None] * stride_act_lane  # [LANES_P, 1]
     lane_rows = lanes[:, None] * N + rows[None, :]  # [LANES_P, BLOCK_N] offsets into x
-    if ZERO:  # the buffer the next fused MLP adds into: every earlier reader of it is done (transitive waits)
-        tl.store(zero_ptr + lane_rows, tl.zeros([LANES_P, BLOCK_N], dtype=tl.float32), mask=tile_ok)
     acc = tl.zeros([LANES_P, BLOCK_N, BLOCK_K], dtype=tl.float32)
     hist_rows = lane_start * N + lane_rows  # this launch's lanes in the [TOTAL_LANES, N] history
     if FOLD_RESIDUAL:
@@ -210,7 +206,6 @@ def lane_reduce_gemv(
     prefetch: int = 1,
     lane_start: int = 0,
     total_lanes: int | None = None,
-    zero: torch.Tensor | None = None,
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
@@ -225,7 +220,6 @@ def lane_reduce_gemv(
     which needs every lane's partial of this layer.
     prefetch: weight tiles ([L, block_n, block_k]) a program loads before it waits for act (at least 1; more
     than the rows' tiles means all of them).
-    zero: [L, N] fp32 (not x) set to 0 after the wait: the buffer kernels/fused_mlp.py then adds into.
     """
     if weight.dim() != 3 or not weight.is_contiguous():
         raise ValueError(f"weight: expected a contiguous [L, N, K] tensor, got {tuple(weight.shape)}")
@@ -248,10 +242,6 @@ def lane_reduce_gemv(
             raise ValueError(
                 f"{name}: expected a contiguous fp32 ({total}, {n}), got {t.dtype} {tuple(t.shape)}"
             )
-    if zero is not None and (zero.shape != x.shape or not zero.is_contiguous() or zero.dtype != torch.float32
-                             or same_memory(zero, x)):  # fmt: skip
-        raise ValueError(f"zero: expected a contiguous fp32 {tuple(x.shape)} other than x, got {zero.dtype} "
-                         f"{tuple(zero.shape)}")  # fmt: skip
     if mode == "delayed" and history_in is None:
         raise ValueError("history_in: required with mode 'delayed'")
     if (embedding is None) != (token is None):
@@ -274,7 +264,6 @@ def lane_reduce_gemv(
         token if token is not None else x,
         history_out if history_out is not None else x,
         history_in if history_in is not None else x,
-        zero if zero is not None else x,
         n,
         float(total) ** 0.5,
         lane_start,
@@ -287,7 +276,6 @@ def lane_reduce_gemv(
         MODE=MODES[mode],
         X_FROM_TOKEN=embedding is not None,
         STORE_HISTORY=history_out is not None,
-        ZERO=zero is not None,
         PREFETCH=min(prefetch, triton.cdiv(k, block_k)),
         USE_PDL=use_pdl,
         TRIGGER_EARLY=trigger_early,

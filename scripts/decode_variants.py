@@ -7,8 +7,7 @@ A variant is a KOG_PREFETCH-style list (kind=tiles, kinds qkv, o, gate_up, down;
 rows.qkv=n / rows.gate_up=n set FastRunner's row_blocks, blocks.down=2/1024/8 (block_n/block_k/num_warps of a kind) its block sizes and head.row_blocks=4
 (or head.block_n, head.num_warps) the head's, attn.splits=32 (or attn.block_t, attn.num_warps, attn.maxnreg, attn.prefetch_next=0|1, and
 attn.cluster=0|1 for the merge, attn.kv_evict_first=0|1 for its cache reads' hint) the attention's, lanes.groups=n its lane groups (1: none), early.o=0|1 (kinds qkv, o,
-gate_up, down) whether a kind lets the next kernel launch before its wait, mlp.fused=1 the MLP block in one launch
-(with mlp.block_n, mlp.block_k, mlp.row_blocks, mlp.num_warps, mlp.prefetch for its blocks);
+gate_up, down) whether a kind lets the next kernel launch before its wait;
 "name:spec" labels one, so a setting can be built twice (two runner instances: what memory placement alone
 does). Every round times each variant once (bench.time_fast: median of --runs after a warm-up), so slow drifts of the clock or
 the temperature hit all variants alike; the table keeps the median over rounds, beside the ceiling measured in
@@ -32,8 +31,6 @@ from inference.fast.runner import (  # noqa: E402
     EARLY_KINDS,
     HEAD_KEYS,
     LANE_GROUP_KEYS,
-    MLP_KEYS,
-    MLP_SWITCHES,
     ROW_BLOCK_KINDS,
     FastRunner,
     block_spec,
@@ -46,7 +43,7 @@ def runner_kwargs(spec: str) -> dict:
     """'o=16,rows.gate_up=8,blocks.down=4/4096/8,head.row_blocks=2' -> FastRunner(prefetch={'o': 16},
     row_blocks={'gate_up': 8}, blocks={'down': {...}}, head_blocks={'row_blocks': 2})."""
     items = [item.strip() for item in spec.split(",") if item.strip()]
-    prefixes = ("rows.", "blocks.", "head.", "attn.", "lanes.", "early.", "mlp.")
+    prefixes = ("rows.", "blocks.", "head.", "attn.", "lanes.", "early.")
 
     def group(prefix: str) -> str:
         return ",".join(item.removeprefix(prefix) for item in items if item.startswith(prefix))
@@ -58,8 +55,7 @@ def runner_kwargs(spec: str) -> dict:
             "head_blocks": kind_overrides(group("head."), HEAD_KEYS, "head_blocks"),
             "attention": kind_overrides(group("attn."), ATTENTION_KEYS, "attention", ATTENTION_SWITCHES),
             "lane_groups": kind_overrides(group("lanes."), LANE_GROUP_KEYS, "lane_groups"),
-            "early": kind_overrides(group("early."), EARLY_KINDS, "early", EARLY_KINDS),
-            "mlp": kind_overrides(group("mlp."), MLP_KEYS, "mlp", MLP_SWITCHES)}  # fmt: skip
+            "early": kind_overrides(group("early."), EARLY_KINDS, "early", EARLY_KINDS)}  # fmt: skip
 
 
 def main() -> int:

@@ -46,14 +46,7 @@ def intercepted_launches(preset: str) -> list[tuple[JITFunction, dict, dict, int
     from kernels import decode_attention
 
     decode_attention.launch_clusters = fake_cluster_launch
-    for module in (
-        "rmsnorm_gemv",
-        "lane_reduce_gemv",
-        "decode_attention",
-        "lm_head",
-        "final_norm",
-        "fused_mlp",
-    ):
+    for module in ("rmsnorm_gemv", "lane_reduce_gemv", "decode_attention", "lm_head", "final_norm"):
         mod = __import__(f"kernels.{module}", fromlist=["x"])
         mod.sm_count = lambda device: 132
         if hasattr(mod, "interpreted"):

@@ -185,30 +185,6 @@ def test_every_kind_triggering_early_matches_the_reference(preset):
         assert rel_err(fast, ref) < LOGIT_TOL
 
 
-@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
-@pytest.mark.parametrize("mlp", [{"fused": 1}, {"fused": 1, "block_n": 4, "row_blocks": 3, "prefetch": 2}])
-def test_fused_mlp_matches_the_reference(preset, mlp):
-    # the MLP block as one launch: the residual alternates between two buffers, the o-proj clears the next one
-    model = make_model(preset, seed=9)
-    for fast, ref, token in teacher_forced(model, list(range(4, 15)), steps=4, mlp=mlp):
-        assert rel_err(fast, ref) < LOGIT_TOL
-        assert token == int(fast.argmax())
-
-
-def test_fused_mlp_settings(monkeypatch):
-    llama = make_model("tiny-llama")
-    assert not FastRunner(llama, 32).fused_mlp
-    monkeypatch.setenv("KOG_MLP", "fused=1,row_blocks=2")
-    runner = FastRunner(llama, 32)
-    assert runner.fused_mlp and runner.mlp_blocks == {"row_blocks": 2}
-    assert runner.layers[0].w2t.shape == (1, llama.cfg.intermediate_size, llama.cfg.hidden_size)
-    monkeypatch.delenv("KOG_MLP")
-    with pytest.raises(ValueError, match="one-lane"):
-        FastRunner(make_model("tiny-laneformer"), 32, mlp={"fused": 1})
-    with pytest.raises(ValueError, match="mlp"):
-        FastRunner(llama, 32, mlp={"fused": 2})
-
-
 def test_prefetch_overrides():
     assert prefetch_overrides(" o=4, gate_up=2 ") == {"o": 4, "gate_up": 2}
     assert prefetch_overrides("") == {}

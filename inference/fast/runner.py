@@ -46,7 +46,6 @@ from kernels.decode_attention import (
     prefetch_next_possible,
 )
 from kernels.final_norm import final_norm
-from kernels.fused_mlp import fused_mlp
 from kernels.lane_reduce_gemv import lane_reduce_gemv
 from kernels.lm_head import HeadScratch, lm_head
 from kernels.rmsnorm_gemv import rmsnorm_gemv
@@ -85,14 +84,13 @@ class LayerWeights:
     w1: torch.Tensor  # [L, F/L, D]
     w3: torch.Tensor
     w2: torch.Tensor  # [L, D, F/L]
-    w2t: torch.Tensor | None  # [1, F, D]: w2 transposed, for the fused MLP (one lane)
     window: int | None
     mode: str  # how the lane partials reach the residual (kernels/lane_reduce_gemv.py)
     history_in: int | None  # the layer whose partials DELAYED mode adds
 
     def lanes(self, start: int, stop: int) -> LayerWeights:
         """The weights of lanes [start, stop) (views; lanes are the outer dimension)."""
-        per_lane = ("attention_norm", "wqkv", "bqkv", "wo", "ffn_norm", "w1", "w3", "w2", "w2t")
+        per_lane = ("attention_norm", "wqkv", "bqkv", "wo", "ffn_norm", "w1", "w3", "w2")
         return replace(
             self, **{f: getattr(self, f)[start:stop] for f in per_lane if getattr(self, f) is not None}
         )
@@ -161,10 +159,6 @@ EARLY_KINDS = ("qkv", "o", "gate_up", "down")
 # either trigger alone, gained less; an early down-proj lost 8% on qwen3. Laneformer's lane groups: no change.
 ONE_LANE_EARLY = {"qkv": 1, "o": 1}
 ONE_LANE_PREFETCH = {"gate_up": 3}
-# The MLP block of one-lane models as one launch (kernels/fused_mlp.py): `fused` switches it on, the others set
-# its blocks and the W1 / W3 tiles it loads before its wait (sweeps).
-MLP_KEYS = ("fused", "block_n", "block_k", "row_blocks", "num_warps", "prefetch")
-MLP_SWITCHES = ("fused",)
 LAYER_KERNELS = 5  # a layer's launches (_layer_launches): q|k|v, attention, o-proj, gate/up, down-proj
 PARTIAL_KERNELS = (2, 4)  # the o-proj and down-proj: they read the other lanes' partials of layer i - d
 
@@ -212,7 +206,7 @@ class FastRunner:
                  row_blocks: dict[str, int] | None = None,
                  blocks: str | dict[str, dict[str, int]] = "", head_blocks: dict[str, int] | None = None,
                  attention: dict[str, int] | None = None, lane_groups: dict[str, int] | None = None,
-                 early: dict[str, int] | None = None, mlp: dict[str, int] | None = None):  # fmt: skip
+                 early: dict[str, int] | None = None):  # fmt: skip
         cfg = model.cfg
         if (why := supports(cfg)) is not None:
             raise ValueError(f"model: the fast path does not support {why}")
@@ -229,13 +223,6 @@ class FastRunner:
         lanes, dim, hd = cfg.num_lanes, cfg.hidden_size, cfg.head_dim
         dtype = model.tok_embeddings.dtype
 
-        # KOG_MLP=fused=1,row_blocks=8 (or the `mlp` argument): the MLP block in one launch (MLP_KEYS).
-        mlp = env_then_argument("KOG_MLP", mlp, MLP_KEYS, "mlp", MLP_SWITCHES)
-        self.fused_mlp = bool(mlp.pop("fused", 0))
-        if self.fused_mlp and lanes != 1:
-            raise ValueError(f"mlp: the fused MLP is for one-lane models, this one has {lanes} lanes")
-        self.mlp_prefetch = mlp.pop("prefetch", None)
-        self.mlp_blocks = mlp
         self.layers = [self._layer_weights(i, block) for i, block in enumerate(model.layers)]
         self.history_layers = {w.history_in for w in self.layers if w.history_in is not None}
         self.embed = model.tok_embeddings  # [V, D]
@@ -248,9 +235,6 @@ class FastRunner:
         # The static buffers every captured step reads and writes.
         q_rows, kv_rows = cfg.heads_per_lane * hd, cfg.kv_heads_per_lane * hd
         self.x = zeros(lanes, dim)  # the residual stream of every lane, fp32
-        # With the fused MLP, layer i's block adds into the other buffer (its programs still read x): layer i
-        # reads residuals[i % 2] and leaves residuals[(i + 1) % 2].
-        self.residuals = (self.x, zeros(lanes, dim)) if self.fused_mlp else (self.x, self.x)
         self.qkv = zeros(lanes, q_rows + 2 * kv_rows)
         self.attn = zeros(lanes, q_rows, dtype=dtype)
         self.h = zeros(lanes, cfg.ffn_per_lane, dtype=dtype)
@@ -370,7 +354,6 @@ class FastRunner:
             w1=block.w1,
             w3=block.w3,
             w2=block.w2,
-            w2t=block.w2.transpose(1, 2).contiguous() if self.fused_mlp else None,
             window=block.window,
             mode=mode,
             history_in=history_in,
@@ -426,7 +409,7 @@ class FastRunner:
                        norm_of_sum=cfg.pre_norm_lane_agg, use_pdl=pdl)  # fmt: skip
             head_x, head_norm = self.head_in, None
         else:
-            head_x, head_norm = self.residuals[len(self.layers) % 2][0], self.final_norm_weight[0]
+            head_x, head_norm = self.x[0], self.final_norm_weight[0]
         lm_head(head_x, self.head_weight, self.logits, self.head_scratch, norm_weight=head_norm, eps=eps,
                 greedy=greedy, vocab_limit=self.vocab_limit, token=self.token, pos=self.pos, out_tokens=self.out_tokens,
                 use_pdl=pdl, **self.head_blocks)  # fmt: skip
@@ -483,8 +466,6 @@ class FastRunner:
         """Layer i's five launches for a group of lanes, as closures (in order)."""
         eps, pdl, w = self.cfg.norm_eps, self.use_pdl, group.layers[i]
         first = i == 0
-        if self.fused_mlp:  # one lane, one group: the residual alternates between two buffers
-            group = replace(group, x=self.residuals[i % 2])
 
         def qkv() -> None:
             rmsnorm_gemv(
@@ -531,20 +512,6 @@ class FastRunner:
                          trigger_early="gate_up" in self.early, prefetch=self.prefetch["gate_up"],
                          row_blocks=self.row_blocks.get("gate_up"), **self.blocks.get("gate_up", {}))  # fmt: skip
 
-        def mlp() -> None:
-            fused_mlp(group.x, w.ffn_norm, w.w1, w.w3, w.w2t, self.residuals[(i + 1) % 2], eps=eps, use_pdl=pdl,
-                      trigger_early="gate_up" in self.early, prefetch=self.mlp_prefetch or self.prefetch["gate_up"],
-                      **self.mlp_blocks)  # fmt: skip
-
-        if self.fused_mlp:
-            return [
-                qkv,
-                attention,
-                lambda: self._add_partials(
-                    i, w, 0, group.attn, w.wo, first, group, self.residuals[(i + 1) % 2]
-                ),
-                mlp,
-            ]
         return [
             qkv,
             attention,
@@ -562,7 +529,7 @@ class FastRunner:
                                self.layers[i + 1].window)}  # fmt: skip
 
     def _add_partials(self, i: int, w: LayerWeights, block: int, act: torch.Tensor, weight: torch.Tensor,
-                      first: bool, group: LaneGroup | None = None, zero: torch.Tensor | None = None) -> None:  # fmt: skip
+                      first: bool, group: LaneGroup | None = None) -> None:  # fmt: skip
         group = group or self.whole
         history = self.history
         lane_reduce_gemv(
@@ -579,7 +546,6 @@ class FastRunner:
             prefetch=self.prefetch["down" if block else "o"],
             lane_start=group.start,
             total_lanes=self.cfg.num_lanes,
-            zero=zero,
             **self.blocks.get("down" if block else "o", {}),
         )
 

@@ -37,6 +37,7 @@ def _lm_head_kernel(
     token_ptr,
     pos_ptr,
     out_tokens_ptr,
+    ring_ptr,
     V,
     vocab_limit,
     eps,
@@ -48,6 +49,7 @@ def _lm_head_kernel(
     MAX_GROUPS: tl.constexpr,
     HAS_NORM: tl.constexpr,
     GREEDY: tl.constexpr,
+    RING: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
@@ -117,6 +119,8 @@ def _lm_head_kernel(
                 pos = tl.load(pos_ptr)
                 tl.store(token_ptr, token.to(token_ptr.dtype.element_ty))
                 tl.store(out_tokens_ptr + pos + 1, token.to(out_tokens_ptr.dtype.element_ty))
+                if RING > 0:  # straight into the host's pinned ring: no copy between this step and the next
+                    tl.store(ring_ptr + (pos + 1) % RING, token.to(ring_ptr.dtype.element_ty))
                 tl.store(pos_ptr, pos + 1)
                 tl.atomic_xchg(counter_ptr, 0)
 
@@ -156,6 +160,7 @@ def lm_head(
     token: torch.Tensor | None = None,
     pos: torch.Tensor | None = None,
     out_tokens: torch.Tensor | None = None,
+    host_ring: torch.Tensor | None = None,
     use_pdl: bool = False,
     block_n: int | None = None,
     row_blocks: int | None = None,
@@ -168,6 +173,9 @@ def lm_head(
 
     x: [K] (any float dtype); weight: [V, K]; logits: [V] fp32; token, pos: int tensors [1];
     out_tokens: int tensor longer than pos[0] + 1; scratch: HeadScratch(V, device).
+    host_ring: with greedy, an int tensor [R] in pinned host memory (on a GPU; any CPU tensor under the
+    interpreter) that also receives the token, at host_ring[(pos[0] + 1) % R]: the host reads it once the step's
+    event has fired, with no device-to-host copy queued between one step's graph and the next.
     row_blocks: blocks of block_n rows each program takes in turn, the next block's weights loaded while the
     current one is summed (with more than one, the automatic block_n is halved: two blocks are in flight).
     None: 4, measured best on an H200 (scripts/decode_variants.py, in turns: llama-3.2-1b +1.5%, qwen3-1.7b
@@ -192,6 +200,13 @@ def lm_head(
                 raise ValueError(f"{name}: an int32/int64 tensor is required with greedy")
         if token.numel() != 1 or pos.numel() != 1:
             raise ValueError("token: token and pos must hold one element each")
+    if host_ring is not None:
+        if not greedy:
+            raise ValueError("host_ring: only with greedy (the sampled token is chosen after the head)")
+        on_host = host_ring.device.type == "cpu" and (host_ring.is_pinned() or weight.device.type == "cpu")
+        if host_ring.dim() != 1 or host_ring.dtype not in (torch.int32, torch.int64) or not on_host:
+            raise ValueError(f"host_ring: expected a 1-D int32/int64 tensor in pinned host memory, got "
+                             f"{host_ring.dtype} {tuple(host_ring.shape)} on {host_ring.device}")  # fmt: skip
     if row_blocks is None:
         row_blocks = 1 if interpreted() else 4
     if row_blocks < 1:
@@ -214,6 +229,7 @@ def lm_head(
         token if token is not None else scratch.counter,
         pos if pos is not None else scratch.counter,
         out_tokens if out_tokens is not None else scratch.counter,
+        host_ring if host_ring is not None else scratch.counter,
         vocab,
         min(vocab_limit or vocab, vocab),
         eps,
@@ -225,6 +241,7 @@ def lm_head(
         MAX_GROUPS=MAX_GROUPS,
         HAS_NORM=norm_weight is not None,
         GREEDY=greedy,
+        RING=host_ring.numel() if host_ring is not None else 0,
         USE_PDL=use_pdl,
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),

@@ -6,7 +6,7 @@ from kernel_testing import DEVICE, ON_GPU
 
 from inference.config import ModelConfig
 from inference.events import SamplingParams
-from inference.fast.runner import FastRunner, block_spec, prefetch_overrides, reduction
+from inference.fast.runner import RING, FastRunner, block_spec, prefetch_overrides, reduction
 from inference.model import KVCache, Transformer
 from inference.presets import preset_config
 from inference.sampling import Sampler
@@ -320,6 +320,22 @@ def test_sampling_top_k_one_is_greedy_and_seeds_repeat():
     first, second = list(runner.generate_tokens(prompt, hot)), list(runner.generate_tokens(prompt, hot))
     assert first == second
     assert all(0 <= t < model.cfg.vocab_size for t in first)
+
+
+def test_streamed_tokens_equal_the_stepped_ones_past_the_ring():
+    # on a GPU greedy tokens reach the host through the head kernel's writes into the pinned ring, sampled ones
+    # through a copy; more tokens than the ring has slots, so slots are reused
+    model = make_model("tiny-llama", seed=3)
+    runner = FastRunner(model, 64)
+    prompt, n = list(range(5, 18)), RING + 4
+    greedy = list(runner.generate_tokens(prompt, SamplingParams(max_new_tokens=n)))
+    top1 = list(runner.generate_tokens(prompt, SamplingParams(max_new_tokens=n, temperature=0.7, top_k=1)))
+    runner.prefill(prompt)
+    stepped = [int(runner.token)]
+    for _ in range(n - 1):
+        runner.step()
+        stepped.append(int(runner.token))
+    assert greedy == top1 == stepped
 
 
 def test_rejects_what_it_cannot_run():

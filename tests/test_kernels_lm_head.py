@@ -82,6 +82,29 @@ def test_sampling_mode_only_writes_logits():
     assert_close(logits, reference_logits(x, w), torch.float32, "logits")
 
 
+def host_ring(n: int) -> torch.Tensor:
+    """The runner's ring of finished token ids: pinned host memory on a GPU (the interpreter runs on the CPU)."""
+    return torch.full((n,), -1, dtype=torch.int32, pin_memory=DEVICE.type == "cuda")
+
+
+@pytest.mark.parametrize("pos", [6, 20])  # slot (pos + 1) % 8: 7, and 5 after the ring wraps
+def test_greedy_token_lands_in_the_host_ring(pos):
+    vocab, k = 300, 32
+    x, w = randn(k), randn(vocab, k, scale=0.2)
+    token, position, out_tokens = device_ints(-1), device_ints(pos), device_ints(*([-1] * 24))
+    ring = host_ring(8)
+    scratch = HeadScratch(vocab, DEVICE)
+    for _ in range(2):  # the same step twice: the second writes the next slot
+        lm_head(x, w, torch.empty(vocab, device=DEVICE), scratch, token=token, pos=position, out_tokens=out_tokens,
+                host_ring=ring, block_n=8, group=4)  # fmt: skip
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()  # the kernel's stores into host memory are visible once it has finished
+    want = token.item()
+    slots = [(pos + 1) % 8, (pos + 2) % 8]
+    assert [ring[s].item() for s in slots] == [want, want]
+    assert all(ring[s].item() == -1 for s in range(8) if s not in slots)
+
+
 def test_rejects_missing_bookkeeping():
     with pytest.raises(ValueError, match="token:"):
         lm_head(randn(8), randn(4, 8), torch.empty(4, device=DEVICE), HeadScratch(4, DEVICE))
@@ -90,6 +113,13 @@ def test_rejects_missing_bookkeeping():
     with pytest.raises(ValueError, match="row_blocks:"):
         lm_head(randn(8), randn(4, 8), torch.empty(4, device=DEVICE), HeadScratch(4, DEVICE), greedy=False,
                 row_blocks=0)  # fmt: skip
+    with pytest.raises(ValueError, match="host_ring:"):  # the sampled token is chosen after the head
+        lm_head(randn(8), randn(4, 8), torch.empty(4, device=DEVICE), HeadScratch(4, DEVICE), greedy=False,
+                host_ring=host_ring(4))  # fmt: skip
+    with pytest.raises(ValueError, match="host_ring:"):
+        lm_head(randn(8), randn(4, 8), torch.empty(4, device=DEVICE), HeadScratch(4, DEVICE),
+                token=device_ints(0), pos=device_ints(0), out_tokens=device_ints(0, 0),
+                host_ring=host_ring(4).float())  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", dtype_params())

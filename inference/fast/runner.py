@@ -410,9 +410,11 @@ class FastRunner:
             head_x, head_norm = self.head_in, None
         else:
             head_x, head_norm = self.x[0], self.final_norm_weight[0]
+        # Greedy steps leave their token in the host's pinned ring too (generate_tokens); sampled ones are copied.
+        ring = self.host_tokens if greedy and self.device.type == "cuda" else None
         lm_head(head_x, self.head_weight, self.logits, self.head_scratch, norm_weight=head_norm, eps=eps,
                 greedy=greedy, vocab_limit=self.vocab_limit, token=self.token, pos=self.pos, out_tokens=self.out_tokens,
-                use_pdl=pdl, **self.head_blocks)  # fmt: skip
+                host_ring=ring, use_pdl=pdl, **self.head_blocks)  # fmt: skip
         if not greedy:
             self._sample_next()
 
@@ -706,8 +708,9 @@ class FastRunner:
             # Keep the GPU LOOKAHEAD steps ahead of the caller; it never waits for the host.
             while launched < budget and len(pending) < LOOKAHEAD:
                 graph.replay()
-                slot = launched % RING
-                self.host_tokens[slot].copy_(self.token[0], non_blocking=True)
+                slot = (len(prompt_ids) + launched) % RING  # the token at position p goes to slot p % RING
+                if not greedy:  # a greedy step's head kernel has written it there itself
+                    self.host_tokens[slot].copy_(self.token[0], non_blocking=True)
                 self.token_events[slot].record()
                 pending.append(slot)
                 launched += 1

@@ -158,3 +158,11 @@ def test_synth_cli_writes_the_peaked_model(tmp_path):
 def test_synth_peaked_lanes_and_shared_norms_round_trip(tmp_path):
     path = synth("tiny-laneformer", tmp_path / "lf", seed=1, peaked=True)
     loads_as(path, peaked_model(ModelConfig.from_hf(path), seed=1))
+
+
+def test_the_sampled_benchmark_row_uses_the_page_defaults():
+    # the benchmark's sampled row times what a visitor gets without touching the settings
+    page = (ROOT / "playground/templates/playground/index.html").read_text()
+    for name, element in (("temperature", "temperature"), ("top_p", "top-p")):
+        tag = page.split(f'id="{element}"', 1)[1].split(">", 1)[0]
+        assert float(tag.split('value="', 1)[1].split('"', 1)[0]) == bench.PAGE_SAMPLING[name]

@@ -557,15 +557,17 @@ class FastRunner:
         temperature, top_k, top_p, penalty = self.sampling.unbind()
         logits = self.logits.masked_fill(self.outside_vocab, float("-inf"))
         logits = torch.where(self.seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
-        greedy = logits.argmax()
-        sorted_logits, order = torch.sort(logits / temperature.clamp_min(1e-6), descending=True)
+        # A stable sort keeps equal values in index order, so order[0] is argmax's first index: the greedy token
+        # without an argmax pass of its own over the vocabulary (dividing by a positive temperature keeps the order).
+        sorted_logits, order = torch.sort(logits / temperature.clamp_min(1e-6), descending=True, stable=True)
+        greedy = order[:1]
         sorted_logits = sorted_logits.masked_fill((top_k > 0) & (self.ranks >= top_k), float("-inf"))
         probs = sorted_logits.softmax(-1)
         above = probs.cumsum(-1) - probs  # mass strictly above each token
         probs = probs.masked_fill((above >= top_p) & (self.ranks > 0), 0.0)
         choice = (probs / torch.empty_like(probs).exponential_()).argmax().view(1)
         # index_select, not order[choice]: indexing with a 0-d tensor reads it on the host (no capture)
-        token = torch.where(temperature > 0, order.index_select(0, choice), greedy.view(1)).to(torch.int32)
+        token = torch.where(temperature > 0, order.index_select(0, choice), greedy).to(torch.int32)
         self.token.copy_(token)
         self.out_tokens.index_copy_(0, self.pos.long() + 1, token)
         self.seen.index_fill_(0, token.long(), True)

@@ -169,8 +169,12 @@ def time_fast(runner, prompt: list[int], new_tokens: int, runs: int) -> dict:
             "tok_s_runs": [r[1] for r in results]}  # fmt: skip
 
 
-# The playground page's default sampling settings (playground/templates/playground/index.html).
+# The playground page's default sampling settings (playground/templates/playground/index.html), and the row
+# that times them (scripts/gpu_check.sh finds it by SAMPLED_ROW_PREFIX).
 PAGE_SAMPLING = {"temperature": 0.2, "top_p": 0.95}
+SAMPLED_ROW_PREFIX = "fast, runner contract, sampled"
+SAMPLED_ROW = (f"{SAMPLED_ROW_PREFIX} (temperature {PAGE_SAMPLING['temperature']}, top-p {PAGE_SAMPLING['top_p']}: "
+               "the page's defaults)")  # fmt: skip
 
 
 def time_contract(runner, prompt: list[int], new_tokens: int, runs: int, **sampling) -> dict:
@@ -775,10 +779,7 @@ def main(argv: list[str] | None = None) -> int:
         "fast, runner contract (engine path)",
         lambda: time_contract(runner, prompt, args.new_tokens, args.runs),
     )
-    row(
-        "fast, runner contract, sampled (temperature 0.2, top-p 0.95: the page's defaults)",
-        lambda: time_contract(runner, prompt, args.new_tokens, args.runs, **PAGE_SAMPLING),
-    )
+    row(SAMPLED_ROW, lambda: time_contract(runner, prompt, args.new_tokens, args.runs, **PAGE_SAMPLING))
     if not args.no_pdl_row:
         other = "fast, CUDA graph, no PDL" if runner.use_pdl else "fast, CUDA graph, PDL"
         row(other, lambda: time_fast(FastRunner(model, max_context, use_pdl=not runner.use_pdl), prompt,

@@ -191,7 +191,12 @@ def time_contract(runner, prompt: list[int], new_tokens: int, runs: int, **sampl
         return decode_tok_s(times)
 
     one()
-    return {"tok_s": statistics.median(one() for _ in range(runs))}
+    before = runner.sample_scratch.path_counts()
+    result = {"tok_s": statistics.median(one() for _ in range(runs))}
+    if not params.greedy:  # which of kernels/sample.py's paths the timed steps took
+        after = runner.sample_scratch.path_counts()
+        result["sample_paths"] = {path: n - before[path] for path, n in after.items() if n > before[path]}
+    return result
 
 
 def skip_path_logits(model: Transformer, token: torch.Tensor) -> torch.Tensor:
@@ -636,7 +641,9 @@ def table(result: dict) -> str:
             lines.append(f"| {row['path']} | failed: {row['error'][:80]} | | | |")
             continue
         ttft = f"{row['ttft_ms']:.1f}" if row.get("ttft_ms") is not None else ""
-        lines.append(f"| {row['path']} | {row['tok_s']:,.0f} | {1e6 / row['tok_s']:.0f} | "
+        paths = ", ".join(f"{path} {n}" for path, n in row.get("sample_paths", {}).items())
+        name = row["path"] + (f" · sampler steps: {paths}" if paths else "")
+        lines.append(f"| {name} | {row['tok_s']:,.0f} | {1e6 / row['tok_s']:.0f} | "
                      f"{100 * row['tok_s'] / ceiling:.1f}% | {ttft} |")  # fmt: skip
     if "check" in result:
         c = result["check"]

@@ -46,7 +46,7 @@ def intercepted_launches(preset: str) -> list[tuple[JITFunction, dict, dict, int
     from kernels import decode_attention
 
     decode_attention.launch_clusters = fake_cluster_launch
-    for module in ("rmsnorm_gemv", "lane_reduce_gemv", "decode_attention", "lm_head", "final_norm"):
+    for module in ("rmsnorm_gemv", "lane_reduce_gemv", "decode_attention", "lm_head", "final_norm", "sample"):
         mod = __import__(f"kernels.{module}", fromlist=["x"])
         mod.sm_count = lambda device: 132
         if hasattr(mod, "interpreted"):
@@ -58,6 +58,7 @@ def intercepted_launches(preset: str) -> list[tuple[JITFunction, dict, dict, int
     runner = FastRunner(model, min(4096, cfg.max_position_embeddings), use_pdl=False)
     runner.use_pdl = True
     runner.decode_step(greedy=True)
+    runner.decode_step(greedy=False)  # the sampled step: its head, then kernels/sample.py
     return launches
 
 

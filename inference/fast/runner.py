@@ -49,6 +49,7 @@ from kernels.final_norm import final_norm
 from kernels.lane_reduce_gemv import lane_reduce_gemv
 from kernels.lm_head import HeadScratch, lm_head
 from kernels.rmsnorm_gemv import rmsnorm_gemv
+from kernels.sample import SampleScratch, sample_token
 
 # Weight tiles each matrix-vector kind loads before it waits on the previous kernel (kernels' `prefetch`;
 # more than a row has means all). The o-proj takes all of its tiles: attention before it reads little, so
@@ -246,8 +247,8 @@ class FastRunner:
         self.out_tokens = zeros(max_context + 1, dtype=torch.int32)  # out_tokens[p]: the token at position p
         self.seen = zeros(cfg.vocab_size, dtype=torch.bool)  # prompt + output, for the repetition penalty
         self.sampling = zeros(4)  # temperature, top_k, top_p, repetition_penalty
-        self.ranks = torch.arange(cfg.vocab_size, device=device)
-        self.outside_vocab = self.ranks >= self.vocab_limit
+        self.sample_seed = zeros(1, dtype=torch.int64)  # the request's: its draws are a function of it
+        self.sample_scratch = SampleScratch(cfg.vocab_size, device)
         self.cache = KVCache(cfg, max_context, 1, device, dtype)
         group = cfg.num_heads // cfg.num_kv_heads
         # KOG_ATTN_SPLITS / KOG_ATTN_BLOCK_T / KOG_ATTN_WARPS (or the `attention` argument's splits, block_t,
@@ -410,13 +411,13 @@ class FastRunner:
             head_x, head_norm = self.head_in, None
         else:
             head_x, head_norm = self.x[0], self.final_norm_weight[0]
-        # Greedy steps leave their token in the host's pinned ring too (generate_tokens); sampled ones are copied.
-        ring = self.host_tokens if greedy and self.device.type == "cuda" else None
+        # The step's token also lands in the host's pinned ring (generate_tokens), from the head or the sampler.
+        ring = self.host_tokens if self.device.type == "cuda" else None
         lm_head(head_x, self.head_weight, self.logits, self.head_scratch, norm_weight=head_norm, eps=eps,
                 greedy=greedy, vocab_limit=self.vocab_limit, token=self.token, pos=self.pos, out_tokens=self.out_tokens,
-                host_ring=ring, use_pdl=pdl, **self.head_blocks)  # fmt: skip
+                host_ring=ring if greedy else None, use_pdl=pdl, **self.head_blocks)  # fmt: skip
         if not greedy:
-            self._sample_next()
+            self._sample_next(ring)
 
     def _grouped_layers(self) -> None:
         """Layers split_from .. N - 1, each lane group on its own stream. A group's o-proj / down-proj of layer i
@@ -551,27 +552,12 @@ class FastRunner:
             **self.blocks.get("down" if block else "o", {}),
         )
 
-    def _sample_next(self) -> None:
-        """Sampler's knobs on the device, without a host sync: repetition penalty, temperature, top-k, top-p,
-        then a draw (argmax of p / Exp(1) noise is a sample from p). Temperature 0 is greedy."""
-        temperature, top_k, top_p, penalty = self.sampling.unbind()
-        logits = self.logits.masked_fill(self.outside_vocab, float("-inf"))
-        logits = torch.where(self.seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
-        # A stable sort keeps equal values in index order, so order[0] is argmax's first index: the greedy token
-        # without an argmax pass of its own over the vocabulary (dividing by a positive temperature keeps the order).
-        sorted_logits, order = torch.sort(logits / temperature.clamp_min(1e-6), descending=True, stable=True)
-        greedy = order[:1]
-        sorted_logits = sorted_logits.masked_fill((top_k > 0) & (self.ranks >= top_k), float("-inf"))
-        probs = sorted_logits.softmax(-1)
-        above = probs.cumsum(-1) - probs  # mass strictly above each token
-        probs = probs.masked_fill((above >= top_p) & (self.ranks > 0), 0.0)
-        choice = (probs / torch.empty_like(probs).exponential_()).argmax().view(1)
-        # index_select, not order[choice]: indexing with a 0-d tensor reads it on the host (no capture)
-        token = torch.where(temperature > 0, order.index_select(0, choice), greedy).to(torch.int32)
-        self.token.copy_(token)
-        self.out_tokens.index_copy_(0, self.pos.long() + 1, token)
-        self.seen.index_fill_(0, token.long(), True)
-        self.pos.add_(1)
+    def _sample_next(self, host_ring: torch.Tensor | None = None) -> None:
+        """The sampled token from the logits, on the device without a host sync (kernels/sample.py: repetition
+        penalty, temperature, top-k, top-p, a draw keyed by the request's seed); temperature 0 is greedy."""
+        sample_token(self.logits, self.seen, self.sampling, self.sample_seed, self.sample_scratch, token=self.token,
+                     pos=self.pos, out_tokens=self.out_tokens, vocab_limit=self.vocab_limit, host_ring=host_ring,
+                     use_pdl=self.use_pdl)  # fmt: skip
 
     # --- graphs --------------------------------------------------------------------------------------
 
@@ -683,10 +669,9 @@ class FastRunner:
         greedy = params.greedy and params.repetition_penalty == 1
         self.sampling.copy_(torch.tensor([params.temperature, params.top_k, params.top_p,
                                           params.repetition_penalty]))  # fmt: skip
-        if params.seed is not None:
-            torch.manual_seed(
-                params.seed
-            )  # the draws come from the default generator (captured in the graph)
+        # A seed repeats its tokens; without one each request draws its own (from torch's CPU generator).
+        seed = params.seed % 2**63 if params.seed is not None else int(torch.randint(0, 2**62, ()))
+        self.sample_seed.fill_(seed)
         start = time.perf_counter()
         self.prefill(prompt_ids, greedy)
         first = int(self.token.item())
@@ -710,9 +695,8 @@ class FastRunner:
             # Keep the GPU LOOKAHEAD steps ahead of the caller; it never waits for the host.
             while launched < budget and len(pending) < LOOKAHEAD:
                 graph.replay()
-                slot = (len(prompt_ids) + launched) % RING  # the token at position p goes to slot p % RING
-                if not greedy:  # a greedy step's head kernel has written it there itself
-                    self.host_tokens[slot].copy_(self.token[0], non_blocking=True)
+                # the step's last kernel (head or sampler) wrote position p's token at slot p % RING
+                slot = (len(prompt_ids) + launched) % RING
                 self.token_events[slot].record()
                 pending.append(slot)
                 launched += 1

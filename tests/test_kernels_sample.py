@@ -1,0 +1,159 @@
+import math
+
+import pytest
+import torch
+from kernel_testing import DEVICE
+
+from kernels.sample import SAMPLE_PATHS, SampleScratch, gumbel_noise, sample_token
+
+
+def reference_draw(logits, seen, params, vocab_limit, noise):
+    """fp64 on the CPU, the sampler's rules written out with a full sort: (token, size of the kept set)."""
+    temperature, top_k, top_p, penalty = params.tolist()
+    lg = logits.double().cpu().clone()
+    lg[vocab_limit:] = float("-inf")
+    seen = seen.cpu()
+    lg = torch.where(seen, torch.where(lg > 0, lg / penalty, lg * penalty), lg)
+    if temperature == 0:
+        return int(lg.argmax()), 1
+    lg = lg / temperature
+    order = torch.sort(lg, descending=True, stable=True).indices
+    keep = torch.ones(len(order), dtype=torch.bool)
+    if top_k > 0:
+        keep[int(top_k) :] = False
+    probs = torch.where(keep, lg[order], float("-inf")).softmax(0)
+    above = probs.cumsum(0) - probs  # the kept top_k's mass strictly above each rank
+    keep &= (above < top_p) | (torch.arange(len(order)) == 0)
+    kept = order[keep]
+    score = lg[kept] + noise.double().cpu()[kept]
+    return int(kept[score.argmax()]), len(kept)
+
+
+def ints(*values, dtype=torch.int32):
+    return torch.tensor(values, dtype=dtype, device=DEVICE)
+
+
+def run(logits, seen, params, scratch, seed=1234, pos=5, vocab_limit=None, ring=None):
+    token, pos_t, out_tokens = ints(-1), ints(pos), ints(*([-1] * (pos + 3)))
+    seed_t = ints(seed, dtype=torch.int64)
+    params_t = torch.tensor(params, dtype=torch.float32, device=DEVICE)
+    before = seen.clone()
+    sample_token(logits, seen, params_t, seed_t, scratch, token=token, pos=pos_t, out_tokens=out_tokens,
+                 vocab_limit=vocab_limit, host_ring=ring)  # fmt: skip
+    noise = gumbel_noise(seed_t, ints(pos), logits.numel())[0]
+    want, kept = reference_draw(logits, before, params_t, vocab_limit or logits.numel(), noise)
+    got = token.item()
+    assert pos_t.item() == pos + 1
+    assert out_tokens[pos + 1].item() == got
+    assert seen[got].item() and int(seen.sum()) == int(before.sum()) + (not before[got].item())
+    return got, want, kept
+
+
+# (temperature, top_k, top_p, repetition penalty): a nucleus, nothing cut, greedy with a penalty, top-k and
+# top-p together, a wide nucleus, top-k alone, a top-k wider than the candidates
+PARAMS = [(0.7, 0, 0.9, 1.0), (0.7, 0, 1.0, 1.0), (0.0, 0, 1.0, 1.3), (0.7, 50, 0.95, 1.2), (2.0, 0, 0.99, 1.0),
+          (1.0, 5, 1.0, 1.0), (1.0, 300, 1.0, 1.0), (0.3, 0, 0.5, 1.5)]  # fmt: skip
+
+
+@pytest.mark.parametrize("vocab,vocab_limit,chunk,candidates", [(1000, 990, 128, 8), (777, None, 256, 16)])
+def test_draw_equals_the_sorted_reference_on_every_path(vocab, vocab_limit, chunk, candidates):
+    gen = torch.Generator().manual_seed(vocab)
+    scratch = SampleScratch(vocab, DEVICE, chunk=chunk, candidates=candidates)
+    for trial in range(2 * len(PARAMS)):
+        scale = 0.5 + 6 * float(torch.rand(1, generator=gen))
+        logits = (torch.randn(vocab, generator=gen) * scale).to(DEVICE)
+        seen = (torch.rand(vocab, generator=gen) < 0.05).to(DEVICE)
+        params = PARAMS[trial % len(PARAMS)]
+        got, want, kept = run(logits, seen, params, scratch, seed=trial, pos=trial, vocab_limit=vocab_limit)
+        assert got == want, f"{params}: drew {got}, the reference {want} (of {kept} kept)"
+        assert got < (vocab_limit or vocab)
+    counts = scratch.path_counts()
+    assert all(counts[path] > 0 for path in SAMPLE_PATHS), counts
+
+
+def test_a_sharp_nucleus_draws_only_inside_it_and_a_seed_repeats():
+    # probabilities 0.5, 0.3, 0.15, then 0.05 spread over the rest: top_p 0.9 keeps exactly three tokens
+    vocab = 600
+    probs = torch.full((vocab,), 0.05 / (vocab - 3))
+    top = torch.tensor([17, 401, 250])
+    probs[top] = torch.tensor([0.5, 0.3, 0.15])
+    logits = probs.log().to(DEVICE)
+    scratch = SampleScratch(vocab, DEVICE, chunk=64, candidates=4)
+    draws = []
+    for step in range(24):
+        seen = torch.zeros(vocab, dtype=torch.bool, device=DEVICE)
+        got, want, kept = run(logits, seen, (1.0, 0, 0.9, 1.0), scratch, seed=99, pos=step)
+        assert kept == 3 and got == want and got in top.tolist()
+        draws.append(got)
+    assert len(set(draws)) > 1  # the noise changes with the position
+    again = [
+        run(logits, torch.zeros_like(seen), (1.0, 0, 0.9, 1.0), scratch, seed=99, pos=s)[0] for s in range(24)
+    ]
+    assert again == draws
+    assert scratch.path_counts()["candidates"] == 48
+
+
+def test_every_token_a_candidate_and_ties_go_to_the_first_index():
+    vocab = 48  # 3 chunks of 16, 16 candidates each: the whole vocabulary is sorted
+    scratch = SampleScratch(vocab, DEVICE, chunk=16, candidates=16)
+    logits = torch.linspace(-3, 3, vocab).to(DEVICE)
+    seen = torch.zeros(vocab, dtype=torch.bool, device=DEVICE)
+    got, want, kept = run(logits, seen, (5.0, 0, 0.999, 1.0), scratch)
+    assert got == want and kept > 40 and scratch.path_counts()["candidates"] == 1
+    tied = torch.zeros(vocab, device=DEVICE)
+    tied[[30, 9, 41]] = 4.0
+    for penalty in (1.0, 2.0):  # greedy; with a penalty the seen token 9 drops out of the tie
+        seen = torch.zeros(vocab, dtype=torch.bool, device=DEVICE)
+        seen[9] = penalty != 1.0
+        got, _, _ = run(tied, seen, (0.0, 0, 1.0, penalty), scratch)
+        assert got == (9 if penalty == 1.0 else 30)
+
+
+def test_the_token_lands_in_the_host_ring():
+    vocab = 300
+    scratch = SampleScratch(vocab, DEVICE, chunk=128, candidates=8)
+    ring = torch.full((16,), -1, dtype=torch.int32, pin_memory=DEVICE.type == "cuda")
+    logits = (torch.randn(vocab, generator=torch.Generator().manual_seed(3)) * 3).to(DEVICE)
+    seen = torch.zeros(vocab, dtype=torch.bool, device=DEVICE)
+    for pos in (14, 15):  # slots 15 and 0
+        got, want, _ = run(logits, seen, (0.8, 0, 0.95, 1.0), scratch, pos=pos, ring=ring)
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize()
+        assert got == want and ring[(pos + 1) % 16].item() == got
+
+
+def test_the_noise_is_gumbel_and_the_race_draws_from_the_softmax():
+    seed, pos = ints(7, dtype=torch.int64), ints(0)
+    noise = gumbel_noise(seed, pos, 4096, steps=64).double().cpu()  # [64 positions, 4096 tokens]
+    assert abs(noise.mean().item() - 0.5772) < 0.02  # Euler's constant
+    assert abs(noise.var().item() - math.pi**2 / 6) < 0.05
+    assert abs(torch.corrcoef(noise[:2])[0, 1].item()) < 0.05  # positions draw independently
+    # the race over 8 tokens at 64 * 512 = 32,768 (position, token block) draws
+    logits = torch.tensor([2.0, 1.0, 1.0, 0.0, -1.0, 0.5, 1.5, -2.0], dtype=torch.float64)
+    wins = (logits + noise.reshape(-1, 8)).argmax(1)
+    freq = torch.bincount(wins, minlength=8) / wins.numel()
+    expected = logits.softmax(0)
+    chi2 = (wins.numel() * (freq - expected) ** 2 / expected).sum().item()
+    assert chi2 < 24.3  # 7 degrees of freedom, p = 0.001
+
+
+def test_rejects_what_it_cannot_sample():
+    vocab = 64
+    scratch = SampleScratch(vocab, DEVICE, chunk=16, candidates=4)
+    logits = torch.zeros(vocab, device=DEVICE)
+    seen = torch.zeros(vocab, dtype=torch.bool, device=DEVICE)
+    params, seed = torch.ones(4, device=DEVICE), ints(1, dtype=torch.int64)
+    kw = dict(token=ints(0), pos=ints(0), out_tokens=ints(0, 0))
+    with pytest.raises(ValueError, match="logits"):
+        sample_token(logits.half(), seen, params, seed, scratch, **kw)
+    with pytest.raises(ValueError, match="seen"):
+        sample_token(logits, seen.int(), params, seed, scratch, **kw)
+    with pytest.raises(ValueError, match="seed"):
+        sample_token(logits, seen, params, seed.int(), scratch, **kw)
+    with pytest.raises(ValueError, match="scratch"):
+        sample_token(torch.zeros(2 * vocab, device=DEVICE), torch.zeros(2 * vocab, dtype=torch.bool, device=DEVICE),
+                     params, seed, scratch, **kw)  # fmt: skip
+    with pytest.raises(ValueError, match="candidates"):
+        SampleScratch(vocab, DEVICE, candidates=6)
+    with pytest.raises(ValueError, match="chunk"):
+        SampleScratch(vocab, DEVICE, chunk=8, candidates=16)

@@ -8,7 +8,10 @@ from kernels.sample import SAMPLE_PATHS, SampleScratch, gumbel_noise, sample_tok
 
 
 def reference_draw(logits, seen, params, vocab_limit, noise):
-    """fp64 on the CPU, the sampler's rules written out with a full sort: (token, size of the kept set)."""
+    """fp64 on the CPU, the sampler's rules written out: (token, size of the kept set). noise(d): the Gumbel
+    noise [V] of draw d. With a top_k the kept set comes from a full sort and is raced with draw 0's noise;
+    without one, draw 0 races the whole vocabulary and a draw outside the nucleus is redrawn among the tokens
+    above it."""
     temperature, top_k, top_p, penalty = params.tolist()
     lg = logits.double().cpu().clone()
     lg[vocab_limit:] = float("-inf")
@@ -25,8 +28,17 @@ def reference_draw(logits, seen, params, vocab_limit, noise):
     above = probs.cumsum(0) - probs  # the kept top_k's mass strictly above each rank
     keep &= (above < top_p) | (torch.arange(len(order)) == 0)
     kept = order[keep]
-    score = lg[kept] + noise.double().cpu()[kept]
-    return int(kept[score.argmax()]), len(kept)
+    if top_k > 0:
+        return int(kept[(lg[kept] + noise(0)[kept]).argmax()]), len(kept)
+    p = lg.softmax(0)
+    token = int((lg + noise(0)).argmax())
+    for draw in range(1, 65):
+        if p[lg > lg[token]].sum() < top_p:
+            break
+        field = lg > lg[token]
+        token = int(torch.where(field, lg + noise(draw), float("-inf")).argmax())
+    assert token in kept.tolist()
+    return token, len(kept)
 
 
 def ints(*values, dtype=torch.int32):
@@ -40,7 +52,10 @@ def run(logits, seen, params, scratch, seed=1234, pos=5, vocab_limit=None, ring=
     before = seen.clone()
     sample_token(logits, seen, params_t, seed_t, scratch, token=token, pos=pos_t, out_tokens=out_tokens,
                  vocab_limit=vocab_limit, host_ring=ring)  # fmt: skip
-    noise = gumbel_noise(seed_t, ints(pos), logits.numel())[0]
+
+    def noise(draw):
+        return gumbel_noise(seed_t, ints(pos), logits.numel(), draw=draw)[0].double().cpu()
+
     want, kept = reference_draw(logits, before, params_t, vocab_limit or logits.numel(), noise)
     got = token.item()
     assert pos_t.item() == pos + 1
@@ -71,6 +86,22 @@ def test_draw_equals_the_sorted_reference_on_every_path(vocab, vocab_limit, chun
     assert all(counts[path] > 0 for path in SAMPLE_PATHS), counts
 
 
+def test_draws_outside_the_nucleus_are_drawn_again_from_the_candidates_or_the_vocabulary():
+    # a flat distribution and top_p 0.5: the whole-vocabulary draw misses the nucleus about half the time
+    vocab = 900
+    gen = torch.Generator().manual_seed(5)
+    # every token a candidate (chunks of C); 4 candidates a chunk of 128: most draws fall below T
+    for chunk, candidates, path, steps in ((128, 128, "nucleus", 10), (128, 4, "vocabulary passes", 5)):
+        scratch = SampleScratch(vocab, DEVICE, chunk=chunk, candidates=candidates)
+        for step in range(10):
+            logits = (torch.randn(vocab, generator=gen) * 0.3).to(DEVICE)
+            seen = torch.zeros(vocab, dtype=torch.bool, device=DEVICE)
+            got, want, kept = run(logits, seen, (1.0, 0, 0.5, 1.0), scratch, seed=3, pos=step)
+            assert got == want and kept > 100
+        counts = scratch.path_counts()
+        assert counts[path] >= steps and counts["redraws"] >= 3, counts
+
+
 def test_a_sharp_nucleus_draws_only_inside_it_and_a_seed_repeats():
     # probabilities 0.5, 0.3, 0.15, then 0.05 spread over the rest: top_p 0.9 keeps exactly three tokens
     vocab = 600
@@ -90,7 +121,7 @@ def test_a_sharp_nucleus_draws_only_inside_it_and_a_seed_repeats():
         run(logits, torch.zeros_like(seen), (1.0, 0, 0.9, 1.0), scratch, seed=99, pos=s)[0] for s in range(24)
     ]
     assert again == draws
-    assert scratch.path_counts()["candidates"] == 48
+    assert scratch.path_counts()["nucleus"] == 48
 
 
 def test_every_token_a_candidate_and_ties_go_to_the_first_index():
@@ -99,7 +130,7 @@ def test_every_token_a_candidate_and_ties_go_to_the_first_index():
     logits = torch.linspace(-3, 3, vocab).to(DEVICE)
     seen = torch.zeros(vocab, dtype=torch.bool, device=DEVICE)
     got, want, kept = run(logits, seen, (5.0, 0, 0.999, 1.0), scratch)
-    assert got == want and kept > 40 and scratch.path_counts()["candidates"] == 1
+    assert got == want and kept > 40 and scratch.path_counts()["nucleus"] == 1
     tied = torch.zeros(vocab, device=DEVICE)
     tied[[30, 9, 41]] = 4.0
     for penalty in (1.0, 2.0):  # greedy; with a penalty the seen token 9 drops out of the tie
@@ -107,6 +138,30 @@ def test_every_token_a_candidate_and_ties_go_to_the_first_index():
         seen[9] = penalty != 1.0
         got, _, _ = run(tied, seen, (0.0, 0, 1.0, penalty), scratch)
         assert got == (9 if penalty == 1.0 else 30)
+
+
+def test_draws_follow_the_softmax_over_the_nucleus():
+    # 6 tokens hold 0.72 of the mass (the first 5: 0.63) and top_p is 0.68: about 3 draws in 10 start outside
+    vocab, nucleus = 64, [3, 17, 22, 40, 51, 60]
+    lg = torch.full((vocab,), -1.0)
+    lg[nucleus] = torch.tensor([2.6, 2.4, 2.2, 2.0, 1.9, 1.9])
+    want = lg.double().softmax(0)[nucleus]
+    assert want.sum() > 0.71 and want[:-1].sum() < 0.64
+    want /= want.sum()
+    scratch = SampleScratch(vocab, DEVICE, chunk=16, candidates=4)
+    params, seed = torch.tensor([1.0, 0, 0.68, 1.0], device=DEVICE), ints(11, dtype=torch.int64)
+    seen = torch.zeros(vocab, dtype=torch.bool, device=DEVICE)
+    draws = 4000 if DEVICE.type == "cuda" else 250
+    token, pos, out_tokens = ints(0), ints(0), ints(*([0] * (draws + 2)))
+    for _ in range(draws):
+        sample_token(lg.to(DEVICE), seen, params, seed, scratch, token=token, pos=pos, out_tokens=out_tokens)
+        seen.zero_()
+    got = out_tokens[1 : draws + 1].cpu()
+    assert set(got.tolist()) <= set(nucleus)
+    freq = torch.tensor([(got == t).sum().item() for t in nucleus], dtype=torch.float64) / draws
+    chi2 = (draws * (freq - want) ** 2 / want).sum().item()
+    assert chi2 < 20.5, (freq, want)  # 5 degrees of freedom, p = 0.001
+    assert scratch.path_counts()["redraws"] > draws // 10
 
 
 def test_the_token_lands_in_the_host_ring():

@@ -2,28 +2,27 @@
 top-p and the draw, then the step's bookkeeping, all on the device.
 
     l_v = logits[v] (-inf at v >= vocab_limit), penalised where seen[v] (l > 0: l / r, else l * r), / temperature
-    kept = the top_k largest l (all when top_k = 0), then the smallest prefix of them, in descending order,
-           whose probability (renormalised over the top_k) reaches top_p; the largest is always kept
-    token ~ softmax(l) over `kept`, drawn as argmax_v l_v + Gumbel_v (the Gumbel-max trick)
-    temperature 0 (greedy with a repetition penalty): token = argmax l_v, first index on ties
+    F = the top_k largest l (with their ties; the whole vocabulary when top_k = 0)
+    kept = the smallest prefix of F, in descending order, whose probability (renormalised over F) reaches
+           top_p; the largest is always kept
+    token ~ softmax(l) over `kept`; temperature 0 (greedy with a repetition penalty): argmax l, first on ties
 
-The Gumbel noise of token v in draw d at position p is a function of (seed, p, d, v) (Philox): launches agree
-on it without sharing it, and a seed repeats its tokens.
+How: a draw from softmax(l) over F is argmax_v l_v + Gumbel_v (the Gumbel-max trick); the Gumbel noise of token
+v in draw d at position p is a function of (seed, p, d, v) (Philox), so launches agree on it without sharing
+it and a seed repeats its tokens. The draw is kept when F's mass strictly above it is below top_p of F's;
+otherwise it is drawn again, with fresh noise, among F's tokens above it, which hold the whole nucleus. That is
+rejection sampling: the accepted draw is distributed as softmax(l) over the nucleus, a redraw happens with
+probability at most 1 - top_p, and each one shrinks the field. Nothing is sorted.
 
 Launch 1, `_sample_scan_kernel` (P programs, each a chunk of CHUNK logits): the chunk's maximum and softmax sum,
-its C largest logits as int64 keys that sort like (value, -index), and, without a top_k, its best l + Gumbel.
-Launch 2, `_sample_pick_kernel` (one program) has the exact softmax denominator from the P partial sums, and T,
-the largest of the chunks' C-th candidates: every token with a key above T is a candidate. Then:
-- top_k = 0 (the page's and the OpenAI API's case): the chunks' best is a draw from softmax(l) over the whole
-  vocabulary. With top_p = 1 it is the token. Otherwise it is kept when the mass strictly above it is below top_p,
-  or drawn again, with fresh noise, among the tokens above it, which hold the whole nucleus (rejection: the
-  accepted draw is distributed as softmax(l) over the nucleus; a redraw happens with probability at most
-  1 - top_p). Nothing is sorted: the mass above a token with key >= T is a masked sum over the candidates, and
-  only a token below T costs a pass over the vocabulary.
-- top_k > 0: the P * C candidates sorted; the kept prefix when it ends inside their exact prefix, otherwise
-  the thresholds found by bisection over the keys, a pass over the vocabulary per probe (slow, exact; only
-  for a top_k and a nucleus wider than the candidates' exact prefix).
-Ties at a threshold are kept together where the sorted reference keeps the lower indices first.
+its C largest logits as int64 keys that order like (value, -index), and, without a top_k, its best l + Gumbel
+(the first draw, over the whole vocabulary). Launch 2, `_sample_pick_kernel` (one program): the exact softmax
+denominator from the P partial sums and T, the largest of the chunks' C-th candidates: every token with a key
+above T is a candidate. So F's k-th largest key (a radix select over the candidates' keys), F's mass, the
+first draw over F, and the mass above any draw with key >= T are all masked sums over the candidates; only a
+top_k larger than the candidates above T, or a draw below T (a nucleus wider than the candidates' exact prefix,
+at a high temperature) costs passes over the vocabulary, in this one program (~20 us a pass on an H200 at
+128k tokens; a radix select takes 4).
 
 `info` counts the steps by path (SAMPLE_PATHS) and the redraws, for tests and the benchmark.
 
@@ -37,8 +36,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import interpreted, pdl_kwargs
 
-# What info counts: steps by path (a nucleus settled from the candidates; nothing cut; passes over the
-# vocabulary needed; greedy with a repetition penalty; a top_k settled from the sorted candidates), then redraws.
+# What info counts: steps by path (a top_p settled from the candidates; nothing cut; passes over the vocabulary
+# needed; greedy with a repetition penalty; a top_k settled from the candidates), then redraws.
 SAMPLE_PATHS = ("nucleus", "whole vocabulary", "vocabulary passes", "greedy", "top-k")
 SAMPLE_INFO = (*SAMPLE_PATHS, "redraws")
 _LOG2E = 1.4426950408889634
@@ -175,63 +174,65 @@ def _race_from(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, thre
 
 
 @triton.jit
-def _bisection_draw(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, top_k, top_p, m_all, z_all,
-                    key_top, draw_seed, BLOCK: tl.constexpr):  # fmt: skip
-    """The kept set as {v: key_v >= threshold}, found by bisection over the int32 keys, then the draw: exact
-    for any nucleus and top_k, each probe one pass over the vocabulary."""
-    key_min = tl.full([], -2147483647, tl.int32)
-    # top_k: the largest key t with count(key >= t) >= top_k (all tokens when top_k = 0 or beyond them).
-    floor = key_min
-    if top_k > 0:
-        lo, hi = key_min.to(tl.int64), key_top.to(tl.int64)
-        while lo < hi:
-            mid = lo + (hi - lo + 1) // 2
-            count, _mass = _count_and_mass(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature,
-                                           mid.to(tl.int32), key_min, m_all, BLOCK)  # fmt: skip
-            if count >= top_k:
-                lo = mid
-            else:
-                hi = mid - 1
-        floor = lo.to(tl.int32)
-    # The kept top_k's mass (z_all without a top_k), then top_p: the smallest t >= floor whose mass strictly
-    # above is below top_p of it; a key is kept when key >= t.
-    z_kept = z_all
-    if top_k > 0:
-        _count, z_kept = _count_and_mass(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature,
-                                         floor - 1, floor, m_all, BLOCK)  # fmt: skip
-    threshold = floor
-    if top_p < 1.0:
-        lo, hi = floor.to(tl.int64), key_top.to(tl.int64)
-        while lo < hi:
-            mid = lo + (hi - lo) // 2
-            _count, mass = _count_and_mass(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature,
-                                           mid.to(tl.int32), floor, m_all, BLOCK)  # fmt: skip
-            if mass < top_p * z_kept:
-                hi = mid
-            else:
-                lo = mid + 1
-        threshold = lo.to(tl.int32)
-    return _race_from(
-        logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, threshold, draw_seed, BLOCK
-    )
+def _radix_digit(hist, remaining):
+    """In a 256-bin count histogram of one 8-bit digit: the highest bin whose count from the top (itself
+    included) reaches `remaining`, and the count strictly above that bin."""
+    bins = tl.arange(0, 256)
+    from_top = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
+    digit = tl.max(tl.where(from_top >= remaining, bins, -1), axis=0)
+    return digit, tl.sum(tl.where(bins > digit, hist, 0), axis=0)
 
 
 @triton.jit
-def _sorted_draw(key, value, index, r, p, n_exact, top_k, top_p, draw_seed):
-    """With a top_k: the candidates in descending order (rank r, probability p under the exact denominator),
-    the kept prefix and its draw. Returns (token, exact): not exact when the prefix may pass rank n_exact."""
-    in_k = r < top_k
-    p_k = tl.where(in_k, p, 0.0)
-    above = (tl.cumsum(p_k, axis=0) - p_k) / tl.sum(p_k, axis=0)  # the top_k's mass strictly above each rank
-    kept = in_k & ((above < top_p) | (r == 0))
-    n_kept = tl.sum(kept.to(tl.int32), axis=0)
-    # Ranks 0 .. n_exact are the vocabulary's own (rank n_exact is the first token with key T: some chunk's C-th
-    # candidate is T, and a chunk holds its lowest-index ties first), so the kept prefix is exact when it stops
-    # by rank n_exact: dropped there, or cut by a top_k of at most n_exact + 1.
-    exact = (top_k <= n_exact + 1) & ((n_kept <= n_exact) | (n_kept == top_k))
-    score = tl.where(kept, value + _gumbel(draw_seed, index), float("-inf"))
+def _digit_histogram(key, ok, prefix, SHIFT: tl.constexpr):
+    """Counts of the 8-bit digit at SHIFT of the keys (as unsigned: key + 2^31) whose higher digits are
+    prefix's."""
+    u = key.to(tl.int64) + 2147483648
+    match = ok & ((u >> (SHIFT + 8)) == (prefix >> (SHIFT + 8)))
+    return tl.histogram(((u >> SHIFT) & 255).to(tl.int32), 256, mask=match)
+
+
+@triton.jit
+def _kth_key_of_candidates(key, ok, k):
+    """The k-th largest of the keys (radix select, 4 digits; ties counted), k <= how many are ok."""
+    prefix = tl.zeros([], dtype=tl.int64)
+    remaining = k
+    for d in tl.static_range(4):
+        digit, above = _radix_digit(_digit_histogram(key, ok, prefix, 24 - 8 * d), remaining)
+        remaining -= above
+        prefix += digit.to(tl.int64) << (24 - 8 * d)
+    return (prefix - 2147483648).to(tl.int32)
+
+
+@triton.jit
+def _kth_key_of_vocabulary(
+    logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, k, BLOCK: tl.constexpr
+):
+    """The k-th largest key over the vocabulary, k <= vocab_limit: radix select, a pass per 8-bit digit."""
+    prefix = tl.zeros([], dtype=tl.int64)
+    remaining = k
+    for d in tl.static_range(4):
+        hist = tl.zeros([256], dtype=tl.int32)
+        start = 0
+        while start < vocab_limit:
+            offs = start + tl.arange(0, BLOCK)
+            key = _order_key(
+                _scaled_logits(logits_ptr, seen_ptr, offs, vocab_limit, penalty, inv_temperature)
+            )
+            hist += _digit_histogram(key, offs < vocab_limit, prefix, 24 - 8 * d)
+            start += BLOCK
+        digit, above = _radix_digit(hist, remaining)
+        remaining -= above
+        prefix += digit.to(tl.int64) << (24 - 8 * d)
+    return (prefix - 2147483648).to(tl.int32)
+
+
+@triton.jit
+def _candidates_race(key, value, index, floor, draw_seed):
+    """The draw (l + Gumbel, first index on ties) among the candidates with a key >= floor."""
+    score = tl.where(key >= floor, value + _gumbel(draw_seed, index), float("-inf"))
     best = tl.max(score, axis=0)
-    return tl.min(tl.where(score == best, index, 0x7FFFFFFF), axis=0), exact
+    return tl.min(tl.where(score == best, index, 0x7FFFFFFF), axis=0)
 
 
 @triton.jit
@@ -290,62 +291,69 @@ def _sample_pick_kernel(
     if temperature <= 0:  # greedy with a repetition penalty: the largest key, first index on ties
         token = 0x7FFFFFFF - (tl.max(packed, axis=0) & 0xFFFFFFFF).to(tl.int32)
         path = 3
-    elif top_k == 0:
-        # The chunks' draw over the whole vocabulary is a draw from p. With top_p < 1 it is kept when the mass
-        # strictly above it is below top_p; otherwise it is drawn again (fresh noise) among the tokens above it,
-        # which hold the whole nucleus: accepted draws are then distributed as p over the nucleus. Each draw
-        # needs the candidates only while its key is at least T, else a pass over the vocabulary.
-        vals = tl.load(race_val_ptr + chunk, mask=chunk_ok, other=float("-inf"), cache_modifier=".cg")
-        idxs = tl.load(race_idx_ptr + chunk, mask=chunk_ok, other=0x7FFFFFFF, cache_modifier=".cg")
-        best = tl.max(vals, axis=0)
-        token = tl.min(tl.where(vals == best, idxs, 0x7FFFFFFF), axis=0)
-        path = 1
+    else:
+        key = (packed >> 32).to(tl.int32)
+        value = tl.where(key == -2147483647 - 1, float("-inf"), _key_value(key))  # (padding: -inf)
+        index = 0x7FFFFFFF - (packed & 0xFFFFFFFF).to(tl.int32)
+        p = tl.exp2((value - m_all) * 1.4426950408889634) / z_all  # [PROGRAMS * C], exact probabilities
+        # The field F: the tokens with key >= floor (the top_k's, ties included; everything without a top_k),
+        # its mass z_f (of z_all), and a first draw from softmax(l) over it, with draw 0's noise.
+        floor = tl.full([], -2147483647 - 1, tl.int32)
+        z_f = 1.0
+        path = tl.where(top_p < 1.0, 0, 1)
+        if top_k == 0:  # the chunks raced the whole vocabulary
+            vals = tl.load(race_val_ptr + chunk, mask=chunk_ok, other=float("-inf"), cache_modifier=".cg")
+            idxs = tl.load(race_idx_ptr + chunk, mask=chunk_ok, other=0x7FFFFFFF, cache_modifier=".cg")
+            best = tl.max(vals, axis=0)
+            token = tl.min(tl.where(vals == best, idxs, 0x7FFFFFFF), axis=0)
+        elif top_k < vocab_limit:
+            path = 4
+            n_exact = tl.sum((key > t_key).to(tl.int32), axis=0)
+            if top_k <= n_exact:  # the top_k are all candidates (and so are all their ties: floor > T)
+                floor = _kth_key_of_candidates(key, r < programs * C, top_k)
+                z_f = tl.sum(tl.where(key >= floor, p, 0.0), axis=0)
+                token = _candidates_race(key, value, index, floor, _draw_seed(seed_ptr, pos, 0))
+            else:
+                floor = _kth_key_of_vocabulary(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, top_k,
+                                               BLOCK)  # fmt: skip
+                _count, mass = _count_and_mass(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature,
+                                               floor - 1, floor, m_all, BLOCK)  # fmt: skip
+                z_f = mass / z_all
+                token = _race_from(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, floor,
+                                   _draw_seed(seed_ptr, pos, 0), BLOCK)  # fmt: skip
+                path = 2
+        else:  # a top_k that cuts nothing
+            token = _race_from(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, floor,
+                               _draw_seed(seed_ptr, pos, 0), BLOCK)  # fmt: skip
+            path = 2
         if top_p < 1.0:
-            key = (packed >> 32).to(tl.int32)
-            value = _key_value(key)
-            index = 0x7FFFFFFF - (packed & 0xFFFFFFFF).to(tl.int32)
-            p = tl.exp2((value - m_all) * 1.4426950408889634) / z_all
+            # Rejection: the draw is kept when F's mass strictly above it is below top_p of F's; otherwise it is
+            # drawn again (fresh noise) among the tokens of F above it, which hold the whole nucleus. The mass
+            # above a token with key >= T is a masked sum over the candidates, else a pass over the vocabulary.
             draw = tl.zeros([], dtype=tl.int32)
             done = tl.zeros([], dtype=tl.int1)
             while (done == 0) & (draw < MAX_DRAWS):
-                l_token = _scaled_logits(logits_ptr, seen_ptr, token, vocab_limit, penalty, inv_temperature)
-                key_token = _order_key(l_token)
+                key_token = _order_key(
+                    _scaled_logits(logits_ptr, seen_ptr, token, vocab_limit, penalty, inv_temperature)
+                )
                 if key_token >= t_key:
                     above = tl.sum(tl.where(key > key_token, p, 0.0), axis=0)
                 else:
                     _count, mass = _count_and_mass(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature,
-                                                   key_token, key_token, m_all, BLOCK)  # fmt: skip
+                                                   key_token, floor, m_all, BLOCK)  # fmt: skip
                     above = mass / z_all
                     path = 2
-                done = above < top_p
+                done = above < top_p * z_f
                 if done == 0:
                     draw += 1
                     draw_seed = _draw_seed(seed_ptr, pos, draw)
                     if key_token >= t_key:
-                        score = tl.where(key > key_token, value + _gumbel(draw_seed, index), float("-inf"))
-                        best = tl.max(score, axis=0)
-                        token = tl.min(tl.where(score == best, index, 0x7FFFFFFF), axis=0)
+                        token = _candidates_race(key, value, index, key_token + 1, draw_seed)
                     else:
                         token = _race_from(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature,
                                            key_token + 1, draw_seed, BLOCK)  # fmt: skip
                         path = 2
-            path = tl.where(path == 1, 0, path)
             tl.store(info_ptr + 5, tl.load(info_ptr + 5) + draw)
-    else:
-        # A top_k: the candidates sorted, exact when the kept prefix ends inside their exact prefix.
-        packed = tl.sort(packed, descending=True)
-        key = (packed >> 32).to(tl.int32)
-        value = _key_value(key)
-        index = 0x7FFFFFFF - (packed & 0xFFFFFFFF).to(tl.int32)
-        p = tl.exp2((value - m_all) * 1.4426950408889634) / z_all
-        n_exact = tl.sum((key > t_key).to(tl.int32), axis=0)
-        draw_seed = _draw_seed(seed_ptr, pos, 0)
-        token, exact = _sorted_draw(key, value, index, r, p, n_exact, top_k, top_p, draw_seed)
-        path = 4
-        if not exact:
-            token = _bisection_draw(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, top_k, top_p,
-                                    m_all, z_all, tl.max(key, axis=0), draw_seed, BLOCK)  # fmt: skip
-            path = 2
 
     tl.store(token_ptr, token.to(token_ptr.dtype.element_ty))
     tl.store(out_tokens_ptr + pos + 1, token.to(out_tokens_ptr.dtype.element_ty))

@@ -8,10 +8,9 @@ from kernels.sample import SAMPLE_PATHS, SampleScratch, gumbel_noise, sample_tok
 
 
 def reference_draw(logits, seen, params, vocab_limit, noise):
-    """fp64 on the CPU, the sampler's rules written out: (token, size of the kept set). noise(d): the Gumbel
-    noise [V] of draw d. With a top_k the kept set comes from a full sort and is raced with draw 0's noise;
-    without one, draw 0 races the whole vocabulary and a draw outside the nucleus is redrawn among the tokens
-    above it."""
+    """fp64 on the CPU, the sampler's rules written out with a full sort: (token, size of the kept set).
+    noise(d): the Gumbel noise [V] of draw d. Draw 0 races F (the top_k, or everything); a draw outside the
+    kept prefix is drawn again among F's tokens above it."""
     temperature, top_k, top_p, penalty = params.tolist()
     lg = logits.double().cpu().clone()
     lg[vocab_limit:] = float("-inf")
@@ -21,23 +20,22 @@ def reference_draw(logits, seen, params, vocab_limit, noise):
         return int(lg.argmax()), 1
     lg = lg / temperature
     order = torch.sort(lg, descending=True, stable=True).indices
-    keep = torch.ones(len(order), dtype=torch.bool)
+    in_f = torch.ones(len(order), dtype=torch.bool)
     if top_k > 0:
-        keep[int(top_k) :] = False
-    probs = torch.where(keep, lg[order], float("-inf")).softmax(0)
-    above = probs.cumsum(0) - probs  # the kept top_k's mass strictly above each rank
-    keep &= (above < top_p) | (torch.arange(len(order)) == 0)
-    kept = order[keep]
-    if top_k > 0:
-        return int(kept[(lg[kept] + noise(0)[kept]).argmax()]), len(kept)
-    p = lg.softmax(0)
-    token = int((lg + noise(0)).argmax())
+        in_f[int(top_k) :] = False
+    probs = torch.where(in_f, lg[order], float("-inf")).softmax(0)
+    above = probs.cumsum(0) - probs  # F's mass strictly above each rank
+    kept = order[in_f & ((above < top_p) | (torch.arange(len(order)) == 0))].tolist()
+    field = torch.zeros(len(lg), dtype=torch.bool)
+    field[order[in_f]] = True
+    p = torch.where(field, lg, float("-inf")).softmax(0)
+    token = int(torch.where(field, lg + noise(0), float("-inf")).argmax())
     for draw in range(1, 65):
         if p[lg > lg[token]].sum() < top_p:
             break
-        field = lg > lg[token]
+        field &= lg > lg[token]
         token = int(torch.where(field, lg + noise(draw), float("-inf")).argmax())
-    assert token in kept.tolist()
+    assert token in kept
     return token, len(kept)
 
 

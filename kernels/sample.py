@@ -100,21 +100,9 @@ def _draw_seed(seed_ptr, pos, draw):
 
 
 @triton.jit
-def _sample_scan_kernel(
-    logits_ptr,
-    seen_ptr,
-    params_ptr,
-    seed_ptr,
-    pos_ptr,
-    cand_ptr,
-    chunk_ml_ptr,
-    race_val_ptr,
-    race_idx_ptr,
-    vocab_limit,
-    CHUNK: tl.constexpr,
-    C: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
+def _sample_scan_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # the step's inputs
+                        cand_ptr, chunk_ml_ptr, race_val_ptr, race_idx_ptr,  # this launch's outputs
+                        vocab_limit, CHUNK: tl.constexpr, C: tl.constexpr, USE_PDL: tl.constexpr):  # fmt: skip
     pid = tl.program_id(0)
     if USE_PDL:  # everything below reads the head's logits or the previous step's bookkeeping
         gdc_wait()
@@ -242,30 +230,12 @@ def _candidates_race(key, value, index, floor, draw_seed):
 
 
 @triton.jit
-def _sample_pick_kernel(
-    logits_ptr,
-    seen_ptr,
-    params_ptr,
-    seed_ptr,
-    pos_ptr,
-    cand_ptr,
-    chunk_ml_ptr,
-    race_val_ptr,
-    race_idx_ptr,
-    token_ptr,
-    out_tokens_ptr,
-    ring_ptr,
-    info_ptr,
-    vocab_limit,
-    programs,
-    PROGRAMS: tl.constexpr,
-    C: tl.constexpr,
-    ALL_CANDIDATES: tl.constexpr,
-    BLOCK: tl.constexpr,
-    MAX_DRAWS: tl.constexpr,
-    RING: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
+def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # as the scan's
+                        cand_ptr, chunk_ml_ptr, race_val_ptr, race_idx_ptr,  # the scan's outputs
+                        token_ptr, out_tokens_ptr, ring_ptr, info_ptr,  # the step's bookkeeping, the path counts
+                        vocab_limit, programs, PROGRAMS: tl.constexpr, C: tl.constexpr, ALL_CANDIDATES: tl.constexpr,
+                        BLOCK: tl.constexpr, MAX_DRAWS: tl.constexpr, RING: tl.constexpr,
+                        USE_PDL: tl.constexpr):  # fmt: skip
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()

@@ -193,10 +193,10 @@ def time_contract(runner, prompt: list[int], new_tokens: int, runs: int, **sampl
     one()
     before = runner.sample_scratch.path_counts()
     result = {"tok_s": statistics.median(one() for _ in range(runs))}
-    if not params.greedy:  # which of kernels/sample.py's paths the timed steps took
-        after = runner.sample_scratch.path_counts()
-        result["sample_paths"] = {path: n - before[path] for path, n in after.items() if n > before[path]}
-    return result
+    # which of kernels/sample.py's paths the timed steps took (none for greedy ones)
+    after = runner.sample_scratch.path_counts()
+    paths = {path: n - before[path] for path, n in after.items() if n > before[path]}
+    return result | ({"sample_paths": paths} if paths else {})
 
 
 def skip_path_logits(model: Transformer, token: torch.Tensor) -> torch.Tensor:

@@ -40,14 +40,16 @@ from kernels import interpreted, pdl_kwargs
 # needed; greedy with a repetition penalty; a top_k settled from the candidates), then redraws.
 SAMPLE_PATHS = ("nucleus", "whole vocabulary", "vocabulary passes", "greedy", "top-k")
 SAMPLE_INFO = (*SAMPLE_PATHS, "redraws")
-_LOG2E = 1.4426950408889634
+_LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * log2(e))
 # Bits of a radix-select digit. H200, llama-3.2-1b: a top_k of 40 from the candidates 18 us a step with 4-bit
 # digits, 21 with 8-bit; a top_k of 1,000 (over the vocabulary) 771 / 760 us, where tl.histogram's per-element
 # updates make a pass ~3x one of plain sums (counting by [block, 16] compares instead: 2.1 ms).
 RADIX_BITS = tl.constexpr(4)
 RADIX_BINS = tl.constexpr(16)  # 2 ** RADIX_BITS
 MAX_DRAWS = 64  # redraws of a step, at most (each draw shrinks the field strictly; the expected count is < 1)
-_INDEX_MAX = 0x7FFFFFFF  # the low half of a packed key holds _INDEX_MAX - index: lower indices sort higher
+# A packed key's low half holds _INDEX_MAX - index: lower indices sort higher. (Kernels write it
+# -index + _INDEX_MAX: a tensor on the left, which the interpreter needs.)
+_INDEX_MAX = tl.constexpr(0x7FFFFFFF)
 
 
 @triton.jit
@@ -83,6 +85,13 @@ def _gumbel(step_seed, offs):
 
 
 @triton.jit
+def _first_argmax(score, index):
+    """(max of score, the lowest index holding it): a draw's winner, ties to the first token."""
+    best = tl.max(score, axis=0)
+    return best, tl.min(tl.where(score == best, index, _INDEX_MAX), axis=0)
+
+
+@triton.jit
 def _params(params_ptr):
     temperature = tl.load(params_ptr)
     top_k = tl.load(params_ptr + 1).to(tl.int32)
@@ -114,36 +123,33 @@ def _sample_scan_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
     m = tl.max(lg, axis=0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)  # a chunk past the vocabulary
     tl.store(chunk_ml_ptr + 2 * pid, m)
-    tl.store(chunk_ml_ptr + 2 * pid + 1, tl.sum(tl.exp2((lg - m_safe) * 1.4426950408889634), axis=0))
+    tl.store(chunk_ml_ptr + 2 * pid + 1, tl.sum(tl.exp2((lg - m_safe) * _LOG2E), axis=0))
 
     # The C largest, as int64 keys (order key of l << 32 | INDEX_MAX - v): sorted, ties go to the lower index.
-    packed = (_order_key(lg).to(tl.int64) << 32) | (0x7FFFFFFF - offs).to(tl.int64)
+    packed = (_order_key(lg).to(tl.int64) << 32) | (-offs + _INDEX_MAX).to(tl.int64)
     tl.store(cand_ptr + pid * C + tl.arange(0, C), tl.topk(packed, C))
 
     if (temperature > 0) & (top_k == 0):  # this chunk's part of the first draw, over the whole vocabulary
-        score = lg + _gumbel(_draw_seed(seed_ptr, tl.load(pos_ptr), 0), offs)
-        best = tl.max(score, axis=0)
+        best, at = _first_argmax(lg + _gumbel(_draw_seed(seed_ptr, tl.load(pos_ptr), 0), offs), offs)
         tl.store(race_val_ptr + pid, best)
-        tl.store(race_idx_ptr + pid, tl.min(tl.where(score == best, offs, 0x7FFFFFFF), axis=0))
+        tl.store(race_idx_ptr + pid, at)
 
 
 @triton.jit
-def _count_and_mass(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, above, floor, m_all,
-                    BLOCK: tl.constexpr):  # fmt: skip
-    """Over the whole vocabulary: how many keys are >= above, and the softmax mass (unnormalised, relative to
-    m_all) of the keys > above that are also >= floor."""
-    count = tl.zeros([], dtype=tl.int32)
+def _mass_above(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, above, floor, m_all,
+                BLOCK: tl.constexpr):  # fmt: skip
+    """One pass over the vocabulary: the softmax mass (unnormalised, relative to m_all) of the keys > above that
+    are also >= floor."""
     mass = tl.zeros([], dtype=tl.float32)
     start = 0
     while start < vocab_limit:  # a while loop: the interpreter takes no tensor bound in range()
         offs = start + tl.arange(0, BLOCK)
         lg = _scaled_logits(logits_ptr, seen_ptr, offs, vocab_limit, penalty, inv_temperature)
         key = _order_key(lg)
-        count += tl.sum((key >= above) & (offs < vocab_limit), axis=0).to(tl.int32)
         inside = (key > above) & (key >= floor)
-        mass += tl.sum(tl.where(inside, tl.exp2((lg - m_all) * 1.4426950408889634), 0.0), axis=0)
+        mass += tl.sum(tl.where(inside, tl.exp2((lg - m_all) * _LOG2E), 0.0), axis=0)
         start += BLOCK
-    return count, mass
+    return mass
 
 
 @triton.jit
@@ -158,8 +164,7 @@ def _race_from(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, thre
         lg = _scaled_logits(logits_ptr, seen_ptr, offs, vocab_limit, penalty, inv_temperature)
         inside = (_order_key(lg) >= threshold) & (offs < vocab_limit)
         score = tl.where(inside, lg + _gumbel(draw_seed, offs), float("-inf"))
-        block_best = tl.max(score, axis=0)
-        block_at = tl.min(tl.where(score == block_best, offs, 0x7FFFFFFF), axis=0)
+        block_best, block_at = _first_argmax(score, offs)
         take = block_best > best
         best, token = tl.where(take, block_best, best), tl.where(take, block_at, token)
         start += BLOCK
@@ -224,9 +229,7 @@ def _kth_key_of_vocabulary(
 @triton.jit
 def _candidates_race(key, value, index, floor, draw_seed):
     """The draw (l + Gumbel, first index on ties) among the candidates with a key >= floor."""
-    score = tl.where(key >= floor, value + _gumbel(draw_seed, index), float("-inf"))
-    best = tl.max(score, axis=0)
-    return tl.min(tl.where(score == best, index, 0x7FFFFFFF), axis=0)
+    return _first_argmax(tl.where(key >= floor, value + _gumbel(draw_seed, index), float("-inf")), index)[1]
 
 
 @triton.jit
@@ -248,7 +251,7 @@ def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
     ms = tl.load(chunk_ml_ptr + 2 * chunk, mask=chunk_ok, other=float("-inf"), cache_modifier=".cg")
     ss = tl.load(chunk_ml_ptr + 2 * chunk + 1, mask=chunk_ok, other=0.0, cache_modifier=".cg")
     m_all = tl.max(ms, axis=0)
-    z_all = tl.sum(ss * tl.exp2((ms - m_all) * 1.4426950408889634), axis=0)
+    z_all = tl.sum(ss * tl.exp2((ms - m_all) * _LOG2E), axis=0)
 
     # Every chunk's C largest (unsorted across chunks): [PROGRAMS * C].
     r = tl.arange(0, PROGRAMS * C)
@@ -265,13 +268,13 @@ def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
     token = tl.zeros([], dtype=tl.int32)
     path = tl.zeros([], dtype=tl.int32)
     if temperature <= 0:  # greedy with a repetition penalty: the largest key, first index on ties
-        token = 0x7FFFFFFF - (tl.max(packed, axis=0) & 0xFFFFFFFF).to(tl.int32)
+        token = -(tl.max(packed, axis=0) & 0xFFFFFFFF).to(tl.int32) + _INDEX_MAX
         path = 3
     else:
         key = (packed >> 32).to(tl.int32)
         value = tl.where(key == -2147483647 - 1, float("-inf"), _key_value(key))  # (padding: -inf)
-        index = 0x7FFFFFFF - (packed & 0xFFFFFFFF).to(tl.int32)
-        p = tl.exp2((value - m_all) * 1.4426950408889634) / z_all  # [PROGRAMS * C], exact probabilities
+        index = -(packed & 0xFFFFFFFF).to(tl.int32) + _INDEX_MAX
+        p = tl.exp2((value - m_all) * _LOG2E) / z_all  # [PROGRAMS * C], exact probabilities
         # The field F: the tokens with key >= floor (the top_k's, ties included; everything without a top_k),
         # its mass z_f (of z_all), and a first draw from softmax(l) over it, with draw 0's noise.
         floor = tl.full([], -2147483647 - 1, tl.int32)
@@ -279,9 +282,8 @@ def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
         path = tl.where(top_p < 1.0, 0, 1)
         if top_k == 0:  # the chunks raced the whole vocabulary
             vals = tl.load(race_val_ptr + chunk, mask=chunk_ok, other=float("-inf"), cache_modifier=".cg")
-            idxs = tl.load(race_idx_ptr + chunk, mask=chunk_ok, other=0x7FFFFFFF, cache_modifier=".cg")
-            best = tl.max(vals, axis=0)
-            token = tl.min(tl.where(vals == best, idxs, 0x7FFFFFFF), axis=0)
+            idxs = tl.load(race_idx_ptr + chunk, mask=chunk_ok, other=_INDEX_MAX, cache_modifier=".cg")
+            token = _first_argmax(vals, idxs)[1]
         elif top_k < vocab_limit:
             path = 4
             n_exact = tl.sum((key > t_key).to(tl.int32), axis=0)
@@ -292,9 +294,8 @@ def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
             else:
                 floor = _kth_key_of_vocabulary(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, top_k,
                                                BLOCK)  # fmt: skip
-                _count, mass = _count_and_mass(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature,
-                                               floor - 1, floor, m_all, BLOCK)  # fmt: skip
-                z_f = mass / z_all
+                z_f = _mass_above(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, floor - 1, floor,
+                                  m_all, BLOCK) / z_all  # fmt: skip
                 token = _race_from(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, floor,
                                    _draw_seed(seed_ptr, pos, 0), BLOCK)  # fmt: skip
                 path = 2
@@ -315,9 +316,8 @@ def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
                 if key_token >= t_key:
                     above = tl.sum(tl.where(key > key_token, p, 0.0), axis=0)
                 else:
-                    _count, mass = _count_and_mass(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature,
-                                                   key_token, floor, m_all, BLOCK)  # fmt: skip
-                    above = mass / z_all
+                    above = _mass_above(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, key_token,
+                                        floor, m_all, BLOCK) / z_all  # fmt: skip
                     path = 2
                 done = above < top_p * z_f
                 if done == 0:
@@ -343,8 +343,8 @@ def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
 def _pick_blocks(vocab: int) -> tuple[int, int]:
     """(chunk, candidates): chunks of 1,024 logits (more, smaller scan programs finish sooner), and at most
     2,048 candidates for the pick (its masked sums and radix select cost in proportion), 16 a chunk at most.
-    H200, the page's settings: llama-3.2-1b (126 chunks x 16) 11.7 us a step; qwen3-1.7b 19.3 us with 75 chunks
-    of 2,048 x 16."""
+    H200, the page's settings: llama-3.2-1b (126 chunks x 16) 11.7 us a step; qwen3-1.7b (149 chunks x 8) 11.9 us,
+    against 19.3 with 75 chunks of 2,048 x 16."""
     chunk = 1024
     while triton.cdiv(vocab, chunk) > 256:
         chunk *= 2
@@ -417,7 +417,8 @@ def sample_token(
     _sample_pick_kernel[(1,)](
         *common, token, out_tokens, host_ring if host_ring is not None else token, scratch.info, vocab_limit,
         scratch.programs, PROGRAMS=triton.next_power_of_2(scratch.programs), C=scratch.candidates,
-        ALL_CANDIDATES=scratch.chunk == scratch.candidates, MAX_DRAWS=MAX_DRAWS, BLOCK=256 if interpreted() else 2048, RING=host_ring.numel() if host_ring is not None else 0,
+        ALL_CANDIDATES=scratch.chunk == scratch.candidates, MAX_DRAWS=MAX_DRAWS,
+        BLOCK=256 if interpreted() else 2048, RING=host_ring.numel() if host_ring is not None else 0,
         USE_PDL=use_pdl, num_warps=8, **pdl_kwargs(use_pdl),
     )  # fmt: skip
     return token

@@ -19,14 +19,17 @@ its C largest logits as int64 keys that order like (value, -index), and, without
 (the first draw, over the whole vocabulary). Launch 2, `_sample_pick_kernel` (one program): the exact softmax
 denominator from the P partial sums and T, the largest of the chunks' C-th candidates: every token with a key
 above T is a candidate. So F's k-th largest key (a radix select over the candidates' keys), F's mass, the
-first draw over F, and the mass above any draw with key >= T are all masked sums over the candidates; only a
-top_k larger than the candidates above T, or a draw below T (a nucleus wider than the candidates' exact prefix,
-at a high temperature) costs passes over the vocabulary, in this one program (~20 us a pass on an H200 at
-128k tokens; a radix select takes 4).
+first draw over F, and the mass above any draw with key >= T are all masked sums over the candidates. A top_k
+larger than the candidates above T, or a draw below T (a nucleus wider than the candidates' exact prefix, at a
+high temperature), costs one pass over the vocabulary, in this one program: it writes the band, the tokens with
+a key between a lower bound and T (for a top_k, the candidates' k-th key: they are part of the vocabulary; for
+a draw, its own key: later draws lie above it), and the rest of the step works on the candidates above T and
+the band (usually a few hundred tokens).
 
 `info` counts the steps by path (SAMPLE_PATHS) and the redraws, for tests and the benchmark.
 
-Bytes: the logits (4 V) and the seen flags (V) once in launch 1, P * C candidates in launch 2.
+Bytes: the logits (4 V) and the seen flags (V) once in launch 1, P * C candidates in launch 2 (and, for the
+band, the logits and flags once more and the band twice per radix digit).
 """
 
 import torch
@@ -36,9 +39,9 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import interpreted, pdl_kwargs
 
-# What info counts: steps by path (a top_p settled from the candidates; nothing cut; passes over the vocabulary
-# needed; greedy with a repetition penalty; a top_k settled from the candidates), then redraws.
-SAMPLE_PATHS = ("nucleus", "whole vocabulary", "vocabulary passes", "greedy", "top-k")
+# What info counts: steps by path (a top_p settled from the candidates; nothing cut; the band's pass over the
+# vocabulary needed; greedy with a repetition penalty; a top_k settled from the candidates), then redraws.
+SAMPLE_PATHS = ("nucleus", "whole vocabulary", "vocabulary pass", "greedy", "top-k")
 SAMPLE_INFO = (*SAMPLE_PATHS, "redraws")
 _LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * log2(e))
 # Bits of a radix-select digit. H200, llama-3.2-1b: a top_k of 40 from the candidates 18 us a step with 4-bit
@@ -46,6 +49,9 @@ _LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * log2(e))
 # updates make a pass ~3x one of plain sums (counting by [block, 16] compares instead: 2.1 ms).
 RADIX_BITS = tl.constexpr(4)
 RADIX_BINS = tl.constexpr(16)  # 2 ** RADIX_BITS
+# Band entries a loop step reads (the band is usually a few hundred tokens; a pass over the vocabulary reads
+# 2,048 logits a step).
+BAND_BLOCK = 512
 MAX_DRAWS = 64  # redraws of a step, at most (each draw shrinks the field strictly; the expected count is < 1)
 # A packed key's low half holds _INDEX_MAX - index: lower indices sort higher. (Kernels write it
 # -index + _INDEX_MAX: a tensor on the left, which the interpreter needs.)
@@ -129,46 +135,10 @@ def _sample_scan_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
     packed = (_order_key(lg).to(tl.int64) << 32) | (-offs + _INDEX_MAX).to(tl.int64)
     tl.store(cand_ptr + pid * C + tl.arange(0, C), tl.topk(packed, C))
 
-    if (temperature > 0) & (top_k == 0):  # this chunk's part of the first draw, over the whole vocabulary
+    if (temperature > 0) & ((top_k == 0) | (top_k >= vocab_limit)):  # its part of a draw over the vocabulary
         best, at = _first_argmax(lg + _gumbel(_draw_seed(seed_ptr, tl.load(pos_ptr), 0), offs), offs)
         tl.store(race_val_ptr + pid, best)
         tl.store(race_idx_ptr + pid, at)
-
-
-@triton.jit
-def _mass_above(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, above, floor, m_all,
-                BLOCK: tl.constexpr):  # fmt: skip
-    """One pass over the vocabulary: the softmax mass (unnormalised, relative to m_all) of the keys > above that
-    are also >= floor."""
-    mass = tl.zeros([], dtype=tl.float32)
-    start = 0
-    while start < vocab_limit:  # a while loop: the interpreter takes no tensor bound in range()
-        offs = start + tl.arange(0, BLOCK)
-        lg = _scaled_logits(logits_ptr, seen_ptr, offs, vocab_limit, penalty, inv_temperature)
-        key = _order_key(lg)
-        inside = (key > above) & (key >= floor)
-        mass += tl.sum(tl.where(inside, tl.exp2((lg - m_all) * _LOG2E), 0.0), axis=0)
-        start += BLOCK
-    return mass
-
-
-@triton.jit
-def _race_from(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, threshold, draw_seed,
-               BLOCK: tl.constexpr):  # fmt: skip
-    """One pass over the vocabulary: the draw (l + Gumbel, first index on ties) among the keys >= threshold."""
-    best = tl.full([], float("-inf"), tl.float32)
-    token = tl.zeros([], dtype=tl.int32)
-    start = 0
-    while start < vocab_limit:
-        offs = start + tl.arange(0, BLOCK)
-        lg = _scaled_logits(logits_ptr, seen_ptr, offs, vocab_limit, penalty, inv_temperature)
-        inside = (_order_key(lg) >= threshold) & (offs < vocab_limit)
-        score = tl.where(inside, lg + _gumbel(draw_seed, offs), float("-inf"))
-        block_best, block_at = _first_argmax(score, offs)
-        take = block_best > best
-        best, token = tl.where(take, block_best, best), tl.where(take, block_at, token)
-        start += BLOCK
-    return token
 
 
 @triton.jit
@@ -204,21 +174,47 @@ def _kth_key_of_candidates(key, ok, k):
 
 
 @triton.jit
-def _kth_key_of_vocabulary(
-    logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, k, BLOCK: tl.constexpr
-):
-    """The k-th largest key over the vocabulary, k <= vocab_limit: radix select, a pass per digit."""
+def _fill_band(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, low, high, band_ptr,
+               BLOCK: tl.constexpr):  # fmt: skip
+    """The step's one pass over the vocabulary: the tokens with low <= key <= high, packed like the candidates,
+    written to band_ptr[0, n); returns n. (The tokens above high, T, are all candidates already.)"""
+    n = tl.zeros([], dtype=tl.int32)
+    start = 0
+    while start < vocab_limit:  # a while loop: the interpreter takes no tensor bound in range()
+        offs = start + tl.arange(0, BLOCK)
+        key = _order_key(_scaled_logits(logits_ptr, seen_ptr, offs, vocab_limit, penalty, inv_temperature))
+        inside = (key >= low) & (key <= high) & (offs < vocab_limit)
+        slot = n + tl.cumsum(inside.to(tl.int32), axis=0) - 1
+        packed = (key.to(tl.int64) << 32) | (-offs + _INDEX_MAX).to(tl.int64)
+        tl.store(band_ptr + slot, packed, mask=inside)
+        n += tl.sum(inside.to(tl.int32), axis=0)
+        start += BLOCK
+    tl.debug_barrier()  # every thread's band entries are written before any thread reads them
+    return n
+
+
+@triton.jit
+def _load_band(band_ptr, n_band, start, BLOCK: tl.constexpr):
+    """Band entries [start, start + BLOCK) as (ok, key, value, index); L1 is bypassed: this program wrote them."""
+    r = start + tl.arange(0, BLOCK)
+    ok = r < n_band
+    packed = tl.load(band_ptr + r, mask=ok, other=-9223372036854775807, cache_modifier=".cg")
+    key = (packed >> 32).to(tl.int32)
+    index = -(packed & 0xFFFFFFFF).to(tl.int32) + _INDEX_MAX
+    return ok, key, tl.where(ok, _key_value(key), float("-inf")), index
+
+
+@triton.jit
+def _kth_key_of_band(band_ptr, n_band, k, BLOCK: tl.constexpr):
+    """The k-th largest key of the band, k <= n_band: radix select, a pass over the band per digit."""
     prefix = tl.zeros([], dtype=tl.int64)
     remaining = k
     for d in tl.static_range(32 // RADIX_BITS):
         hist = tl.zeros([RADIX_BINS], dtype=tl.int32)
         start = 0
-        while start < vocab_limit:
-            offs = start + tl.arange(0, BLOCK)
-            key = _order_key(
-                _scaled_logits(logits_ptr, seen_ptr, offs, vocab_limit, penalty, inv_temperature)
-            )
-            hist += _digit_histogram(key, offs < vocab_limit, prefix, 32 - RADIX_BITS * (d + 1))
+        while start < n_band:
+            ok, key, _, _ = _load_band(band_ptr, n_band, start, BLOCK)
+            hist += _digit_histogram(key, ok, prefix, 32 - RADIX_BITS * (d + 1))
             start += BLOCK
         digit, above = _radix_digit(hist, remaining)
         remaining -= above
@@ -227,17 +223,46 @@ def _kth_key_of_vocabulary(
 
 
 @triton.jit
+def _band_mass(band_ptr, n_band, floor, m_all, BLOCK: tl.constexpr):
+    """The softmax mass (unnormalised, relative to m_all) of the band's keys >= floor."""
+    mass = tl.zeros([], dtype=tl.float32)
+    start = 0
+    while start < n_band:
+        ok, key, value, _ = _load_band(band_ptr, n_band, start, BLOCK)
+        mass += tl.sum(tl.where(ok & (key >= floor), tl.exp2((value - m_all) * _LOG2E), 0.0), axis=0)
+        start += BLOCK
+    return mass
+
+
+@triton.jit
 def _candidates_race(key, value, index, floor, draw_seed):
-    """The draw (l + Gumbel, first index on ties) among the candidates with a key >= floor."""
-    return _first_argmax(tl.where(key >= floor, value + _gumbel(draw_seed, index), float("-inf")), index)[1]
+    """The draw among the candidates with a key >= floor: (l + Gumbel of the winner, its token; first index on
+    ties)."""
+    return _first_argmax(tl.where(key >= floor, value + _gumbel(draw_seed, index), float("-inf")), index)
+
+
+@triton.jit
+def _race_with_band(key, value, index, band_ptr, n_band, floor, draw_seed, BLOCK: tl.constexpr):
+    """The draw among the tokens with a key >= floor, for floor <= T: the candidates and the band's (a token in
+    both races twice with the same noise, which changes no winner)."""
+    best, token = _candidates_race(key, value, index, floor, draw_seed)
+    start = 0
+    while start < n_band:
+        ok, b_key, b_value, b_index = _load_band(band_ptr, n_band, start, BLOCK)
+        score = tl.where(ok & (b_key >= floor), b_value + _gumbel(draw_seed, b_index), float("-inf"))
+        block_best, block_at = _first_argmax(score, tl.where(ok, b_index, _INDEX_MAX))
+        take = (block_best > best) | ((block_best == best) & (block_at < token))
+        best, token = tl.where(take, block_best, best), tl.where(take, block_at, token)
+        start += BLOCK
+    return token
 
 
 @triton.jit
 def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # as the scan's
                         cand_ptr, chunk_ml_ptr, race_val_ptr, race_idx_ptr,  # the scan's outputs
-                        token_ptr, out_tokens_ptr, ring_ptr, info_ptr,  # the step's bookkeeping, the path counts
+                        token_ptr, out_tokens_ptr, ring_ptr, info_ptr, band_ptr,  # bookkeeping, path counts, band
                         vocab_limit, programs, PROGRAMS: tl.constexpr, C: tl.constexpr, ALL_CANDIDATES: tl.constexpr,
-                        BLOCK: tl.constexpr, MAX_DRAWS: tl.constexpr, RING: tl.constexpr,
+                        BLOCK: tl.constexpr, BAND_BLOCK: tl.constexpr, MAX_DRAWS: tl.constexpr, RING: tl.constexpr,
                         USE_PDL: tl.constexpr):  # fmt: skip
     if USE_PDL:
         gdc_wait()
@@ -255,14 +280,16 @@ def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
 
     # Every chunk's C largest (unsorted across chunks): [PROGRAMS * C].
     r = tl.arange(0, PROGRAMS * C)
-    packed = tl.load(cand_ptr + r, mask=r < programs * C, other=-9223372036854775807, cache_modifier=".cg")
+    r_ok = r < programs * C
+    packed = tl.load(cand_ptr + r, mask=r_ok, other=-9223372036854775807, cache_modifier=".cg")
     # T: the largest of the chunks' C-th candidates. Every token with a key above T is a candidate (none, when
     # the chunks are C logits long or each holds fewer than C finite ones).
     last = tl.load(
         cand_ptr + chunk * C + C - 1, mask=chunk_ok, other=-9223372036854775807, cache_modifier=".cg"
     )
     t_key = tl.max((last >> 32).to(tl.int32), axis=0)
-    if ALL_CANDIDATES | (t_key == _order_key(tl.full([], float("-inf"), tl.float32))):
+    no_t = ALL_CANDIDATES | (t_key == _order_key(tl.full([], float("-inf"), tl.float32)))
+    if no_t:
         t_key = tl.full([], -2147483647 - 1, tl.int32)
 
     token = tl.zeros([], dtype=tl.int32)
@@ -275,38 +302,42 @@ def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
         value = tl.where(key == -2147483647 - 1, float("-inf"), _key_value(key))  # (padding: -inf)
         index = -(packed & 0xFFFFFFFF).to(tl.int32) + _INDEX_MAX
         p = tl.exp2((value - m_all) * _LOG2E) / z_all  # [PROGRAMS * C], exact probabilities
+        n_exact = tl.sum((key > t_key).to(tl.int32), axis=0)
+        mass_above_t = tl.sum(tl.where(key > t_key, p, 0.0), axis=0)
+        # The band: the tokens with a key in [low, T], written by the step's one pass over the vocabulary, made
+        # when F or a draw reaches below T (n_band < 0: not made). With the candidates above T it holds all of F
+        # at or above its lowest key.
+        n_band = tl.full([], -1, tl.int32)
         # The field F: the tokens with key >= floor (the top_k's, ties included; everything without a top_k),
         # its mass z_f (of z_all), and a first draw from softmax(l) over it, with draw 0's noise.
         floor = tl.full([], -2147483647 - 1, tl.int32)
         z_f = 1.0
         path = tl.where(top_p < 1.0, 0, 1)
-        if top_k == 0:  # the chunks raced the whole vocabulary
+        if (top_k == 0) | (top_k >= vocab_limit):  # the chunks raced the whole vocabulary
             vals = tl.load(race_val_ptr + chunk, mask=chunk_ok, other=float("-inf"), cache_modifier=".cg")
             idxs = tl.load(race_idx_ptr + chunk, mask=chunk_ok, other=_INDEX_MAX, cache_modifier=".cg")
             token = _first_argmax(vals, idxs)[1]
-        elif top_k < vocab_limit:
+        elif (top_k <= n_exact) | no_t:  # the top_k are all candidates (and so are all their ties: floor > T)
+            floor = _kth_key_of_candidates(key, r_ok, tl.minimum(top_k, n_exact))
+            z_f = tl.sum(tl.where(key >= floor, p, 0.0), axis=0)
+            token = _candidates_race(key, value, index, floor, _draw_seed(seed_ptr, pos, 0))[1]
             path = 4
-            n_exact = tl.sum((key > t_key).to(tl.int32), axis=0)
-            if top_k <= n_exact:  # the top_k are all candidates (and so are all their ties: floor > T)
-                floor = _kth_key_of_candidates(key, r < programs * C, top_k)
-                z_f = tl.sum(tl.where(key >= floor, p, 0.0), axis=0)
-                token = _candidates_race(key, value, index, floor, _draw_seed(seed_ptr, pos, 0))
-            else:
-                floor = _kth_key_of_vocabulary(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, top_k,
-                                               BLOCK)  # fmt: skip
-                z_f = _mass_above(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, floor - 1, floor,
-                                  m_all, BLOCK) / z_all  # fmt: skip
-                token = _race_from(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, floor,
-                                   _draw_seed(seed_ptr, pos, 0), BLOCK)  # fmt: skip
-                path = 2
-        else:  # a top_k that cuts nothing
-            token = _race_from(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, floor,
-                               _draw_seed(seed_ptr, pos, 0), BLOCK)  # fmt: skip
+        else:
+            # F's lowest key is at most T, and at least the candidates' k-th (they are part of the vocabulary).
+            low = tl.full([], -2147483647 - 1, tl.int32)
+            if top_k <= programs * C:
+                low = _kth_key_of_candidates(key, r_ok, top_k)
+            n_band = _fill_band(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, low, t_key, band_ptr,
+                                BLOCK)  # fmt: skip
+            floor = _kth_key_of_band(band_ptr, n_band, top_k - n_exact, BAND_BLOCK)
+            z_f = mass_above_t + _band_mass(band_ptr, n_band, floor, m_all, BAND_BLOCK) / z_all
+            token = _race_with_band(key, value, index, band_ptr, n_band, floor, _draw_seed(seed_ptr, pos, 0),
+                                    BAND_BLOCK)  # fmt: skip
             path = 2
         if top_p < 1.0:
             # Rejection: the draw is kept when F's mass strictly above it is below top_p of F's; otherwise it is
-            # drawn again (fresh noise) among the tokens of F above it, which hold the whole nucleus. The mass
-            # above a token with key >= T is a masked sum over the candidates, else a pass over the vocabulary.
+            # drawn again (fresh noise) among the tokens of F above it, which hold the whole nucleus. Above T that
+            # is the candidates'; below, the band's too (made from the draw's key if F did not need it).
             draw = tl.zeros([], dtype=tl.int32)
             done = tl.zeros([], dtype=tl.int1)
             while (done == 0) & (draw < MAX_DRAWS):
@@ -316,19 +347,22 @@ def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
                 if key_token >= t_key:
                     above = tl.sum(tl.where(key > key_token, p, 0.0), axis=0)
                 else:
-                    above = _mass_above(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, key_token,
-                                        floor, m_all, BLOCK) / z_all  # fmt: skip
-                    path = 2
+                    if n_band < 0:  # later draws all lie above this one
+                        n_band = _fill_band(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, key_token,
+                                            t_key, band_ptr, BLOCK)  # fmt: skip
+                        path = 2
+                    above = (
+                        mass_above_t + _band_mass(band_ptr, n_band, key_token + 1, m_all, BAND_BLOCK) / z_all
+                    )
                 done = above < top_p * z_f
                 if done == 0:
                     draw += 1
                     draw_seed = _draw_seed(seed_ptr, pos, draw)
                     if key_token >= t_key:
-                        token = _candidates_race(key, value, index, key_token + 1, draw_seed)
+                        token = _candidates_race(key, value, index, key_token + 1, draw_seed)[1]
                     else:
-                        token = _race_from(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature,
-                                           key_token + 1, draw_seed, BLOCK)  # fmt: skip
-                        path = 2
+                        token = _race_with_band(key, value, index, band_ptr, n_band, key_token + 1, draw_seed,
+                                                BAND_BLOCK)  # fmt: skip
             tl.store(info_ptr + 5, tl.load(info_ptr + 5) + draw)
 
     tl.store(token_ptr, token.to(token_ptr.dtype.element_ty))
@@ -368,6 +402,7 @@ class SampleScratch:
         self.chunk_ml = torch.empty(2 * self.programs, dtype=torch.float32, device=device)
         self.race_val = torch.empty(self.programs, dtype=torch.float32, device=device)
         self.race_idx = torch.empty(self.programs, dtype=torch.int32, device=device)
+        self.band = torch.empty(self.programs * chunk, dtype=torch.int64, device=device)
         self.info = torch.zeros(len(SAMPLE_INFO), dtype=torch.int32, device=device)
 
     def path_counts(self) -> dict[str, int]:
@@ -415,10 +450,12 @@ def sample_token(
         num_warps=4, **pdl_kwargs(use_pdl),
     )  # fmt: skip
     _sample_pick_kernel[(1,)](
-        *common, token, out_tokens, host_ring if host_ring is not None else token, scratch.info, vocab_limit,
+        *common, token, out_tokens, host_ring if host_ring is not None else token, scratch.info, scratch.band,
+        vocab_limit,
         scratch.programs, PROGRAMS=triton.next_power_of_2(scratch.programs), C=scratch.candidates,
         ALL_CANDIDATES=scratch.chunk == scratch.candidates, MAX_DRAWS=MAX_DRAWS,
-        BLOCK=256 if interpreted() else 2048, RING=host_ring.numel() if host_ring is not None else 0,
+        BLOCK=256 if interpreted() else 2048, BAND_BLOCK=128 if interpreted() else BAND_BLOCK,
+        RING=host_ring.numel() if host_ring is not None else 0,
         USE_PDL=use_pdl, num_warps=8, **pdl_kwargs(use_pdl),
     )  # fmt: skip
     return token

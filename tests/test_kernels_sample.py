@@ -84,12 +84,30 @@ def test_draw_equals_the_sorted_reference_on_every_path(vocab, vocab_limit, chun
     assert all(counts[path] > 0 for path in SAMPLE_PATHS), counts
 
 
+def test_a_top_k_wider_than_the_candidates_above_t_takes_one_pass():
+    # 8 chunks of 128 with 8 candidates each: about 20 tokens lie above T. A top_k of 40 or 60 reaches into the
+    # band bounded by the candidates' k-th key; 300 is more than all 64 candidates: the band is everything
+    # up to T. With top_p, draws below F's top also come from the band.
+    vocab = 1000
+    gen = torch.Generator().manual_seed(8)
+    scratch = SampleScratch(vocab, DEVICE, chunk=128, candidates=8)
+    settings = [(1.0, 40, 1.0, 1.0), (1.5, 60, 0.9, 1.2), (1.0, 300, 1.0, 1.0), (2.0, 300, 0.8, 1.0)]
+    for step in range(8):
+        logits = (torch.randn(vocab, generator=gen) * 2).to(DEVICE)
+        seen = (torch.rand(vocab, generator=gen) < 0.05).to(DEVICE)
+        params = settings[step % len(settings)]
+        got, want, kept = run(logits, seen, params, scratch, seed=step, pos=step, vocab_limit=990)
+        assert got == want, f"{params}: drew {got}, the reference {want} (of {kept} kept)"
+    counts = scratch.path_counts()
+    assert counts["vocabulary pass"] == 8 and counts["redraws"] > 0, counts
+
+
 def test_draws_outside_the_nucleus_are_drawn_again_from_the_candidates_or_the_vocabulary():
     # a flat distribution and top_p 0.5: the whole-vocabulary draw misses the nucleus about half the time
     vocab = 900
     gen = torch.Generator().manual_seed(5)
     # every token a candidate (chunks of C); 4 candidates a chunk of 128: most draws fall below T
-    for chunk, candidates, path, steps in ((128, 128, "nucleus", 10), (128, 4, "vocabulary passes", 5)):
+    for chunk, candidates, path, steps in ((128, 128, "nucleus", 10), (128, 4, "vocabulary pass", 5)):
         scratch = SampleScratch(vocab, DEVICE, chunk=chunk, candidates=candidates)
         for step in range(10):
             logits = (torch.randn(vocab, generator=gen) * 0.3).to(DEVICE)

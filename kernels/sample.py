@@ -20,11 +20,11 @@ its C largest logits as int64 keys that order like (value, -index), and, without
 denominator from the P partial sums and T, the largest of the chunks' C-th candidates: every token with a key
 above T is a candidate. So F's k-th largest key (a radix select over the candidates' keys), F's mass, the
 first draw over F, and the mass above any draw with key >= T are all masked sums over the candidates. A top_k
-larger than the candidates above T, or a draw below T (a nucleus wider than the candidates' exact prefix, at a
-high temperature), costs one pass over the vocabulary, in this one program: it writes the band, the tokens with
-a key between a lower bound and T (for a top_k, the candidates' k-th key: they are part of the vocabulary; for
-a draw, its own key: later draws lie above it), and the rest of the step works on the candidates above T and
-the band (usually a few hundred tokens).
+larger than the candidates above T costs one pass over the vocabulary, in this one program: it writes the band,
+the tokens with a key between the candidates' k-th key (they are part of the vocabulary, so F's lowest key is
+at least theirs) and T, and the rest of the step works on the candidates above T and the band (usually a few
+hundred tokens). Without a top_k, a draw below T (a nucleus wider than the candidates' exact prefix, at a high
+temperature) costs passes over the vocabulary (the mass above it; a redraw).
 
 `info` counts the steps by path (SAMPLE_PATHS) and the redraws, for tests and the benchmark.
 
@@ -52,6 +52,7 @@ RADIX_BINS = tl.constexpr(16)  # 2 ** RADIX_BITS
 # Band entries a loop step reads (the band is usually a few hundred tokens; a pass over the vocabulary reads
 # 2,048 logits a step).
 BAND_BLOCK = 512
+FILL_BLOCK = 2048  # logits a step of the pass that writes the band reads
 MAX_DRAWS = 64  # redraws of a step, at most (each draw shrinks the field strictly; the expected count is < 1)
 # A packed key's low half holds _INDEX_MAX - index: lower indices sort higher. (Kernels write it
 # -index + _INDEX_MAX: a tensor on the left, which the interpreter needs.)
@@ -139,6 +140,41 @@ def _sample_scan_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
         best, at = _first_argmax(lg + _gumbel(_draw_seed(seed_ptr, tl.load(pos_ptr), 0), offs), offs)
         tl.store(race_val_ptr + pid, best)
         tl.store(race_idx_ptr + pid, at)
+
+
+@triton.jit
+def _mass_above(
+    logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, above, m_all, BLOCK: tl.constexpr
+):
+    """One pass over the vocabulary: the softmax mass (unnormalised, relative to m_all) of the keys > above."""
+    mass = tl.zeros([], dtype=tl.float32)
+    start = 0
+    while start < vocab_limit:  # a while loop: the interpreter takes no tensor bound in range()
+        offs = start + tl.arange(0, BLOCK)
+        lg = _scaled_logits(logits_ptr, seen_ptr, offs, vocab_limit, penalty, inv_temperature)
+        mass += tl.sum(tl.where(_order_key(lg) > above, tl.exp2((lg - m_all) * _LOG2E), 0.0), axis=0)
+        start += BLOCK
+    return mass
+
+
+@triton.jit
+def _race_from(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, threshold, draw_seed,
+               BLOCK: tl.constexpr):  # fmt: skip
+    """One pass over the vocabulary: the draw (l + Gumbel, first index on ties) among the keys >= threshold."""
+    best = tl.full([], float("-inf"), tl.float32)
+    token = tl.zeros([], dtype=tl.int32)
+    start = 0
+    while start < vocab_limit:
+        offs = start + tl.arange(0, BLOCK)
+        lg = _scaled_logits(logits_ptr, seen_ptr, offs, vocab_limit, penalty, inv_temperature)
+        inside = (_order_key(lg) >= threshold) & (offs < vocab_limit)
+        block_best, block_at = _first_argmax(
+            tl.where(inside, lg + _gumbel(draw_seed, offs), float("-inf")), offs
+        )
+        take = block_best > best
+        best, token = tl.where(take, block_best, best), tl.where(take, block_at, token)
+        start += BLOCK
+    return token
 
 
 @triton.jit
@@ -262,8 +298,8 @@ def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
                         cand_ptr, chunk_ml_ptr, race_val_ptr, race_idx_ptr,  # the scan's outputs
                         token_ptr, out_tokens_ptr, ring_ptr, info_ptr, band_ptr,  # bookkeeping, path counts, band
                         vocab_limit, programs, PROGRAMS: tl.constexpr, C: tl.constexpr, ALL_CANDIDATES: tl.constexpr,
-                        BLOCK: tl.constexpr, BAND_BLOCK: tl.constexpr, MAX_DRAWS: tl.constexpr, RING: tl.constexpr,
-                        USE_PDL: tl.constexpr):  # fmt: skip
+                        BLOCK: tl.constexpr, FILL_BLOCK: tl.constexpr, BAND_BLOCK: tl.constexpr,
+                        MAX_DRAWS: tl.constexpr, RING: tl.constexpr, USE_PDL: tl.constexpr):  # fmt: skip
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -304,10 +340,9 @@ def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
         p = tl.exp2((value - m_all) * _LOG2E) / z_all  # [PROGRAMS * C], exact probabilities
         n_exact = tl.sum((key > t_key).to(tl.int32), axis=0)
         mass_above_t = tl.sum(tl.where(key > t_key, p, 0.0), axis=0)
-        # The band: the tokens with a key in [low, T], written by the step's one pass over the vocabulary, made
-        # when F or a draw reaches below T (n_band < 0: not made). With the candidates above T it holds all of F
-        # at or above its lowest key.
-        n_band = tl.full([], -1, tl.int32)
+        # The band: the tokens with a key in [low, T], written by the step's one pass over the vocabulary when a
+        # top_k reaches below T. With the candidates above T it holds all of F.
+        n_band = tl.full([], -1, tl.int32)  # its size; -1: no band this step
         # The field F: the tokens with key >= floor (the top_k's, ties included; everything without a top_k),
         # its mass z_f (of z_all), and a first draw from softmax(l) over it, with draw 0's noise.
         floor = tl.full([], -2147483647 - 1, tl.int32)
@@ -328,7 +363,7 @@ def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
             if top_k <= programs * C:
                 low = _kth_key_of_candidates(key, r_ok, top_k)
             n_band = _fill_band(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, low, t_key, band_ptr,
-                                BLOCK)  # fmt: skip
+                                FILL_BLOCK)  # fmt: skip
             floor = _kth_key_of_band(band_ptr, n_band, top_k - n_exact, BAND_BLOCK)
             z_f = mass_above_t + _band_mass(band_ptr, n_band, floor, m_all, BAND_BLOCK) / z_all
             token = _race_with_band(key, value, index, band_ptr, n_band, floor, _draw_seed(seed_ptr, pos, 0),
@@ -337,7 +372,8 @@ def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
         if top_p < 1.0:
             # Rejection: the draw is kept when F's mass strictly above it is below top_p of F's; otherwise it is
             # drawn again (fresh noise) among the tokens of F above it, which hold the whole nucleus. Above T that
-            # is the candidates'; below, the band's too (made from the draw's key if F did not need it).
+            # is the candidates'; below, the band's too when a wide top_k made one, else a pass over the
+            # vocabulary (a flat nucleus: its band would hold most of the vocabulary).
             draw = tl.zeros([], dtype=tl.int32)
             done = tl.zeros([], dtype=tl.int1)
             while (done == 0) & (draw < MAX_DRAWS):
@@ -346,23 +382,26 @@ def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
                 )
                 if key_token >= t_key:
                     above = tl.sum(tl.where(key > key_token, p, 0.0), axis=0)
-                else:
-                    if n_band < 0:  # later draws all lie above this one
-                        n_band = _fill_band(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, key_token,
-                                            t_key, band_ptr, BLOCK)  # fmt: skip
-                        path = 2
+                elif n_band >= 0:
                     above = (
                         mass_above_t + _band_mass(band_ptr, n_band, key_token + 1, m_all, BAND_BLOCK) / z_all
                     )
+                else:
+                    above = _mass_above(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, key_token,
+                                        m_all, BLOCK) / z_all  # fmt: skip
+                    path = 2
                 done = above < top_p * z_f
                 if done == 0:
                     draw += 1
                     draw_seed = _draw_seed(seed_ptr, pos, draw)
                     if key_token >= t_key:
                         token = _candidates_race(key, value, index, key_token + 1, draw_seed)[1]
-                    else:
+                    elif n_band >= 0:
                         token = _race_with_band(key, value, index, band_ptr, n_band, key_token + 1, draw_seed,
                                                 BAND_BLOCK)  # fmt: skip
+                    else:
+                        token = _race_from(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature,
+                                           key_token + 1, draw_seed, BLOCK)  # fmt: skip
             tl.store(info_ptr + 5, tl.load(info_ptr + 5) + draw)
 
     tl.store(token_ptr, token.to(token_ptr.dtype.element_ty))
@@ -454,7 +493,8 @@ def sample_token(
         vocab_limit,
         scratch.programs, PROGRAMS=triton.next_power_of_2(scratch.programs), C=scratch.candidates,
         ALL_CANDIDATES=scratch.chunk == scratch.candidates, MAX_DRAWS=MAX_DRAWS,
-        BLOCK=256 if interpreted() else 2048, BAND_BLOCK=128 if interpreted() else BAND_BLOCK,
+        BLOCK=256 if interpreted() else 2048, FILL_BLOCK=256 if interpreted() else FILL_BLOCK,
+        BAND_BLOCK=128 if interpreted() else BAND_BLOCK,
         RING=host_ring.numel() if host_ring is not None else 0,
         USE_PDL=use_pdl, num_warps=8, **pdl_kwargs(use_pdl),
     )  # fmt: skip

@@ -52,7 +52,6 @@ RADIX_BINS = tl.constexpr(16)  # 2 ** RADIX_BITS
 # Band entries a loop step reads (the band is usually a few hundred tokens; a pass over the vocabulary reads
 # 2,048 logits a step).
 BAND_BLOCK = 512
-FILL_MODE = 0
 FILL_BLOCK = 2048  # logits a step of the pass that writes the band reads
 MAX_DRAWS = 64  # redraws of a step, at most (each draw shrinks the field strictly; the expected count is < 1)
 # A packed key's low half holds _INDEX_MAX - index: lower indices sort higher. (Kernels write it
@@ -211,8 +210,8 @@ def _kth_key_of_candidates(key, ok, k):
 
 
 @triton.jit
-def _fill_band(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, low, high, band_ptr, count_ptr,
-               BLOCK: tl.constexpr, FILL_MODE: tl.constexpr):  # fmt: skip
+def _fill_band(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, low, high, band_ptr,
+               BLOCK: tl.constexpr):  # fmt: skip
     """The step's one pass over the vocabulary: the tokens with low <= key <= high, packed like the candidates,
     written to band_ptr[0, n); returns n. (The tokens above high, T, are all candidates already.)"""
     n = tl.zeros([], dtype=tl.int32)
@@ -221,28 +220,12 @@ def _fill_band(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, low,
         offs = start + tl.arange(0, BLOCK)
         key = _order_key(_scaled_logits(logits_ptr, seen_ptr, offs, vocab_limit, penalty, inv_temperature))
         inside = (key >= low) & (key <= high) & (offs < vocab_limit)
+        slot = n + tl.cumsum(inside.to(tl.int32), axis=0) - 1
         packed = (key.to(tl.int64) << 32) | (-offs + _INDEX_MAX).to(tl.int64)
-        if FILL_MODE == 0:
-            slot = n + tl.cumsum(inside.to(tl.int32), axis=0) - 1
-            tl.store(band_ptr + slot, packed, mask=inside)
-            n += tl.sum(inside.to(tl.int32), axis=0)
-        elif FILL_MODE == 1:
-            cnt = tl.sum(inside.to(tl.int32), axis=0)
-            if cnt > 0:
-                slot = n + tl.cumsum(inside.to(tl.int32), axis=0) - 1
-                tl.store(band_ptr + slot, packed, mask=inside)
-            n += cnt
-        elif FILL_MODE == 2:
-            slot = tl.atomic_add(count_ptr + tl.zeros([BLOCK], tl.int32), 1, mask=inside, sem="relaxed", scope="cta")
-            tl.store(band_ptr + slot, packed, mask=inside)
-        else:
-            n += tl.sum(inside.to(tl.int32), axis=0)
+        tl.store(band_ptr + slot, packed, mask=inside)
+        n += tl.sum(inside.to(tl.int32), axis=0)
         start += BLOCK
     tl.debug_barrier()  # every thread's band entries are written before any thread reads them
-    if FILL_MODE == 2:
-        n = tl.atomic_add(count_ptr, 0, sem="relaxed", scope="cta")
-        tl.debug_barrier()
-        tl.store(count_ptr, 0)
     return n
 
 
@@ -315,7 +298,7 @@ def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
                         cand_ptr, chunk_ml_ptr, race_val_ptr, race_idx_ptr,  # the scan's outputs
                         token_ptr, out_tokens_ptr, ring_ptr, info_ptr, band_ptr,  # bookkeeping, path counts, band
                         vocab_limit, programs, PROGRAMS: tl.constexpr, C: tl.constexpr, ALL_CANDIDATES: tl.constexpr,
-                        BLOCK: tl.constexpr, FILL_BLOCK: tl.constexpr, FILL_MODE: tl.constexpr, BAND_BLOCK: tl.constexpr,
+                        BLOCK: tl.constexpr, FILL_BLOCK: tl.constexpr, BAND_BLOCK: tl.constexpr,
                         MAX_DRAWS: tl.constexpr, RING: tl.constexpr, USE_PDL: tl.constexpr):  # fmt: skip
     if USE_PDL:
         gdc_wait()
@@ -380,7 +363,7 @@ def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
             if top_k <= programs * C:
                 low = _kth_key_of_candidates(key, r_ok, top_k)
             n_band = _fill_band(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, low, t_key, band_ptr,
-                                (band_ptr + vocab_limit).to(tl.pointer_type(tl.int32)), FILL_BLOCK, FILL_MODE)  # fmt: skip
+                                FILL_BLOCK)  # fmt: skip
             floor = _kth_key_of_band(band_ptr, n_band, top_k - n_exact, BAND_BLOCK)
             z_f = mass_above_t + _band_mass(band_ptr, n_band, floor, m_all, BAND_BLOCK) / z_all
             token = _race_with_band(key, value, index, band_ptr, n_band, floor, _draw_seed(seed_ptr, pos, 0),
@@ -458,7 +441,7 @@ class SampleScratch:
         self.chunk_ml = torch.empty(2 * self.programs, dtype=torch.float32, device=device)
         self.race_val = torch.empty(self.programs, dtype=torch.float32, device=device)
         self.race_idx = torch.empty(self.programs, dtype=torch.int32, device=device)
-        self.band = torch.zeros(self.programs * chunk + 8, dtype=torch.int64, device=device)
+        self.band = torch.empty(self.programs * chunk, dtype=torch.int64, device=device)
         self.info = torch.zeros(len(SAMPLE_INFO), dtype=torch.int32, device=device)
 
     def path_counts(self) -> dict[str, int]:
@@ -510,7 +493,7 @@ def sample_token(
         vocab_limit,
         scratch.programs, PROGRAMS=triton.next_power_of_2(scratch.programs), C=scratch.candidates,
         ALL_CANDIDATES=scratch.chunk == scratch.candidates, MAX_DRAWS=MAX_DRAWS,
-        BLOCK=256 if interpreted() else 2048, FILL_BLOCK=256 if interpreted() else FILL_BLOCK, FILL_MODE=FILL_MODE,
+        BLOCK=256 if interpreted() else 2048, FILL_BLOCK=256 if interpreted() else FILL_BLOCK,
         BAND_BLOCK=128 if interpreted() else BAND_BLOCK,
         RING=host_ring.numel() if host_ring is not None else 0,
         USE_PDL=use_pdl, num_warps=8, **pdl_kwargs(use_pdl),

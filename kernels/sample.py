@@ -45,8 +45,9 @@ SAMPLE_PATHS = ("nucleus", "whole vocabulary", "vocabulary pass", "greedy", "top
 SAMPLE_INFO = (*SAMPLE_PATHS, "redraws")
 _LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * log2(e))
 # Bits of a radix-select digit. H200, llama-3.2-1b: a top_k of 40 from the candidates 18 us a step with 4-bit
-# digits, 21 with 8-bit; a top_k of 1,000 (over the vocabulary) 771 / 760 us, where tl.histogram's per-element
-# updates make a pass ~3x one of plain sums (counting by [block, 16] compares instead: 2.1 ms).
+# digits, 21 with 8-bit. Radix passes over the whole vocabulary cost ~75 us each (tl.histogram's per-element
+# updates: ~3x a pass of plain sums; [block, 16] compares instead: worse), which is why a wide top_k selects
+# from the band (a top_k of 1,000: 771 us a step by 8 such passes, 113-119 us by the band).
 RADIX_BITS = tl.constexpr(4)
 RADIX_BINS = tl.constexpr(16)  # 2 ** RADIX_BITS
 # Band entries a loop step reads (the band is usually a few hundred tokens; a pass over the vocabulary reads

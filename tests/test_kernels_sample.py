@@ -63,9 +63,9 @@ def run(logits, seen, params, scratch, seed=1234, pos=5, vocab_limit=None, ring=
 
 
 # (temperature, top_k, top_p, repetition penalty): a nucleus, nothing cut, greedy with a penalty, top-k and
-# top-p together, a wide nucleus, top-k alone, a top-k wider than the candidates
+# top-p together, a wide nucleus, top-k alone, a top-k wider than the candidates, a top-k past the vocabulary
 PARAMS = [(0.7, 0, 0.9, 1.0), (0.7, 0, 1.0, 1.0), (0.0, 0, 1.0, 1.3), (0.7, 50, 0.95, 1.2), (2.0, 0, 0.99, 1.0),
-          (1.0, 5, 1.0, 1.0), (1.0, 300, 1.0, 1.0), (0.3, 0, 0.5, 1.5)]  # fmt: skip
+          (1.0, 5, 1.0, 1.0), (1.0, 300, 1.0, 1.0), (0.3, 0, 0.5, 1.5), (0.9, 2000, 0.9, 1.0)]  # fmt: skip
 
 
 @pytest.mark.parametrize("vocab,vocab_limit,chunk,candidates", [(1000, 990, 128, 8), (777, None, 256, 16)])

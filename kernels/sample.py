@@ -95,6 +95,12 @@ def _gumbel(step_seed, offs):
 
 
 @triton.jit
+def _unpack(packed):
+    """An int64 candidate key -> (order key, token)."""
+    return (packed >> 32).to(tl.int32), -(packed & 0xFFFFFFFF).to(tl.int32) + _INDEX_MAX
+
+
+@triton.jit
 def _first_argmax(score, index):
     """(max of score, the lowest index holding it): a draw's winner, ties to the first token."""
     best = tl.max(score, axis=0)
@@ -181,13 +187,15 @@ def _race_from(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, thre
 
 
 @triton.jit
-def _radix_digit(hist, remaining):
-    """In a count histogram of one RADIX_BITS digit: the highest bin whose count from the top (itself included)
-    reaches `remaining`, and the count strictly above that bin."""
+def _radix_step(hist, remaining, prefix, SHIFT: tl.constexpr):
+    """One digit of a radix select, from a count histogram of the RADIX_BITS digit at SHIFT: the digit is the
+    highest bin whose count from the top (itself included) reaches `remaining`. Returns (remaining less the
+    count strictly above that bin, prefix with the digit)."""
     bins = tl.arange(0, RADIX_BINS)
     from_top = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
     digit = tl.max(tl.where(from_top >= remaining, bins, -1), axis=0)
-    return digit, tl.sum(tl.where(bins > digit, hist, 0), axis=0)
+    above = tl.sum(tl.where(bins > digit, hist, 0), axis=0)
+    return remaining - above, prefix + (digit.to(tl.int64) << SHIFT)
 
 
 @triton.jit
@@ -206,9 +214,8 @@ def _kth_key_of_candidates(key, ok, k):
     prefix = tl.zeros([], dtype=tl.int64)
     remaining = k
     for d in tl.static_range(32 // RADIX_BITS):
-        digit, above = _radix_digit(_digit_histogram(key, ok, prefix, 32 - RADIX_BITS * (d + 1)), remaining)
-        remaining -= above
-        prefix += digit.to(tl.int64) << (32 - RADIX_BITS * (d + 1))
+        shift = 32 - RADIX_BITS * (d + 1)
+        remaining, prefix = _radix_step(_digit_histogram(key, ok, prefix, shift), remaining, prefix, shift)
     return (prefix - 2147483648).to(tl.int32)
 
 
@@ -237,9 +244,7 @@ def _load_band(band_ptr, n_band, start, BLOCK: tl.constexpr):
     """Band entries [start, start + BLOCK) as (ok, key, value, index); L1 is bypassed: this program wrote them."""
     r = start + tl.arange(0, BLOCK)
     ok = r < n_band
-    packed = tl.load(band_ptr + r, mask=ok, other=-9223372036854775807, cache_modifier=".cg")
-    key = (packed >> 32).to(tl.int32)
-    index = -(packed & 0xFFFFFFFF).to(tl.int32) + _INDEX_MAX
+    key, index = _unpack(tl.load(band_ptr + r, mask=ok, other=-9223372036854775807, cache_modifier=".cg"))
     return ok, key, tl.where(ok, _key_value(key), float("-inf")), index
 
 
@@ -249,15 +254,14 @@ def _kth_key_of_band(band_ptr, n_band, k, BLOCK: tl.constexpr):
     prefix = tl.zeros([], dtype=tl.int64)
     remaining = k
     for d in tl.static_range(32 // RADIX_BITS):
+        shift = 32 - RADIX_BITS * (d + 1)
         hist = tl.zeros([RADIX_BINS], dtype=tl.int32)
         start = 0
         while start < n_band:
             ok, key, _, _ = _load_band(band_ptr, n_band, start, BLOCK)
-            hist += _digit_histogram(key, ok, prefix, 32 - RADIX_BITS * (d + 1))
+            hist += _digit_histogram(key, ok, prefix, shift)
             start += BLOCK
-        digit, above = _radix_digit(hist, remaining)
-        remaining -= above
-        prefix += digit.to(tl.int64) << (32 - RADIX_BITS * (d + 1))
+        remaining, prefix = _radix_step(hist, remaining, prefix, shift)
     return (prefix - 2147483648).to(tl.int32)
 
 
@@ -334,18 +338,16 @@ def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
     token = tl.zeros([], dtype=tl.int32)
     path = tl.zeros([], dtype=tl.int32)
     if temperature <= 0:  # greedy with a repetition penalty: the largest key, first index on ties
-        token = -(tl.max(packed, axis=0) & 0xFFFFFFFF).to(tl.int32) + _INDEX_MAX
+        token = _unpack(tl.max(packed, axis=0))[1]
         path = 3
     else:
-        key = (packed >> 32).to(tl.int32)
+        key, index = _unpack(packed)
         value = tl.where(key == -2147483647 - 1, float("-inf"), _key_value(key))  # (padding: -inf)
-        index = -(packed & 0xFFFFFFFF).to(tl.int32) + _INDEX_MAX
         p = tl.exp2((value - m_all) * _LOG2E) / z_all  # [PROGRAMS * C], exact probabilities
-        n_exact = tl.sum((key > t_key).to(tl.int32), axis=0)
-        mass_above_t = tl.sum(tl.where(key > t_key, p, 0.0), axis=0)
         # The band: the tokens with a key in [low, T], written by the step's one pass over the vocabulary when a
         # top_k reaches below T. With the candidates above T it holds all of F.
         n_band = tl.full([], -1, tl.int32)  # its size; -1: no band this step
+        mass_above_t = tl.zeros([], dtype=tl.float32)  # the candidates' above T (set with the band)
         # The field F: the tokens with key >= floor (the top_k's, ties included; everything without a top_k),
         # its mass z_f (of z_all), and a first draw from softmax(l) over it, with draw 0's noise.
         floor = tl.full([], -2147483647 - 1, tl.int32)
@@ -355,23 +357,27 @@ def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
             vals = tl.load(race_val_ptr + chunk, mask=chunk_ok, other=float("-inf"), cache_modifier=".cg")
             idxs = tl.load(race_idx_ptr + chunk, mask=chunk_ok, other=_INDEX_MAX, cache_modifier=".cg")
             token = _first_argmax(vals, idxs)[1]
-        elif (top_k <= n_exact) | no_t:  # the top_k are all candidates (and so are all their ties: floor > T)
-            floor = _kth_key_of_candidates(key, r_ok, tl.minimum(top_k, n_exact))
-            z_f = tl.sum(tl.where(key >= floor, p, 0.0), axis=0)
-            token = _candidates_race(key, value, index, floor, _draw_seed(seed_ptr, pos, 0))[1]
-            path = 4
         else:
-            # F's lowest key is at most T, and at least the candidates' k-th (they are part of the vocabulary).
-            low = tl.full([], -2147483647 - 1, tl.int32)
-            if top_k <= programs * C:
-                low = _kth_key_of_candidates(key, r_ok, top_k)
-            n_band = _fill_band(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, low, t_key, band_ptr,
-                                FILL_BLOCK)  # fmt: skip
-            floor = _kth_key_of_band(band_ptr, n_band, top_k - n_exact, BAND_BLOCK)
-            z_f = mass_above_t + _band_mass(band_ptr, n_band, floor, m_all, BAND_BLOCK) / z_all
-            token = _race_with_band(key, value, index, band_ptr, n_band, floor, _draw_seed(seed_ptr, pos, 0),
-                                    BAND_BLOCK)  # fmt: skip
-            path = 2
+            n_exact = tl.sum((key > t_key).to(tl.int32), axis=0)
+            # The top_k all candidates (and so are all their ties: floor > T), or F reaches below T: the band.
+            if (top_k <= n_exact) | no_t:
+                floor = _kth_key_of_candidates(key, r_ok, tl.minimum(top_k, n_exact))
+                z_f = tl.sum(tl.where(key >= floor, p, 0.0), axis=0)
+                token = _candidates_race(key, value, index, floor, _draw_seed(seed_ptr, pos, 0))[1]
+                path = 4
+            else:
+                # F's lowest key is at most T, and at least the candidates' k-th (they are part of the vocabulary).
+                low = tl.full([], -2147483647 - 1, tl.int32)
+                if top_k <= programs * C:
+                    low = _kth_key_of_candidates(key, r_ok, top_k)
+                n_band = _fill_band(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, low, t_key,
+                                    band_ptr, FILL_BLOCK)  # fmt: skip
+                mass_above_t = tl.sum(tl.where(key > t_key, p, 0.0), axis=0)
+                floor = _kth_key_of_band(band_ptr, n_band, top_k - n_exact, BAND_BLOCK)
+                z_f = mass_above_t + _band_mass(band_ptr, n_band, floor, m_all, BAND_BLOCK) / z_all
+                token = _race_with_band(key, value, index, band_ptr, n_band, floor, _draw_seed(seed_ptr, pos, 0),
+                                        BAND_BLOCK)  # fmt: skip
+                path = 2
         if top_p < 1.0:
             # Rejection: the draw is kept when F's mass strictly above it is below top_p of F's; otherwise it is
             # drawn again (fresh noise) among the tokens of F above it, which hold the whole nucleus. Above T that

@@ -323,8 +323,8 @@ def test_sampling_top_k_one_is_greedy_and_seeds_repeat():
 
 
 def test_streamed_tokens_equal_the_stepped_ones_past_the_ring():
-    # on a GPU greedy tokens reach the host through the head kernel's writes into the pinned ring, sampled ones
-    # through a copy; more tokens than the ring has slots, so slots are reused
+    # on a GPU tokens reach the host through the last kernel's writes into the pinned ring (the head's for greedy
+    # steps, the sampler's for sampled ones); more tokens than the ring has slots, so slots are reused
     model = make_model("tiny-llama", seed=3)
     runner = FastRunner(model, 64)
     prompt, n = list(range(5, 18)), RING + 4

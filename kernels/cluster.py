@@ -26,16 +26,6 @@ _SYNC = tl.constexpr(
 )
 
 
-_SYNC_FENCE = tl.constexpr(
-    "fence.acq_rel.cluster; barrier.cluster.arrive.relaxed.aligned; barrier.cluster.wait.aligned; mov.u32 $0, $1;"
-)
-
-
-@triton.jit
-def cluster_sync_fenced(token):
-    return tl.inline_asm_elementwise(_SYNC_FENCE, "=r,r", [token], dtype=tl.int32, is_pure=False, pack=1)
-
-
 @triton.jit
 def cluster_sync(token):
     """The cluster barrier; every thread of every program in the cluster must reach it. Returns `token` (an

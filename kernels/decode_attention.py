@@ -26,15 +26,13 @@ bandwidth: the merge leaves the memory idle, and the next layer reads the same b
 Bytes: (p + 1) * hd * 2 cache elements per KV head (W of them in windowed layers), this token's q/k/v once.
 """
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import hopper_features, interpreted, pdl_kwargs, sm_count
-from kernels.cluster import CLUSTER_SIZES, cluster_sync, cluster_sync_fenced, launch_clusters
+from kernels.cluster import CLUSTER_SIZES, cluster_sync, launch_clusters
 from kernels.rope import rope_pairing
 
 
@@ -77,15 +75,7 @@ def _decode_attention_kernel(
     PREFETCH_NEXT: tl.constexpr,
     KV_CACHE: tl.constexpr,
     KV_EVICT: tl.constexpr,
-    stamp_ptr=None,
-    STAMPS: tl.constexpr = False,
-    WARP_KEYS: tl.constexpr = False,
-    PREFETCH_LATE: tl.constexpr = False,
-    SYNC_FENCED: tl.constexpr = False,
 ):
-    if STAMPS:
-        c0 = _clock(tl.program_id(0))
-        g0 = _gtimer(tl.program_id(0))
     if CLUSTER:  # one cluster of SPLITS programs a KV head (kernels/cluster.py)
         kv = tl.program_id(0) // SPLITS
         split = tl.program_id(0) % SPLITS
@@ -110,16 +100,9 @@ def _decode_attention_kernel(
     hi = tl.minimum(lo + chunk, pos + 1)
     hi_cached = tl.minimum(hi, pos)
     kv_base = kv.to(tl.int64) * max_len * HD
-    if WARP_KEYS:  # [B, 16, HDP]: batch b of the block is keys b*16 .. b*16+15 (one warp's, see the loop)
-        B: tl.constexpr = BLOCK_T // 16
-        t = lo + (tl.arange(0, B)[:, None] * 16 + tl.arange(0, 16)[None, :])[:, :, None]  # [B, 16, 1]
-        kv_offs = kv_base + t * HD + d[None, None, :]
-        kv_mask = (t < hi_cached) & d_ok[None, None, :]
-    else:
-        B: tl.constexpr = 1
-        t = lo + tl.arange(0, BLOCK_T)
-        kv_offs = kv_base + t[:, None] * HD + d[None, :]
-        kv_mask = (t < hi_cached)[:, None] & d_ok[None, :]
+    t = lo + tl.arange(0, BLOCK_T)
+    kv_offs = kv_base + t[:, None] * HD + d[None, :]
+    kv_mask = (t < hi_cached)[:, None] & d_ok[None, :]
     # The first block of cached keys was written by earlier steps: in flight before we wait for q, k, v.
     k_next = tl.load(
         k_cache_ptr + kv_offs, mask=kv_mask, other=0.0, cache_modifier=KV_CACHE, eviction_policy=KV_EVICT
@@ -136,9 +119,6 @@ def _decode_attention_kernel(
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
-    if STAMPS:
-        c1 = _clock(tl.program_id(0))
-        g1 = _gtimer(tl.program_id(0))
 
     lane_qkv = qkv_ptr + lane * stride_qkv_lane
     q_rows = lane_qkv + (kv_in_lane * G + heads)[:, None] * HD  # [BLOCK_H, 1]
@@ -167,8 +147,6 @@ def _decode_attention_kernel(
         k_rot = k_rot / tl.sqrt(tl.sum(k * k, axis=0) / HD + eps)
     q_dot = (q_rot * scale_log2e).to(k_cache_ptr.dtype.element_ty)
     k = k_rot
-    if STAMPS:
-        c2 = _clock_f(q_rot)
 
     # The split holding `pos` writes this token into the cache and starts its softmax from it.
     owns = (pos >= lo) & (pos < hi)
@@ -177,118 +155,55 @@ def _decode_attention_kernel(
     cur = kv_base + pos * HD + d
     tl.store(k_cache_ptr + cur, k_cached, mask=d_ok & owns & (pos < max_len))
     tl.store(v_cache_ptr + cur, v_cached, mask=d_ok & owns & (pos < max_len))
-    if WARP_KEYS:
-        # Batch b of a block is its keys b*16 .. b*16+15, one warp's (the batch is the dot's leading dimension):
-        # each batch keeps its own running max, sum and output, so a block's softmax needs no exchange between
-        # warps, and each batch's partial is stored as one of the split's B partials for the merge. This token's
-        # key and value take their place in the block that holds pos, so its score comes from the same product.
-        tb = (tl.arange(0, B)[:, None] * 16 + tl.arange(0, 16)[None, :])[:, :, None]  # [B, 16, 1]
-        kb = (tl.arange(0, B)[:, None] * 16 + tl.arange(0, 16)[None, :])[:, None, :]  # [B, 1, 16]
-        q_b = tl.broadcast_to(q_dot[None, :, :], (B, BLOCK_H, HDP))
-        m_b = tl.full([B, BLOCK_H], float("-inf"), dtype=tl.float32)
-        l_b = tl.zeros([B, BLOCK_H], dtype=tl.float32)
-        acc_b = tl.zeros([B, BLOCK_H, HDP], dtype=tl.float32)
-        t0 = lo
-        while t0 < hi:
-            here = t0 + tb == pos
-            k_blk = tl.where(here, k_cached[None, None, :], k_next)
-            v_blk = tl.where(here, v_cached[None, None, :], v_next)
-            t_next = t0 + BLOCK_T + tb
-            next_offs = kv_base + t_next * HD + d[None, None, :]
-            next_mask = (t_next < hi_cached) & d_ok[None, None, :]
-            k_next = tl.load(k_cache_ptr + next_offs, mask=next_mask, other=0.0, cache_modifier=KV_CACHE,
-                             eviction_policy=KV_EVICT)  # fmt: skip
-            v_next = tl.load(v_cache_ptr + next_offs, mask=next_mask, other=0.0, cache_modifier=KV_CACHE,
-                             eviction_policy=KV_EVICT)  # fmt: skip
-            sb = tl.dot(q_b, tl.permute(k_blk, (0, 2, 1)), input_precision="ieee")  # [B, BLOCK_H, 16]
-            sb = tl.where(t0 + kb < hi, sb, float("-inf"))
-            m_new = tl.maximum(m_b, tl.max(sb, axis=2))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a batch that has seen no key yet
-            alpha = tl.exp2(m_b - m_safe)
-            p = tl.exp2(sb - m_safe[:, :, None])
-            l_b = l_b * alpha + tl.sum(p, axis=2)
-            pv = tl.dot(p.to(v_cache_ptr.dtype.element_ty), v_blk, input_precision="ieee")  # [B, BLOCK_H, HDP]
-            acc_b = acc_b * alpha[:, :, None] + pv
-            m_b = m_new
-            t0 += BLOCK_T
-        if STAMPS:
-            c3 = _clock_f(acc_b)
-        part_b = (kv * SPLITS + split) * B + tl.arange(0, B)  # [B]
-        rows_b = part_b[:, None] * GP + heads[None, :]  # [B, BLOCK_H]
-        row_ok_b = (heads < GP)[None, :]
-        tl.store(part_o_ptr + rows_b[:, :, None] * HDP + d[None, None, :], acc_b, mask=row_ok_b[:, :, None])
-        tl.store(part_ml_ptr + (part_b[:, None] * 2) * GP + heads[None, :], m_b, mask=row_ok_b)
-        tl.store(part_ml_ptr + (part_b[:, None] * 2 + 1) * GP + heads[None, :], l_b, mask=row_ok_b)
-    else:
-        s_cur = tl.sum(q_dot.to(tl.float32) * k_cached.to(tl.float32)[None, :], axis=1)  # [BLOCK_H]
-        m = tl.where(owns, s_cur, float("-inf"))
-        l_sum = tl.where(owns, 1.0, 0.0) + tl.zeros([BLOCK_H], dtype=tl.float32)
-        acc = tl.where(owns, v_cached.to(tl.float32)[None, :], 0.0) + tl.zeros([BLOCK_H, HDP], dtype=tl.float32)
-        t0 = lo
-        while t0 < hi_cached:
-            k_blk = k_next
-            v_blk = v_next
-            t = t0 + tl.arange(0, BLOCK_T)
-            t_next = t + BLOCK_T
-            next_offs = kv_base + t_next[:, None] * HD + d[None, :]
-            next_mask = (t_next < hi_cached)[:, None] & d_ok[None, :]
-            k_next = tl.load(k_cache_ptr + next_offs, mask=next_mask, other=0.0, cache_modifier=KV_CACHE,
-                             eviction_policy=KV_EVICT)  # fmt: skip
-            v_next = tl.load(v_cache_ptr + next_offs, mask=next_mask, other=0.0, cache_modifier=KV_CACHE,
-                             eviction_policy=KV_EVICT)  # fmt: skip
+    s_cur = tl.sum(q_dot.to(tl.float32) * k_cached.to(tl.float32)[None, :], axis=1)  # [BLOCK_H]
+    m = tl.where(owns, s_cur, float("-inf"))
+    l_sum = tl.where(owns, 1.0, 0.0) + tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.where(owns, v_cached.to(tl.float32)[None, :], 0.0) + tl.zeros([BLOCK_H, HDP], dtype=tl.float32)
 
-            s = tl.dot(q_dot, tl.trans(k_blk), input_precision="ieee")  # [BLOCK_H, BLOCK_T]
-            s = tl.where((t < hi_cached)[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a head that has seen no key yet
-            alpha = tl.exp2(m - m_safe)
-            p = tl.exp2(s - m_safe[:, None])
-            l_sum = l_sum * alpha + tl.sum(p, axis=1)
-            pv = tl.dot(p.to(v_cache_ptr.dtype.element_ty), v_blk, input_precision="ieee")  # [BLOCK_H, HDP]
-            acc = acc * alpha[:, None] + pv
-            m = m_new
-            t0 += BLOCK_T
+    t0 = lo
+    while t0 < hi_cached:
+        k_blk = k_next
+        v_blk = v_next
+        t = t0 + tl.arange(0, BLOCK_T)
+        t_next = t + BLOCK_T
+        next_offs = kv_base + t_next[:, None] * HD + d[None, :]
+        next_mask = (t_next < hi_cached)[:, None] & d_ok[None, :]
+        k_next = tl.load(k_cache_ptr + next_offs, mask=next_mask, other=0.0, cache_modifier=KV_CACHE,
+                         eviction_policy=KV_EVICT)  # fmt: skip
+        v_next = tl.load(v_cache_ptr + next_offs, mask=next_mask, other=0.0, cache_modifier=KV_CACHE,
+                         eviction_policy=KV_EVICT)  # fmt: skip
 
-        if STAMPS:
-            c3 = _clock_f(acc)
-        part = kv * SPLITS + split
-        row_ok = heads < GP  # the padding rows beyond GP are not kept
-        tl.store(part_o_ptr + (part * GP + heads[:, None]) * HDP + d[None, :], acc, mask=row_ok[:, None])
-        tl.store(part_ml_ptr + (part * 2) * GP + heads, m, mask=row_ok)
-        tl.store(part_ml_ptr + (part * 2 + 1) * GP + heads, l_sum, mask=row_ok)
-    if PREFETCH_NEXT and not PREFETCH_LATE:  # once this split's own reads are done (see _prefetch_next_block)
+        s = tl.dot(q_dot, tl.trans(k_blk), input_precision="ieee")  # [BLOCK_H, BLOCK_T]
+        s = tl.where((t < hi_cached)[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a head that has seen no key yet
+        alpha = tl.exp2(m - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_sum = l_sum * alpha + tl.sum(p, axis=1)
+        pv = tl.dot(p.to(v_cache_ptr.dtype.element_ty), v_blk, input_precision="ieee")  # [BLOCK_H, HDP]
+        acc = acc * alpha[:, None] + pv
+        m = m_new
+        t0 += BLOCK_T
+
+    part = kv * SPLITS + split
+    row_ok = heads < GP  # the padding rows beyond GP are not kept
+    tl.store(part_o_ptr + (part * GP + heads[:, None]) * HDP + d[None, :], acc, mask=row_ok[:, None])
+    tl.store(part_ml_ptr + (part * 2) * GP + heads, m, mask=row_ok)
+    tl.store(part_ml_ptr + (part * 2 + 1) * GP + heads, l_sum, mask=row_ok)
+    if PREFETCH_NEXT:  # once this split's own reads are done (see _prefetch_next_block)
         _prefetch_next_block(next_k_ptr, next_v_ptr, kv_base, pos, next_window, split, HD, SPLITS, BLOCK_T)
-    if STAMPS:
-        c4 = _clock(tl.program_id(0))
     if CLUSTER:
-        c5, c6 = _cluster_merge(part_o_ptr, part_ml_ptr, kv, split,
-                                out_ptr + lane * stride_out_lane + kv_in_lane * G * HD, HD, HDP, G, GP, SPLITS,
-                                SPLITS * B, STAMPS, SYNC_FENCED)  # fmt: skip
-        if PREFETCH_NEXT and PREFETCH_LATE:
-            _prefetch_next_block(next_k_ptr, next_v_ptr, kv_base, pos, next_window, split, HD, SPLITS, BLOCK_T)
-        if STAMPS:
-            c7 = _clock(tl.program_id(0))
-            g7 = _gtimer(tl.program_id(0))
-            sp = stamp_ptr + tl.program_id(0) * 16
-            tl.store(sp + 0, c0)
-            tl.store(sp + 1, c1)
-            tl.store(sp + 2, tl.max(c2))
-            tl.store(sp + 3, tl.max(c3))
-            tl.store(sp + 4, c4)
-            tl.store(sp + 5, c5)
-            tl.store(sp + 6, tl.max(c6))
-            tl.store(sp + 7, c7)
-            tl.store(sp + 8, g0)
-            tl.store(sp + 9, g1)
-            tl.store(sp + 10, g7)
+        _cluster_merge(part_o_ptr, part_ml_ptr, kv, split, out_ptr + lane * stride_out_lane + kv_in_lane * G * HD,
+                       HD, HDP, G, GP, SPLITS)  # fmt: skip
     else:
         # Every thread's partial is written before one thread publishes it; the last split merges.
         tl.debug_barrier()
         done = tl.atomic_add(counter_ptr + kv, 1, sem="acq_rel", scope="gpu")
         if done == SPLITS - 1:
             group_rows = tl.arange(0, GP)
-            parts = kv * (SPLITS * B) + tl.arange(0, SPLITS * B)
-            ml_offs = (parts[:, None] * 2) * GP + group_rows[None, :]  # [PARTS, GP]
+            splits = tl.arange(0, SPLITS)
+            parts = kv * SPLITS + splits
+            ml_offs = (parts[:, None] * 2) * GP + group_rows[None, :]  # [SPLITS, GP]
             ms = tl.load(part_ml_ptr + ml_offs, cache_modifier=".cg")
             ls = tl.load(part_ml_ptr + ml_offs + GP, cache_modifier=".cg")
             m_all = tl.max(ms, axis=0)
@@ -337,43 +252,19 @@ def _prefetch_next_block(next_k_ptr, next_v_ptr, kv_base, pos, next_window, spli
                                   pack=1)  # fmt: skip
 
 
-_CLOCK = tl.constexpr("mov.u64 $0, %clock64;")
-_GTIMER = tl.constexpr("mov.u64 $0, %globaltimer;")
-
-
-@triton.jit
-def _clock(dep):
-    return tl.inline_asm_elementwise(_CLOCK, "=l,r", [dep], dtype=tl.int64, is_pure=False, pack=1)
-
-
-@triton.jit
-def _gtimer(dep):
-    return tl.inline_asm_elementwise(_GTIMER, "=l,r", [dep], dtype=tl.int64, is_pure=False, pack=1)
-
-
-@triton.jit
-def _clock_f(dep):
-    return tl.inline_asm_elementwise(_CLOCK, "=l,f", [dep], dtype=tl.int64, is_pure=False, pack=1)
-
-
 @triton.jit
 def _cluster_merge(part_o_ptr, part_ml_ptr, kv, split, out_ptr, HD: tl.constexpr, HDP: tl.constexpr,
-                   G: tl.constexpr, GP: tl.constexpr, SPLITS: tl.constexpr, PARTS: tl.constexpr,
-                   STAMPS: tl.constexpr = False, SYNC_FENCED: tl.constexpr = False):  # fmt: skip
+                   G: tl.constexpr, GP: tl.constexpr, SPLITS: tl.constexpr):  # fmt: skip
     """The partials of a KV head's SPLITS programs (one cluster), each stored by its program, merged without an
     arrival counter: the cluster syncs (release / acquire: the partials are visible to every program of the
     cluster), and each program merges its own 1/SPLITS of the G heads' output elements, flattened (head row,
     dim), and writes them at out_ptr. Sharing the merge keeps the tail short."""
-    if SYNC_FENCED:
-        ready = cluster_sync_fenced(split * 0)
-    else:
-        ready = cluster_sync(split * 0)  # an ordered side effect after the stores; the loads depend on its result
-    c5 = _clock(ready) if STAMPS else 0
+    ready = cluster_sync(split * 0)  # an ordered side effect after the stores; the loads depend on its result
 
     E: tl.constexpr = GP * HDP // SPLITS  # >= 1: HDP >= 16 >= SPLITS
     e = split * E + tl.arange(0, E)
     row, dim = e // HDP, e % HDP
-    parts = kv * PARTS + tl.arange(0, PARTS)[:, None] + ready  # [PARTS, 1]
+    parts = kv * SPLITS + tl.arange(0, SPLITS)[:, None] + ready  # [SPLITS, 1]
     ml_offs = (parts * 2) * GP + row[None, :]  # [SPLITS, E]
     ms = tl.load(part_ml_ptr + ml_offs, cache_modifier=".cg")
     ls = tl.load(part_ml_ptr + ml_offs + GP, cache_modifier=".cg")
@@ -382,9 +273,7 @@ def _cluster_merge(part_o_ptr, part_ml_ptr, kv, split, out_ptr, HD: tl.constexpr
     m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
     w = tl.exp2(ms - m_all[None, :])  # [SPLITS, E]; empty splits weigh 0
     o = tl.sum(os * w, axis=0) / tl.sum(w * ls, axis=0)
-    c6 = _clock_f(o) if STAMPS else 0
     tl.store(out_ptr + row * HD + dim, o.to(out_ptr.dtype.element_ty), mask=(row < G) & (dim < HD))
-    return c5, c6
 
 
 def padded_head_dim(head_dim: int) -> int:
@@ -395,18 +284,15 @@ class AttentionScratch:
     """Partials and counters of the split-KV merge, allocated once per model (counters start at, and return
     to, zero)."""
 
-    def __init__(self, num_kv_heads: int, group: int, head_dim: int, splits: int, device: torch.device,
-                 batches: int = 1):  # fmt: skip
-        for name, value in (("splits", splits), ("batches", batches)):
-            if value < 1 or value & (value - 1):
-                raise ValueError(
-                    f"{name}: expected a power of two (the merge spans them with tl.arange), got {value}"
-                )
+    def __init__(self, num_kv_heads: int, group: int, head_dim: int, splits: int, device: torch.device):
+        if splits < 1 or splits & (splits - 1):
+            raise ValueError(
+                f"splits: expected a power of two (the merge spans them with tl.arange), got {splits}"
+            )
         gp, hdp = triton.next_power_of_2(group), padded_head_dim(head_dim)
-        self.splits, self.batches = splits, batches
-        parts = splits * batches  # warp_keys: each split stores one partial per batch of 16 keys
-        self.part_o = torch.empty(num_kv_heads, parts, gp, hdp, dtype=torch.float32, device=device)
-        self.part_ml = torch.empty(num_kv_heads, parts, 2, gp, dtype=torch.float32, device=device)
+        self.splits = splits
+        self.part_o = torch.empty(num_kv_heads, splits, gp, hdp, dtype=torch.float32, device=device)
+        self.part_ml = torch.empty(num_kv_heads, splits, 2, gp, dtype=torch.float32, device=device)
         self.counter = torch.zeros(num_kv_heads, dtype=torch.int32, device=device)
 
 
@@ -447,8 +333,6 @@ def decode_attention(
     maxnreg: int | None = None,
     next_layer: tuple[torch.Tensor, torch.Tensor, int | None] | None = None,
     kv_evict_first: bool = True,
-    stamps: torch.Tensor | None = None,
-    warp_keys: bool = False,
 ) -> torch.Tensor:
     """Attention of the token at position pos[0] (a device int tensor) over the cache, writing its k, v there.
 
@@ -503,11 +387,8 @@ def decode_attention(
     ):
         raise ValueError(f"q_norm: expected q_norm and k_norm both [{hd}] or both None")
     group = num_heads // num_kv
-    if scratch.part_o.shape[0] != num_kv or scratch.part_o.shape[2] != triton.next_power_of_2(group):
+    if scratch.part_o.shape[:3] != (num_kv, scratch.splits, triton.next_power_of_2(group)):
         raise ValueError("scratch: allocated for another head layout")
-    if warp_keys and scratch.batches != block_t // 16:
-        raise ValueError(f"scratch: warp_keys with block_t {block_t} needs batches={block_t // 16}, "
-                         f"got {scratch.batches}")  # fmt: skip
 
     clusters_possible = hopper_features(k_cache.device) and scratch.splits in CLUSTER_SIZES
     if cluster is None:
@@ -573,11 +454,6 @@ def decode_attention(
         **pdl_kwargs(use_pdl),
         **({"maxnreg": maxnreg} if maxnreg else {}),
     )
-    options["WARP_KEYS"] = warp_keys
-    options["PREFETCH_LATE"] = os.environ.get("KOG_ATTN_PREFETCH_LATE") == "1"
-    options["SYNC_FENCED"] = os.environ.get("KOG_ATTN_SYNC_FENCED") == "1"
-    options["stamp_ptr"] = stamps
-    options["STAMPS"] = stamps is not None
     if cluster:
         launch_clusters(_decode_attention_kernel, num_kv, scratch.splits, args, options)
     else:

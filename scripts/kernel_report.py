@@ -71,8 +71,6 @@ def compile_report(fn: JITFunction, args: tuple, kwargs: dict, num_warps: int) -
         value = bound[name]
         if name in constexprs:
             signature[name], consts[name] = "constexpr", value
-        elif value is None:
-            signature[name], consts[name] = "constexpr", None
         elif isinstance(value, torch.Tensor):
             signature[name] = "*" + DTYPES[value.dtype]
             attrs[(i,)] = [["tt.divisibility", 16]]

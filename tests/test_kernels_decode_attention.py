@@ -60,8 +60,6 @@ def run_case(
     cluster=False,
     next_window="none",
     kv_evict_first=True,
-    warp_keys=False,
-    num_warps=None,
 ):
     qkv = randn(lanes, (num_heads + 2 * num_kv) // lanes * hd, scale=2.0)
     # Positions the kernel must not read (beyond pos, before the window) are NaN.
@@ -76,7 +74,7 @@ def run_case(
     k_norm = randn(hd, dtype=dtype).abs() + 0.5 if qk_norm else None
     want, want_k, want_v = reference(qkv, k_cache, v_cache, pos, cos, sin, num_heads, window, interleaved,
                                      q_norm, k_norm, 1e-6)  # fmt: skip
-    scratch = AttentionScratch(num_kv, num_heads // num_kv, hd, splits, DEVICE, batches=block_t // 16 if warp_keys else 1)
+    scratch = AttentionScratch(num_kv, num_heads // num_kv, hd, splits, DEVICE)
     out = poisoned(lanes, num_heads // lanes * hd, dtype=torch.float32)
     pos_t = torch.tensor([pos], dtype=torch.int32, device=DEVICE)
     # next_window other than "none": the next layer's caches (window next_window) asked into L2, never written
@@ -85,8 +83,7 @@ def run_case(
     next_before = None if next_layer is None else (next_layer[0].clone(), next_layer[1].clone())
     decode_attention(qkv, k_cache, v_cache, pos_t, cos, sin, out, scratch, num_heads=num_heads, window=window,
                      interleaved=interleaved, q_norm=q_norm, k_norm=k_norm, block_t=block_t, cluster=cluster,
-                     next_layer=next_layer, kv_evict_first=kv_evict_first, warp_keys=warp_keys,
-                     num_warps=num_warps)  # fmt: skip
+                     next_layer=next_layer, kv_evict_first=kv_evict_first)  # fmt: skip
     if next_layer is not None:
         assert torch.equal(next_layer[0], next_before[0]) and torch.equal(next_layer[1], next_before[1])
     assert_close(out, want, dtype, "out")
@@ -160,16 +157,13 @@ def test_rejects_bad_shapes():
         (1, 4, 2, 16, 41, 2, None, True, False),  # group 2, 2-program clusters
     ],
 )
-@pytest.mark.parametrize("warp_keys,block_t,num_warps", [(False, 64, None), (True, 64, 4), (True, 64, 8),
-                                                         (True, 32, 2), (True, 16, 1)])  # fmt: skip
 def test_cluster_merge_matches_reference(dtype, lanes, num_heads, num_kv, hd, pos, splits, window, interleaved,
-                                         qk_norm, warp_keys, block_t, num_warps):  # fmt: skip
+                                         qk_norm):  # fmt: skip
     # The split partials merged after a cluster barrier instead of through the counter (kernels/cluster.py); run
     # twice, at consecutive positions, so that a program reading a stale partial of the call before would show.
     for p in (pos, pos + 1):
         run_case(dtype, lanes, num_heads, num_kv, hd, p, max_len=p + 8, window=window, interleaved=interleaved,
-                 qk_norm=qk_norm, splits=splits, block_t=block_t, cluster=True, warp_keys=warp_keys,
-                 num_warps=num_warps)  # fmt: skip
+                 qk_norm=qk_norm, splits=splits, block_t=64, cluster=True)  # fmt: skip
 
 
 @pytest.mark.skipif(ON_GPU, reason="the interpreter's refusal")

@@ -145,11 +145,9 @@ def prefetch_overrides(spec: str | dict[str, int]) -> dict[str, int]:
 
 BLOCK_KEYS = ("block_n", "block_k", "num_warps")
 HEAD_KEYS = ("block_n", "row_blocks", "num_warps")  # lm_head's block arguments
-ATTENTION_KEYS = ("splits", "block_t", "num_warps", "cluster", "maxnreg", "prefetch_next", "kv_evict_first",
-                  "warp_keys")
-ATTENTION_SWITCHES = ("cluster", "prefetch_next", "kv_evict_first", "warp_keys")
-SWITCH_ENV = (("KOG_ATTN_CLUSTER", "cluster"), ("KOG_ATTN_PREFETCH_NEXT", "prefetch_next"),
-              ("KOG_ATTN_WARP_KEYS", "warp_keys"))
+ATTENTION_KEYS = ("splits", "block_t", "num_warps", "cluster", "maxnreg", "prefetch_next", "kv_evict_first")
+ATTENTION_SWITCHES = ("cluster", "prefetch_next", "kv_evict_first")
+SWITCH_ENV = (("KOG_ATTN_CLUSTER", "cluster"), ("KOG_ATTN_PREFETCH_NEXT", "prefetch_next"))
 # Lane groups: how many (1: none). Unset: 2 on a GPU wherever the lanes split in two past their first layers
 # (laneformer-2b on an H200, scripts/decode_variants.py in turns: 800 -> 844 tok/s; 4 groups 832).
 LANE_GROUP_KEYS = ("groups",)
@@ -269,8 +267,6 @@ class FastRunner:
         self.attn_maxnreg = attention.get("maxnreg")  # a register cap (sweeps)
         # the cache read with the weights' evict-first hint (decode_attention's kv_evict_first)
         self.attn_kv_evict_first = bool(attention.get("kv_evict_first", True))
-        self.attn_warp_keys = bool(attention.get("warp_keys", False))
-        self.attn_batches = self.attn_block_t // 16 if self.attn_warp_keys else 1
         # Each layer's attention asks L2 for the next layer's first block of keys and values (decode_attention's
         # next_layer; the measurements are in kernels/decode_attention.py).
         possible = prefetch_next_possible(self.cache.k)
@@ -305,7 +301,7 @@ class FastRunner:
         self.row_blocks = env_then_argument("KOG_ROW_BLOCKS", row_blocks, ROW_BLOCK_KINDS, "row_blocks")
         # KOG_BLOCKS=down=2/1024/8 overrides the matrix-vector kinds' block sizes (block_spec; for sweeps).
         self.blocks = {**block_spec(env("KOG_BLOCKS", "")), **block_spec(blocks)}
-        self.attn_scratch = AttentionScratch(cfg.num_kv_heads, group, hd, splits, device, self.attn_batches)
+        self.attn_scratch = AttentionScratch(cfg.num_kv_heads, group, hd, splits, device)
         self.head_scratch = HeadScratch(cfg.vocab_size, device)
         self.whole = LaneGroup(0, lanes, self.layers, self.x, self.qkv, self.attn, self.h, slice(None),
                                cfg.num_heads, self.attn_scratch)  # fmt: skip
@@ -395,7 +391,7 @@ class FastRunner:
                 start, stop, [w.lanes(start, stop) for w in self.layers], self.x[start:stop],
                 self.qkv[start:stop], self.attn[start:stop], self.h[start:stop],
                 slice(start // per * kv, (start // per + 1) * kv), cfg.num_heads // count,
-                AttentionScratch(kv, group_size, cfg.head_dim, splits, self.device, self.attn_batches)))  # fmt: skip
+                AttentionScratch(kv, group_size, cfg.head_dim, splits, self.device)))  # fmt: skip
         return groups, split_from
 
     # --- one decode step -------------------------------------------------------------------------------
@@ -511,7 +507,6 @@ class FastRunner:
                 cluster=self.attn_cluster,
                 maxnreg=self.attn_maxnreg,
                 kv_evict_first=self.attn_kv_evict_first,
-                warp_keys=self.attn_warp_keys,
                 **self._next_layer(group, i),
             )
 

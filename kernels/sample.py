@@ -60,6 +60,10 @@ MAX_DRAWS = 64  # redraws of a step, at most (each draw shrinks the field strict
 # A packed key's low half holds _INDEX_MAX - index: lower indices sort higher. (Kernels write it
 # -index + _INDEX_MAX: a tensor on the left, which the interpreter needs.)
 _INDEX_MAX = tl.constexpr(0x7FFFFFFF)
+# The lowest order key (below every float's, -inf included): "no bound" for a floor, and the key of padding.
+_KEY_MIN = tl.constexpr(-(2**31))
+# What a padding slot of the packed candidates or band loads as: below every real entry.
+_PACKED_PAD = tl.constexpr(-(2**63) + 1)
 
 
 @triton.jit
@@ -202,7 +206,7 @@ def _radix_step(hist, remaining, prefix, SHIFT: tl.constexpr):
 def _digit_histogram(key, ok, prefix, SHIFT: tl.constexpr):
     """Counts of the RADIX_BITS digit at SHIFT of the keys (as unsigned: key + 2^31) whose higher digits are
     prefix's."""
-    u = key.to(tl.int64) + 2147483648
+    u = key.to(tl.int64) - _KEY_MIN
     match = ok & ((u >> (SHIFT + RADIX_BITS)) == (prefix >> (SHIFT + RADIX_BITS)))
     return tl.histogram(((u >> SHIFT) & (RADIX_BINS - 1)).to(tl.int32), RADIX_BINS, mask=match)
 
@@ -216,7 +220,7 @@ def _kth_key_of_candidates(key, ok, k):
     for d in tl.static_range(32 // RADIX_BITS):
         shift = 32 - RADIX_BITS * (d + 1)
         remaining, prefix = _radix_step(_digit_histogram(key, ok, prefix, shift), remaining, prefix, shift)
-    return (prefix - 2147483648).to(tl.int32)
+    return (prefix + _KEY_MIN).to(tl.int32)
 
 
 @triton.jit
@@ -244,7 +248,7 @@ def _load_band(band_ptr, n_band, start, BLOCK: tl.constexpr):
     """Band entries [start, start + BLOCK) as (ok, key, value, index); L1 is bypassed: this program wrote them."""
     r = start + tl.arange(0, BLOCK)
     ok = r < n_band
-    key, index = _unpack(tl.load(band_ptr + r, mask=ok, other=-9223372036854775807, cache_modifier=".cg"))
+    key, index = _unpack(tl.load(band_ptr + r, mask=ok, other=_PACKED_PAD, cache_modifier=".cg"))
     return ok, key, tl.where(ok, _key_value(key), float("-inf")), index
 
 
@@ -262,7 +266,7 @@ def _kth_key_of_band(band_ptr, n_band, k, BLOCK: tl.constexpr):
             hist += _digit_histogram(key, ok, prefix, shift)
             start += BLOCK
         remaining, prefix = _radix_step(hist, remaining, prefix, shift)
-    return (prefix - 2147483648).to(tl.int32)
+    return (prefix + _KEY_MIN).to(tl.int32)
 
 
 @triton.jit
@@ -324,16 +328,14 @@ def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
     # Every chunk's C largest (unsorted across chunks): [PROGRAMS * C].
     r = tl.arange(0, PROGRAMS * C)
     r_ok = r < programs * C
-    packed = tl.load(cand_ptr + r, mask=r_ok, other=-9223372036854775807, cache_modifier=".cg")
+    packed = tl.load(cand_ptr + r, mask=r_ok, other=_PACKED_PAD, cache_modifier=".cg")
     # T: the largest of the chunks' C-th candidates. Every token with a key above T is a candidate (none, when
     # the chunks are C logits long or each holds fewer than C finite ones).
-    last = tl.load(
-        cand_ptr + chunk * C + C - 1, mask=chunk_ok, other=-9223372036854775807, cache_modifier=".cg"
-    )
+    last = tl.load(cand_ptr + chunk * C + C - 1, mask=chunk_ok, other=_PACKED_PAD, cache_modifier=".cg")
     t_key = tl.max((last >> 32).to(tl.int32), axis=0)
     no_t = ALL_CANDIDATES | (t_key == _order_key(tl.full([], float("-inf"), tl.float32)))
     if no_t:
-        t_key = tl.full([], -2147483647 - 1, tl.int32)
+        t_key = tl.full([], _KEY_MIN, tl.int32)
 
     token = tl.zeros([], dtype=tl.int32)
     path = tl.zeros([], dtype=tl.int32)
@@ -342,7 +344,7 @@ def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
         path = 3
     else:
         key, index = _unpack(packed)
-        value = tl.where(key == -2147483647 - 1, float("-inf"), _key_value(key))  # (padding: -inf)
+        value = tl.where(key == _KEY_MIN, float("-inf"), _key_value(key))  # (padding: -inf)
         p = tl.exp2((value - m_all) * _LOG2E) / z_all  # [PROGRAMS * C], exact probabilities
         # The band: the tokens with a key in [low, T], written by the step's one pass over the vocabulary when a
         # top_k reaches below T. With the candidates above T it holds all of F.
@@ -350,7 +352,7 @@ def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
         mass_above_t = tl.zeros([], dtype=tl.float32)  # the candidates' above T (set with the band)
         # The field F: the tokens with key >= floor (the top_k's, ties included; everything without a top_k),
         # its mass z_f (of z_all), and a first draw from softmax(l) over it, with draw 0's noise.
-        floor = tl.full([], -2147483647 - 1, tl.int32)
+        floor = tl.full([], _KEY_MIN, tl.int32)
         z_f = 1.0
         path = tl.where(top_p < 1.0, 0, 1)
         if (top_k == 0) | (top_k >= vocab_limit):  # the chunks raced the whole vocabulary
@@ -367,7 +369,7 @@ def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
                 path = 4
             else:
                 # F's lowest key is at most T, and at least the candidates' k-th (they are part of the vocabulary).
-                low = tl.full([], -2147483647 - 1, tl.int32)
+                low = tl.full([], _KEY_MIN, tl.int32)
                 if top_k <= programs * C:
                     low = _kth_key_of_candidates(key, r_ok, top_k)
                 n_band = _fill_band(logits_ptr, seen_ptr, vocab_limit, penalty, inv_temperature, low, t_key,

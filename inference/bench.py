@@ -112,8 +112,12 @@ def measure_bandwidth(device: torch.device, gib: int = 4) -> dict:
     return result
 
 
-def kernel_bytes(cfg: ModelConfig, itemsize: int, context: int) -> list[tuple[str, int]]:
-    """(kind, bytes it must read) for every kernel of one decode step, in launch order; `context` cached keys."""
+def kernel_bytes(
+    cfg: ModelConfig, itemsize: int, context: int, head_screen: bool = False
+) -> list[tuple[str, int]]:
+    """(kind, bytes it must read) for every kernel of one decode step, in launch order; `context` cached keys.
+    With head_screen the head is kernels/lm_head_screen.py's two launches: the int8 copy with a scale and two norms
+    a row, then the rows' upper bounds (the candidates' bf16 rows, a few, are not counted)."""
     D, hd, L = cfg.hidden_size, cfg.head_dim, cfg.num_lanes
     qkv_rows = (cfg.num_heads + 2 * cfg.num_kv_heads) * hd
     out = []
@@ -128,7 +132,10 @@ def kernel_bytes(cfg: ModelConfig, itemsize: int, context: int) -> list[tuple[st
         ]
     if L > 1:
         out.append(("final norm", L * D * itemsize))
-    out.append(("head", cfg.vocab_size * D * itemsize))
+    if head_screen:
+        out += [("head screen", cfg.vocab_size * (D + 12)), ("head rescore", cfg.vocab_size * 4)]
+    else:
+        out.append(("head", cfg.vocab_size * D * itemsize))
     return out
 
 
@@ -221,7 +228,8 @@ def logit_shape(margins: list[float], top_shares: list[float], skip_agree: int) 
 
 
 @torch.no_grad()
-def check(model: Transformer, runner, steps: int, prompt: list[int], init: str = "random") -> dict:
+def check(model: Transformer, runner, steps: int, prompt: list[int], init: str = "random",
+          screened=None) -> dict:  # fmt: skip
     """Teacher-forced: the fast path and the bf16 reference take the same tokens (the fp32 reference's greedy
     choices) and their logits are compared at every step with two yardsticks:
       * bf16: the reference model in bf16 (the issue's criterion: rel err <= 2e-2, same argmax >= 99%);
@@ -245,16 +253,22 @@ def check(model: Transformer, runner, steps: int, prompt: list[int], init: str =
     model(prompt, 0, cache, last_only=True)
     ref32 = model32(prompt, 0, cache32, last_only=True).view(-1)
     runner.prefill(prompt[0].tolist())
+    if screened is not None:
+        screened.prefill(prompt[0].tolist())
 
     def rel(a: torch.Tensor, b: torch.Tensor) -> float:
         return ((a - b).norm() / b.norm()).item()
 
     errs, errs32, ref_errs32, margins, top_shares = [], [], [], [], []
-    same = same32 = ref_same32 = decisive = decisive_same32 = skip_same32 = 0
+    same = same32 = ref_same32 = decisive = decisive_same32 = skip_same32 = screen_same = 0
     for pos in range(prompt_len, prompt_len + steps):
         token = ref32.argmax().view(1, 1)
         runner.token.copy_(token.view(1))
         runner.step()
+        if screened is not None:  # the head screen's token against the full head's argmax, same input
+            screened.token.copy_(token.view(1))
+            screened.step()
+            screen_same += int(int(screened.token) == int(runner.logits[: runner.vocab_limit].argmax()))
         ref = model(token, pos, cache).view(-1).float()
         ref32 = model32(token, pos, cache32).view(-1)
         fast = runner.logits.float()
@@ -289,6 +303,7 @@ def check(model: Transformer, runner, steps: int, prompt: list[int], init: str =
         "passed": max(errs) <= 2e-2 and same / steps >= 0.99,
         "passed_fp32": max(errs32) <= 2e-2 and same32 / steps >= 0.99,
         "init": init,
+        "screen_same_token": screen_same / steps if screened is not None else None,
         **logit_shape(margins, top_shares, skip_same32),
     }
 
@@ -326,7 +341,8 @@ def breakdown(model: Transformer, runner, prompt: list[int], replays: int, read_
         (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "_kernel" in e.name),
         key=lambda e: e.time_range.start,
     )
-    expected = kernel_bytes(cfg, model.tok_embeddings.element_size(), len(prompt) + replays // 2)
+    expected = kernel_bytes(cfg, model.tok_embeddings.element_size(), len(prompt) + replays // 2,
+                            runner.head_screen is not None)  # fmt: skip
     per_step = len(expected)
     if len(kernels) < per_step * replays:
         return {"error": f"profiler saw {len(kernels)} kernels, expected {per_step * replays}"}
@@ -632,6 +648,13 @@ def table(result: dict) -> str:
         f"read bandwidth (measured now): {bw:,.0f} GB/s (copy {result['bandwidth']['copy_gbs']:,.0f} GB/s) · "
         f"bytes/token {result['bytes_per_token'] / 1e9:.3f} GB · ceiling {ceiling:,.0f} tok/s "
         f"({1e6 / ceiling:.0f} us/token)",
+    ]
+    if "screened_bytes_per_token" in result:
+        screened = result["screened_bytes_per_token"]
+        lines.append(f"with the head screen a greedy step reads {screened / 1e9:.3f} GB (+ the candidates' rows): "
+                     f"{bw * 1e9 / screened:,.0f} tok/s for those bytes; % of ceiling below is against the bf16 "
+                     "bytes")  # fmt: skip
+    lines += [
         "",
         "| path | decode tok/s | us/token | % of ceiling | TTFT ms |",
         "| --- | --- | --- | --- | --- |",
@@ -664,6 +687,10 @@ def table(result: dict) -> str:
                 f"{c['decisive_steps']}/{c['steps']}, fast path same argmax as fp32 on them: "
                 + (f"{100 * decisive:.1f}%" if decisive is not None else "-")
             )
+            if c.get("screen_same_token") is not None:
+                lines.append(
+                    f"  head screen: the full head's argmax at {100 * c['screen_same_token']:.1f}% of steps"
+                )
             if "fp32_margin_median" in c:
                 lines.append(
                     f"  fp32 logits ({c['init']} weights): top1-top2 margin median {c['fp32_margin_median']:.3g}, "
@@ -778,10 +805,24 @@ def main(argv: list[str] | None = None) -> int:
         result["rows"].append(out)
         return out
 
-    # The engine's runner (its defaults), then the other PDL setting for comparison.
+    # The engine's runner (its defaults), then the same without the head screen (every greedy step reads the whole
+    # bf16 head: the like-for-like figure against the ceiling) and the other PDL setting, for comparison.
     runner = FastRunner(model, max_context)
-    default = f"fast, CUDA graph, {'PDL' if runner.use_pdl else 'no PDL'}"
+    pdl = "PDL" if runner.use_pdl else "no PDL"
+    if runner.head_screen is not None:
+        screened_bytes = result["bytes_per_token"] - model.tok_embeddings.element_size() * cfg.vocab_size * \
+            cfg.hidden_size + cfg.vocab_size * (cfg.hidden_size + 16)  # fmt: skip
+        result["screened_bytes_per_token"] = screened_bytes
+    default = f"fast, CUDA graph, {pdl}" + (
+        ", head screen (int8 + bf16 candidates)" if runner.head_screen else ""
+    )
     row(default, lambda: time_fast(runner, prompt, args.new_tokens, args.runs))
+    full_head = (
+        FastRunner(model, max_context, head_screen=False) if runner.head_screen is not None else runner
+    )
+    if full_head is not runner:
+        row(f"fast, CUDA graph, {pdl}, full bf16 head",
+            lambda: time_fast(full_head, prompt, args.new_tokens, args.runs))  # fmt: skip
     row(
         "fast, runner contract (engine path)",
         lambda: time_contract(runner, prompt, args.new_tokens, args.runs),
@@ -815,7 +856,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check and runner is not None:
         try:
             prompt_ids = check_prompt(args.model, cfg.vocab_size)
-            result["check"] = check(model, runner, args.check_steps, prompt_ids, init)
+            screened = runner if runner is not full_head else None
+            result["check"] = check(model, full_head, args.check_steps, prompt_ids, init, screened)
         except Exception as e:
             result["check"] = {"error": f"{type(e).__name__}: {e}"}
     peers = set(filter(None, args.peers.split(",")))

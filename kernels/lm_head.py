@@ -26,6 +26,50 @@ MAX_GROUPS = 512
 
 
 @triton.jit
+def publish_best(best, best_at, best_val_ptr, best_idx_ptr, counter_ptr, token_ptr, pos_ptr, out_tokens_ptr,
+                 ring_ptr, GROUP: tl.constexpr, MAX_GROUPS: tl.constexpr, RING: tl.constexpr):  # fmt: skip
+    """The grid's argmax from every program's best (value, first index), with no second launch: the last program
+    of each group of GROUP to arrive (an atomic counter) reduces its group, the last group to arrive reduces the
+    group bests, writes the token where the next step's first kernels read it and advances the position."""
+    pid = tl.program_id(0)
+    tl.store(best_val_ptr + pid, best)
+    tl.store(best_idx_ptr + pid, best_at)
+    # Every thread's stores are issued before one thread publishes them.
+    tl.debug_barrier()
+    programs = tl.num_programs(0)
+    group = pid // GROUP
+    group_size = tl.minimum(programs - group * GROUP, GROUP)
+    if tl.atomic_add(counter_ptr + 1 + group, 1, sem="acq_rel", scope="gpu") == group_size - 1:
+        members = group * GROUP + tl.arange(0, GROUP)
+        ok = members < programs
+        vals = tl.load(best_val_ptr + members, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        idxs = tl.load(best_idx_ptr + members, mask=ok, other=2147483647, cache_modifier=".cg")
+        top = tl.max(vals, axis=0)
+        # group bests live after the per-program ones
+        tl.store(best_val_ptr + programs + group, top)
+        tl.store(best_idx_ptr + programs + group, tl.min(tl.where(vals == top, idxs, 2147483647), axis=0))
+        tl.atomic_xchg(counter_ptr + 1 + group, 0)
+        tl.debug_barrier()
+        groups = tl.cdiv(programs, GROUP)
+        if tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == groups - 1:
+            group_ids = tl.arange(0, MAX_GROUPS)
+            group_ok = group_ids < groups
+            group_vals = tl.load(best_val_ptr + programs + group_ids, mask=group_ok, other=float("-inf"),
+                                 cache_modifier=".cg")  # fmt: skip
+            group_idxs = tl.load(best_idx_ptr + programs + group_ids, mask=group_ok, other=2147483647,
+                                 cache_modifier=".cg")  # fmt: skip
+            best = tl.max(group_vals, axis=0)
+            token = tl.min(tl.where(group_vals == best, group_idxs, 2147483647), axis=0)
+            pos = tl.load(pos_ptr)
+            tl.store(token_ptr, token.to(token_ptr.dtype.element_ty))
+            tl.store(out_tokens_ptr + pos + 1, token.to(out_tokens_ptr.dtype.element_ty))
+            if RING > 0:  # straight into the host's pinned ring: no copy between this step and the next
+                tl.store(ring_ptr + (pos + 1) % RING, token.to(ring_ptr.dtype.element_ty))
+            tl.store(pos_ptr, pos + 1)
+            tl.atomic_xchg(counter_ptr, 0)
+
+
+@triton.jit
 def _lm_head_kernel(
     x_ptr,
     norm_ptr,
@@ -88,41 +132,8 @@ def _lm_head_kernel(
             rows, row_ok, w_offs, w = next_rows, next_ok, next_offs, next_w
 
     if GREEDY:
-        tl.store(best_val_ptr + pid, best)
-        tl.store(best_idx_ptr + pid, best_at)
-        # Every thread's stores are issued before one thread publishes them.
-        tl.debug_barrier()
-        programs = tl.num_programs(0)
-        group = pid // GROUP
-        group_size = tl.minimum(programs - group * GROUP, GROUP)
-        if tl.atomic_add(counter_ptr + 1 + group, 1, sem="acq_rel", scope="gpu") == group_size - 1:
-            members = group * GROUP + tl.arange(0, GROUP)
-            ok = members < programs
-            vals = tl.load(best_val_ptr + members, mask=ok, other=float("-inf"), cache_modifier=".cg")
-            idxs = tl.load(best_idx_ptr + members, mask=ok, other=2147483647, cache_modifier=".cg")
-            top = tl.max(vals, axis=0)
-            # group bests live after the per-program ones
-            tl.store(best_val_ptr + programs + group, top)
-            tl.store(best_idx_ptr + programs + group, tl.min(tl.where(vals == top, idxs, 2147483647), axis=0))
-            tl.atomic_xchg(counter_ptr + 1 + group, 0)
-            tl.debug_barrier()
-            groups = tl.cdiv(programs, GROUP)
-            if tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == groups - 1:
-                group_ids = tl.arange(0, MAX_GROUPS)
-                group_ok = group_ids < groups
-                group_vals = tl.load(best_val_ptr + programs + group_ids, mask=group_ok, other=float("-inf"),
-                               cache_modifier=".cg")  # fmt: skip
-                group_idxs = tl.load(best_idx_ptr + programs + group_ids, mask=group_ok, other=2147483647,
-                               cache_modifier=".cg")  # fmt: skip
-                best = tl.max(group_vals, axis=0)
-                token = tl.min(tl.where(group_vals == best, group_idxs, 2147483647), axis=0)
-                pos = tl.load(pos_ptr)
-                tl.store(token_ptr, token.to(token_ptr.dtype.element_ty))
-                tl.store(out_tokens_ptr + pos + 1, token.to(out_tokens_ptr.dtype.element_ty))
-                if RING > 0:  # straight into the host's pinned ring: no copy between this step and the next
-                    tl.store(ring_ptr + (pos + 1) % RING, token.to(ring_ptr.dtype.element_ty))
-                tl.store(pos_ptr, pos + 1)
-                tl.atomic_xchg(counter_ptr, 0)
+        publish_best(best, best_at, best_val_ptr, best_idx_ptr, counter_ptr, token_ptr, pos_ptr, out_tokens_ptr,
+                     ring_ptr, GROUP, MAX_GROUPS, RING)  # fmt: skip
 
 
 class HeadScratch:

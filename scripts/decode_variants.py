@@ -7,7 +7,8 @@ A variant is a KOG_PREFETCH-style list (kind=tiles, kinds qkv, o, gate_up, down;
 rows.qkv=n / rows.gate_up=n set FastRunner's row_blocks, blocks.down=2/1024/8 (block_n/block_k/num_warps of a kind) its block sizes and head.row_blocks=4
 (or head.block_n, head.num_warps) the head's, attn.splits=32 (or attn.block_t, attn.num_warps, attn.maxnreg, attn.prefetch_next=0|1, and
 attn.cluster=0|1 for the merge, attn.kv_evict_first=0|1 for its cache reads' hint) the attention's, lanes.groups=n its lane groups (1: none), early.o=0|1 (kinds qkv, o,
-gate_up, down) whether a kind lets the next kernel launch before its wait;
+gate_up, down) whether a kind lets the next kernel launch before its wait, screen=0|1 the greedy head through its int8
+screen (kernels/lm_head_screen.py) or the whole bf16 head;
 "name:spec" labels one, so a setting can be built twice (two runner instances: what memory placement alone
 does). Every round times each variant once (bench.time_fast: median of --runs after a warm-up), so slow drifts of the clock or
 the temperature hit all variants alike; the table keeps the median over rounds, beside the ceiling measured in
@@ -43,6 +44,10 @@ def runner_kwargs(spec: str) -> dict:
     """'o=16,rows.gate_up=8,blocks.down=4/4096/8,head.row_blocks=2' -> FastRunner(prefetch={'o': 16},
     row_blocks={'gate_up': 8}, blocks={'down': {...}}, head_blocks={'row_blocks': 2})."""
     items = [item.strip() for item in spec.split(",") if item.strip()]
+    screen = [item.partition("=")[2] for item in items if item.startswith("screen=")]
+    if any(value not in ("0", "1") for value in screen):
+        raise ValueError(f"screen: expected screen=0 or screen=1, got {spec!r}")
+    items = [item for item in items if not item.startswith("screen=")]
     prefixes = ("rows.", "blocks.", "head.", "attn.", "lanes.", "early.")
 
     def group(prefix: str) -> str:
@@ -55,7 +60,8 @@ def runner_kwargs(spec: str) -> dict:
             "head_blocks": kind_overrides(group("head."), HEAD_KEYS, "head_blocks"),
             "attention": kind_overrides(group("attn."), ATTENTION_KEYS, "attention", ATTENTION_SWITCHES),
             "lane_groups": kind_overrides(group("lanes."), LANE_GROUP_KEYS, "lane_groups"),
-            "early": kind_overrides(group("early."), EARLY_KINDS, "early", EARLY_KINDS)}  # fmt: skip
+            "early": kind_overrides(group("early."), EARLY_KINDS, "early", EARLY_KINDS),
+            "head_screen": bool(int(screen[-1])) if screen else None}  # fmt: skip
 
 
 def main() -> int:

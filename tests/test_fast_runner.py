@@ -42,8 +42,9 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def teacher_forced(
     model: Transformer, prompt: list[int], steps: int, max_context: int = 128, **runner_kwargs
 ):
-    """Feed the reference's own greedy tokens to both paths; yield (fast logits, reference logits, fast token)."""
-    runner = FastRunner(model, max_context, **runner_kwargs)
+    """Feed the reference's own greedy tokens to both paths; yield (fast logits, reference logits, fast token).
+    The greedy steps' logits come from the whole head (the head screen computes the token alone)."""
+    runner = FastRunner(model, max_context, **{"head_screen": False, **runner_kwargs})
     ref_cache = KVCache(model.cfg, max_context, 1, DEVICE, DTYPE)
     ids = torch.tensor([prompt], device=DEVICE)
     ref_logits = model(ids, 0, ref_cache, last_only=True).view(-1)
@@ -130,6 +131,20 @@ def test_lane_groups_generate_the_same_tokens():
     whole = list(FastRunner(model, 64).generate_tokens(prompt, params))
     grouped = list(FastRunner(model, 64, lane_groups={"groups": 2}).generate_tokens(prompt, params))
     assert grouped == whole
+
+
+@pytest.mark.parametrize("preset", ["tiny-laneformer", "tiny-llama", "tiny-qwen3"])
+def test_the_head_screen_generates_the_whole_heads_tokens(preset):
+    # greedy tokens through the int8 screen and the candidates' rows (kernels/lm_head_screen.py) against the
+    # whole head's argmax, step after step; and a sampled request on the same runner still reads the logits
+    model = make_model(preset, seed=12)
+    prompt, params = [3, 1, 4, 1, 5, 9, 2, 6], SamplingParams(max_new_tokens=10)
+    whole = FastRunner(model, 64, head_screen=False)
+    screened = FastRunner(model, 64, head_screen=True)
+    assert whole.head_screen is None and screened.head_screen is not None
+    assert list(screened.generate_tokens(prompt, params)) == list(whole.generate_tokens(prompt, params))
+    sampled = SamplingParams(max_new_tokens=6, temperature=0.7, top_p=0.9, seed=3)
+    assert list(screened.generate_tokens(prompt, sampled)) == list(whole.generate_tokens(prompt, sampled))
 
 
 def test_lane_groups_are_the_default_on_a_gpu_for_large_layers():

@@ -6,7 +6,8 @@ A decode step is five kernels a layer (model.py's math, fused):
     lane_reduce_gemv   o-proj of every lane + the cross-lane reduction + the residual add
     rmsnorm_gemv       ffn norm + gate/up + SiLU
     lane_reduce_gemv   down-proj + reduction + residual add
-then the head: final_norm (L > 1 only) and lm_head (norm, logits, argmax, token and position bookkeeping).
+then the head: final_norm (L > 1 only) and lm_head (norm, logits, argmax, token and position bookkeeping), or for
+greedy steps on a GPU lm_head_screen (the same argmax from an int8 copy of the head and the candidate rows).
 
 The step reads its token and position from device buffers and leaves the next ones there, so it is captured
 once as a CUDA graph and replayed per token. The host never waits on the token it is about to launch for:
@@ -48,6 +49,7 @@ from kernels.decode_attention import (
 from kernels.final_norm import final_norm
 from kernels.lane_reduce_gemv import lane_reduce_gemv
 from kernels.lm_head import HeadScratch, lm_head
+from kernels.lm_head_screen import HeadScreen, ScreenScratch, screened_argmax
 from kernels.rmsnorm_gemv import rmsnorm_gemv
 from kernels.sample import SampleScratch, sample_token
 
@@ -207,7 +209,7 @@ class FastRunner:
                  row_blocks: dict[str, int] | None = None,
                  blocks: str | dict[str, dict[str, int]] = "", head_blocks: dict[str, int] | None = None,
                  attention: dict[str, int] | None = None, lane_groups: dict[str, int] | None = None,
-                 early: dict[str, int] | None = None):  # fmt: skip
+                 early: dict[str, int] | None = None, head_screen: bool | None = None):  # fmt: skip
         cfg = model.cfg
         if (why := supports(cfg)) is not None:
             raise ValueError(f"model: the fast path does not support {why}")
@@ -303,6 +305,13 @@ class FastRunner:
         self.blocks = {**block_spec(env("KOG_BLOCKS", "")), **block_spec(blocks)}
         self.attn_scratch = AttentionScratch(cfg.num_kv_heads, group, hd, splits, device)
         self.head_scratch = HeadScratch(cfg.vocab_size, device)
+        # Greedy steps find the head's argmax through an int8 copy of it and read only the candidate rows again
+        # in bf16 (kernels/lm_head_screen.py: the same token, about half the head's bytes). On by default on a GPU;
+        # KOG_HEAD_SCREEN=0|1 or the argument override (the interpreter gains nothing by it).
+        if head_screen is None:
+            head_screen = bool(int(os.environ.get("KOG_HEAD_SCREEN", str(int(device.type == "cuda")))))
+        self.head_screen = HeadScreen.build(self.head_weight) if head_screen else None
+        self.screen_scratch = ScreenScratch(cfg.vocab_size, device) if head_screen else None
         self.whole = LaneGroup(0, lanes, self.layers, self.x, self.qkv, self.attn, self.h, slice(None),
                                cfg.num_heads, self.attn_scratch)  # fmt: skip
         # KOG_LANE_GROUPS=groups=2 (or the `lane_groups` argument): see the module docstring.
@@ -397,7 +406,8 @@ class FastRunner:
     # --- one decode step -------------------------------------------------------------------------------
 
     def decode_step(self, greedy: bool = True) -> None:
-        """Launch one step: consumes token/pos, leaves logits, the next token, out_tokens[pos + 1], pos + 1."""
+        """Launch one step: consumes token/pos, leaves the next token, out_tokens[pos + 1], pos + 1, and the logits
+        (all but greedy steps through the head screen, which compute the token alone)."""
         cfg, eps, pdl = self.cfg, self.cfg.norm_eps, self.use_pdl
         for i in range(self.split_from):
             for launch in self._layer_launches(self.whole, i):
@@ -413,6 +423,11 @@ class FastRunner:
             head_x, head_norm = self.x[0], self.final_norm_weight[0]
         # The step's token also lands in the host's pinned ring (generate_tokens), from the head or the sampler.
         ring = self.host_tokens if self.device.type == "cuda" else None
+        if greedy and self.head_screen is not None:  # the token without the logits
+            screened_argmax(head_x, self.head_weight, self.head_screen, self.screen_scratch, token=self.token,
+                            pos=self.pos, out_tokens=self.out_tokens, norm_weight=head_norm, eps=eps,
+                            vocab_limit=self.vocab_limit, host_ring=ring, use_pdl=pdl)  # fmt: skip
+            return
         lm_head(head_x, self.head_weight, self.logits, self.head_scratch, norm_weight=head_norm, eps=eps,
                 greedy=greedy, vocab_limit=self.vocab_limit, token=self.token, pos=self.pos, out_tokens=self.out_tokens,
                 host_ring=ring if greedy else None, use_pdl=pdl, **self.head_blocks)  # fmt: skip

@@ -1,0 +1,335 @@
+"""The greedy head through an int8 screen: the same token as lm_head's argmax, reading half the bytes.
+
+Greedy decode needs one number from the head, the index of the largest logit. Every row of the bf16 head
+W [V, K] is kept a second time as int8 with a scale per row, W = s * Q + E, and the norms of each row's parts are
+computed once when the copy is made. With x the normed input and X = sx * Xq + e its own rounding to integers:
+
+    W x = s * sx * (Q . Xq)  +  s * (Q . e)  +  E . x
+          ^ exact in int32      |.| <= s*|Q|*|e|   |.| <= |E|*|x|      (Cauchy-Schwarz)
+
+so one pass over the int8 copy gives every row an interval [lo, hi] that holds its exact logit (a margin covers
+fp32 summation in any order). The row with the largest exact logit has hi >= L = max(lo), so only the rows with
+hi >= L (the candidates) are read again in bf16 and compared exactly. On a model's real head these are a few
+rows; on any input the answer is lm_head's (ties: the first index), and when the screen is loose (x with a huge
+norm, weights the int8 copy fits badly) more rows are read again, never a wrong one.
+
+Two launches:
+    _screen_kernel    the int8 pass: hi [V] (fp32; -inf past vocab_limit) and each program's max(lo)
+    _rescore_kernel   L = max of those; each program compacts the candidates of its slice of rows, reads them in
+                      bf16, and the grid's best goes through lm_head's publish_best (token, out_tokens, pos, ring)
+
+Bytes: V * K (int8) + 12 V (scale, norms) + 8 V (hi written and read) + the candidates' rows, against lm_head's
+2 V * K: llama-3.2-1b's head is 263 MB instead of 525.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from kernels import interpreted, pdl_kwargs
+from kernels.lm_head import MAX_GROUPS, HeadScratch, publish_best
+from kernels.rmsnorm_gemv import next_row_block, normed_x_tiles, row_dots, weight_tiles
+
+# x is rounded to integers of at most 8191: 2048 products of 127 * 8191 stay below 2^31, so a row's sum over
+# K <= 2048 is exact in int32 (larger K sums int32 K tiles into fp32, exact per tile).
+X_LEVELS = 8191
+# Relative slack for fp32 sums of the exact logits in any order (K * 2^-24 is 1.2e-4 at K = 2048) and for the
+# screen's own fp32 products.
+FP32_SLACK = 4e-4
+INT_MAX: tl.constexpr = tl.constexpr(2147483647)
+
+
+@dataclass
+class HeadScreen:
+    """The int8 copy of a head W [V, K] and what bounds its error, per row: W = scale * q + E.
+
+    q [V, K] int8; scale [V] fp32 (max |W[v]| / 127); q_norm [V] = scale * |q[v]|; e_norm [V] = |E[v]| (fp32)."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    q_norm: torch.Tensor
+    e_norm: torch.Tensor
+
+    @classmethod
+    def build(cls, weight: torch.Tensor, rows_at_a_time: int = 8192) -> "HeadScreen":
+        if weight.dim() != 2 or not weight.is_contiguous():
+            raise ValueError(f"weight: expected a contiguous [V, K] tensor, got {tuple(weight.shape)}")
+        vocab, k = weight.shape
+        device = weight.device
+        q = torch.empty(vocab, k, dtype=torch.int8, device=device)
+        scale, q_norm, e_norm = (torch.empty(vocab, dtype=torch.float32, device=device) for _ in range(3))
+        for start in range(0, vocab, rows_at_a_time):  # float64 of a few thousand rows at a time, not of W
+            part = slice(start, start + rows_at_a_time)
+            w = weight[part].double()
+            s = w.abs().amax(dim=1) / 127
+            s = torch.where(s > 0, s, torch.ones_like(s))
+            rounded = torch.round(w / s[:, None]).clamp_(-127, 127)
+            q[part], scale[part] = rounded.to(torch.int8), s.float()
+            # the norms rounded up a little, so that storing them in fp32 never makes a bound smaller
+            q_norm[part] = (s * rounded.norm(dim=1) * (1 + 1e-6)).float()
+            e_norm[part] = ((w - s[:, None] * rounded).norm(dim=1) * (1 + 1e-6)).float()
+        return cls(q, scale, q_norm, e_norm)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.q, self.scale, self.q_norm, self.e_norm))
+
+
+class ScreenScratch:
+    """hi [V], each screen program's max(lo), and lm_head's argmax scratch for the rescoring grid."""
+
+    def __init__(self, vocab_size: int, device: torch.device):
+        self.hi = torch.empty(vocab_size, dtype=torch.float32, device=device)
+        self.lo_max = torch.empty(vocab_size, dtype=torch.float32, device=device)
+        self.screens = 0  # screen programs of the last launch: lo_max[:screens] is theirs
+        self.head = HeadScratch(vocab_size, device)
+
+
+@triton.jit
+def x_levels(xs, X_LEVELS: tl.constexpr):
+    """x (a tuple of [BLOCK_K] fp32 tiles) as integers of at most X_LEVELS: (the int32 tiles, the step sx, |x|,
+    |x - sx * xq|)."""
+    amax = tl.max(tl.abs(xs[0]), axis=0)
+    for i in tl.static_range(1, len(xs)):
+        amax = tl.maximum(amax, tl.max(tl.abs(xs[i]), axis=0))
+    sx = tl.where(amax > 0, amax / X_LEVELS, 1.0)
+    xqs = ()
+    x_sq = tl.zeros_like(xs[0])
+    err_sq = tl.zeros_like(xs[0])
+    for i in tl.static_range(len(xs)):
+        level = tl.floor(xs[i] / sx + 0.5)
+        err = xs[i] - level * sx
+        x_sq += xs[i] * xs[i]
+        err_sq += err * err
+        xqs = xqs + (level.to(tl.int32),)
+    return xqs, sx, tl.sqrt(tl.sum(x_sq, axis=0)), tl.sqrt(tl.sum(err_sq, axis=0))
+
+
+@triton.jit
+def int_row_dots(tiles, xqs, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_INT: tl.constexpr):
+    """[BLOCK_N] fp32: each row of the int8 tiles against the integer x tiles. With EXACT_INT (K <= 2048) one
+    int32 sum per row; otherwise each tile's int32 sum is added in fp32."""
+    if EXACT_INT:
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.int32)
+        for i in tl.static_range(len(tiles)):
+            acc += tiles[i].to(tl.int32) * xqs[i][None, :]
+        total = tl.sum(acc, axis=1).to(tl.float32)
+    else:
+        total = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for i in tl.static_range(len(tiles)):
+            total += tl.sum(tiles[i].to(tl.int32) * xqs[i][None, :], axis=1).to(tl.float32)
+    return total
+
+
+@triton.jit
+def _screen_kernel(
+    x_ptr,
+    norm_ptr,
+    q_ptr,
+    scale_ptr,
+    q_norm_ptr,
+    e_norm_ptr,
+    hi_ptr,
+    lo_max_ptr,
+    V,
+    vocab_limit,
+    eps,
+    K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    ROW_BLOCKS: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    X_LEVELS: tl.constexpr,
+    FP32_SLACK: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+    EXACT_INT: tl.constexpr = K <= 2048
+    pid = tl.program_id(0)
+    rows = pid * ROW_BLOCKS * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < V
+    cols = tl.arange(0, BLOCK_K)
+    w_offs = rows.to(tl.int64)[:, None] * K + cols[None, :]
+    # As lm_head: the first tile in flight before the wait for x, the rest of the block right after it.
+    w = weight_tiles(q_ptr, w_offs, row_ok, cols, K, BLOCK_K, 0, 1)
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    w = w + weight_tiles(q_ptr, w_offs, row_ok, cols, K, BLOCK_K, 1, TILES - 1)
+
+    # x * g by tiles and rstd (the norm's scalar multiplies the products, the bounds and the exact logits alike)
+    xs, rstd = normed_x_tiles(x_ptr, norm_ptr, cols, eps, K, BLOCK_K, HAS_NORM)
+    xqs, sx, x_norm, err_norm = x_levels(xs, X_LEVELS)
+
+    lo_best = tl.full([], float("-inf"), tl.float32)
+    for j in tl.static_range(ROW_BLOCKS):
+        if j + 1 < ROW_BLOCKS:
+            next_rows, next_ok, next_offs = next_row_block(rows, w_offs, V, BLOCK_N, K)
+            next_w = weight_tiles(q_ptr, next_offs, next_ok, cols, K, BLOCK_K, 0, TILES)
+        scale = tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
+        q_norm = tl.load(q_norm_ptr + rows, mask=row_ok, other=0.0)
+        e_norm = tl.load(e_norm_ptr + rows, mask=row_ok, other=0.0)
+        approx = int_row_dots(w, xqs, BLOCK_N, BLOCK_K, EXACT_INT) * (scale * sx)  # [BLOCK_N]
+        bound = q_norm * err_norm + e_norm * x_norm + FP32_SLACK * (q_norm + e_norm) * (x_norm + err_norm)
+        chosen = rows < vocab_limit
+        hi = tl.where(chosen, (approx + bound) * rstd, float("-inf"))
+        lo = tl.where(chosen, (approx - bound) * rstd, float("-inf"))
+        tl.store(hi_ptr + rows, hi, mask=row_ok)
+        lo_best = tl.maximum(lo_best, tl.max(lo, axis=0))
+        if j + 1 < ROW_BLOCKS:
+            rows, row_ok, w_offs, w = next_rows, next_ok, next_offs, next_w
+    tl.store(lo_max_ptr + pid, lo_best)
+
+
+@triton.jit
+def _rescore_kernel(
+    x_ptr,
+    norm_ptr,
+    w_ptr,
+    hi_ptr,
+    lo_max_ptr,
+    best_val_ptr,
+    best_idx_ptr,
+    counter_ptr,
+    token_ptr,
+    pos_ptr,
+    out_tokens_ptr,
+    ring_ptr,
+    V,
+    screens,
+    eps,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SLICE: tl.constexpr,
+    CAP: tl.constexpr,
+    SCREENS: tl.constexpr,
+    GROUP: tl.constexpr,
+    MAX_GROUPS: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    RING: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+    pid = tl.program_id(0)
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    # L = the largest lower bound of the whole head (the screen programs' maxima)
+    screen_ids = tl.arange(0, SCREENS)
+    lo_max = tl.load(lo_max_ptr + screen_ids, mask=screen_ids < screens, other=float("-inf"))
+    floor = tl.max(lo_max, axis=0)
+    slice_rows = pid * SLICE + tl.arange(0, SLICE)
+    hi = tl.load(hi_ptr + slice_rows, mask=slice_rows < V, other=float("-inf"))
+    is_candidate = hi >= floor
+    count = tl.sum(is_candidate.to(tl.int32), axis=0)
+    rank = tl.cumsum(is_candidate.to(tl.int32), axis=0) - 1  # [SLICE]: a candidate's place among its slice's
+    xs, rstd = normed_x_tiles(x_ptr, norm_ptr, tl.arange(0, BLOCK_K), eps, K, BLOCK_K, HAS_NORM)
+
+    best = tl.full([], float("-inf"), tl.float32)
+    best_at = tl.full([], INT_MAX, tl.int32)
+    slots = tl.arange(0, CAP)
+    cols = tl.arange(0, BLOCK_K)
+    # CAP candidates at a time, in increasing row order (nearly always one round, or none)
+    start = 0
+    while start < count:
+        wanted = start + slots  # [CAP]
+        picks = (rank[None, :] == wanted[:, None]) & is_candidate[None, :]  # [CAP, SLICE]
+        rows = tl.sum(tl.where(picks, slice_rows[None, :], 0), axis=1)  # [CAP]
+        row_ok = wanted < count
+        w_offs = rows.to(tl.int64)[:, None] * K + cols[None, :]
+        w = weight_tiles(w_ptr, w_offs, row_ok, cols, K, BLOCK_K, 0, TILES)
+        logits = tl.where(row_ok, row_dots(w, xs, CAP, BLOCK_K) * rstd, float("-inf"))
+        top = tl.max(logits, axis=0)
+        top_at = tl.min(tl.where(logits == top, rows, INT_MAX), axis=0)
+        take = top > best
+        best, best_at = tl.where(take, top, best), tl.where(take, top_at, best_at)
+        start += CAP
+    publish_best(best, best_at, best_val_ptr, best_idx_ptr, counter_ptr, token_ptr, pos_ptr, out_tokens_ptr,
+                 ring_ptr, GROUP, MAX_GROUPS, RING)  # fmt: skip
+
+
+def _pick_blocks(k: int) -> tuple[int, int, int, int]:
+    """(block_n, block_k, row_blocks, num_warps) of the screen pass."""
+    block_k = min(512, triton.next_power_of_2(k))
+    if interpreted():  # programs run one after another there: few, large ones
+        return 64, min(128, block_k), 1, 4
+    # lm_head's register budget (two blocks of 8 bf16 rows of 2048 in flight) holds 16 int8 rows a block
+    block_n = 16
+    while block_n > 1 and block_n * k > 2 * 96 * 256:
+        block_n //= 2
+    return block_n, block_k, 4, 4
+
+
+def screened_argmax(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    screen: HeadScreen,
+    scratch: ScreenScratch,
+    *,
+    token: torch.Tensor,
+    pos: torch.Tensor,
+    out_tokens: torch.Tensor,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    vocab_limit: int | None = None,
+    host_ring: torch.Tensor | None = None,
+    use_pdl: bool = False,
+    slice_rows: int | None = None,
+    cap: int = 8,
+    group: int = 256,
+) -> None:
+    """lm_head's greedy contract without the logits: token[0] = argmax over the first vocab_limit rows of
+    weight @ (rmsnorm(x) * norm_weight) (first on ties), out_tokens[pos[0] + 1] = token[0], pos[0] += 1, and
+    host_ring[(pos[0] + 1) % R] = token[0] when given.
+
+    x: [K]; weight: [V, K] (the bf16 head, read again for the candidates); screen: HeadScreen.build(weight);
+    scratch: ScreenScratch(V, device). slice_rows: rows a rescoring program looks at (a power of two; None: 512,
+    64 under the interpreter); cap: candidates it reads at a time."""
+    if weight.dim() != 2 or not weight.is_contiguous():
+        raise ValueError(f"weight: expected a contiguous [V, K] tensor, got {tuple(weight.shape)}")
+    vocab, k = weight.shape
+    if screen.q.shape != (vocab, k) or screen.scale.shape != (vocab,):
+        raise ValueError(f"screen: built for {tuple(screen.q.shape)}, the head is {(vocab, k)}")
+    if x.shape != (k,) or not x.is_contiguous():
+        raise ValueError(f"x: expected a contiguous [{k}], got {tuple(x.shape)}")
+    if norm_weight is not None and norm_weight.shape != (k,):
+        raise ValueError(f"norm_weight: expected [{k}], got {tuple(norm_weight.shape)}")
+    if scratch.hi.numel() < vocab:
+        raise ValueError(f"scratch: allocated for a vocabulary under {vocab}")
+    for name, t in (("token", token), ("pos", pos), ("out_tokens", out_tokens)):
+        if t.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name}: expected an int32/int64 tensor, got {t.dtype}")
+    if token.numel() != 1 or pos.numel() != 1:
+        raise ValueError("token: token and pos must hold one element each")
+    slice_rows = slice_rows or (64 if interpreted() else 512)
+    if slice_rows & (slice_rows - 1) or cap & (cap - 1):
+        raise ValueError(f"slice_rows, cap: expected powers of two, got {slice_rows}, {cap}")
+
+    block_n, block_k, row_blocks, num_warps = _pick_blocks(k)
+    screens = triton.cdiv(triton.cdiv(vocab, block_n), row_blocks)
+    if screens > scratch.lo_max.numel():
+        raise ValueError(f"scratch: {screens} screen programs, room for {scratch.lo_max.numel()}")
+    scratch.screens = screens  # how many of lo_max the launch fills (diagnostics read them)
+    norm = norm_weight if norm_weight is not None else x
+    _screen_kernel[(screens,)](
+        x, norm, screen.q, screen.scale, screen.q_norm, screen.e_norm, scratch.hi, scratch.lo_max,
+        vocab, min(vocab_limit or vocab, vocab), eps,
+        K=k, BLOCK_N=block_n, BLOCK_K=block_k, ROW_BLOCKS=row_blocks, HAS_NORM=norm_weight is not None,
+        X_LEVELS=X_LEVELS, FP32_SLACK=FP32_SLACK, USE_PDL=use_pdl, num_warps=num_warps, **pdl_kwargs(use_pdl),
+    )  # fmt: skip
+    programs = triton.cdiv(vocab, slice_rows)
+    if triton.cdiv(programs, group) > MAX_GROUPS or group & (group - 1):
+        raise ValueError(f"group: a power of two with at most {MAX_GROUPS} groups of {programs} programs")
+    head = scratch.head
+    _rescore_kernel[(programs,)](
+        x, norm, weight, scratch.hi, scratch.lo_max, head.best_val, head.best_idx, head.counter,
+        token, pos, out_tokens, host_ring if host_ring is not None else head.counter,
+        vocab, screens, eps,
+        K=k, BLOCK_K=block_k, SLICE=slice_rows, CAP=cap, SCREENS=triton.next_power_of_2(screens),
+        GROUP=group, MAX_GROUPS=MAX_GROUPS, HAS_NORM=norm_weight is not None,
+        RING=host_ring.numel() if host_ring is not None else 0, USE_PDL=use_pdl, num_warps=4,
+        **pdl_kwargs(use_pdl),
+    )  # fmt: skip

@@ -1,0 +1,152 @@
+import pytest
+import torch
+from kernel_testing import DEVICE, ON_GPU, dtype_params, randn
+
+from kernels.lm_head import HeadScratch, lm_head
+from kernels.lm_head_screen import HeadScreen, ScreenScratch, screened_argmax
+
+
+def exact_logits(x, weight, norm_weight=None, eps=1e-6):
+    x = x.double().cpu()
+    if norm_weight is not None:
+        x = x * torch.rsqrt(x.pow(2).mean() + eps) * norm_weight.double().cpu()
+    return weight.double().cpu() @ x
+
+
+def ints(*values, dtype=torch.int32):
+    return torch.tensor(values, dtype=dtype, device=DEVICE)
+
+
+def screened_token(x, w, g=None, vocab_limit=None, **kwargs):
+    """(token, scratch, screen) of one screened launch from position 4."""
+    screen, scratch = HeadScreen.build(w), ScreenScratch(w.shape[0], DEVICE)
+    token, pos, out_tokens = ints(-1), ints(4), ints(*([-1] * 8))
+    screened_argmax(x, w, screen, scratch, token=token, pos=pos, out_tokens=out_tokens, norm_weight=g, eps=1e-5,
+                    vocab_limit=vocab_limit, **kwargs)  # fmt: skip
+    assert pos.item() == 5 and out_tokens.cpu().tolist() == [-1] * 5 + [token.item()] + [-1] * 2
+    assert (scratch.head.counter == 0).all(), "arrival counters must return to zero for the next step"
+    return token.item(), scratch, screen
+
+
+def full_head_token(x, w, g=None, vocab_limit=None):
+    logits = torch.empty(w.shape[0], dtype=torch.float32, device=DEVICE)
+    token, pos, out_tokens = ints(-1), ints(0), ints(-1, -1)
+    lm_head(x, w, logits, HeadScratch(w.shape[0], DEVICE), norm_weight=g, eps=1e-5, token=token, pos=pos,
+            out_tokens=out_tokens, vocab_limit=vocab_limit)  # fmt: skip
+    return token.item()
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+# (vocab, K): K over one tile and under; a vocabulary that leaves the last program short; K past 2048, where
+# each tile's integer sum is added in fp32
+@pytest.mark.parametrize("vocab,k", [(1000, 256), (777, 200), (131, 2304)])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_screen_picks_the_full_heads_token(dtype, vocab, k, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = randn(k, scale=2.0, gen=gen)
+    w = randn(vocab, k, dtype=dtype, scale=k**-0.5, gen=gen)
+    g = randn(k, dtype=dtype, gen=gen)
+    limit = vocab - 7  # padded rows past the tokenizer's vocabulary are never chosen
+    token, scratch, screen = screened_token(x, w, g, vocab_limit=limit)
+    assert token == full_head_token(x, w, g, vocab_limit=limit)
+    exact = exact_logits(x, w, g, 1e-5)
+    # every row's upper bound holds its exact logit, and no lower bound passes the largest one
+    hi = scratch.hi[:vocab].double().cpu()
+    assert (hi[:limit] >= exact[:limit]).all()
+    assert (hi[limit:] == float("-inf")).all()
+    assert scratch.lo_max[: scratch.screens].max().item() <= exact[:limit].max().item()
+    # random rows: the screen leaves a handful of candidates (of 131 rows or of hundreds)
+    floor = scratch.lo_max[: scratch.screens].max()
+    assert 1 <= int((scratch.hi[:vocab] >= floor).sum()) <= max(12, vocab // 20)
+
+
+@pytest.mark.parametrize("slice_rows,cap", [(64, 8), (16, 2), (256, 4)])
+def test_ties_and_all_candidates_take_the_first_row(slice_rows, cap):
+    """x = 0 makes every logit 0: every row is a candidate, in rounds of `cap` a slice, and row 0 wins; then a
+    row repeated at 7, 40 and 170 (three slices) wins at 7."""
+    vocab, k = 200, 48
+    w = randn(vocab, k, scale=0.1)
+    token, scratch, _ = screened_token(torch.zeros(k, device=DEVICE), w, slice_rows=slice_rows, cap=cap)
+    assert token == 0
+    x = randn(k)
+    best = torch.sign(x) * 2
+    for row in (170, 40, 7):
+        w[row] = best
+    token, _, _ = screened_token(x, w, slice_rows=slice_rows, cap=cap)
+    assert token == 7
+
+
+def test_outliers_widen_the_screen_but_never_change_the_token():
+    """Rows with one huge weight (against an x of 0 there) keep few int8 levels for the rest, and one huge element
+    of x takes most of its integer levels: the bounds grow, more rows are read again, and the token stays the full
+    head's, even where it wins by a hair over a row whose copy is exact to 1%."""
+    vocab, k = 500, 128
+    gen = torch.Generator().manual_seed(5)
+    w = randn(vocab, k, scale=k**-0.5, gen=gen)
+    x = randn(k, gen=gen)
+    x[3], x[9] = 0.0, 300.0
+    w[300] = torch.sign(x) * 0.5
+    w[20] = w[300]
+    w[:50, 3] = 40.0
+    w[20, 9] += 1e-5  # +3e-3 on a logit of ~200
+    exact = exact_logits(x, w)
+    token, scratch, screen = screened_token(x, w)
+    assert token == int(exact.argmax()) == 20 == full_head_token(x, w)
+    assert screen.e_norm[:50].min() > 10 * screen.e_norm[50:].max()
+    assert int((scratch.hi[:vocab] >= scratch.lo_max[: scratch.screens].max()).sum()) >= 50
+
+
+def test_the_screen_copy_and_its_norms():
+    w = randn(33, 40)
+    w[5] = 0  # an all-zero row keeps a scale of 1 and zero norms
+    screen = HeadScreen.build(w, rows_at_a_time=8)
+    back = screen.scale[:, None] * screen.q.float()
+    err = (w.double() - back.double()).cpu()
+    assert screen.q.dtype == torch.int8 and int(screen.q.abs().max()) == 127
+    assert (err.abs() <= screen.scale.double().cpu()[:, None] / 2 + 1e-7).all()
+    assert torch.allclose(screen.e_norm.double().cpu(), err.norm(dim=1), rtol=1e-5, atol=1e-9)
+    assert torch.allclose(screen.q_norm.double().cpu(), back.double().cpu().norm(dim=1), rtol=1e-5)
+    assert screen.scale[5].item() == 1.0 and screen.q_norm[5].item() == 0 == screen.e_norm[5].item()
+    assert screen.nbytes == 33 * 40 + 3 * 33 * 4
+
+
+def test_the_host_ring_gets_the_token():
+    vocab, k = 300, 64
+    x, w = randn(k), randn(vocab, k)
+    ring = torch.full((4,), -1, dtype=torch.int32, pin_memory=ON_GPU)
+    token, _, _ = screened_token(x, w, host_ring=ring)
+    assert ring.tolist() == [-1, token, -1, -1]  # position 4 -> token for position 5 -> slot 5 % 4
+
+
+def test_bad_arguments_are_refused():
+    vocab, k = 64, 32
+    x, w = randn(k), randn(vocab, k)
+    screen, scratch = HeadScreen.build(w), ScreenScratch(vocab, DEVICE)
+    token, pos, out_tokens = ints(0), ints(0), ints(0, 0)
+    common = {"token": token, "pos": pos, "out_tokens": out_tokens}
+    with pytest.raises(ValueError, match="screen: built for"):
+        screened_argmax(x, w, HeadScreen.build(randn(vocab + 1, k)), scratch, **common)
+    with pytest.raises(ValueError, match="x: expected"):
+        screened_argmax(randn(k + 1), w, screen, scratch, **common)
+    with pytest.raises(ValueError, match="scratch"):
+        screened_argmax(x, w, screen, ScreenScratch(vocab - 1, DEVICE), **common)
+    with pytest.raises(ValueError, match="powers of two"):
+        screened_argmax(x, w, screen, scratch, slice_rows=48, **common)
+    with pytest.raises(ValueError, match="token"):
+        screened_argmax(x, w, screen, scratch, token=ints(0, 0), pos=pos, out_tokens=out_tokens)
+    with pytest.raises(ValueError, match="weight"):
+        HeadScreen.build(randn(4, 5, 6))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="a real head's shape, compiled")
+def test_a_real_heads_shape_in_bf16():
+    vocab, k = 128256, 2048
+    gen = torch.Generator().manual_seed(3)
+    w = randn(vocab, k, dtype=torch.bfloat16, scale=0.02, gen=gen)
+    g = randn(k, dtype=torch.bfloat16, gen=gen)
+    for seed in range(5):
+        x = randn(k, scale=3.0, gen=torch.Generator().manual_seed(10 + seed))
+        token, scratch, _ = screened_token(x, w, g, vocab_limit=128000, slice_rows=512)
+        assert token == full_head_token(x, w, g, vocab_limit=128000)
+        assert int((scratch.hi >= scratch.lo_max[: scratch.screens].max()).sum()) < 1000

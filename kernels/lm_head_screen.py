@@ -256,9 +256,10 @@ def _pick_blocks(k: int) -> tuple[int, int, int, int]:
     block_k = min(512, triton.next_power_of_2(k))
     if interpreted():  # programs run one after another there: few, large ones
         return 64, min(128, block_k), 1, 4
-    # lm_head's register budget (two blocks of 8 bf16 rows of 2048 in flight) holds 16 int8 rows a block
-    block_n = 16
-    while block_n > 1 and block_n * k > 2 * 96 * 256:
+    # lm_head's bytes in flight (two blocks of 4 bf16 rows of 2048) as int8: 8 rows a block; the integer
+    # accumulator takes the registers the bf16 -> fp32 products took
+    block_n = 8
+    while block_n > 1 and block_n * k > 16384:
         block_n //= 2
     return block_n, block_k, 4, 4
 
@@ -280,6 +281,9 @@ def screened_argmax(
     slice_rows: int | None = None,
     cap: int = 8,
     group: int = 256,
+    block_n: int | None = None,
+    row_blocks: int | None = None,
+    num_warps: int | None = None,
 ) -> None:
     """lm_head's greedy contract without the logits: token[0] = argmax over the first vocab_limit rows of
     weight @ (rmsnorm(x) * norm_weight) (first on ties), out_tokens[pos[0] + 1] = token[0], pos[0] += 1, and
@@ -287,7 +291,8 @@ def screened_argmax(
 
     x: [K]; weight: [V, K] (the bf16 head, read again for the candidates); screen: HeadScreen.build(weight);
     scratch: ScreenScratch(V, device). slice_rows: rows a rescoring program looks at (a power of two; None: 512,
-    64 under the interpreter); cap: candidates it reads at a time."""
+    64 under the interpreter); cap: candidates it reads at a time; block_n, row_blocks, num_warps: the screen pass's
+    rows a block, blocks a program and warps (None: _pick_blocks)."""
     if weight.dim() != 2 or not weight.is_contiguous():
         raise ValueError(f"weight: expected a contiguous [V, K] tensor, got {tuple(weight.shape)}")
     vocab, k = weight.shape
@@ -308,7 +313,8 @@ def screened_argmax(
     if slice_rows & (slice_rows - 1) or cap & (cap - 1):
         raise ValueError(f"slice_rows, cap: expected powers of two, got {slice_rows}, {cap}")
 
-    block_n, block_k, row_blocks, num_warps = _pick_blocks(k)
+    auto_n, block_k, auto_blocks, auto_warps = _pick_blocks(k)
+    block_n, row_blocks, num_warps = block_n or auto_n, row_blocks or auto_blocks, num_warps or auto_warps
     screens = triton.cdiv(triton.cdiv(vocab, block_n), row_blocks)
     if screens > scratch.lo_max.numel():
         raise ValueError(f"scratch: {screens} screen programs, room for {scratch.lo_max.numel()}")

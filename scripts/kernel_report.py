@@ -26,7 +26,7 @@ import kernels  # noqa: E402
 
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
-          torch.int64: "i64", torch.bool: "i1"}  # fmt: skip
+          torch.int64: "i64", torch.bool: "i1", torch.int8: "i8"}  # fmt: skip
 
 
 def intercepted_launches(preset: str) -> list[tuple[JITFunction, dict, dict, int]]:
@@ -46,7 +46,8 @@ def intercepted_launches(preset: str) -> list[tuple[JITFunction, dict, dict, int
     from kernels import decode_attention
 
     decode_attention.launch_clusters = fake_cluster_launch
-    for module in ("rmsnorm_gemv", "lane_reduce_gemv", "decode_attention", "lm_head", "final_norm", "sample"):
+    for module in ("rmsnorm_gemv", "lane_reduce_gemv", "decode_attention", "lm_head", "lm_head_screen", "final_norm",
+                   "sample"):  # fmt: skip
         mod = __import__(f"kernels.{module}", fromlist=["x"])
         mod.sm_count = lambda device: 132
         if hasattr(mod, "interpreted"):
@@ -55,7 +56,7 @@ def intercepted_launches(preset: str) -> list[tuple[JITFunction, dict, dict, int
     JITFunction.run = fake_run
     cfg = ModelConfig.from_hf(preset_config(preset))
     model = Transformer(cfg, device="meta", dtype=torch.bfloat16)
-    runner = FastRunner(model, min(4096, cfg.max_position_embeddings), use_pdl=False)
+    runner = FastRunner(model, min(4096, cfg.max_position_embeddings), use_pdl=False, head_screen=True)
     runner.use_pdl = True
     runner.decode_step(greedy=True)
     runner.decode_step(greedy=False)  # the sampled step: its head, then kernels/sample.py

@@ -2,10 +2,13 @@
 
 Greedy decode needs one number from the head, the index of the largest logit. Every row of the bf16 head
 W [V, K] is kept a second time as int8 with a scale per row, W = s * Q + E, and the norms of each row's parts are
-computed once when the copy is made. With x the normed input and X = sx * Xq + e its own rounding to integers:
+computed once when the copy is made. With x the normed input and x = sx * X + e its own rounding to integers:
 
-    W x = s * sx * (Q . Xq)  +  s * (Q . e)  +  E . x
-          ^ exact in int32      |.| <= s*|Q|*|e|   |.| <= |E|*|x|      (Cauchy-Schwarz)
+    W x = s * sx * (Q . X)  +  s * (Q . e)  +  E . x
+          ^ exact integers     |.| <= s*|Q|*|e|   |.| <= |E|*|x|      (Cauchy-Schwarz)
+
+X is split into two int8 parts (X = 128 * hi + lo) packed four to a word, so Q . X is two dp4a a word of weights
+(4 multiply-adds each, exact in int32), and a thread holds 4 x values a register where fp32 x took 1.
 
 so one pass over the int8 copy gives every row an interval [lo, hi] that holds its exact logit (a margin covers
 fp32 summation in any order). The row with the largest exact logit has hi >= L = max(lo), so only the rows with
@@ -33,12 +36,14 @@ from kernels import interpreted, pdl_kwargs
 from kernels.lm_head import MAX_GROUPS, HeadScratch, publish_best
 from kernels.rmsnorm_gemv import next_row_block, normed_x_tiles, row_dots, weight_tiles
 
-# x is rounded to integers of at most 8191: 2048 products of 127 * 8191 stay below 2^31, so a row's sum over
-# K <= 2048 is exact in int32 (larger K sums int32 K tiles into fp32, exact per tile).
-X_LEVELS = 8191
+# x is rounded to integers L of at most 127 * 128 + 63, kept as two int8 parts L = 128 * hi + lo (hi in
+# [-127, 127], lo in [-64, 63]), so that each product of 4 weights by 4 x parts is one dp4a. Each part's sum stays
+# far below 2^31 for any K (2048 * 127 * 127 = 33M).
+X_LEVELS = 127 * 128 + 63
 # Relative slack for fp32 sums of the exact logits in any order (K * 2^-24 is 1.2e-4 at K = 2048) and for the
 # screen's own fp32 products.
 FP32_SLACK = 4e-4
+_DP4A = tl.constexpr("dp4a.s32.s32 $0, $1, $2, $3;")
 INT_MAX: tl.constexpr = tl.constexpr(2147483647)
 
 
@@ -46,7 +51,8 @@ INT_MAX: tl.constexpr = tl.constexpr(2147483647)
 class HeadScreen:
     """The int8 copy of a head W [V, K] and what bounds its error, per row: W = scale * q + E.
 
-    q [V, K] int8; scale [V] fp32 (max |W[v]| / 127); q_norm [V] = scale * |q[v]|; e_norm [V] = |E[v]| (fp32)."""
+    q [V, K4] int8 (K4: K rounded up to 4, zeros past K, so that a row is whole int32 words); scale [V] fp32
+    (max |W[v]| / 127); q_norm [V] = scale * |q[v]|; e_norm [V] = |E[v]| (fp32)."""
 
     q: torch.Tensor
     scale: torch.Tensor
@@ -59,7 +65,7 @@ class HeadScreen:
             raise ValueError(f"weight: expected a contiguous [V, K] tensor, got {tuple(weight.shape)}")
         vocab, k = weight.shape
         device = weight.device
-        q = torch.empty(vocab, k, dtype=torch.int8, device=device)
+        q = torch.zeros(vocab, -(-k // 4) * 4, dtype=torch.int8, device=device)
         scale, q_norm, e_norm = (torch.empty(vocab, dtype=torch.float32, device=device) for _ in range(3))
         for start in range(0, vocab, rows_at_a_time):  # float64 of a few thousand rows at a time, not of W
             part = slice(start, start + rows_at_a_time)
@@ -67,7 +73,7 @@ class HeadScreen:
             s = w.abs().amax(dim=1) / 127
             s = torch.where(s > 0, s, torch.ones_like(s))
             rounded = torch.round(w / s[:, None]).clamp_(-127, 127)
-            q[part], scale[part] = rounded.to(torch.int8), s.float()
+            q[part, :k], scale[part] = rounded.to(torch.int8), s.float()
             # the norms rounded up a little, so that storing them in fp32 never makes a bound smaller
             q_norm[part] = (s * rounded.norm(dim=1) * (1 + 1e-6)).float()
             e_norm[part] = ((w - s[:, None] * rounded).norm(dim=1) * (1 + 1e-6)).float()
@@ -89,14 +95,24 @@ class ScreenScratch:
 
 
 @triton.jit
-def x_levels(xs, X_LEVELS: tl.constexpr):
-    """x (a tuple of [BLOCK_K] fp32 tiles) as integers of at most X_LEVELS: (the int32 tiles, the step sx, |x|,
-    |x - sx * xq|)."""
+def packed_bytes(levels, BLOCK_W: tl.constexpr):
+    """[4 * BLOCK_W] int32 values in [-128, 127] -> [BLOCK_W] int32 words of 4 bytes (element 4i + j in byte j of
+    word i, as the int8 weights lie in memory)."""
+    quads = tl.reshape(levels, [BLOCK_W, 4]).to(tl.uint32) & 255
+    shifts = (tl.arange(0, 4) * 8).to(tl.uint32)
+    return tl.sum(quads << shifts[None, :], axis=1).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def x_parts(xs, BLOCK_K: tl.constexpr, X_LEVELS: tl.constexpr):
+    """x (a tuple of [BLOCK_K] fp32 tiles) rounded to integers L = 128 * hi + lo of at most X_LEVELS: (hi words,
+    lo words (tuples of [BLOCK_K / 4] int32, 4 bytes each), the step sx, |x|, |x - sx * L|)."""
     amax = tl.max(tl.abs(xs[0]), axis=0)
     for i in tl.static_range(1, len(xs)):
         amax = tl.maximum(amax, tl.max(tl.abs(xs[i]), axis=0))
     sx = tl.where(amax > 0, amax / X_LEVELS, 1.0)
-    xqs = ()
+    his = ()
+    los = ()
     x_sq = tl.zeros_like(xs[0])
     err_sq = tl.zeros_like(xs[0])
     for i in tl.static_range(len(xs)):
@@ -104,24 +120,33 @@ def x_levels(xs, X_LEVELS: tl.constexpr):
         err = xs[i] - level * sx
         x_sq += xs[i] * xs[i]
         err_sq += err * err
-        xqs = xqs + (level.to(tl.int32),)
-    return xqs, sx, tl.sqrt(tl.sum(x_sq, axis=0)), tl.sqrt(tl.sum(err_sq, axis=0))
+        hi = tl.floor((level + 64.0) / 128.0)
+        his = his + (packed_bytes(hi.to(tl.int32), BLOCK_K // 4),)
+        los = los + (packed_bytes((level - 128.0 * hi).to(tl.int32), BLOCK_K // 4),)
+    return his, los, sx, tl.sqrt(tl.sum(x_sq, axis=0)), tl.sqrt(tl.sum(err_sq, axis=0))
 
 
 @triton.jit
-def int_row_dots(tiles, xqs, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_INT: tl.constexpr):
-    """[BLOCK_N] fp32: each row of the int8 tiles against the integer x tiles. With EXACT_INT (K <= 2048) one
-    int32 sum per row; otherwise each tile's int32 sum is added in fp32."""
-    if EXACT_INT:
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.int32)
-        for i in tl.static_range(len(tiles)):
-            acc += tiles[i].to(tl.int32) * xqs[i][None, :]
-        total = tl.sum(acc, axis=1).to(tl.float32)
-    else:
-        total = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for i in tl.static_range(len(tiles)):
-            total += tl.sum(tiles[i].to(tl.int32) * xqs[i][None, :], axis=1).to(tl.float32)
-    return total
+def dot4(w, x, acc, USE_ASM: tl.constexpr):
+    """acc + the dot product of the 4 signed bytes of w with those of x, elementwise over int32 tensors: one dp4a
+    on the GPU; byte by byte (arithmetic shifts) under the interpreter, which runs no inline asm. Exact in both."""
+    if USE_ASM:
+        return tl.inline_asm_elementwise(_DP4A, "=r,r,r,r", [w, x, acc], dtype=tl.int32, is_pure=True, pack=1)
+    for j in tl.static_range(4):
+        acc += ((w << (24 - 8 * j)) >> 24) * ((x << (24 - 8 * j)) >> 24)
+    return acc
+
+
+@triton.jit
+def int_row_dots(tiles, his, los, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, USE_ASM: tl.constexpr):
+    """[BLOCK_N] fp32: each row of the int8 weight tiles (tuples of [BLOCK_N, BLOCK_W] int32 words) against
+    x = 128 * hi + lo; both parts' sums are exact in int32, the combination is one fp32 rounding."""
+    acc_hi = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.int32)
+    acc_lo = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.int32)
+    for i in tl.static_range(len(tiles)):
+        acc_hi = dot4(tiles[i], tl.broadcast_to(his[i][None, :], [BLOCK_N, BLOCK_W]), acc_hi, USE_ASM)
+        acc_lo = dot4(tiles[i], tl.broadcast_to(los[i][None, :], [BLOCK_N, BLOCK_W]), acc_lo, USE_ASM)
+    return 128.0 * tl.sum(acc_hi, axis=1).to(tl.float32) + tl.sum(acc_lo, axis=1).to(tl.float32)
 
 
 @triton.jit
@@ -138,41 +163,44 @@ def _screen_kernel(
     vocab_limit,
     eps,
     K: tl.constexpr,
+    K_WORDS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     ROW_BLOCKS: tl.constexpr,
     HAS_NORM: tl.constexpr,
     X_LEVELS: tl.constexpr,
     FP32_SLACK: tl.constexpr,
+    USE_ASM: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
-    EXACT_INT: tl.constexpr = K <= 2048
+    # The int8 rows are read as int32 words: [BLOCK_N, BLOCK_W] a tile, 4 weights a word.
+    BLOCK_W: tl.constexpr = BLOCK_K // 4
+    TILES: tl.constexpr = (K_WORDS + BLOCK_W - 1) // BLOCK_W
     pid = tl.program_id(0)
     rows = pid * ROW_BLOCKS * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < V
-    cols = tl.arange(0, BLOCK_K)
-    w_offs = rows.to(tl.int64)[:, None] * K + cols[None, :]
+    words = tl.arange(0, BLOCK_W)
+    w_offs = rows.to(tl.int64)[:, None] * K_WORDS + words[None, :]
     # As lm_head: the first tile in flight before the wait for x, the rest of the block right after it.
-    w = weight_tiles(q_ptr, w_offs, row_ok, cols, K, BLOCK_K, 0, 1)
+    w = weight_tiles(q_ptr, w_offs, row_ok, words, K_WORDS, BLOCK_W, 0, 1)
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
-    w = w + weight_tiles(q_ptr, w_offs, row_ok, cols, K, BLOCK_K, 1, TILES - 1)
+    w = w + weight_tiles(q_ptr, w_offs, row_ok, words, K_WORDS, BLOCK_W, 1, TILES - 1)
 
     # x * g by tiles and rstd (the norm's scalar multiplies the products, the bounds and the exact logits alike)
-    xs, rstd = normed_x_tiles(x_ptr, norm_ptr, cols, eps, K, BLOCK_K, HAS_NORM)
-    xqs, sx, x_norm, err_norm = x_levels(xs, X_LEVELS)
+    xs, rstd = normed_x_tiles(x_ptr, norm_ptr, tl.arange(0, BLOCK_K), eps, K, BLOCK_K, HAS_NORM)
+    his, los, sx, x_norm, err_norm = x_parts(xs, BLOCK_K, X_LEVELS)
 
     lo_best = tl.full([], float("-inf"), tl.float32)
     for j in tl.static_range(ROW_BLOCKS):
         if j + 1 < ROW_BLOCKS:
-            next_rows, next_ok, next_offs = next_row_block(rows, w_offs, V, BLOCK_N, K)
-            next_w = weight_tiles(q_ptr, next_offs, next_ok, cols, K, BLOCK_K, 0, TILES)
+            next_rows, next_ok, next_offs = next_row_block(rows, w_offs, V, BLOCK_N, K_WORDS)
+            next_w = weight_tiles(q_ptr, next_offs, next_ok, words, K_WORDS, BLOCK_W, 0, TILES)
         scale = tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
         q_norm = tl.load(q_norm_ptr + rows, mask=row_ok, other=0.0)
         e_norm = tl.load(e_norm_ptr + rows, mask=row_ok, other=0.0)
-        approx = int_row_dots(w, xqs, BLOCK_N, BLOCK_K, EXACT_INT) * (scale * sx)  # [BLOCK_N]
+        approx = int_row_dots(w, his, los, BLOCK_N, BLOCK_W, USE_ASM) * (scale * sx)  # [BLOCK_N]
         bound = q_norm * err_norm + e_norm * x_norm + FP32_SLACK * (q_norm + e_norm) * (x_norm + err_norm)
         chosen = rows < vocab_limit
         hi = tl.where(chosen, (approx + bound) * rstd, float("-inf"))
@@ -256,8 +284,7 @@ def _pick_blocks(k: int) -> tuple[int, int, int, int]:
     block_k = min(512, triton.next_power_of_2(k))
     if interpreted():  # programs run one after another there: few, large ones
         return 64, min(128, block_k), 1, 4
-    # lm_head's bytes in flight (two blocks of 4 bf16 rows of 2048) as int8: 8 rows a block; the integer
-    # accumulator takes the registers the bf16 -> fp32 products took
+    # lm_head's bytes in flight (two blocks of 4 bf16 rows of 2048) as int8: 8 rows a block
     block_n = 8
     while block_n > 1 and block_n * k > 16384:
         block_n //= 2
@@ -296,7 +323,7 @@ def screened_argmax(
     if weight.dim() != 2 or not weight.is_contiguous():
         raise ValueError(f"weight: expected a contiguous [V, K] tensor, got {tuple(weight.shape)}")
     vocab, k = weight.shape
-    if screen.q.shape != (vocab, k) or screen.scale.shape != (vocab,):
+    if screen.q.shape != (vocab, -(-k // 4) * 4) or screen.scale.shape != (vocab,):
         raise ValueError(f"screen: built for {tuple(screen.q.shape)}, the head is {(vocab, k)}")
     if x.shape != (k,) or not x.is_contiguous():
         raise ValueError(f"x: expected a contiguous [{k}], got {tuple(x.shape)}")
@@ -321,10 +348,11 @@ def screened_argmax(
     scratch.screens = screens  # how many of lo_max the launch fills (diagnostics read them)
     norm = norm_weight if norm_weight is not None else x
     _screen_kernel[(screens,)](
-        x, norm, screen.q, screen.scale, screen.q_norm, screen.e_norm, scratch.hi, scratch.lo_max,
+        x, norm, screen.q.view(torch.int32), screen.scale, screen.q_norm, screen.e_norm, scratch.hi, scratch.lo_max,
         vocab, min(vocab_limit or vocab, vocab), eps,
-        K=k, BLOCK_N=block_n, BLOCK_K=block_k, ROW_BLOCKS=row_blocks, HAS_NORM=norm_weight is not None,
-        X_LEVELS=X_LEVELS, FP32_SLACK=FP32_SLACK, USE_PDL=use_pdl, num_warps=num_warps, **pdl_kwargs(use_pdl),
+        K=k, K_WORDS=screen.q.shape[1] // 4, BLOCK_N=block_n, BLOCK_K=block_k, ROW_BLOCKS=row_blocks,
+        HAS_NORM=norm_weight is not None, X_LEVELS=X_LEVELS, FP32_SLACK=FP32_SLACK, USE_ASM=not interpreted(),
+        USE_PDL=use_pdl, num_warps=num_warps, **pdl_kwargs(use_pdl),
     )  # fmt: skip
     programs = triton.cdiv(vocab, slice_rows)
     if triton.cdiv(programs, group) > MAX_GROUPS or group & (group - 1):

@@ -23,8 +23,9 @@ from inference.fast.runner import FastRunner  # noqa: E402
 from kernels.lm_head import lm_head  # noqa: E402
 from kernels.lm_head_screen import screened_argmax  # noqa: E402
 
-SHAPES = ({}, {"block_n": 4}, {"block_n": 16}, {"block_n": 8, "row_blocks": 2}, {"block_n": 8, "row_blocks": 8},
-          {"block_n": 8, "num_warps": 8}, {"slice_rows": 256}, {"slice_rows": 1024})  # fmt: skip
+SHAPES = ({}, {"block_n": 4}, {"block_n": 8}, {"block_n": 16}, {"row_blocks": 2}, {"row_blocks": 8},
+          {"block_n": 16, "row_blocks": 2}, {"num_warps": 8}, {"block_n": 16, "num_warps": 8}, {"slice_rows": 256},
+          {"slice_rows": 1024}, {"cap": 16})  # fmt: skip
 
 
 def timed(fn) -> float:

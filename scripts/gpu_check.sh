@@ -89,7 +89,7 @@ import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
 merged = {}
-lines = ["| model | prompt+new | ceiling tok/s | best fast tok/s | % of ceiling | no PDL | PDL | engine path | sampled (page) | TTFT ms | check |",
+lines = ["| model | prompt+new | ceiling tok/s | best fast tok/s | % of ceiling | no PDL | whole bf16 head | engine path | sampled (page) | TTFT ms | check |",
          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 SAMPLED_PREFIX = "fast, runner contract, sampled"  # inference.bench.SAMPLED_ROW_PREFIX (no torch import here)
 worker_lines = []
@@ -104,6 +104,8 @@ for f in sorted(out.glob("*.json")):
         continue
     rows = {row["path"]: row for row in r["rows"]}
     sampled = next((path for path in rows if path.startswith(SAMPLED_PREFIX)), "")
+    # the greedy head read whole (inference.bench's row beside the head screen's; the PDL row itself without one)
+    whole = next((path for path in rows if path.endswith("full bf16 head")), "fast, CUDA graph, PDL")
 
     def tok(path):
         row = rows.get(path, {})
@@ -116,12 +118,13 @@ for f in sorted(out.glob("*.json")):
     verdict = (f"bf16 {'PASS' if c['passed'] else 'FAIL'} {c['max_rel_err']:.1e}/{100 * c['argmax_agree']:.1f}%; "
                f"fp32 {'PASS' if c.get('passed_fp32') else 'FAIL'} {c.get('fp32_max_rel_err', 0):.1e}/"
                f"{100 * c.get('fp32_argmax_agree', 0):.1f}%"
+               + (f"; screen {100 * c['screen_same_token']:.1f}%" if c.get("screen_same_token") is not None else "")
                if "passed" in c else c.get("error", "")[:40])
     ttft = f"{best['ttft_ms']:.1f}" if "ttft_ms" in best else "-"
     best_tok = f"{best['tok_s']:,.0f}" if "tok_s" in best else "-"
     name = r["model"] + (" (peaked)" if r.get("init") == "peaked" else "")
     lines.append(f"| {name} | {r['prompt_len']}+{r['new_tokens']} | {r['ceiling_tok_s']:,.0f} | "
-                 f"{best_tok} | {pct} | {tok('fast, CUDA graph, no PDL')} | {tok('fast, CUDA graph, PDL')} | "
+                 f"{best_tok} | {pct} | {tok('fast, CUDA graph, no PDL')} | {tok(whole)} | "
                  f"{tok('fast, runner contract (engine path)')} | {tok(sampled)} | {ttft} | {verdict} |")
     for row in r["rows"]:
         if not row["path"].startswith("fast"):

@@ -809,12 +809,15 @@ def main(argv: list[str] | None = None) -> int:
     # bf16 head: the like-for-like figure against the ceiling) and the other PDL setting, for comparison.
     runner = FastRunner(model, max_context)
     pdl = "PDL" if runner.use_pdl else "no PDL"
-    if runner.head_screen is not None:
-        screened_bytes = result["bytes_per_token"] - model.tok_embeddings.element_size() * cfg.vocab_size * \
-            cfg.hidden_size + cfg.vocab_size * (cfg.hidden_size + 16)  # fmt: skip
-        result["screened_bytes_per_token"] = screened_bytes
+    if (
+        runner.head_screen is not None
+    ):  # the screen's copy and the bounds it writes and reads, for the bf16 head
+        head_bytes = runner.head_weight.numel() * runner.head_weight.element_size()
+        result["screened_bytes_per_token"] = (
+            result["bytes_per_token"] - head_bytes + runner.head_screen.nbytes + 8 * cfg.vocab_size
+        )
     default = f"fast, CUDA graph, {pdl}" + (
-        ", head screen (int8 + bf16 candidates)" if runner.head_screen else ""
+        ", head screen (int8 + bf16 candidates)" if runner.head_screen is not None else ""
     )
     row(default, lambda: time_fast(runner, prompt, args.new_tokens, args.runs))
     full_head = (

@@ -281,7 +281,7 @@ def _rescore_kernel(
 
 def _pick_blocks(k: int) -> tuple[int, int, int, int]:
     """(block_n, block_k, row_blocks, num_warps) of the screen pass."""
-    block_k = min(512, triton.next_power_of_2(k))
+    block_k = max(16, min(512, triton.next_power_of_2(k)))  # whole int32 words of int8 a tile
     if interpreted():  # programs run one after another there: few, large ones
         return 64, min(128, block_k), 1, 4
     # lm_head's bytes in flight (two blocks of 4 bf16 rows of 2048) as int8: 8 rows a block

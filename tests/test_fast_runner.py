@@ -147,6 +147,17 @@ def test_the_head_screen_generates_the_whole_heads_tokens(preset):
     assert list(screened.generate_tokens(prompt, sampled)) == list(whole.generate_tokens(prompt, sampled))
 
 
+def test_the_head_screen_is_on_by_default_on_a_gpu_and_set_by_the_environment(monkeypatch):
+    model = make_model("tiny-llama")
+    assert (FastRunner(model, 32).head_screen is not None) == ON_GPU
+    monkeypatch.setenv("KOG_HEAD_SCREEN", "1")
+    assert FastRunner(model, 32).head_screen is not None
+    assert FastRunner(model, 32, head_screen=False).head_screen is None  # the argument wins
+    monkeypatch.setenv("KOG_HEAD_SCREEN", "yes")
+    with pytest.raises(ValueError, match="KOG_HEAD_SCREEN"):
+        FastRunner(model, 32)
+
+
 def test_lane_groups_are_the_default_on_a_gpu_for_large_layers():
     # two streams pay only where they run at once (not under the interpreter) and where a layer's kernels stream
     # long enough (not launch-bound): ~54 MB a layer in bf16 here

@@ -309,7 +309,10 @@ class FastRunner:
         # in bf16 (kernels/lm_head_screen.py: the same token, about half the head's bytes). On by default on a GPU;
         # KOG_HEAD_SCREEN=0|1 or the argument override (the interpreter gains nothing by it).
         if head_screen is None:
-            head_screen = bool(int(os.environ.get("KOG_HEAD_SCREEN", str(int(device.type == "cuda")))))
+            setting = os.environ.get("KOG_HEAD_SCREEN", "")
+            if setting not in ("", "0", "1"):
+                raise ValueError(f"KOG_HEAD_SCREEN: expected 0 or 1 (or unset), got {setting!r}")
+            head_screen = setting == "1" if setting else device.type == "cuda"
         self.head_screen = HeadScreen.build(self.head_weight) if head_screen else None
         self.screen_scratch = ScreenScratch(cfg.vocab_size, device) if head_screen else None
         self.whole = LaneGroup(0, lanes, self.layers, self.x, self.qkv, self.attn, self.h, slice(None),

@@ -26,6 +26,24 @@ MAX_GROUPS = 512
 
 
 @triton.jit
+def first_row_block(w_ptr, V, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    ROW_BLOCKS: tl.constexpr, USE_PDL: tl.constexpr):  # fmt: skip
+    """A head program's first block of BLOCK_N rows: (rows, row mask, weight offsets, all its [BLOCK_N, BLOCK_K]
+    tiles). As rmsnorm_gemv: the first tile is in flight before the wait for x (PDL), the rest right after it."""
+    TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+    rows = tl.program_id(0) * ROW_BLOCKS * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < V
+    cols = tl.arange(0, BLOCK_K)
+    w_offs = rows.to(tl.int64)[:, None] * K + cols[None, :]
+    w = weight_tiles(w_ptr, w_offs, row_ok, cols, K, BLOCK_K, 0, 1)
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    w = w + weight_tiles(w_ptr, w_offs, row_ok, cols, K, BLOCK_K, 1, TILES - 1)
+    return rows, row_ok, w_offs, w
+
+
+@triton.jit
 def publish_best(best, best_at, best_val_ptr, best_idx_ptr, counter_ptr, token_ptr, pos_ptr, out_tokens_ptr,
                  ring_ptr, GROUP: tl.constexpr, MAX_GROUPS: tl.constexpr, RING: tl.constexpr):  # fmt: skip
     """The grid's argmax from every program's best (value, first index), with no second launch: the last program
@@ -97,19 +115,10 @@ def _lm_head_kernel(
     USE_PDL: tl.constexpr,
 ):
     TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
-    pid = tl.program_id(0)
-    rows = pid * ROW_BLOCKS * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < V
+    # the first block's weights (its first tile before the wait for x), then x and its norm statistics, then the
+    # products
+    rows, row_ok, w_offs, w = first_row_block(w_ptr, V, K, BLOCK_N, BLOCK_K, ROW_BLOCKS, USE_PDL)
     cols = tl.arange(0, BLOCK_K)
-    w_offs = rows.to(tl.int64)[:, None] * K + cols[None, :]
-    # As rmsnorm_gemv: the first weight tile is in flight before we wait for x, the rest of the block right
-    # after it, then x and its norm statistics, then the products.
-    w = weight_tiles(w_ptr, w_offs, row_ok, cols, K, BLOCK_K, 0, 1)
-    if USE_PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-    w = w + weight_tiles(w_ptr, w_offs, row_ok, cols, K, BLOCK_K, 1, TILES - 1)
-
     xs, rstd = normed_x_tiles(x_ptr, norm_ptr, cols, eps, K, BLOCK_K, HAS_NORM)
 
     # ROW_BLOCKS blocks of rows in turn, the next block's tiles in flight while this one is summed; the

@@ -33,7 +33,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import interpreted, pdl_kwargs
-from kernels.lm_head import MAX_GROUPS, HeadScratch, publish_best
+from kernels.lm_head import MAX_GROUPS, HeadScratch, first_row_block, publish_best
 from kernels.rmsnorm_gemv import next_row_block, normed_x_tiles, row_dots, weight_tiles
 
 # x is rounded to integers L of at most 127 * 128 + 63, kept as two int8 parts L = 128 * hi + lo (hi in
@@ -177,16 +177,8 @@ def _screen_kernel(
     BLOCK_W: tl.constexpr = BLOCK_K // 4
     TILES: tl.constexpr = (K_WORDS + BLOCK_W - 1) // BLOCK_W
     pid = tl.program_id(0)
-    rows = pid * ROW_BLOCKS * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < V
+    rows, row_ok, w_offs, w = first_row_block(q_ptr, V, K_WORDS, BLOCK_N, BLOCK_W, ROW_BLOCKS, USE_PDL)
     words = tl.arange(0, BLOCK_W)
-    w_offs = rows.to(tl.int64)[:, None] * K_WORDS + words[None, :]
-    # As lm_head: the first tile in flight before the wait for x, the rest of the block right after it.
-    w = weight_tiles(q_ptr, w_offs, row_ok, words, K_WORDS, BLOCK_W, 0, 1)
-    if USE_PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-    w = w + weight_tiles(q_ptr, w_offs, row_ok, words, K_WORDS, BLOCK_W, 1, TILES - 1)
 
     # x * g by tiles and rstd (the norm's scalar multiplies the products, the bounds and the exact logits alike)
     xs, rstd = normed_x_tiles(x_ptr, norm_ptr, tl.arange(0, BLOCK_K), eps, K, BLOCK_K, HAS_NORM)

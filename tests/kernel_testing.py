@@ -67,3 +67,15 @@ def lane_reduction(p: torch.Tensor, mode: str, past: torch.Tensor | None = None)
         old = past.double().cpu()
         return p + (old.sum(0, keepdim=True) - old)
     return p * math.sqrt(p.shape[0])
+
+
+def reference_logits(x, weight, norm_weight=None, eps=1e-6):
+    """fp64 on the CPU: the head's logits, weight @ (rmsnorm(x) * norm_weight) (no norm without norm_weight)."""
+    x = x.double().cpu()
+    if norm_weight is not None:
+        x = x * torch.rsqrt(x.pow(2).mean() + eps) * norm_weight.double().cpu()
+    return weight.double().cpu() @ x
+
+
+def device_ints(*values, dtype=torch.int32):
+    return torch.tensor(values, dtype=dtype, device=DEVICE)

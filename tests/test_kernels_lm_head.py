@@ -1,20 +1,9 @@
 import pytest
 import torch
-from kernel_testing import DEVICE, assert_close, dtype_params, poisoned, randn
+from kernel_testing import DEVICE, assert_close, device_ints, dtype_params, poisoned, randn, reference_logits
 
 from kernels.final_norm import final_norm
 from kernels.lm_head import HeadScratch, lm_head
-
-
-def reference_logits(x, weight, norm_weight=None, eps=1e-6):
-    x = x.double().cpu()
-    if norm_weight is not None:
-        x = x * torch.rsqrt(x.pow(2).mean() + eps) * norm_weight.double().cpu()
-    return weight.double().cpu() @ x
-
-
-def device_ints(*values, dtype=torch.int32):
-    return torch.tensor(values, dtype=dtype, device=DEVICE)
 
 
 @pytest.mark.parametrize("dtype", dtype_params())

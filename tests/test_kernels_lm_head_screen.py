@@ -1,26 +1,15 @@
 import pytest
 import torch
-from kernel_testing import DEVICE, ON_GPU, dtype_params, randn
+from kernel_testing import DEVICE, ON_GPU, device_ints, dtype_params, randn, reference_logits
 
 from kernels.lm_head import HeadScratch, lm_head
 from kernels.lm_head_screen import HeadScreen, ScreenScratch, screened_argmax
 
 
-def exact_logits(x, weight, norm_weight=None, eps=1e-6):
-    x = x.double().cpu()
-    if norm_weight is not None:
-        x = x * torch.rsqrt(x.pow(2).mean() + eps) * norm_weight.double().cpu()
-    return weight.double().cpu() @ x
-
-
-def ints(*values, dtype=torch.int32):
-    return torch.tensor(values, dtype=dtype, device=DEVICE)
-
-
 def screened_token(x, w, g=None, vocab_limit=None, **kwargs):
     """(token, scratch, screen) of one screened launch from position 4."""
     screen, scratch = HeadScreen.build(w), ScreenScratch(w.shape[0], DEVICE)
-    token, pos, out_tokens = ints(-1), ints(4), ints(*([-1] * 8))
+    token, pos, out_tokens = device_ints(-1), device_ints(4), device_ints(*([-1] * 8))
     screened_argmax(x, w, screen, scratch, token=token, pos=pos, out_tokens=out_tokens, norm_weight=g, eps=1e-5,
                     vocab_limit=vocab_limit, **kwargs)  # fmt: skip
     assert pos.item() == 5 and out_tokens.cpu().tolist() == [-1] * 5 + [token.item()] + [-1] * 2
@@ -30,7 +19,7 @@ def screened_token(x, w, g=None, vocab_limit=None, **kwargs):
 
 def full_head_token(x, w, g=None, vocab_limit=None):
     logits = torch.empty(w.shape[0], dtype=torch.float32, device=DEVICE)
-    token, pos, out_tokens = ints(-1), ints(0), ints(-1, -1)
+    token, pos, out_tokens = device_ints(-1), device_ints(0), device_ints(-1, -1)
     lm_head(x, w, logits, HeadScratch(w.shape[0], DEVICE), norm_weight=g, eps=1e-5, token=token, pos=pos,
             out_tokens=out_tokens, vocab_limit=vocab_limit)  # fmt: skip
     return token.item()
@@ -49,7 +38,7 @@ def test_the_screen_picks_the_full_heads_token(dtype, vocab, k, seed):
     limit = vocab - 7  # padded rows past the tokenizer's vocabulary are never chosen
     token, scratch, screen = screened_token(x, w, g, vocab_limit=limit)
     assert token == full_head_token(x, w, g, vocab_limit=limit)
-    exact = exact_logits(x, w, g, 1e-5)
+    exact = reference_logits(x, w, g, 1e-5)
     # every row's upper bound holds its exact logit, and no lower bound passes the largest one
     hi = scratch.hi[:vocab].double().cpu()
     assert (hi[:limit] >= exact[:limit]).all()
@@ -89,7 +78,7 @@ def test_outliers_widen_the_screen_but_never_change_the_token():
     w[20] = w[300]
     w[:50, 3] = 40.0
     w[20, 9] += 1e-5  # +3e-3 on a logit of ~200
-    exact = exact_logits(x, w)
+    exact = reference_logits(x, w)
     token, scratch, screen = screened_token(x, w)
     assert token == int(exact.argmax()) == 20 == full_head_token(x, w)
     assert screen.e_norm[:50].min() > 10 * screen.e_norm[50:].max()
@@ -122,7 +111,7 @@ def test_bad_arguments_are_refused():
     vocab, k = 64, 32
     x, w = randn(k), randn(vocab, k)
     screen, scratch = HeadScreen.build(w), ScreenScratch(vocab, DEVICE)
-    token, pos, out_tokens = ints(0), ints(0), ints(0, 0)
+    token, pos, out_tokens = device_ints(0), device_ints(0), device_ints(0, 0)
     common = {"token": token, "pos": pos, "out_tokens": out_tokens}
     with pytest.raises(ValueError, match="screen: built for"):
         screened_argmax(x, w, HeadScreen.build(randn(vocab + 1, k)), scratch, **common)
@@ -133,7 +122,7 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="powers of two"):
         screened_argmax(x, w, screen, scratch, slice_rows=48, **common)
     with pytest.raises(ValueError, match="token"):
-        screened_argmax(x, w, screen, scratch, token=ints(0, 0), pos=pos, out_tokens=out_tokens)
+        screened_argmax(x, w, screen, scratch, token=device_ints(0, 0), pos=pos, out_tokens=out_tokens)
     with pytest.raises(ValueError, match="weight"):
         HeadScreen.build(randn(4, 5, 6))
 

@@ -23,6 +23,8 @@ from kernels import interpreted, pdl_kwargs
 from kernels.rmsnorm_gemv import next_row_block, normed_x_tiles, row_dots, weight_tiles
 
 MAX_GROUPS = 512
+# No row: the index a program's best starts from and masked loads read, above every real one (ties go low).
+NO_ROW = tl.constexpr(2147483647)
 
 
 @triton.jit
@@ -61,11 +63,11 @@ def publish_best(best, best_at, best_val_ptr, best_idx_ptr, counter_ptr, token_p
         members = group * GROUP + tl.arange(0, GROUP)
         ok = members < programs
         vals = tl.load(best_val_ptr + members, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        idxs = tl.load(best_idx_ptr + members, mask=ok, other=2147483647, cache_modifier=".cg")
+        idxs = tl.load(best_idx_ptr + members, mask=ok, other=NO_ROW, cache_modifier=".cg")
         top = tl.max(vals, axis=0)
         # group bests live after the per-program ones
         tl.store(best_val_ptr + programs + group, top)
-        tl.store(best_idx_ptr + programs + group, tl.min(tl.where(vals == top, idxs, 2147483647), axis=0))
+        tl.store(best_idx_ptr + programs + group, tl.min(tl.where(vals == top, idxs, NO_ROW), axis=0))
         tl.atomic_xchg(counter_ptr + 1 + group, 0)
         tl.debug_barrier()
         groups = tl.cdiv(programs, GROUP)
@@ -74,10 +76,10 @@ def publish_best(best, best_at, best_val_ptr, best_idx_ptr, counter_ptr, token_p
             group_ok = group_ids < groups
             group_vals = tl.load(best_val_ptr + programs + group_ids, mask=group_ok, other=float("-inf"),
                                  cache_modifier=".cg")  # fmt: skip
-            group_idxs = tl.load(best_idx_ptr + programs + group_ids, mask=group_ok, other=2147483647,
+            group_idxs = tl.load(best_idx_ptr + programs + group_ids, mask=group_ok, other=NO_ROW,
                                  cache_modifier=".cg")  # fmt: skip
             best = tl.max(group_vals, axis=0)
-            token = tl.min(tl.where(group_vals == best, group_idxs, 2147483647), axis=0)
+            token = tl.min(tl.where(group_vals == best, group_idxs, NO_ROW), axis=0)
             pos = tl.load(pos_ptr)
             tl.store(token_ptr, token.to(token_ptr.dtype.element_ty))
             tl.store(out_tokens_ptr + pos + 1, token.to(out_tokens_ptr.dtype.element_ty))
@@ -131,7 +133,7 @@ def _lm_head_kernel(
         tl.store(logits_ptr + rows, logits, mask=row_ok)
         candidates = tl.where(rows < vocab_limit, logits, float("-inf"))
         block_best = tl.max(candidates, axis=0)
-        block_at = tl.min(tl.where(candidates == block_best, rows, 2147483647), axis=0)
+        block_at = tl.min(tl.where(candidates == block_best, rows, NO_ROW), axis=0)
         if j == 0:
             best, best_at = block_best, block_at
         else:

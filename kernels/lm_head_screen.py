@@ -33,7 +33,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import interpreted, pdl_kwargs
-from kernels.lm_head import MAX_GROUPS, HeadScratch, first_row_block, publish_best
+from kernels.lm_head import MAX_GROUPS, NO_ROW, HeadScratch, first_row_block, publish_best
 from kernels.rmsnorm_gemv import next_row_block, normed_x_tiles, row_dots, weight_tiles
 
 # x is rounded to integers L of at most 127 * 128 + 63, kept as two int8 parts L = 128 * hi + lo (hi in
@@ -44,7 +44,6 @@ X_LEVELS = 127 * 128 + 63
 # screen's own fp32 products.
 FP32_SLACK = 4e-4
 _DP4A = tl.constexpr("dp4a.s32.s32 $0, $1, $2, $3;")
-INT_MAX: tl.constexpr = tl.constexpr(2147483647)
 
 
 @dataclass
@@ -92,6 +91,14 @@ class ScreenScratch:
         self.lo_max = torch.empty(vocab_size, dtype=torch.float32, device=device)
         self.screens = 0  # screen programs of the last launch: lo_max[:screens] is theirs
         self.head = HeadScratch(vocab_size, device)
+
+    def floor(self) -> torch.Tensor:
+        """L of the last launch: the largest lower bound of any row (a 0-d tensor on the device)."""
+        return self.lo_max[: self.screens].max()
+
+    def candidates(self, rows: int) -> int:
+        """How many of the first `rows` rows the last launch read again in bf16 (hi >= L); synchronizes."""
+        return int((self.hi[:rows] >= self.floor()).sum())
 
 
 @triton.jit
@@ -249,7 +256,7 @@ def _rescore_kernel(
     xs, rstd = normed_x_tiles(x_ptr, norm_ptr, tl.arange(0, BLOCK_K), eps, K, BLOCK_K, HAS_NORM)
 
     best = tl.full([], float("-inf"), tl.float32)
-    best_at = tl.full([], INT_MAX, tl.int32)
+    best_at = tl.full([], NO_ROW, tl.int32)
     slots = tl.arange(0, CAP)
     cols = tl.arange(0, BLOCK_K)
     # CAP candidates at a time, in increasing row order (nearly always one round, or none)
@@ -263,7 +270,7 @@ def _rescore_kernel(
         w = weight_tiles(w_ptr, w_offs, row_ok, cols, K, BLOCK_K, 0, TILES)
         logits = tl.where(row_ok, row_dots(w, xs, CAP, BLOCK_K) * rstd, float("-inf"))
         top = tl.max(logits, axis=0)
-        top_at = tl.min(tl.where(logits == top, rows, INT_MAX), axis=0)
+        top_at = tl.min(tl.where(logits == top, rows, NO_ROW), axis=0)
         take = top > best
         best, best_at = tl.where(take, top, best), tl.where(take, top_at, best_at)
         start += CAP

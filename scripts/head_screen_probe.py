@@ -57,9 +57,7 @@ def main() -> int:
     candidates = []
     for _ in range(args.steps):  # the candidates of every real step
         runner.step()
-        scratch = runner.screen_scratch
-        floor = scratch.lo_max[: scratch.screens].max()
-        candidates.append(int((scratch.hi[: runner.vocab_limit] >= floor).sum()))
+        candidates.append(runner.screen_scratch.candidates(runner.vocab_limit))
     if cfg.num_lanes > 1:
         head_x, head_norm = runner.head_in, None
     else:

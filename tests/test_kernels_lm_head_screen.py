@@ -43,10 +43,9 @@ def test_the_screen_picks_the_full_heads_token(dtype, vocab, k, seed):
     hi = scratch.hi[:vocab].double().cpu()
     assert (hi[:limit] >= exact[:limit]).all()
     assert (hi[limit:] == float("-inf")).all()
-    assert scratch.lo_max[: scratch.screens].max().item() <= exact[:limit].max().item()
+    assert scratch.floor().item() <= exact[:limit].max().item()
     # random rows: the screen leaves a handful of candidates (of 131 rows or of hundreds)
-    floor = scratch.lo_max[: scratch.screens].max()
-    assert 1 <= int((scratch.hi[:vocab] >= floor).sum()) <= max(12, vocab // 20)
+    assert 1 <= scratch.candidates(vocab) <= max(12, vocab // 20)
 
 
 @pytest.mark.parametrize("slice_rows,cap", [(64, 8), (16, 2), (256, 4)])
@@ -82,7 +81,7 @@ def test_outliers_widen_the_screen_but_never_change_the_token():
     token, scratch, screen = screened_token(x, w)
     assert token == int(exact.argmax()) == 20 == full_head_token(x, w)
     assert screen.e_norm[:50].min() > 10 * screen.e_norm[50:].max()
-    assert int((scratch.hi[:vocab] >= scratch.lo_max[: scratch.screens].max()).sum()) >= 50
+    assert scratch.candidates(vocab) >= 50
 
 
 def test_the_screen_copy_and_its_norms():
@@ -138,4 +137,4 @@ def test_a_real_heads_shape_in_bf16():
         x = randn(k, scale=3.0, gen=torch.Generator().manual_seed(10 + seed))
         token, scratch, _ = screened_token(x, w, g, vocab_limit=128000, slice_rows=512)
         assert token == full_head_token(x, w, g, vocab_limit=128000)
-        assert int((scratch.hi >= scratch.lo_max[: scratch.screens].max()).sum()) < 1000
+        assert scratch.candidates(vocab) < 1000

@@ -184,6 +184,23 @@ SAMPLED_ROW = (f"{SAMPLED_ROW_PREFIX} (temperature {PAGE_SAMPLING['temperature']
                "the page's defaults)")  # fmt: skip
 
 
+# The page's settings with the whole bf16 head, beside SAMPLED_ROW when that one reads the head through its screen.
+PAGE_WHOLE_HEAD_ROW = "fast, runner contract, page sampling, full bf16 head"
+
+
+def same_draws(runner, full_head, prompt: list[int], new_tokens: int, seeds: int = 4) -> float:
+    """The share of tokens the runner draws under the page's settings that the whole-head runner draws too, over
+    `seeds` requests of new_tokens each: up to the first difference of each (a difference changes the rest)."""
+    same = 0
+    for seed in range(seeds):
+        params = SamplingParams(max_new_tokens=new_tokens, seed=seed, **PAGE_SAMPLING)
+        pairs = zip(
+            runner.generate_tokens(prompt, params), full_head.generate_tokens(prompt, params), strict=True
+        )
+        same += next((i for i, (a, b) in enumerate(pairs) if a != b), new_tokens)
+    return same / (seeds * new_tokens)
+
+
 def time_contract(runner, prompt: list[int], new_tokens: int, runs: int, **sampling) -> dict:
     """The engine's view: generate_tokens with its pinned-memory hand-off, decode tok/s from token times;
     greedy unless `sampling` gives SamplingParams' knobs."""
@@ -666,6 +683,8 @@ def table(result: dict) -> str:
         ttft = f"{row['ttft_ms']:.1f}" if row.get("ttft_ms") is not None else ""
         paths = ", ".join(f"{path} {n}" for path, n in row.get("sample_paths", {}).items())
         name = row["path"] + (f" · sampler steps: {paths}" if paths else "")
+        if "same_tokens_as_full_head" in row:
+            name += f" · draws as the full head's: {100 * row['same_tokens_as_full_head']:.1f}%"
         lines.append(f"| {name} | {row['tok_s']:,.0f} | {1e6 / row['tok_s']:.0f} | "
                      f"{100 * row['tok_s'] / ceiling:.1f}% | {ttft} |")  # fmt: skip
     if "check" in result:
@@ -830,7 +849,14 @@ def main(argv: list[str] | None = None) -> int:
         "fast, runner contract (engine path)",
         lambda: time_contract(runner, prompt, args.new_tokens, args.runs),
     )
-    row(SAMPLED_ROW, lambda: time_contract(runner, prompt, args.new_tokens, args.runs, **PAGE_SAMPLING))
+    sampled = row(
+        SAMPLED_ROW, lambda: time_contract(runner, prompt, args.new_tokens, args.runs, **PAGE_SAMPLING)
+    )
+    if full_head is not runner and runner.uses_screen(SamplingParams(**PAGE_SAMPLING)):
+        row(PAGE_WHOLE_HEAD_ROW,
+            lambda: time_contract(full_head, prompt, args.new_tokens, args.runs, **PAGE_SAMPLING))  # fmt: skip
+        if "tok_s" in sampled:  # the screened draws against the whole head's, seed by seed
+            sampled["same_tokens_as_full_head"] = same_draws(runner, full_head, prompt, args.new_tokens)
     if not args.no_pdl_row:
         other = "fast, CUDA graph, no PDL" if runner.use_pdl else "fast, CUDA graph, PDL"
         row(other, lambda: time_fast(FastRunner(model, max_context, use_pdl=not runner.use_pdl), prompt,

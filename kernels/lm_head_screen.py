@@ -16,7 +16,7 @@ hi >= L (the candidates) are read again in bf16 and compared exactly. On a model
 rows; on any input the answer is lm_head's (ties: the first index), and when the screen is loose (x with a huge
 norm, weights the int8 copy fits badly) more rows are read again, never a wrong one.
 
-Two launches:
+Two launches (greedy: the token; sampled: screened_logits, the logits kernels/sample.py draws from):
     _screen_kernel    the int8 pass: hi [V] (fp32; -inf past vocab_limit) and each program's max(lo)
     _rescore_kernel   L = max of those; each program compacts the candidates of its slice of rows, reads them in
                       bf16, and the grid's best goes through lm_head's publish_best (token, out_tokens, pos, ring)
@@ -25,6 +25,7 @@ Bytes: V * K (int8) + 12 V (scale, norms) + 8 V (hi written and read) + the cand
 2 V * K: llama-3.2-1b's head is 263 MB instead of 525.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +36,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from kernels import interpreted, pdl_kwargs
 from kernels.lm_head import MAX_GROUPS, NO_ROW, HeadScratch, first_row_block, publish_best
 from kernels.rmsnorm_gemv import next_row_block, normed_x_tiles, row_dots, weight_tiles
+from kernels.sample import penalised
 
 # x is rounded to integers L of at most 127 * 128 + 63, kept as two int8 parts L = 128 * hi + lo (hi in
 # [-127, 127], lo in [-64, 63]), so that each product of 4 weights by 4 x parts is one dp4a. Each part's sum stays
@@ -43,6 +45,8 @@ X_LEVELS = 127 * 128 + 63
 # Relative slack for fp32 sums of the exact logits in any order (K * 2^-24 is 1.2e-4 at K = 2048) and for the
 # screen's own fp32 products.
 FP32_SLACK = 4e-4
+# The rows the sampled head leaves out weigh at most 2^-TAIL_BITS of the distribution together (screened_logits).
+TAIL_BITS = 30
 _DP4A = tl.constexpr("dp4a.s32.s32 $0, $1, $2, $3;")
 
 
@@ -218,6 +222,9 @@ def _rescore_kernel(
     w_ptr,
     hi_ptr,
     lo_max_ptr,
+    logits_ptr,
+    seen_ptr,
+    params_ptr,
     best_val_ptr,
     best_idx_ptr,
     counter_ptr,
@@ -228,6 +235,7 @@ def _rescore_kernel(
     V,
     screens,
     eps,
+    tail_nats,
     K: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SLICE: tl.constexpr,
@@ -236,6 +244,7 @@ def _rescore_kernel(
     GROUP: tl.constexpr,
     MAX_GROUPS: tl.constexpr,
     HAS_NORM: tl.constexpr,
+    LOGITS: tl.constexpr,
     RING: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -249,8 +258,21 @@ def _rescore_kernel(
     lo_max = tl.load(lo_max_ptr + screen_ids, mask=screen_ids < screens, other=float("-inf"))
     floor = tl.max(lo_max, axis=0)
     slice_rows = pid * SLICE + tl.arange(0, SLICE)
-    hi = tl.load(hi_ptr + slice_rows, mask=slice_rows < V, other=float("-inf"))
+    in_vocab = slice_rows < V
+    hi = tl.load(hi_ptr + slice_rows, mask=in_vocab, other=float("-inf"))
+    if LOGITS:
+        # Bounds of the sampler's logits l', penalised where seen (the penalty f is increasing in l): a row's
+        # upper bound f(hi); and the row of the largest lower bound L has l' >= f(L) if seen, >= L if not, so
+        # max l' >= min(L, f(L)) (exactly L without a penalty) ...
+        penalty = tl.load(params_ptr + 3)
+        hi = penalised(hi, tl.load(seen_ptr + slice_rows, mask=in_vocab, other=0).to(tl.int1), penalty)
+        floor = tl.minimum(floor, penalised(floor, True, penalty))
+        # ... and every row whose weight exp(l' / T) may reach 2^-TAIL_BITS / V of the largest row's is read
+        temperature = tl.load(params_ptr)
+        floor -= tl.where(temperature > 0, temperature * tail_nats, 0.0)
     is_candidate = hi >= floor
+    if LOGITS:  # the rows left out weigh nothing in the sampler (disjoint from the candidates' stores below)
+        tl.store(logits_ptr + slice_rows, float("-inf"), mask=in_vocab & ~is_candidate)
     count = tl.sum(is_candidate.to(tl.int32), axis=0)
     rank = tl.cumsum(is_candidate.to(tl.int32), axis=0) - 1  # [SLICE]: a candidate's place among its slice's
     xs, rstd = normed_x_tiles(x_ptr, norm_ptr, tl.arange(0, BLOCK_K), eps, K, BLOCK_K, HAS_NORM)
@@ -269,13 +291,17 @@ def _rescore_kernel(
         w_offs = rows.to(tl.int64)[:, None] * K + cols[None, :]
         w = weight_tiles(w_ptr, w_offs, row_ok, cols, K, BLOCK_K, 0, TILES)
         logits = tl.where(row_ok, row_dots(w, xs, CAP, BLOCK_K) * rstd, float("-inf"))
-        top = tl.max(logits, axis=0)
-        top_at = tl.min(tl.where(logits == top, rows, NO_ROW), axis=0)
-        take = top > best
-        best, best_at = tl.where(take, top, best), tl.where(take, top_at, best_at)
+        if LOGITS:
+            tl.store(logits_ptr + rows, logits, mask=row_ok)
+        else:
+            top = tl.max(logits, axis=0)
+            top_at = tl.min(tl.where(logits == top, rows, NO_ROW), axis=0)
+            take = top > best
+            best, best_at = tl.where(take, top, best), tl.where(take, top_at, best_at)
         start += CAP
-    publish_best(best, best_at, best_val_ptr, best_idx_ptr, counter_ptr, token_ptr, pos_ptr, out_tokens_ptr,
-                 ring_ptr, GROUP, MAX_GROUPS, RING)  # fmt: skip
+    if not LOGITS:
+        publish_best(best, best_at, best_val_ptr, best_idx_ptr, counter_ptr, token_ptr, pos_ptr, out_tokens_ptr,
+                     ring_ptr, GROUP, MAX_GROUPS, RING)  # fmt: skip
 
 
 def _pick_blocks(k: int) -> tuple[int, int, int, int]:
@@ -306,7 +332,7 @@ def screened_argmax(
     use_pdl: bool = False,
     slice_rows: int | None = None,
     cap: int = 8,
-    group: int = 256,
+    group: int | None = None,
     block_n: int | None = None,
     row_blocks: int | None = None,
     num_warps: int | None = None,
@@ -317,52 +343,134 @@ def screened_argmax(
 
     x: [K]; weight: [V, K] (the bf16 head, read again for the candidates); screen: HeadScreen.build(weight);
     scratch: ScreenScratch(V, device). slice_rows: rows a rescoring program looks at (a power of two; None: 512,
-    64 under the interpreter); cap: candidates it reads at a time; block_n, row_blocks, num_warps: the screen pass's
-    rows a block, blocks a program and warps (None: _pick_blocks)."""
-    if weight.dim() != 2 or not weight.is_contiguous():
-        raise ValueError(f"weight: expected a contiguous [V, K] tensor, got {tuple(weight.shape)}")
-    vocab, k = weight.shape
-    if screen.q.shape != (vocab, -(-k // 4) * 4) or screen.scale.shape != (vocab,):
-        raise ValueError(f"screen: built for {tuple(screen.q.shape)}, the head is {(vocab, k)}")
-    if x.shape != (k,) or not x.is_contiguous():
-        raise ValueError(f"x: expected a contiguous [{k}], got {tuple(x.shape)}")
-    if norm_weight is not None and norm_weight.shape != (k,):
-        raise ValueError(f"norm_weight: expected [{k}], got {tuple(norm_weight.shape)}")
-    if scratch.hi.numel() < vocab:
-        raise ValueError(f"scratch: allocated for a vocabulary under {vocab}")
+    64 under the interpreter); cap: candidates it reads at a time; group: rescoring programs a first-level group
+    of the argmax (None: all of them, one level); block_n, row_blocks, num_warps: the screen pass's rows a block,
+    blocks a program and warps (None: _pick_blocks)."""
     for name, t in (("token", token), ("pos", pos), ("out_tokens", out_tokens)):
         if t.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"{name}: expected an int32/int64 tensor, got {t.dtype}")
     if token.numel() != 1 or pos.numel() != 1:
         raise ValueError("token: token and pos must hold one element each")
-    slice_rows = slice_rows or (64 if interpreted() else 512)
-    if slice_rows & (slice_rows - 1) or cap & (cap - 1):
-        raise ValueError(f"slice_rows, cap: expected powers of two, got {slice_rows}, {cap}")
-
-    auto_n, block_k, auto_blocks, auto_warps = _pick_blocks(k)
-    block_n, row_blocks, num_warps = block_n or auto_n, row_blocks or auto_blocks, num_warps or auto_warps
-    screens = triton.cdiv(triton.cdiv(vocab, block_n), row_blocks)
-    if screens > scratch.lo_max.numel():
-        raise ValueError(f"scratch: {screens} screen programs, room for {scratch.lo_max.numel()}")
-    scratch.screens = screens  # how many of lo_max the launch fills (diagnostics read them)
-    norm = norm_weight if norm_weight is not None else x
-    _screen_kernel[(screens,)](
-        x, norm, screen.q.view(torch.int32), screen.scale, screen.q_norm, screen.e_norm, scratch.hi, scratch.lo_max,
-        vocab, min(vocab_limit or vocab, vocab), eps,
-        K=k, K_WORDS=screen.q.shape[1] // 4, BLOCK_N=block_n, BLOCK_K=block_k, ROW_BLOCKS=row_blocks,
-        HAS_NORM=norm_weight is not None, X_LEVELS=X_LEVELS, FP32_SLACK=FP32_SLACK, USE_ASM=not interpreted(),
-        USE_PDL=use_pdl, num_warps=num_warps, **pdl_kwargs(use_pdl),
-    )  # fmt: skip
-    programs = triton.cdiv(vocab, slice_rows)
-    if triton.cdiv(programs, group) > MAX_GROUPS or group & (group - 1):
-        raise ValueError(f"group: a power of two with at most {MAX_GROUPS} groups of {programs} programs")
     head = scratch.head
-    _rescore_kernel[(programs,)](
-        x, norm, weight, scratch.hi, scratch.lo_max, head.best_val, head.best_idx, head.counter,
-        token, pos, out_tokens, host_ring if host_ring is not None else head.counter,
-        vocab, screens, eps,
-        K=k, BLOCK_K=block_k, SLICE=slice_rows, CAP=cap, SCREENS=triton.next_power_of_2(screens),
-        GROUP=group, MAX_GROUPS=MAX_GROUPS, HAS_NORM=norm_weight is not None,
-        RING=host_ring.numel() if host_ring is not None else 0, USE_PDL=use_pdl, num_warps=4,
-        **pdl_kwargs(use_pdl),
+    launch = _ScreenLaunch(x, weight, screen, scratch, norm_weight, eps, vocab_limit, use_pdl, slice_rows, cap,
+                           block_n, row_blocks, num_warps)  # fmt: skip
+    launch.screen()
+    group = group or min(MAX_GROUPS, triton.next_power_of_2(launch.programs))
+    if triton.cdiv(launch.programs, group) > MAX_GROUPS or group & (group - 1):
+        raise ValueError(f"group: a power of two, at most {MAX_GROUPS} groups of {launch.programs} programs")
+    launch.rescore(
+        logits=head.counter, seen=head.counter, params=head.counter, tail_nats=0.0, token=token, pos=pos, out_tokens=out_tokens,
+        ring=host_ring if host_ring is not None else head.counter, group=group,
+        RING=host_ring.numel() if host_ring is not None else 0, LOGITS=False,
     )  # fmt: skip
+
+
+def screened_logits(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    screen: HeadScreen,
+    scratch: ScreenScratch,
+    logits: torch.Tensor,
+    *,
+    seen: torch.Tensor,
+    params: torch.Tensor,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    vocab_limit: int | None = None,
+    use_pdl: bool = False,
+    slice_rows: int | None = None,
+    cap: int = 8,
+    block_n: int | None = None,
+    row_blocks: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """The logits kernels/sample.py draws from, through the screen: lm_head's logits (the same fp32 values) at
+    every row that can weigh in the draw, -inf at the rest.
+
+    With T = params[0] (the temperature) and f the repetition penalty r = params[3] on rows where seen is set, a
+    row is computed when f(its upper bound) reaches F - T * (ln V + TAIL_BITS ln 2), with L the largest lower bound
+    and F = min(L, f(L)) (L without a penalty), a lower bound of the largest penalised logit. A row left out has a
+    sampling weight exp(l' / T) below 2^-TAIL_BITS / V of the largest row's, so all of them together weigh under
+    2^-TAIL_BITS (1e-9) of the distribution, below the resolution of the sampler's fp32 sums, and the draw (the
+    Gumbel-max race over the same logits and noise) is the whole head's except with at most that probability.
+    At T = 0 (greedy with a penalty) the argmax is exact. The higher the temperature the more rows are read
+    again: on models/default 12 of 8,192 a step at 0.2 (median), 1,309 at 0.5, nearly all at 0.7, where the whole
+    bf16 head (lm_head) is cheaper; which to use is the caller's choice (FastRunner.uses_screen).
+
+    logits: [V] fp32; seen: [V] bool; params: fp32 [4] as kernels/sample.py's (temperature, top_k, top_p,
+    penalty); the rest as screened_argmax."""
+    if logits.shape != (weight.shape[0],) or logits.dtype != torch.float32 or not logits.is_contiguous():
+        raise ValueError(f"logits: expected a contiguous fp32 [{weight.shape[0]}], got {logits.dtype} "
+                         f"{tuple(logits.shape)}")  # fmt: skip
+    if seen.shape != logits.shape or seen.dtype != torch.bool:
+        raise ValueError(f"seen: expected a bool [{logits.numel()}], got {seen.dtype} {tuple(seen.shape)}")
+    if params.numel() < 4 or params.dtype != torch.float32:
+        raise ValueError(f"params: expected fp32 (temperature, top_k, top_p, penalty), got {params.dtype} "
+                         f"{tuple(params.shape)}")  # fmt: skip
+    launch = _ScreenLaunch(x, weight, screen, scratch, norm_weight, eps, vocab_limit, use_pdl, slice_rows, cap,
+                           block_n, row_blocks, num_warps)  # fmt: skip
+    launch.screen()
+    counter = scratch.head.counter  # unused pointers of the argmax
+    launch.rescore(
+        logits=logits, seen=seen, params=params, tail_nats=math.log(weight.shape[0]) + TAIL_BITS * math.log(2),
+        token=counter, pos=counter, out_tokens=counter, ring=counter, group=1, RING=0, LOGITS=True,
+    )  # fmt: skip
+    return logits
+
+
+class _ScreenLaunch:
+    """The checks and launch arguments the two uses of the screen share: the screen pass, then the rescoring
+    grid (slices of slice_rows rows)."""
+
+    def __init__(self, x, weight, screen, scratch, norm_weight, eps, vocab_limit, use_pdl, slice_rows, cap,
+                 block_n, row_blocks, num_warps):  # fmt: skip
+        if weight.dim() != 2 or not weight.is_contiguous():
+            raise ValueError(f"weight: expected a contiguous [V, K] tensor, got {tuple(weight.shape)}")
+        vocab, k = weight.shape
+        if screen.q.shape != (vocab, -(-k // 4) * 4) or screen.scale.shape != (vocab,):
+            raise ValueError(f"screen: built for {tuple(screen.q.shape)}, the head is {(vocab, k)}")
+        if x.shape != (k,) or not x.is_contiguous():
+            raise ValueError(f"x: expected a contiguous [{k}], got {tuple(x.shape)}")
+        if norm_weight is not None and norm_weight.shape != (k,):
+            raise ValueError(f"norm_weight: expected [{k}], got {tuple(norm_weight.shape)}")
+        if scratch.hi.numel() < vocab:
+            raise ValueError(f"scratch: allocated for a vocabulary under {vocab}")
+        self.slice_rows = slice_rows or (64 if interpreted() else 512)
+        if self.slice_rows & (self.slice_rows - 1) or cap & (cap - 1):
+            raise ValueError(f"slice_rows, cap: expected powers of two, got {self.slice_rows}, {cap}")
+        auto_n, self.block_k, auto_blocks, auto_warps = _pick_blocks(k)
+        self.block_n, self.row_blocks = block_n or auto_n, row_blocks or auto_blocks
+        self.num_warps = num_warps or auto_warps
+        self.screens = triton.cdiv(triton.cdiv(vocab, self.block_n), self.row_blocks)
+        if self.screens > scratch.lo_max.numel():
+            raise ValueError(f"scratch: {self.screens} screen programs, room for {scratch.lo_max.numel()}")
+        self.programs = triton.cdiv(vocab, self.slice_rows)
+        self.x, self.weight, self.screen_copy, self.scratch = x, weight, screen, scratch
+        self.norm = norm_weight if norm_weight is not None else x
+        self.has_norm, self.eps, self.cap, self.use_pdl = norm_weight is not None, eps, cap, use_pdl
+        self.vocab_limit = min(vocab_limit or vocab, vocab)
+
+    def screen(self) -> None:
+        """The int8 pass: hi [V] and each program's max(lo)."""
+        copy, scratch = self.screen_copy, self.scratch
+        scratch.screens = self.screens  # how many of lo_max the launch fills (diagnostics read them)
+        _screen_kernel[(self.screens,)](
+            self.x, self.norm, copy.q.view(torch.int32), copy.scale, copy.q_norm, copy.e_norm, scratch.hi,
+            scratch.lo_max, self.weight.shape[0], self.vocab_limit, self.eps,
+            K=self.weight.shape[1], K_WORDS=copy.q.shape[1] // 4, BLOCK_N=self.block_n, BLOCK_K=self.block_k,
+            ROW_BLOCKS=self.row_blocks, HAS_NORM=self.has_norm, X_LEVELS=X_LEVELS,
+            FP32_SLACK=FP32_SLACK, USE_ASM=not interpreted(), USE_PDL=self.use_pdl, num_warps=self.num_warps,
+            **pdl_kwargs(self.use_pdl),
+        )  # fmt: skip
+
+    def rescore(self, *, logits, seen, params, tail_nats, token, pos, out_tokens, ring, group, RING, LOGITS):
+        scratch, head = self.scratch, self.scratch.head
+        _rescore_kernel[(self.programs,)](
+            self.x, self.norm, self.weight, scratch.hi, scratch.lo_max, logits, seen, params, head.best_val,
+            head.best_idx, head.counter, token, pos, out_tokens, ring,
+            self.weight.shape[0], self.screens, self.eps, tail_nats,
+            K=self.weight.shape[1], BLOCK_K=self.block_k, SLICE=self.slice_rows, CAP=self.cap,
+            SCREENS=triton.next_power_of_2(self.screens), GROUP=group, MAX_GROUPS=MAX_GROUPS,
+            HAS_NORM=self.has_norm, LOGITS=LOGITS, RING=RING, USE_PDL=self.use_pdl, num_warps=4,
+            **pdl_kwargs(self.use_pdl),
+        )  # fmt: skip

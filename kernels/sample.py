@@ -80,14 +80,20 @@ def _key_value(key):
 
 
 @triton.jit
+def penalised(lg, seen, penalty):
+    """The repetition penalty on the logits of seen tokens (l > 0: l / r, else l * r): increasing in l for any
+    r > 0, so it maps bounds on a logit to bounds on its penalised value (kernels/lm_head_screen.py)."""
+    return tl.where(seen, tl.where(lg > 0, lg / penalty, lg * penalty), lg)
+
+
+@triton.jit
 def _scaled_logits(logits_ptr, seen_ptr, offs, vocab_limit, penalty, inv_temperature):
     """l for the tokens at offs: -inf outside the vocabulary, the repetition penalty on seen tokens, then the
     temperature."""
     ok = offs < vocab_limit
     lg = tl.load(logits_ptr + offs, mask=ok, other=float("-inf"))
     seen = tl.load(seen_ptr + offs, mask=ok, other=0).to(tl.int1)
-    lg = tl.where(seen, tl.where(lg > 0, lg / penalty, lg * penalty), lg)
-    return lg * inv_temperature
+    return penalised(lg, seen, penalty) * inv_temperature
 
 
 @triton.jit

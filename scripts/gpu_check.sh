@@ -89,9 +89,10 @@ import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
 merged = {}
-lines = ["| model | prompt+new | ceiling tok/s | best fast tok/s | % of ceiling | no PDL | whole bf16 head | engine path | sampled (page) | TTFT ms | check |",
-         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+lines = ["| model | prompt+new | ceiling tok/s | best fast tok/s | % of ceiling | no PDL | whole bf16 head | engine path | sampled (page) | sampled, whole head | TTFT ms | check |",
+         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 SAMPLED_PREFIX = "fast, runner contract, sampled"  # inference.bench.SAMPLED_ROW_PREFIX (no torch import here)
+PAGE_WHOLE_HEAD = "fast, runner contract, page sampling, full bf16 head"  # inference.bench.PAGE_WHOLE_HEAD_ROW
 worker_lines = []
 for f in sorted(out.glob("*.json")):
     if f.name == "results.json":
@@ -105,7 +106,8 @@ for f in sorted(out.glob("*.json")):
     rows = {row["path"]: row for row in r["rows"]}
     sampled = next((path for path in rows if path.startswith(SAMPLED_PREFIX)), "")
     # the greedy head read whole (inference.bench's row beside the head screen's; the PDL row itself without one)
-    whole = next((path for path in rows if path.endswith("full bf16 head")), "fast, CUDA graph, PDL")
+    whole = next((path for path in rows if path.startswith("fast, CUDA graph") and path.endswith("full bf16 head")),
+                 "fast, CUDA graph, PDL")
 
     def tok(path):
         row = rows.get(path, {})
@@ -121,14 +123,17 @@ for f in sorted(out.glob("*.json")):
                + (f"; screen {100 * c['screen_same_token']:.1f}%" if c.get("screen_same_token") is not None else "")
                if "passed" in c else c.get("error", "")[:40])
     ttft = f"{best['ttft_ms']:.1f}" if "ttft_ms" in best else "-"
+    same = rows.get(sampled, {}).get("same_tokens_as_full_head")
+    sampled_whole = tok(PAGE_WHOLE_HEAD) + (f" (same draws {100 * same:.1f}%)" if same is not None else "")
     best_tok = f"{best['tok_s']:,.0f}" if "tok_s" in best else "-"
     name = r["model"] + (" (peaked)" if r.get("init") == "peaked" else "")
     lines.append(f"| {name} | {r['prompt_len']}+{r['new_tokens']} | {r['ceiling_tok_s']:,.0f} | "
                  f"{best_tok} | {pct} | {tok('fast, CUDA graph, no PDL')} | {tok(whole)} | "
-                 f"{tok('fast, runner contract (engine path)')} | {tok(sampled)} | {ttft} | {verdict} |")
+                 f"{tok('fast, runner contract (engine path)')} | {tok(sampled)} | {sampled_whole} | {ttft} | "
+                 f"{verdict} |")
     for row in r["rows"]:
         if not row["path"].startswith("fast"):
-            lines.append(f"|   {row['path']} | | | {tok(row['path'])} | | | | | | | |")
+            lines.append(f"|   {row['path']} | | | {tok(row['path'])} | | | | | | | | |")
 (out / "results.json").write_text(json.dumps(merged, indent=1))
 for f in out.glob("*.json"):
     if f.name != "results.json":

@@ -4,6 +4,7 @@ import pytest
 import torch
 from kernel_testing import DEVICE, ON_GPU
 
+import inference.fast.runner as fast_runner
 from inference.config import ModelConfig
 from inference.events import SamplingParams
 from inference.fast.runner import RING, FastRunner, block_spec, prefetch_overrides, reduction
@@ -144,11 +145,19 @@ def test_the_head_screen_generates_the_whole_heads_tokens(preset):
     assert whole.head_screen is None and screened.head_screen is not None
     assert list(screened.generate_tokens(prompt, params)) == list(whole.generate_tokens(prompt, params))
     sampled = SamplingParams(max_new_tokens=6, temperature=0.7, top_p=0.9, seed=3)
+    assert not screened.uses_screen(sampled)  # above sampled_screen_temperature: the whole head
     assert list(screened.generate_tokens(prompt, sampled)) == list(whole.generate_tokens(prompt, sampled))
+    # the page's settings, and a penalty: the sampler draws from the screened logits, the same tokens
+    for sampled in (SamplingParams(max_new_tokens=8, temperature=0.2, top_p=0.95, seed=4),
+                    SamplingParams(max_new_tokens=8, temperature=0.1, repetition_penalty=1.3, seed=5)):  # fmt: skip
+        assert screened.uses_screen(sampled)
+        assert list(screened.generate_tokens(prompt, sampled)) == list(whole.generate_tokens(prompt, sampled))
 
 
 def test_the_head_screen_is_on_by_default_on_a_gpu_and_set_by_the_environment(monkeypatch):
     model = make_model("tiny-llama")
+    assert FastRunner(model, 32).head_screen is None  # a head under SCREEN_MIN_HEAD_BYTES
+    monkeypatch.setattr(fast_runner, "SCREEN_MIN_HEAD_BYTES", 0)
     assert (FastRunner(model, 32).head_screen is not None) == ON_GPU
     monkeypatch.setenv("KOG_HEAD_SCREEN", "1")
     assert FastRunner(model, 32).head_screen is not None
@@ -156,6 +165,23 @@ def test_the_head_screen_is_on_by_default_on_a_gpu_and_set_by_the_environment(mo
     monkeypatch.setenv("KOG_HEAD_SCREEN", "yes")
     with pytest.raises(ValueError, match="KOG_HEAD_SCREEN"):
         FastRunner(model, 32)
+
+
+def test_sampled_steps_take_the_screen_up_to_a_temperature(monkeypatch):
+    model = make_model("tiny-llama")
+    runner = FastRunner(model, 32, head_screen=True)
+    cool, warm = SamplingParams(temperature=0.3), SamplingParams(temperature=0.31)
+    assert runner.uses_screen(SamplingParams()) and runner.uses_screen(cool) and not runner.uses_screen(warm)
+    assert not FastRunner(model, 32, head_screen=False).uses_screen(SamplingParams())
+    monkeypatch.setenv("KOG_HEAD_SCREEN_SAMPLED", "-1")  # never for sampled steps
+    runner = FastRunner(model, 32, head_screen=True)
+    assert runner.uses_screen(SamplingParams()) and not runner.uses_screen(SamplingParams(temperature=0.01))
+    monkeypatch.setenv("KOG_HEAD_SCREEN_SAMPLED", "warm")
+    with pytest.raises(ValueError, match="KOG_HEAD_SCREEN_SAMPLED"):
+        FastRunner(model, 32, head_screen=True)
+    monkeypatch.delenv("KOG_HEAD_SCREEN_SAMPLED")
+    with pytest.raises(ValueError, match="built without the head screen"):
+        FastRunner(model, 32, head_screen=False).decode_step(greedy=False, screen=True)
 
 
 def test_lane_groups_are_the_default_on_a_gpu_for_large_layers():

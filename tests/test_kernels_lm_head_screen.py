@@ -3,7 +3,8 @@ import torch
 from kernel_testing import DEVICE, ON_GPU, device_ints, dtype_params, randn, reference_logits
 
 from kernels.lm_head import HeadScratch, lm_head
-from kernels.lm_head_screen import HeadScreen, ScreenScratch, screened_argmax
+from kernels.lm_head_screen import TAIL_BITS, HeadScreen, ScreenScratch, screened_argmax, screened_logits
+from kernels.sample import SampleScratch, sample_token
 
 
 def screened_token(x, w, g=None, vocab_limit=None, **kwargs):
@@ -106,6 +107,72 @@ def test_the_host_ring_gets_the_token():
     assert ring.tolist() == [-1, token, -1, -1]  # position 4 -> token for position 5 -> slot 5 % 4
 
 
+def sampled_head(x, w, g, seen, temperature, penalty, vocab_limit=None):
+    """(lm_head's logits, the screened logits) for the sampler's settings (top_k 0, top_p 1)."""
+    vocab = w.shape[0]
+    params = torch.tensor([temperature, 0.0, 1.0, penalty], device=DEVICE)
+    whole = torch.empty(vocab, dtype=torch.float32, device=DEVICE)
+    lm_head(x, w, whole, HeadScratch(vocab, DEVICE), norm_weight=g, eps=1e-5, greedy=False)
+    screened = torch.full((vocab,), float("nan"), device=DEVICE)
+    screened_logits(x, w, HeadScreen.build(w), ScreenScratch(vocab, DEVICE), screened, seen=seen, params=params,
+                    norm_weight=g, eps=1e-5, vocab_limit=vocab_limit)  # fmt: skip
+    return whole, screened
+
+
+def penalised(logits, seen, penalty):
+    return torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("temperature,penalty", [(0.2, 1.0), (0.05, 1.3), (0.1, 0.7), (0.0, 1.5)])
+def test_the_sampled_screen_keeps_every_row_that_can_weigh_in_the_draw(dtype, temperature, penalty):
+    """The rows it computes carry lm_head's own logits; the rows it leaves at -inf weigh under 2^-TAIL_BITS / V of
+    the largest row's weight exp(l' / T) each (l' penalised where seen); at T = 0 the argmax is among the rows."""
+    vocab, k = 1500, 256
+    gen = torch.Generator().manual_seed(7)
+    x = randn(k, scale=2.0, gen=gen)
+    w = randn(vocab, k, dtype=dtype, scale=2 * k**-0.5, gen=gen)
+    g = randn(k, dtype=dtype, gen=gen)
+    whole, screened = sampled_head(x, w, g, torch.zeros(vocab, dtype=torch.bool, device=DEVICE), 1.0, 1.0)
+    seen = torch.zeros(vocab, dtype=torch.bool, device=DEVICE)
+    seen[whole.topk(5).indices[::2]] = True  # the penalty moves the leaders (1st, 3rd, 5th)
+    seen[whole.topk(5, largest=False).indices] = True
+    limit = vocab - 3
+    whole, screened = sampled_head(x, w, g, seen, temperature, penalty, vocab_limit=limit)
+    assert not screened.isnan().any(), "every row is written"
+    kept = screened > float("-inf")
+    assert torch.equal(screened[kept], whole[kept]) and not kept[limit:].any()
+    scored = penalised(whole[:limit].double(), seen[:limit], penalty)
+    best = scored.max()
+    assert kept[:limit][scored == best].all()
+    if temperature > 0:
+        # every row within T * (ln V + TAIL_BITS ln 2) of the best is kept; the screen keeps a few more
+        reach = temperature * (
+            torch.log(torch.tensor(float(vocab))) + TAIL_BITS * torch.log(torch.tensor(2.0))
+        )
+        assert kept[:limit][scored >= best - reach.item()].all()
+        assert int(kept.sum()) < vocab // 2, "random rows: the screen leaves most of them out"
+
+
+@pytest.mark.parametrize("temperature,top_p,penalty", [(0.2, 0.95, 1.0), (0.3, 1.0, 1.2), (0.0, 1.0, 1.3)])
+def test_the_sampler_draws_the_same_tokens_from_the_screened_logits(temperature, top_p, penalty):
+    vocab, k = 900, 128
+    gen = torch.Generator().manual_seed(11)
+    w = randn(vocab, k, scale=2 * k**-0.5, gen=gen)
+    params = torch.tensor([temperature, 0.0, top_p, penalty], device=DEVICE)
+    for step in range(6):
+        x = randn(k, scale=2.0, gen=gen)
+        seen = torch.rand(vocab, generator=gen).lt(0.1).to(DEVICE)
+        whole, screened = sampled_head(x, w, None, seen, temperature, penalty)
+        tokens = []
+        for logits in (whole, screened):
+            token, pos, out_tokens = device_ints(-1), device_ints(step), device_ints(*([-1] * 8))
+            sample_token(logits, seen.clone(), params, torch.tensor([5], device=DEVICE), SampleScratch(vocab, DEVICE),
+                         token=token, pos=pos, out_tokens=out_tokens)  # fmt: skip
+            tokens.append(token.item())
+        assert tokens[0] == tokens[1]
+
+
 def test_bad_arguments_are_refused():
     vocab, k = 64, 32
     x, w = randn(k), randn(vocab, k)
@@ -124,6 +191,14 @@ def test_bad_arguments_are_refused():
         screened_argmax(x, w, screen, scratch, token=device_ints(0, 0), pos=pos, out_tokens=out_tokens)
     with pytest.raises(ValueError, match="weight"):
         HeadScreen.build(randn(4, 5, 6))
+    logits, seen = torch.empty(vocab, device=DEVICE), torch.zeros(vocab, dtype=torch.bool, device=DEVICE)
+    params = torch.tensor([0.2, 0.0, 1.0, 1.0], device=DEVICE)
+    with pytest.raises(ValueError, match="logits: expected"):
+        screened_logits(x, w, screen, scratch, logits[:-1], seen=seen, params=params)
+    with pytest.raises(ValueError, match="seen: expected"):
+        screened_logits(x, w, screen, scratch, logits, seen=seen.int(), params=params)
+    with pytest.raises(ValueError, match="params: expected"):
+        screened_logits(x, w, screen, scratch, logits, seen=seen, params=params.double())
 
 
 @pytest.mark.gpu

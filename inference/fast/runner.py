@@ -49,7 +49,7 @@ from kernels.decode_attention import (
 from kernels.final_norm import final_norm
 from kernels.lane_reduce_gemv import lane_reduce_gemv
 from kernels.lm_head import HeadScratch, lm_head
-from kernels.lm_head_screen import HeadScreen, ScreenScratch, screened_argmax
+from kernels.lm_head_screen import HeadScreen, ScreenScratch, screened_argmax, screened_logits
 from kernels.rmsnorm_gemv import rmsnorm_gemv
 from kernels.sample import SampleScratch, sample_token
 
@@ -162,6 +162,12 @@ EARLY_KINDS = ("qkv", "o", "gate_up", "down")
 # either trigger alone, gained less; an early down-proj lost 8% on qwen3. Laneformer's lane groups: no change.
 ONE_LANE_EARLY = {"qkv": 1, "o": 1}
 ONE_LANE_PREFETCH = {"gate_up": 3}
+# The smallest head the screen is on for by default: below it the head's read is short beside the screen's two
+# launches (H200, models/default's 8,192 x 384 head: 16,140 tok/s whole, 15,426 screened; laneformer-2b's 192 MiB
+# +1%, llama-3.2-1b's 501 MiB +9%).
+SCREEN_MIN_HEAD_BYTES = 32 << 20
+# The highest temperature whose sampled steps read the head through its screen (uses_screen).
+SAMPLED_SCREEN_TEMPERATURE = 0.3
 LAYER_KERNELS = 5  # a layer's launches (_layer_launches): q|k|v, attention, o-proj, gate/up, down-proj
 PARTIAL_KERNELS = (2, 4)  # the o-proj and down-proj: they read the other lanes' partials of layer i - d
 
@@ -306,15 +312,26 @@ class FastRunner:
         self.attn_scratch = AttentionScratch(cfg.num_kv_heads, group, hd, splits, device)
         self.head_scratch = HeadScratch(cfg.vocab_size, device)
         # Greedy steps find the head's argmax through an int8 copy of it and read only the candidate rows again
-        # in bf16 (kernels/lm_head_screen.py: the same token, about half the head's bytes). On by default on a GPU;
-        # KOG_HEAD_SCREEN=0|1 or the argument override (the interpreter gains nothing by it).
+        # in bf16 (kernels/lm_head_screen.py: the same token, about half the head's bytes). On by default on a GPU
+        # for heads of SCREEN_MIN_HEAD_BYTES or more; KOG_HEAD_SCREEN=0|1 or the argument override (the
+        # interpreter gains nothing by it).
         if head_screen is None:
             setting = os.environ.get("KOG_HEAD_SCREEN", "")
             if setting not in ("", "0", "1"):
                 raise ValueError(f"KOG_HEAD_SCREEN: expected 0 or 1 (or unset), got {setting!r}")
-            head_screen = setting == "1" if setting else device.type == "cuda"
+            head_bytes = self.head_weight.numel() * self.head_weight.element_size()
+            head_screen = (
+                setting == "1" if setting else device.type == "cuda" and head_bytes >= SCREEN_MIN_HEAD_BYTES
+            )
         self.head_screen = HeadScreen.build(self.head_weight) if head_screen else None
         self.screen_scratch = ScreenScratch(cfg.vocab_size, device) if head_screen else None
+        # Sampled steps go through the screen up to this temperature (uses_screen); KOG_HEAD_SCREEN_SAMPLED=T
+        # overrides it (-1: never).
+        setting = os.environ.get("KOG_HEAD_SCREEN_SAMPLED", "")
+        try:
+            self.sampled_screen_temperature = float(setting) if setting else SAMPLED_SCREEN_TEMPERATURE
+        except ValueError:
+            raise ValueError(f"KOG_HEAD_SCREEN_SAMPLED: expected a temperature, got {setting!r}") from None
         self.whole = LaneGroup(0, lanes, self.layers, self.x, self.qkv, self.attn, self.h, slice(None),
                                cfg.num_heads, self.attn_scratch)  # fmt: skip
         # KOG_LANE_GROUPS=groups=2 (or the `lane_groups` argument): see the module docstring.
@@ -331,7 +348,8 @@ class FastRunner:
         self.streams = [torch.cuda.Stream(device) for _ in self.groups] if device.type == "cuda" else None
         self.group_events: dict[tuple[int, int, int], torch.cuda.Event] = {}  # (group, layer, kernel) -> done
 
-        self.graphs: dict[tuple[bool, int], torch.cuda.CUDAGraph] = {}  # (greedy, steps) -> graph
+        # (greedy, screen, steps) -> graph
+        self.graphs: dict[tuple[bool, bool, int], torch.cuda.CUDAGraph] = {}
         # Prompts up to 1024 tokens replay a graph captured for the next power of two (from 64).
         self.prefill_buckets = (
             [b for b in (64, 128, 256, 512, 1024) if b < max_context] if device.type == "cuda" else []
@@ -408,10 +426,16 @@ class FastRunner:
 
     # --- one decode step -------------------------------------------------------------------------------
 
-    def decode_step(self, greedy: bool = True) -> None:
+    def decode_step(self, greedy: bool = True, screen: bool | None = None) -> None:
         """Launch one step: consumes token/pos, leaves the next token, out_tokens[pos + 1], pos + 1, and the logits
-        (all but greedy steps through the head screen, which compute the token alone)."""
+        (all but greedy steps through the head screen, which compute the token alone; sampled steps through it
+        leave -inf at the rows that cannot weigh in the draw). screen: whether the head is read through its int8
+        screen (None: greedy steps when the runner has one; uses_screen says when sampled steps gain by it)."""
         cfg, eps, pdl = self.cfg, self.cfg.norm_eps, self.use_pdl
+        if screen is None:
+            screen = greedy and self.head_screen is not None
+        if screen and self.head_screen is None:
+            raise ValueError("screen: this runner was built without the head screen (head_screen=False)")
         for i in range(self.split_from):
             for launch in self._layer_launches(self.whole, i):
                 launch()
@@ -426,10 +450,16 @@ class FastRunner:
             head_x, head_norm = self.x[0], self.final_norm_weight[0]
         # The step's token also lands in the host's pinned ring (generate_tokens), from the head or the sampler.
         ring = self.host_tokens if self.device.type == "cuda" else None
-        if greedy and self.head_screen is not None:  # the token without the logits
+        if screen and greedy:  # the token without the logits
             screened_argmax(head_x, self.head_weight, self.head_screen, self.screen_scratch, token=self.token,
                             pos=self.pos, out_tokens=self.out_tokens, norm_weight=head_norm, eps=eps,
                             vocab_limit=self.vocab_limit, host_ring=ring, use_pdl=pdl)  # fmt: skip
+            return
+        if screen:  # the logits of the rows that can weigh in the draw, -inf elsewhere
+            screened_logits(head_x, self.head_weight, self.head_screen, self.screen_scratch, self.logits,
+                            seen=self.seen, params=self.sampling, norm_weight=head_norm, eps=eps,
+                            vocab_limit=self.vocab_limit, use_pdl=pdl)  # fmt: skip
+            self._sample_next(ring)
             return
         lm_head(head_x, self.head_weight, self.logits, self.head_scratch, norm_weight=head_norm, eps=eps,
                 greedy=greedy, vocab_limit=self.vocab_limit, token=self.token, pos=self.pos, out_tokens=self.out_tokens,
@@ -579,22 +609,34 @@ class FastRunner:
 
     # --- graphs --------------------------------------------------------------------------------------
 
-    def capture(self, greedy: bool, steps: int = 1) -> torch.cuda.CUDAGraph:
+    def capture(self, greedy: bool, steps: int = 1, screen: bool | None = None) -> torch.cuda.CUDAGraph:
         """Capture `steps` decode steps as one graph (the runner replays one; scripts/graph_probe.py times more),
-        leaving token, position and outputs as they were."""
-        if (greedy, steps) in self.graphs:
-            return self.graphs[greedy, steps]
+        leaving token, position and outputs as they were. screen: as decode_step's."""
+        if screen is None:
+            screen = greedy and self.head_screen is not None
+        key = (greedy, screen, steps)
+        if key in self.graphs:
+            return self.graphs[key]
         saved = [t.clone() for t in (self.token, self.pos, self.out_tokens, self.seen)]
 
         def run() -> None:
             for _ in range(steps):
-                self.decode_step(greedy)
+                self.decode_step(greedy, screen)
 
         graph = self._graph_of(run)
         for t, s in zip((self.token, self.pos, self.out_tokens, self.seen), saved, strict=True):
             t.copy_(s)
-        self.graphs[greedy, steps] = graph
+        self.graphs[key] = graph
         return graph
+
+    def uses_screen(self, params: SamplingParams) -> bool:
+        """Whether generate_tokens reads the head through the screen for these settings: greedy steps whenever the
+        runner has one; sampled steps up to sampled_screen_temperature, where the rows within reach of the draw
+        are few (models/default at 0.2: 12 of 8,192 a step, median; at 0.5: 1,309, and the screen plus those
+        rows would cost about what the whole head does)."""
+        if self.head_screen is None:
+            return False
+        return params.greedy or params.temperature <= self.sampled_screen_temperature
 
     def _graph_of(self, run) -> torch.cuda.CUDAGraph:
         """run() captured as a CUDA graph, after one eager call on a side stream (every kernel compiled outside
@@ -609,12 +651,12 @@ class FastRunner:
             run()
         return graph
 
-    def step(self, greedy: bool = True) -> None:
+    def step(self, greedy: bool = True, screen: bool | None = None) -> None:
         """One decode step: a graph replay on CUDA, eager kernels under the interpreter."""
         if self.device.type == "cuda":
-            self.capture(greedy).replay()
+            self.capture(greedy, screen=screen).replay()
         else:
-            self.decode_step(greedy)
+            self.decode_step(greedy, screen)
 
     # --- the runner contract -------------------------------------------------------------------------
 
@@ -685,6 +727,7 @@ class FastRunner:
         (clipped to the context)."""
         budget = min(params.max_new_tokens, self.max_context - len(prompt_ids))
         greedy = params.greedy and params.repetition_penalty == 1
+        screen = self.uses_screen(params)
         self.sampling.copy_(torch.tensor([params.temperature, params.top_k, params.top_p,
                                           params.repetition_penalty]))  # fmt: skip
         # A seed repeats its tokens; without one each request draws its own (from torch's CPU generator).
@@ -699,14 +742,14 @@ class FastRunner:
             return
         if self.device.type != "cuda":
             for _ in range(budget - 1):
-                self.decode_step(greedy)
+                self.decode_step(greedy, screen)
                 token = int(self.token.item())
                 yield token
                 if token in stop_ids:
                     return
             return
 
-        graph = self.capture(greedy)
+        graph = self.capture(greedy, screen=screen)
         pending: deque[int] = deque()
         launched = 1
         while True:

@@ -16,10 +16,12 @@ hi >= L (the candidates) are read again in bf16 and compared exactly. On a model
 rows; on any input the answer is lm_head's (ties: the first index), and when the screen is loose (x with a huge
 norm, weights the int8 copy fits badly) more rows are read again, never a wrong one.
 
-Two launches (greedy: the token; sampled: screened_logits, the logits kernels/sample.py draws from):
+Two launches, for the greedy token (screened_argmax) or for a sampled step's logits (screened_logits):
     _screen_kernel    the int8 pass: hi [V] (fp32; -inf past vocab_limit) and each program's max(lo)
     _rescore_kernel   L = max of those; each program compacts the candidates of its slice of rows, reads them in
-                      bf16, and the grid's best goes through lm_head's publish_best (token, out_tokens, pos, ring)
+                      bf16, and the grid's best goes through lm_head's publish_best (token, out_tokens, pos, ring);
+                      or (LOGITS) it writes their logits, and -inf at the rows no draw can reach, for
+                      kernels/sample.py
 
 Bytes: V * K (int8) + 12 V (scale, norms) + 8 V (hi written and read) + the candidates' rows, against lm_head's
 2 V * K: llama-3.2-1b's head is 263 MB instead of 525.
@@ -359,8 +361,8 @@ def screened_argmax(
     if triton.cdiv(launch.programs, group) > MAX_GROUPS or group & (group - 1):
         raise ValueError(f"group: a power of two, at most {MAX_GROUPS} groups of {launch.programs} programs")
     launch.rescore(
-        logits=head.counter, seen=head.counter, params=head.counter, tail_nats=0.0, token=token, pos=pos, out_tokens=out_tokens,
-        ring=host_ring if host_ring is not None else head.counter, group=group,
+        logits=head.counter, seen=head.counter, params=head.counter, tail_nats=0.0, token=token, pos=pos,
+        out_tokens=out_tokens, ring=host_ring if host_ring is not None else head.counter, group=group,
         RING=host_ring.numel() if host_ring is not None else 0, LOGITS=False,
     )  # fmt: skip
 

@@ -432,10 +432,7 @@ class FastRunner:
         leave -inf at the rows that cannot weigh in the draw). screen: whether the head is read through its int8
         screen (None: greedy steps when the runner has one; uses_screen says when sampled steps gain by it)."""
         cfg, eps, pdl = self.cfg, self.cfg.norm_eps, self.use_pdl
-        if screen is None:
-            screen = greedy and self.head_screen is not None
-        if screen and self.head_screen is None:
-            raise ValueError("screen: this runner was built without the head screen (head_screen=False)")
+        screen = self._screen_choice(greedy, screen)
         for i in range(self.split_from):
             for launch in self._layer_launches(self.whole, i):
                 launch()
@@ -612,22 +609,26 @@ class FastRunner:
     def capture(self, greedy: bool, steps: int = 1, screen: bool | None = None) -> torch.cuda.CUDAGraph:
         """Capture `steps` decode steps as one graph (the runner replays one; scripts/graph_probe.py times more),
         leaving token, position and outputs as they were. screen: as decode_step's."""
-        if screen is None:
-            screen = greedy and self.head_screen is not None
-        key = (greedy, screen, steps)
+        key = (greedy, self._screen_choice(greedy, screen), steps)
         if key in self.graphs:
             return self.graphs[key]
         saved = [t.clone() for t in (self.token, self.pos, self.out_tokens, self.seen)]
 
         def run() -> None:
             for _ in range(steps):
-                self.decode_step(greedy, screen)
+                self.decode_step(greedy, key[1])
 
         graph = self._graph_of(run)
         for t, s in zip((self.token, self.pos, self.out_tokens, self.seen), saved, strict=True):
             t.copy_(s)
         self.graphs[key] = graph
         return graph
+
+    def _screen_choice(self, greedy: bool, screen: bool | None) -> bool:
+        """decode_step's `screen`: None is greedy steps when the runner has a screen; True needs one."""
+        if screen and self.head_screen is None:
+            raise ValueError("screen: this runner was built without the head screen (head_screen=False)")
+        return greedy and self.head_screen is not None if screen is None else screen
 
     def uses_screen(self, params: SamplingParams) -> bool:
         """Whether generate_tokens reads the head through the screen for these settings: greedy steps whenever the

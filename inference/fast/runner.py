@@ -456,11 +456,11 @@ class FastRunner:
             screened_logits(head_x, self.head_weight, self.head_screen, self.screen_scratch, self.logits,
                             seen=self.seen, params=self.sampling, norm_weight=head_norm, eps=eps,
                             vocab_limit=self.vocab_limit, use_pdl=pdl)  # fmt: skip
-            self._sample_next(ring)
-            return
-        lm_head(head_x, self.head_weight, self.logits, self.head_scratch, norm_weight=head_norm, eps=eps,
-                greedy=greedy, vocab_limit=self.vocab_limit, token=self.token, pos=self.pos, out_tokens=self.out_tokens,
-                host_ring=ring if greedy else None, use_pdl=pdl, **self.head_blocks)  # fmt: skip
+        else:
+            lm_head(head_x, self.head_weight, self.logits, self.head_scratch, norm_weight=head_norm, eps=eps,
+                    greedy=greedy, vocab_limit=self.vocab_limit, token=self.token, pos=self.pos,
+                    out_tokens=self.out_tokens, host_ring=ring if greedy else None, use_pdl=pdl,
+                    **self.head_blocks)  # fmt: skip
         if not greedy:
             self._sample_next(ring)
 

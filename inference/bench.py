@@ -220,7 +220,11 @@ def time_contract(runner, prompt: list[int], new_tokens: int, runs: int, **sampl
     # which of kernels/sample.py's paths the timed steps took (none for greedy ones)
     after = runner.sample_scratch.path_counts()
     paths = {path: n - before[path] for path, n in after.items() if n > before[path]}
-    return result | ({"sample_paths": paths} if paths else {})
+    if paths:
+        result["sample_paths"] = paths
+    if runner.screen_left_at is not None:  # the last request's flat logits sent it to the whole head
+        result["left_screen_after"] = runner.screen_left_at - len(prompt)
+    return result
 
 
 def skip_path_logits(model: Transformer, token: torch.Tensor) -> torch.Tensor:
@@ -685,6 +689,8 @@ def table(result: dict) -> str:
         name = row["path"] + (f" · sampler steps: {paths}" if paths else "")
         if "same_tokens_as_full_head" in row:
             name += f" · draws as the full head's: {100 * row['same_tokens_as_full_head']:.1f}%"
+        if "left_screen_after" in row:
+            name += f" · whole head from step {row['left_screen_after']} (flat logits)"
         lines.append(f"| {name} | {row['tok_s']:,.0f} | {1e6 / row['tok_s']:.0f} | "
                      f"{100 * row['tok_s'] / ceiling:.1f}% | {ttft} |")  # fmt: skip
     if "check" in result:

@@ -21,7 +21,8 @@ Two launches, for the greedy token (screened_argmax) or for a sampled step's log
     _rescore_kernel   L = max of those; each program compacts the candidates of its slice of rows, reads them in
                       bf16, and the grid's best goes through lm_head's publish_best (token, out_tokens, pos, ring);
                       or (LOGITS) it writes their logits, and -inf at the rows no draw can reach, for
-                      kernels/sample.py
+                      kernels/sample.py, and may tell the host how many rows it read again (the runner leaves the
+                      screen for requests whose logits are flat)
 
 Bytes: V * K (int8) + 12 V (scale, norms) + 8 V (hi written and read) + the candidates' rows, against lm_head's
 2 V * K: llama-3.2-1b's head is 263 MB instead of 525.
@@ -49,6 +50,9 @@ X_LEVELS = 127 * 128 + 63
 FP32_SLACK = 4e-4
 # The rows the sampled head leaves out weigh at most 2^-TAIL_BITS of the distribution together (screened_logits).
 TAIL_BITS = 30
+# The rescoring programs' tally of candidates (screened_logits' candidate_ring) is one int64: the programs arrived
+# in its low TICKET_BITS bits, their candidates above them.
+TICKET_BITS = 24
 _DP4A = tl.constexpr("dp4a.s32.s32 $0, $1, $2, $3;")
 
 
@@ -97,6 +101,7 @@ class ScreenScratch:
         self.lo_max = torch.empty(vocab_size, dtype=torch.float32, device=device)
         self.screens = 0  # screen programs of the last launch: lo_max[:screens] is theirs
         self.head = HeadScratch(vocab_size, device)
+        self.tally = torch.zeros(1, dtype=torch.int64, device=device)  # zero between launches
 
     def floor(self) -> torch.Tensor:
         """L of the last launch: the largest lower bound of any row (a 0-d tensor on the device)."""
@@ -227,6 +232,7 @@ def _rescore_kernel(
     logits_ptr,
     seen_ptr,
     params_ptr,
+    tally_ptr,
     best_val_ptr,
     best_idx_ptr,
     counter_ptr,
@@ -248,8 +254,10 @@ def _rescore_kernel(
     HAS_NORM: tl.constexpr,
     LOGITS: tl.constexpr,
     RING: tl.constexpr,
+    TICKET_BITS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
+    # ring_ptr [RING]: the host's ring of tokens (greedy), or of candidate counts (LOGITS); RING = 0: none
     TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
     pid = tl.program_id(0)
     if USE_PDL:
@@ -276,6 +284,17 @@ def _rescore_kernel(
     if LOGITS:  # the rows left out weigh nothing in the sampler (disjoint from the candidates' stores below)
         tl.store(logits_ptr + slice_rows, float("-inf"), mask=in_vocab & ~is_candidate)
     count = tl.sum(is_candidate.to(tl.int32), axis=0)
+    if LOGITS and RING > 0:
+        # The step's candidates for the host (FastRunner leaves the screen when they are most of the vocabulary):
+        # one atomic a program carries its arrival and its count; the last to arrive writes the sum at the step's
+        # slot of the ring, as the sampler does its token, and zeroes the tally. Issued here, its round trip
+        # overlaps the rows' reads.
+        ticket: tl.constexpr = 1 << TICKET_BITS
+        old = tl.atomic_add(tally_ptr, count.to(tl.int64) * ticket + 1, sem="relaxed", scope="gpu")
+        if old % ticket == tl.num_programs(0) - 1:
+            tl.atomic_xchg(tally_ptr, 0, sem="relaxed", scope="gpu")
+            slot = (tl.load(pos_ptr) + 1) % RING
+            tl.store(ring_ptr + slot, (old // ticket + count).to(ring_ptr.dtype.element_ty))
     rank = tl.cumsum(is_candidate.to(tl.int32), axis=0) - 1  # [SLICE]: a candidate's place among its slice's
     xs, rstd = normed_x_tiles(x_ptr, norm_ptr, tl.arange(0, BLOCK_K), eps, K, BLOCK_K, HAS_NORM)
 
@@ -379,6 +398,8 @@ def screened_logits(
     norm_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
     vocab_limit: int | None = None,
+    candidate_ring: torch.Tensor | None = None,
+    pos: torch.Tensor | None = None,
     use_pdl: bool = False,
     slice_rows: int | None = None,
     cap: int = 8,
@@ -400,7 +421,9 @@ def screened_logits(
     bf16 head (lm_head) is cheaper; which to use is the caller's choice (FastRunner.uses_screen).
 
     logits: [V] fp32; seen: [V] bool; params: fp32 [4] as kernels/sample.py's (temperature, top_k, top_p,
-    penalty); the rest as screened_argmax."""
+    penalty); candidate_ring: an int32 tensor [R] (pinned host memory on a GPU) that receives the number of rows
+    read again at candidate_ring[(pos[0] + 1) % R], the slot of the token the step draws (pos: the position before
+    the step, as the sampler reads it); the rest as screened_argmax."""
     if logits.shape != (weight.shape[0],) or logits.dtype != torch.float32 or not logits.is_contiguous():
         raise ValueError(f"logits: expected a contiguous fp32 [{weight.shape[0]}], got {logits.dtype} "
                          f"{tuple(logits.shape)}")  # fmt: skip
@@ -409,13 +432,23 @@ def screened_logits(
     if params.numel() < 4 or params.dtype != torch.float32:
         raise ValueError(f"params: expected fp32 (temperature, top_k, top_p, penalty), got {params.dtype} "
                          f"{tuple(params.shape)}")  # fmt: skip
+    if candidate_ring is not None and (
+        candidate_ring.dtype != torch.int32 or candidate_ring.dim() != 1 or pos is None or pos.numel() != 1
+        or pos.dtype not in (torch.int32, torch.int64)
+    ):  # fmt: skip
+        raise ValueError("candidate_ring: expected an int32 [R] ring and pos, one int32/int64 element")
     launch = _ScreenLaunch(x, weight, screen, scratch, norm_weight, eps, vocab_limit, use_pdl, slice_rows, cap,
                            block_n, row_blocks, num_warps)  # fmt: skip
+    if candidate_ring is not None and launch.programs >= 1 << TICKET_BITS:
+        raise ValueError(f"candidate_ring: {launch.programs} rescoring programs, the tally counts under "
+                         f"{1 << TICKET_BITS}")  # fmt: skip
     launch.screen()
     counter = scratch.head.counter  # unused pointers of the argmax
     launch.rescore(
         logits=logits, seen=seen, params=params, tail_nats=math.log(weight.shape[0]) + TAIL_BITS * math.log(2),
-        token=counter, pos=counter, out_tokens=counter, ring=counter, group=1, RING=0, LOGITS=True,
+        token=counter, pos=pos if candidate_ring is not None else counter, out_tokens=counter,
+        ring=candidate_ring if candidate_ring is not None else counter, group=1,
+        RING=candidate_ring.numel() if candidate_ring is not None else 0, LOGITS=True,
     )  # fmt: skip
     return logits
 
@@ -468,11 +501,13 @@ class _ScreenLaunch:
     def rescore(self, *, logits, seen, params, tail_nats, token, pos, out_tokens, ring, group, RING, LOGITS):
         scratch, head = self.scratch, self.scratch.head
         _rescore_kernel[(self.programs,)](
-            self.x, self.norm, self.weight, scratch.hi, scratch.lo_max, logits, seen, params, head.best_val,
+            self.x, self.norm, self.weight, scratch.hi, scratch.lo_max, logits, seen, params, scratch.tally,
+            head.best_val,
             head.best_idx, head.counter, token, pos, out_tokens, ring,
             self.weight.shape[0], self.screens, self.eps, tail_nats,
             K=self.weight.shape[1], BLOCK_K=self.block_k, SLICE=self.slice_rows, CAP=self.cap,
             SCREENS=triton.next_power_of_2(self.screens), GROUP=group, MAX_GROUPS=MAX_GROUPS,
-            HAS_NORM=self.has_norm, LOGITS=LOGITS, RING=RING, USE_PDL=self.use_pdl, num_warps=4,
+            HAS_NORM=self.has_norm, LOGITS=LOGITS, RING=RING, TICKET_BITS=TICKET_BITS, USE_PDL=self.use_pdl,
+            num_warps=4,
             **pdl_kwargs(self.use_pdl),
         )  # fmt: skip

@@ -1,6 +1,7 @@
 """The greedy head alone, whole (lm_head) against its int8 screen (kernels/lm_head_screen.py) in a few block
-shapes: us a call in a CUDA graph, GB/s of the bytes each reads, and how many candidate rows the screen left
-(GPU only).
+shapes: us a call in a CUDA graph, GB/s of the bytes each reads, and how many candidate rows the screen left;
+then the sampled head at the page's temperature (0.2), whole against screened, with and without the candidate
+tally the runner reads (GPU only).
 
     python scripts/head_screen_probe.py --model llama-3.2-1b [--steps 64] [--json out.json]
 
@@ -21,7 +22,7 @@ import torch  # noqa: E402
 from inference.bench import build_model, cuda_missing, measure_bandwidth, median_ms  # noqa: E402
 from inference.fast.runner import FastRunner  # noqa: E402
 from kernels.lm_head import lm_head  # noqa: E402
-from kernels.lm_head_screen import screened_argmax  # noqa: E402
+from kernels.lm_head_screen import screened_argmax, screened_logits  # noqa: E402
 
 SHAPES = ({}, {"block_n": 4}, {"block_n": 8}, {"block_n": 16}, {"row_blocks": 2}, {"row_blocks": 8},
           {"block_n": 16, "row_blocks": 2}, {"num_warps": 8}, {"block_n": 16, "num_warps": 8}, {"slice_rows": 256},
@@ -36,6 +37,30 @@ def timed(fn) -> float:
         for _ in range(16):
             fn()
     return median_ms(graph.replay, repeats=20) * 1e3 / 16
+
+
+def sampled_rows(runner, head_x, head_norm, full_bytes: int, screen_bytes: int, keep_pos) -> list[dict]:
+    """The head of a sampled step at temperature 0.2 (no penalty): lm_head's logits, and the screened logits
+    without and with the candidate tally (screened_logits' candidate_ring, which FastRunner reads)."""
+    cfg = runner.cfg
+    runner.sampling.copy_(torch.tensor([0.2, 0.0, 0.95, 1.0]))
+    common = {"norm_weight": head_norm, "eps": cfg.norm_eps, "vocab_limit": runner.vocab_limit,
+              "use_pdl": runner.use_pdl}  # fmt: skip
+    screened = {"seen": runner.seen, "params": runner.sampling, **common}
+    rows = [{"head": "lm_head, sampled (logits)", "bytes": full_bytes,
+             "us": timed(lambda: lm_head(head_x, runner.head_weight, runner.logits, runner.head_scratch,
+                                         greedy=False, **common))}]  # fmt: skip
+    for ring in (None, runner.host_candidates):
+
+        def run(ring=ring) -> None:
+            screened_logits(head_x, runner.head_weight, runner.head_screen, runner.screen_scratch, runner.logits,
+                            candidate_ring=ring, pos=runner.pos, **screened)  # fmt: skip
+
+        us = keep_pos(timed(run))
+        kept = int((runner.logits > float("-inf")).sum())
+        name = "screened_logits, T 0.2" + (", candidate tally" if ring is not None else "")
+        rows.append({"head": f"{name} ({kept} rows read again)", "bytes": screen_bytes, "us": us})
+    return rows
 
 
 def main() -> int:
@@ -82,6 +107,7 @@ def main() -> int:
             rows.append({"head": f"screen {shape or 'default'}", "bytes": screen_bytes, "us": us})
         except Exception as e:  # one failing shape must not lose the others
             rows.append({"head": f"screen {shape}", "error": f"{type(e).__name__}: {e}".splitlines()[0]})
+    rows += sampled_rows(runner, head_x, head_norm, full_bytes, screen_bytes, keep_pos)
     print(f"{args.model} ({args.init or 'random'}): read bandwidth {read_gbs:,.0f} GB/s; candidates a step over "
           f"{args.steps} steps: median {statistics.median(candidates)}, max {max(candidates)}")  # fmt: skip
     for r in rows:

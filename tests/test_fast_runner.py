@@ -7,6 +7,7 @@ from kernel_testing import DEVICE, ON_GPU
 import inference.fast.runner as fast_runner
 from inference.config import ModelConfig
 from inference.events import SamplingParams
+from inference.fast.head_choice import MIN_STEPS
 from inference.fast.runner import RING, FastRunner, block_spec, prefetch_overrides, reduction
 from inference.model import KVCache, Transformer
 from inference.presets import preset_config
@@ -182,6 +183,32 @@ def test_sampled_steps_take_the_screen_up_to_a_temperature(monkeypatch):
     monkeypatch.delenv("KOG_HEAD_SCREEN_SAMPLED")
     with pytest.raises(ValueError, match="built without the head screen"):
         FastRunner(model, 32, head_screen=False).decode_step(greedy=False, screen=True)
+
+
+def test_a_sampled_request_on_flat_logits_leaves_the_screen(monkeypatch):
+    # random weights: every row lies within reach of the page's draw, so a screened step reads the head twice over;
+    # the request leaves the screen once MIN_STEPS steps have said so and draws on from the whole head: the same
+    # tokens as a runner without the screen, throughout
+    model = make_model("tiny-qwen3", seed=13)
+    prompt, params = (
+        [2, 7, 1, 8, 2, 8],
+        SamplingParams(max_new_tokens=10, temperature=0.2, top_p=0.95, seed=6),
+    )
+    whole = list(FastRunner(model, 64, head_screen=False).generate_tokens(prompt, params))
+    runner = FastRunner(model, 64, head_screen=True)
+    assert list(runner.generate_tokens(prompt, params)) == whole
+    assert runner.screen_left_at == len(prompt) + MIN_STEPS
+    assert runner._candidates(len(prompt) + 1) == model.cfg.vocab_size
+    list(runner.generate_tokens(prompt, SamplingParams(max_new_tokens=3)))
+    assert runner.screen_left_at is None, "a greedy request reads no counts"
+    monkeypatch.setenv("KOG_HEAD_SCREEN_LEAVE", "1")  # never leave
+    runner = FastRunner(model, 64, head_screen=True)
+    assert list(runner.generate_tokens(prompt, params)) == whole
+    assert runner.screen_left_at is None
+    for bad in ("most", "1.5"):
+        monkeypatch.setenv("KOG_HEAD_SCREEN_LEAVE", bad)
+        with pytest.raises(ValueError, match="KOG_HEAD_SCREEN_LEAVE"):
+            FastRunner(model, 64, head_screen=True)
 
 
 def test_lane_groups_are_the_default_on_a_gpu_for_large_layers():

@@ -154,6 +154,34 @@ def test_the_sampled_screen_keeps_every_row_that_can_weigh_in_the_draw(dtype, te
         assert int(kept.sum()) < vocab // 2, "random rows: the screen leaves most of them out"
 
 
+@pytest.mark.parametrize("slice_rows", [None, 16])
+def test_the_host_ring_gets_each_steps_candidate_count(slice_rows):
+    """candidate_ring[(pos + 1) % R] receives the rows the step read again (those whose logits are written), and
+    the tally starts from zero at the next launch: a peaked input, a flat one, then the peaked one again."""
+    vocab, k = 700, 64
+    gen = torch.Generator().manual_seed(3)
+    w = randn(vocab, k, scale=k**-0.5, gen=gen)
+    peaked = 40.0 * w[123].float() / w[123].float().norm()  # row 123 far above the rest
+    flat = torch.zeros(k, device=DEVICE)  # every logit 0: every row a candidate
+    screen, scratch = HeadScreen.build(w), ScreenScratch(vocab, DEVICE)
+    seen = torch.zeros(vocab, dtype=torch.bool, device=DEVICE)
+    params = torch.tensor([0.2, 0.0, 1.0, 1.0], device=DEVICE)
+    ring = torch.full((4,), -1, dtype=torch.int32, pin_memory=ON_GPU)
+    counts = []
+    for step, x in enumerate((peaked, flat, peaked)):
+        logits = torch.empty(vocab, dtype=torch.float32, device=DEVICE)
+        screened_logits(x, w, screen, scratch, logits, seen=seen, params=params, candidate_ring=ring,
+                        pos=device_ints(step + 5), slice_rows=slice_rows)  # fmt: skip
+        if ON_GPU:
+            torch.cuda.synchronize()
+        counts.append(int(ring[(step + 6) % 4]))
+        assert counts[-1] == int((logits > float("-inf")).sum())
+        assert int(scratch.tally.item()) == 0
+    assert counts[0] == counts[2] and 1 <= counts[0] < vocab // 10
+    assert counts[1] == vocab
+    assert ring[(5 + 0) % 4] == -1, "only the step's slots are written"
+
+
 @pytest.mark.parametrize("temperature,top_p,penalty", [(0.2, 0.95, 1.0), (0.3, 1.0, 1.2), (0.0, 1.0, 1.3)])
 def test_the_sampler_draws_the_same_tokens_from_the_screened_logits(temperature, top_p, penalty):
     vocab, k = 900, 128
@@ -199,6 +227,12 @@ def test_bad_arguments_are_refused():
         screened_logits(x, w, screen, scratch, logits, seen=seen.int(), params=params)
     with pytest.raises(ValueError, match="params: expected"):
         screened_logits(x, w, screen, scratch, logits, seen=seen, params=params.double())
+    ring = torch.zeros(4, dtype=torch.int32)
+    with pytest.raises(ValueError, match="candidate_ring"):
+        screened_logits(x, w, screen, scratch, logits, seen=seen, params=params, candidate_ring=ring)
+    with pytest.raises(ValueError, match="candidate_ring"):
+        screened_logits(x, w, screen, scratch, logits, seen=seen, params=params, candidate_ring=ring.long(),
+                        pos=pos)  # fmt: skip
 
 
 @pytest.mark.gpu

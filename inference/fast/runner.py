@@ -7,7 +7,8 @@ A decode step is five kernels a layer (model.py's math, fused):
     rmsnorm_gemv       ffn norm + gate/up + SiLU
     lane_reduce_gemv   down-proj + reduction + residual add
 then the head: final_norm (L > 1 only) and lm_head (norm, logits, argmax, token and position bookkeeping), or for
-greedy steps on a GPU lm_head_screen (the same argmax from an int8 copy of the head and the candidate rows).
+greedy steps on a GPU lm_head_screen (the same argmax from an int8 copy of the head and the candidate rows); sampled
+steps at low temperatures read the screen too, until a request's logits turn out flat (inference/fast/head_choice.py).
 
 The step reads its token and position from device buffers and leaves the next ones there, so it is captured
 once as a CUDA graph and replayed per token. The host never waits on the token it is about to launch for:
@@ -37,6 +38,7 @@ import torch
 
 from inference.config import ModelConfig
 from inference.events import SamplingParams
+from inference.fast.head_choice import BREAK_EVEN_SHARE, ScreenWatch
 from inference.fast.prefill import block_overrides, forward_prompt
 from inference.model import KVCache, Transformer
 from kernels import hopper_features
@@ -257,6 +259,9 @@ class FastRunner:
         self.sampling = zeros(4)  # temperature, top_k, top_p, repetition_penalty
         self.sample_seed = zeros(1, dtype=torch.int64)  # the request's: its draws are a function of it
         self.sample_scratch = SampleScratch(cfg.vocab_size, device)
+        # A screened sampled step's candidate count, at its token's slot (pinned on a GPU, below): head_choice.
+        self.host_candidates = zeros(RING, dtype=torch.int32)
+        self.screen_left_at: int | None = None  # generate_tokens' last request, for tests and the benchmark
         self.cache = KVCache(cfg, max_context, 1, device, dtype)
         group = cfg.num_heads // cfg.num_kv_heads
         # KOG_ATTN_SPLITS / KOG_ATTN_BLOCK_T / KOG_ATTN_WARPS (or the `attention` argument's splits, block_t,
@@ -332,6 +337,17 @@ class FastRunner:
             self.sampled_screen_temperature = float(setting) if setting else SAMPLED_SCREEN_TEMPERATURE
         except ValueError:
             raise ValueError(f"KOG_HEAD_SCREEN_SAMPLED: expected a temperature, got {setting!r}") from None
+        # A sampled request leaves the screen once its steps read again more than this share of the vocabulary
+        # (head_choice.ScreenWatch; KOG_HEAD_SCREEN_LEAVE=share, 1: never).
+        setting = os.environ.get("KOG_HEAD_SCREEN_LEAVE", "")
+        try:
+            self.screen_leave_share = float(setting) if setting else BREAK_EVEN_SHARE
+        except ValueError:
+            raise ValueError(
+                f"KOG_HEAD_SCREEN_LEAVE: expected a share of the vocabulary, got {setting!r}"
+            ) from None
+        if not 0 <= self.screen_leave_share <= 1:
+            raise ValueError(f"KOG_HEAD_SCREEN_LEAVE: expected a share in [0, 1], got {setting!r}")
         self.whole = LaneGroup(0, lanes, self.layers, self.x, self.qkv, self.attn, self.h, slice(None),
                                cfg.num_heads, self.attn_scratch)  # fmt: skip
         # KOG_LANE_GROUPS=groups=2 (or the `lane_groups` argument): see the module docstring.
@@ -364,6 +380,7 @@ class FastRunner:
             self.prompt_host = torch.zeros(max_context + 1, dtype=torch.long, pin_memory=True)
             self.prompt_copied = torch.cuda.Event()
             self.host_tokens = torch.zeros(RING, dtype=torch.int32, pin_memory=True)
+            self.host_candidates = torch.zeros(RING, dtype=torch.int32, pin_memory=True)
             self.token_events = [torch.cuda.Event() for _ in range(RING)]
             self.capture(greedy=True)
             for bucket in self.prefill_buckets:
@@ -455,7 +472,8 @@ class FastRunner:
         if screen:  # the logits of the rows that can weigh in the draw, -inf elsewhere
             screened_logits(head_x, self.head_weight, self.head_screen, self.screen_scratch, self.logits,
                             seen=self.seen, params=self.sampling, norm_weight=head_norm, eps=eps,
-                            vocab_limit=self.vocab_limit, use_pdl=pdl)  # fmt: skip
+                            vocab_limit=self.vocab_limit, candidate_ring=self.host_candidates, pos=self.pos,
+                            use_pdl=pdl)  # fmt: skip
         else:
             lm_head(head_x, self.head_weight, self.logits, self.head_scratch, norm_weight=head_norm, eps=eps,
                     greedy=greedy, vocab_limit=self.vocab_limit, token=self.token, pos=self.pos,
@@ -639,6 +657,11 @@ class FastRunner:
             return False
         return params.greedy or params.temperature <= self.sampled_screen_temperature
 
+    def _candidates(self, position: int) -> int:
+        """The rows a screened sampled step read again in bf16, by the position of the token it drew (that token's
+        slot of the ring; the step has finished)."""
+        return int(self.host_candidates[position % RING])
+
     def _graph_of(self, run) -> torch.cuda.CUDAGraph:
         """run() captured as a CUDA graph, after one eager call on a side stream (every kernel compiled outside
         the capture)."""
@@ -729,6 +752,9 @@ class FastRunner:
         budget = min(params.max_new_tokens, self.max_context - len(prompt_ids))
         greedy = params.greedy and params.repetition_penalty == 1
         screen = self.uses_screen(params)
+        # sampled steps through the screen report their candidates; flat logits send the request to the whole head
+        watch = ScreenWatch(self.cfg.vocab_size, self.screen_leave_share) if screen and not greedy else None
+        self.screen_left_at = None  # the position whose step's count made this request leave the screen
         self.sampling.copy_(torch.tensor([params.temperature, params.top_k, params.top_p,
                                           params.repetition_penalty]))  # fmt: skip
         # A seed repeats its tokens; without one each request draws its own (from torch's CPU generator).
@@ -742,31 +768,39 @@ class FastRunner:
         if first in stop_ids or budget <= 1:
             return
         if self.device.type != "cuda":
-            for _ in range(budget - 1):
+            for step in range(1, budget):
                 self.decode_step(greedy, screen)
                 token = int(self.token.item())
+                position = len(prompt_ids) + step
+                if watch is not None and not watch.keeps_screen(self._candidates(position)):
+                    screen, watch, self.screen_left_at = False, None, position
                 yield token
                 if token in stop_ids:
                     return
             return
 
         graph = self.capture(greedy, screen=screen)
-        pending: deque[int] = deque()
+        if watch is not None:
+            self.capture(greedy, screen=False)  # ready before a switch, which must not wait on a capture
+        pending: deque[int] = deque()  # positions whose tokens are on their way
         launched = 1
         while True:
             # Keep the GPU LOOKAHEAD steps ahead of the caller; it never waits for the host.
             while launched < budget and len(pending) < LOOKAHEAD:
                 graph.replay()
                 # the step's last kernel (head or sampler) wrote position p's token at slot p % RING
-                slot = (len(prompt_ids) + launched) % RING
-                self.token_events[slot].record()
-                pending.append(slot)
+                position = len(prompt_ids) + launched
+                self.token_events[position % RING].record()
+                pending.append(position)
                 launched += 1
             if not pending:
                 return
-            slot = pending.popleft()
-            self.token_events[slot].synchronize()
-            token = int(self.host_tokens[slot])
+            position = pending.popleft()
+            self.token_events[position % RING].synchronize()
+            token = int(self.host_tokens[position % RING])
+            # steps already queued keep the screen; those launched from here on read the whole head
+            if watch is not None and not watch.keeps_screen(self._candidates(position)):
+                graph, watch, self.screen_left_at = self.capture(greedy, screen=False), None, position
             yield token
             if token in stop_ids:
                 return

@@ -418,7 +418,9 @@ def screened_logits(
     Gumbel-max race over the same logits and noise) is the whole head's except with at most that probability.
     At T = 0 (greedy with a penalty) the argmax is exact. The higher the temperature the more rows are read
     again: on models/default 12 of 8,192 a step at 0.2 (median), 1,309 at 0.5, nearly all at 0.7, where the whole
-    bf16 head (lm_head) is cheaper; which to use is the caller's choice (FastRunner.uses_screen).
+    bf16 head (lm_head) is cheaper, as it is on flat logits at any temperature; which to use is the caller's choice
+    (FastRunner.uses_screen by the temperature, then inference/fast/head_choice.py by the counts candidate_ring
+    returns).
 
     logits: [V] fp32; seen: [V] bool; params: fp32 [4] as kernels/sample.py's (temperature, top_k, top_p,
     penalty); candidate_ring: an int32 tensor [R] (pinned host memory on a GPU) that receives the number of rows
@@ -502,12 +504,10 @@ class _ScreenLaunch:
         scratch, head = self.scratch, self.scratch.head
         _rescore_kernel[(self.programs,)](
             self.x, self.norm, self.weight, scratch.hi, scratch.lo_max, logits, seen, params, scratch.tally,
-            head.best_val,
-            head.best_idx, head.counter, token, pos, out_tokens, ring,
+            head.best_val, head.best_idx, head.counter, token, pos, out_tokens, ring,
             self.weight.shape[0], self.screens, self.eps, tail_nats,
             K=self.weight.shape[1], BLOCK_K=self.block_k, SLICE=self.slice_rows, CAP=self.cap,
             SCREENS=triton.next_power_of_2(self.screens), GROUP=group, MAX_GROUPS=MAX_GROUPS,
             HAS_NORM=self.has_norm, LOGITS=LOGITS, RING=RING, TICKET_BITS=TICKET_BITS, USE_PDL=self.use_pdl,
-            num_warps=4,
-            **pdl_kwargs(self.use_pdl),
+            num_warps=4, **pdl_kwargs(self.use_pdl),
         )  # fmt: skip

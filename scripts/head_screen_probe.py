@@ -39,9 +39,10 @@ def timed(fn) -> float:
     return median_ms(graph.replay, repeats=20) * 1e3 / 16
 
 
-def sampled_rows(runner, head_x, head_norm, full_bytes: int, screen_bytes: int, keep_pos) -> list[dict]:
+def sampled_rows(runner, head_x, head_norm, full_bytes: int, screen_bytes: int) -> list[dict]:
     """The head of a sampled step at temperature 0.2 (no penalty): lm_head's logits, and the screened logits
-    without and with the candidate tally (screened_logits' candidate_ring, which FastRunner reads)."""
+    without and with the candidate tally (screened_logits' candidate_ring, which FastRunner reads); neither
+    moves the position."""
     cfg = runner.cfg
     runner.sampling.copy_(torch.tensor([0.2, 0.0, 0.95, 1.0]))
     common = {"norm_weight": head_norm, "eps": cfg.norm_eps, "vocab_limit": runner.vocab_limit,
@@ -56,7 +57,7 @@ def sampled_rows(runner, head_x, head_norm, full_bytes: int, screen_bytes: int, 
             screened_logits(head_x, runner.head_weight, runner.head_screen, runner.screen_scratch, runner.logits,
                             candidate_ring=ring, pos=runner.pos, **screened)  # fmt: skip
 
-        us = keep_pos(timed(run))
+        us = timed(run)
         kept = int((runner.logits > float("-inf")).sum())
         name = "screened_logits, T 0.2" + (", candidate tally" if ring is not None else "")
         rows.append({"head": f"{name} ({kept} rows read again)", "bytes": screen_bytes, "us": us})
@@ -107,7 +108,7 @@ def main() -> int:
             rows.append({"head": f"screen {shape or 'default'}", "bytes": screen_bytes, "us": us})
         except Exception as e:  # one failing shape must not lose the others
             rows.append({"head": f"screen {shape}", "error": f"{type(e).__name__}: {e}".splitlines()[0]})
-    rows += sampled_rows(runner, head_x, head_norm, full_bytes, screen_bytes, keep_pos)
+    rows += sampled_rows(runner, head_x, head_norm, full_bytes, screen_bytes)
     print(f"{args.model} ({args.init or 'random'}): read bandwidth {read_gbs:,.0f} GB/s; candidates a step over "
           f"{args.steps} steps: median {statistics.median(candidates)}, max {max(candidates)}")  # fmt: skip
     for r in rows:

@@ -211,6 +211,21 @@ def test_a_sampled_request_on_flat_logits_leaves_the_screen(monkeypatch):
             FastRunner(model, 64, head_screen=True)
 
 
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs")
+def test_a_built_runner_holds_every_graph_a_request_replays():
+    # no request waits on a compile or a capture, not even one that leaves the screen mid-way
+    model = make_model("tiny-qwen3", seed=13)
+    runner = FastRunner(model, 64, head_screen=True)
+    built = set(runner.graphs)
+    assert built == {(True, True, 1), (False, False, 1), (False, True, 1)}
+    list(runner.generate_tokens([1, 2, 3], SamplingParams(max_new_tokens=14, temperature=0.2, seed=1)))
+    assert runner.screen_left_at is not None  # flat logits: it went on with the whole head's graph
+    for params in (SamplingParams(max_new_tokens=4, temperature=0.9, seed=2), SamplingParams(max_new_tokens=4),
+                   SamplingParams(max_new_tokens=4, repetition_penalty=1.2)):  # fmt: skip
+        list(runner.generate_tokens([1, 2, 3], params))
+    assert set(runner.graphs) == built
+
+
 def test_lane_groups_are_the_default_on_a_gpu_for_large_layers():
     # two streams pay only where they run at once (not under the interpreter) and where a layer's kernels stream
     # long enough (not launch-bound): ~54 MB a layer in bf16 here

@@ -382,7 +382,12 @@ class FastRunner:
             self.host_tokens = torch.zeros(RING, dtype=torch.int32, pin_memory=True)
             self.host_candidates = torch.zeros(RING, dtype=torch.int32, pin_memory=True)
             self.token_events = [torch.cuda.Event() for _ in range(RING)]
+            # Every step graph a request can replay, so that none waits on a kernel's compile or a capture: greedy,
+            # sampled through the whole head, and sampled through the screen (which a request may leave mid-way).
             self.capture(greedy=True)
+            self.capture(greedy=False, screen=False)
+            if self.head_screen is not None:
+                self.capture(greedy=False, screen=True)
             for bucket in self.prefill_buckets:
                 self.prefill_graphs[bucket] = self._capture_prefill(bucket)
 
@@ -722,7 +727,8 @@ class FastRunner:
             self.out_tokens[n : n + 1].copy_(token)
             self.pos.add_(1)
         else:
-            self._sample_next()
+            # with the ring, as the step graphs call it: the same compiled kernels, none built on a first request
+            self._sample_next(self.host_tokens if self.device.type == "cuda" else None)
 
     def _stage_prompt(self, prompt_ids: list[int]) -> None:
         """[n - 1, ids...] into prompt_staged, without waiting for the GPU. The host is the limit at a long
@@ -779,9 +785,7 @@ class FastRunner:
                     return
             return
 
-        graph = self.capture(greedy, screen=screen)
-        if watch is not None:
-            self.capture(greedy, screen=False)  # ready before a switch, which must not wait on a capture
+        graph = self.capture(greedy, screen=screen)  # captured when the runner was built
         pending: deque[int] = deque()  # positions whose tokens are on their way
         launched = 1
         while True:
@@ -798,7 +802,8 @@ class FastRunner:
             position = pending.popleft()
             self.token_events[position % RING].synchronize()
             token = int(self.host_tokens[position % RING])
-            # steps already queued keep the screen; those launched from here on read the whole head
+            # steps already queued keep the screen; those launched from here on read the whole head (its graph
+            # exists: the switch waits on no capture)
             if watch is not None and not watch.keeps_screen(self._candidates(position)):
                 graph, watch, self.screen_left_at = self.capture(greedy, screen=False), None, position
             yield token

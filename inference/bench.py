@@ -834,9 +834,8 @@ def main(argv: list[str] | None = None) -> int:
     # bf16 head: the like-for-like figure against the ceiling) and the other PDL setting, for comparison.
     runner = FastRunner(model, max_context)
     pdl = "PDL" if runner.use_pdl else "no PDL"
-    if (
-        runner.head_screen is not None
-    ):  # the screen's copy and the bounds it writes and reads, for the bf16 head
+    if runner.head_screen is not None:
+        # the screen's copy and the bounds it writes and reads, instead of the bf16 head
         head_bytes = runner.head_weight.numel() * runner.head_weight.element_size()
         result["screened_bytes_per_token"] = (
             result["bytes_per_token"] - head_bytes + runner.head_screen.nbytes + 8 * cfg.vocab_size

@@ -445,12 +445,12 @@ def screened_logits(
         raise ValueError(f"candidate_ring: {launch.programs} rescoring programs, the tally counts under "
                          f"{1 << TICKET_BITS}")  # fmt: skip
     launch.screen()
-    counter = scratch.head.counter  # unused pointers of the argmax
+    counter = scratch.head.counter  # unused pointers of the argmax (and of the tally without a ring)
+    ring, pos, ring_size = (candidate_ring, pos, candidate_ring.numel()) if candidate_ring is not None else (
+        counter, counter, 0)  # fmt: skip
     launch.rescore(
         logits=logits, seen=seen, params=params, tail_nats=math.log(weight.shape[0]) + TAIL_BITS * math.log(2),
-        token=counter, pos=pos if candidate_ring is not None else counter, out_tokens=counter,
-        ring=candidate_ring if candidate_ring is not None else counter, group=1,
-        RING=candidate_ring.numel() if candidate_ring is not None else 0, LOGITS=True,
+        token=counter, pos=pos, out_tokens=counter, ring=ring, group=1, RING=ring_size, LOGITS=True,
     )  # fmt: skip
     return logits
 

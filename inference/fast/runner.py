@@ -142,6 +142,20 @@ def env_then_argument(env_name: str, argument: dict[str, int] | None, kinds, wha
             **kind_overrides(argument or {}, kinds, what, switches)}  # fmt: skip
 
 
+def env_number(
+    env_name: str, default: float, what: str, low: float = float("-inf"), high: float = float("inf")
+) -> float:
+    """A number from the environment (unset: default), refused unless it is one in [low, high]."""
+    setting = os.environ.get(env_name, "")
+    try:
+        value = float(setting) if setting else default
+    except ValueError:
+        raise ValueError(f"{env_name}: expected {what}, got {setting!r}") from None
+    if not low <= value <= high:
+        raise ValueError(f"{env_name}: expected {what} in [{low:g}, {high:g}], got {setting!r}")
+    return value
+
+
 def prefetch_overrides(spec: str | dict[str, int]) -> dict[str, int]:
     """KOG_PREFETCH's form (or a dict): weight tiles before the wait by kind (DEFAULT_PREFETCH's kinds)."""
     return kind_overrides(spec, DEFAULT_PREFETCH)
@@ -331,23 +345,12 @@ class FastRunner:
         self.head_screen = HeadScreen.build(self.head_weight) if head_screen else None
         self.screen_scratch = ScreenScratch(cfg.vocab_size, device) if head_screen else None
         # Sampled steps go through the screen up to this temperature (uses_screen); KOG_HEAD_SCREEN_SAMPLED=T
-        # overrides it (-1: never).
-        setting = os.environ.get("KOG_HEAD_SCREEN_SAMPLED", "")
-        try:
-            self.sampled_screen_temperature = float(setting) if setting else SAMPLED_SCREEN_TEMPERATURE
-        except ValueError:
-            raise ValueError(f"KOG_HEAD_SCREEN_SAMPLED: expected a temperature, got {setting!r}") from None
-        # A sampled request leaves the screen once its steps read again more than this share of the vocabulary
-        # (head_choice.ScreenWatch; KOG_HEAD_SCREEN_LEAVE=share, 1: never).
-        setting = os.environ.get("KOG_HEAD_SCREEN_LEAVE", "")
-        try:
-            self.screen_leave_share = float(setting) if setting else BREAK_EVEN_SHARE
-        except ValueError:
-            raise ValueError(
-                f"KOG_HEAD_SCREEN_LEAVE: expected a share of the vocabulary, got {setting!r}"
-            ) from None
-        if not 0 <= self.screen_leave_share <= 1:
-            raise ValueError(f"KOG_HEAD_SCREEN_LEAVE: expected a share in [0, 1], got {setting!r}")
+        # overrides it (-1: never). A sampled request leaves the screen once its steps read again more than
+        # a share of the vocabulary (head_choice.ScreenWatch; KOG_HEAD_SCREEN_LEAVE=share, 1: never).
+        self.sampled_screen_temperature = env_number(
+            "KOG_HEAD_SCREEN_SAMPLED", SAMPLED_SCREEN_TEMPERATURE, "a temperature"
+        )
+        self.screen_leave_share = env_number("KOG_HEAD_SCREEN_LEAVE", BREAK_EVEN_SHARE, "a share", 0, 1)
         self.whole = LaneGroup(0, lanes, self.layers, self.x, self.qkv, self.attn, self.h, slice(None),
                                cfg.num_heads, self.attn_scratch)  # fmt: skip
         # KOG_LANE_GROUPS=groups=2 (or the `lane_groups` argument): see the module docstring.
@@ -468,7 +471,7 @@ class FastRunner:
         else:
             head_x, head_norm = self.x[0], self.final_norm_weight[0]
         # The step's token also lands in the host's pinned ring (generate_tokens), from the head or the sampler.
-        ring = self.host_tokens if self.device.type == "cuda" else None
+        ring = self.token_ring
         if screen and greedy:  # the token without the logits
             screened_argmax(head_x, self.head_weight, self.head_screen, self.screen_scratch, token=self.token,
                             pos=self.pos, out_tokens=self.out_tokens, norm_weight=head_norm, eps=eps,
@@ -662,6 +665,11 @@ class FastRunner:
             return False
         return params.greedy or params.temperature <= self.sampled_screen_temperature
 
+    @property
+    def token_ring(self) -> torch.Tensor | None:
+        """The host's pinned ring the step's last kernel writes its token into (on a GPU; None on the CPU)."""
+        return self.host_tokens if self.device.type == "cuda" else None
+
     def _candidates(self, position: int) -> int:
         """The rows a screened sampled step read again in bf16, by the position of the token it drew (that token's
         slot of the ring; the step has finished)."""
@@ -728,7 +736,7 @@ class FastRunner:
             self.pos.add_(1)
         else:
             # with the ring, as the step graphs call it: the same compiled kernels, none built on a first request
-            self._sample_next(self.host_tokens if self.device.type == "cuda" else None)
+            self._sample_next(self.token_ring)
 
     def _stage_prompt(self, prompt_ids: list[int]) -> None:
         """[n - 1, ids...] into prompt_staged, without waiting for the GPU. The host is the limit at a long

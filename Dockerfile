@@ -27,8 +27,8 @@ print('\n'.join(p['dependencies'] + p['optional-dependencies']['gpu']))" > /tmp/
 
 COPY . .
 RUN useradd --create-home --uid 1000 kog \
-    && mkdir -p /app/var /models \
-    && chown kog /app/var /models
+    && mkdir -p /app/var /app/cache /models \
+    && chown kog /app/var /app/cache /models
 USER kog
 
 EXPOSE 8000

@@ -54,6 +54,22 @@ def test_compose_runs_redis_web_and_a_gpu_worker_from_one_image():
     assert ".venv" in ignored and "var" in ignored
 
 
+def test_worker_keeps_its_compiled_kernels_in_a_named_volume_it_can_write():
+    compose = YAML(typ="safe").load(COMPOSE.read_text())
+    worker = compose["services"]["worker"]
+    cache_dir = Path(worker["environment"]["TRITON_CACHE_DIR"])
+    mounts = dict(reversed(volume.split(":")[:2]) for volume in worker["volumes"])  # container path -> source
+    mount_point = next(Path(path) for path in mounts if cache_dir.is_relative_to(path))
+    assert mounts[str(mount_point)] in compose["volumes"]  # a named volume, kept across restarts and rebuilds
+    # The worker runs as kog: a fresh named volume takes the owner of the image's folder at its mount point.
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert (
+        f"mkdir -p /app/var {mount_point} " in dockerfile
+        and f"chown kog /app/var {mount_point} " in dockerfile
+    )
+    assert dockerfile.index("chown kog") < dockerfile.index("USER kog")
+
+
 def healthcheck(role: str, env: dict) -> int:
     return subprocess.run(
         [sys.executable, "scripts/healthcheck.py", role], cwd=ROOT, env={**os.environ, **env}, timeout=30

@@ -273,8 +273,8 @@ class FastRunner:
         self.sampling = zeros(4)  # temperature, top_k, top_p, repetition_penalty
         self.sample_seed = zeros(1, dtype=torch.int64)  # the request's: its draws are a function of it
         self.sample_scratch = SampleScratch(cfg.vocab_size, device)
-        # A screened sampled step's candidate count, at its token's slot (pinned on a GPU, below): head_choice.
-        self.host_candidates = zeros(RING, dtype=torch.int32)
+        # A screened sampled step's candidate count, at its token's slot (pinned host memory on a GPU): head_choice.
+        self.host_candidates = torch.zeros(RING, dtype=torch.int32, pin_memory=device.type == "cuda")
         self.screen_left_at: int | None = None  # generate_tokens' last request, for tests and the benchmark
         self.cache = KVCache(cfg, max_context, 1, device, dtype)
         group = cfg.num_heads // cfg.num_kv_heads
@@ -383,7 +383,6 @@ class FastRunner:
             self.prompt_host = torch.zeros(max_context + 1, dtype=torch.long, pin_memory=True)
             self.prompt_copied = torch.cuda.Event()
             self.host_tokens = torch.zeros(RING, dtype=torch.int32, pin_memory=True)
-            self.host_candidates = torch.zeros(RING, dtype=torch.int32, pin_memory=True)
             self.token_events = [torch.cuda.Event() for _ in range(RING)]
             # Every step graph a request can replay, so that none waits on a kernel's compile or a capture: greedy,
             # sampled through the whole head, and sampled through the screen (which a request may leave mid-way).
@@ -675,6 +674,14 @@ class FastRunner:
         slot of the ring; the step has finished)."""
         return int(self.host_candidates[position % RING])
 
+    def _leaves_screen(self, watch: ScreenWatch, position: int) -> bool:
+        """Feeds `watch` the count of the step that drew position's token; True, with screen_left_at set, when the
+        request leaves the screen."""
+        if watch.keeps_screen(self._candidates(position)):
+            return False
+        self.screen_left_at = position
+        return True
+
     def _graph_of(self, run) -> torch.cuda.CUDAGraph:
         """run() captured as a CUDA graph, after one eager call on a side stream (every kernel compiled outside
         the capture)."""
@@ -786,8 +793,8 @@ class FastRunner:
                 self.decode_step(greedy, screen)
                 token = int(self.token.item())
                 position = len(prompt_ids) + step
-                if watch is not None and not watch.keeps_screen(self._candidates(position)):
-                    screen, watch, self.screen_left_at = False, None, position
+                if watch is not None and self._leaves_screen(watch, position):
+                    screen, watch = False, None
                 yield token
                 if token in stop_ids:
                     return
@@ -812,8 +819,8 @@ class FastRunner:
             token = int(self.host_tokens[position % RING])
             # steps already queued keep the screen; those launched from here on read the whole head (its graph
             # exists: the switch waits on no capture)
-            if watch is not None and not watch.keeps_screen(self._candidates(position)):
-                graph, watch, self.screen_left_at = self.capture(greedy, screen=False), None, position
+            if watch is not None and self._leaves_screen(watch, position):
+                graph, watch = self.capture(greedy, screen=False), None
             yield token
             if token in stop_ids:
                 return

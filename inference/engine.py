@@ -34,14 +34,13 @@ from inference.events import (
     decode_tok_s,
 )
 from inference.model import Transformer
+from inference.names import default_model, served_name
 from inference.presets import PRESETS
 from inference.runner import ReferenceRunner
 from inference.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-# The shipped model (trained by inference/train.py); the tiny synthetic preset stands in until it exists.
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "default"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_MAX_CONTEXT = int(
     os.environ.get("KOG_MAX_CONTEXT", "4096")
@@ -50,10 +49,6 @@ DEFAULT_MAX_CONTEXT = int(
 # second thread makes a 10M-parameter model 1.4x faster on an idle machine but 20x slower when other
 # processes (web server, browser, tests) compete for the cores; KOG_CPU_THREADS overrides.
 SMALL_MODEL_BYTES = 200 * 1024**2
-
-
-def default_model() -> str:
-    return str(DEFAULT_MODEL_DIR) if (DEFAULT_MODEL_DIR / "config.json").is_file() else "tiny-laneformer"
 
 
 DEFAULT_MODEL = default_model()
@@ -164,7 +159,7 @@ class Engine:
     ) -> Engine:
         model = model or DEFAULT_MODEL
         path = resolve_model(model)
-        name = str(model) if str(model) in PRESETS else path.name
+        name = served_name(model)
         config = ModelConfig.from_hf(path)
         tokenizer = Tokenizer.from_dir(path)
         torch_device = parse_device(device)

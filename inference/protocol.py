@@ -153,10 +153,19 @@ class WorkerChannel:
     return 1
     """
 
+    # A popped job is claimed only while it is still queued: a reader may have failed it as lost, or
+    # a cancel ended it, between the pop and the claim. KEYS: job; ARGV: worker id, now. Returns the spec.
+    _CLAIM = """
+    if redis.call('HGET', KEYS[1], 'status') ~= 'queued' then return false end
+    redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[1], 'started', ARGV[2])
+    return redis.call('HGET', KEYS[1], 'spec')
+    """
+
     def __init__(self, r, worker_id: str, models: list[str]):
         self.r = r
         self.worker_id = worker_id
         self.models = models
+        self._claim = r.register_script(self._CLAIM)
         self._publish = r.register_script(self._PUBLISH)
         self._finish = r.register_script(self._FINISH)
 
@@ -177,14 +186,14 @@ class WorkerChannel:
     def next_job(self, timeout_s: float = 1.0) -> JobSpec | None:
         """Block for the next job of any served model; claim it (status running) before returning."""
         popped = self.r.blpop([queue_key(m) for m in self.models], timeout=timeout_s)
-        if popped is None:
-            return None
-        job_id = popped[1]
-        spec_json = self.r.hget(job_key(job_id), "spec")
-        if spec_json is None:  # expired or deleted while queued
-            return None
+        return None if popped is None else self.claim(popped[1])
+
+    def claim(self, job_id: str) -> JobSpec | None:
+        """Mark a popped job running on this worker and announce it; None when it is no longer queued."""
         now = time.time()
-        self.r.hset(job_key(job_id), mapping={"status": "running", "worker": self.worker_id, "started": now})
+        spec_json = self._claim(keys=[job_key(job_id)], args=[self.worker_id, now])
+        if spec_json is None:  # expired, deleted, cancelled or failed by a reader while queued
+            return None
         spec = JobSpec.from_json(spec_json)
         self.publish(job_id, "started", {"worker": self.worker_id, "queue_ms": (now - spec.created) * 1000})
         return spec
@@ -238,11 +247,20 @@ class JobClient:
     return live
     """
 
+    # A popped, unclaimed job marked lost, only while still queued (WorkerChannel._CLAIM's counterpart).
+    # KEYS: job. Returns 1 when this call marked it.
+    _MARK_LOST = """
+    if redis.call('HGET', KEYS[1], 'status') ~= 'queued' then return 0 end
+    redis.call('HSET', KEYS[1], 'status', 'error')
+    return 1
+    """
+
     def __init__(self, r, max_queue: int = 0):
         self.r = r
         self.max_queue = max_queue  # 0: unbounded
         self._submit = r.register_script(self._SUBMIT)
         self._live_workers = r.register_script(self._LIVE_WORKERS)
+        self._mark_lost = r.register_script(self._MARK_LOST)
 
     async def submit(self, spec: JobSpec) -> str:
         """Queue a job; returns its id. Raises QueueFull when the model's queue is at `max_queue`."""
@@ -282,7 +300,7 @@ class JobClient:
         and turns a dead worker or a lost job into an error event that every reader then sees.
         """
         last_position: tuple | None = None
-        waiting_since = time.monotonic()
+        popped_at: float | None = None  # when this reader first saw the job out of its queue but unclaimed
         seen_job = after != "0-0"  # a resumed reader knows the job existed
         while True:
             reply = await self.r.xread({events_key(job_id): after}, block=block_ms, count=512)
@@ -293,7 +311,6 @@ class JobClient:
                     yield entry_id, event_type, json.loads(fields["data"])
                     if event_type in TERMINAL:
                         return
-                waiting_since = time.monotonic()
                 seen_job = True
             if reply:
                 continue
@@ -310,15 +327,23 @@ class JobClient:
             if job["status"] == "queued":
                 position = await self.position(job_id, job["model"])
                 serving = [w for w in await self.workers() if job["model"] in w.get("models", [])]
-                if position is None and time.monotonic() - waiting_since > LOST_CLAIM_S:
-                    await self._fail_terminal(
-                        job_id, "error", _lost("was taken by a worker that never started it")
-                    )
+                # A worker claims what it pops within milliseconds; only a job popped and then left
+                # unclaimed for LOST_CLAIM_S (its worker died in between) is lost. The clock starts when
+                # the job leaves the queue, not when this reader began waiting behind others.
+                popped_at = (popped_at or time.monotonic()) if position is None else None
+                if popped_at is not None and time.monotonic() - popped_at > LOST_CLAIM_S:
+                    await self._fail_lost_claim(job_id)
                 elif (position, len(serving)) != last_position:
                     last_position = (position, len(serving))
                     yield "", "queue", {"position": position, "workers": len(serving)}
             elif job["status"] == "running" and not await self.r.exists(worker_key(job.get("worker", ""))):
                 await self._fail_terminal(job_id, "error", _lost("lost its worker mid-generation"))
+
+    async def _fail_lost_claim(self, job_id: str) -> None:
+        """Fail a popped job that no worker claimed, unless a worker claims it at this moment: the status is
+        set only while still queued (the worker's claim checks the same), so exactly one of the two wins."""
+        if await self._mark_lost(keys=[job_key(job_id)]):
+            await self._fail_terminal(job_id, "error", _lost("was taken by a worker that never started it"))
 
     async def _fail_terminal(self, job_id: str, event_type: str, data: dict) -> None:
         """Write a terminal event unless one is there already (several readers may race here)."""

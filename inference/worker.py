@@ -35,6 +35,7 @@ import redis
 
 from inference.events import Done, InvalidRequest, Prefilled, TextDelta
 from inference.logs import configure_logging, job_context
+from inference.names import configured_models
 from inference.protocol import HEARTBEAT_INTERVAL_S, JobSpec, WorkerChannel, connect
 from inference.standin import PREFIX as STANDIN_PREFIX
 from inference.standin import StandinEngine
@@ -312,17 +313,6 @@ def _release_gpu_memory() -> None:
             torch.cuda.empty_cache()
     except Exception:  # noqa: BLE001 - best effort after a failure
         pass
-
-
-def configured_models(cli_models: list[str] | None) -> list[str]:
-    if cli_models:
-        return cli_models
-    from_env = [m.strip() for m in os.environ.get("MODELS", "").split(",") if m.strip()]
-    if from_env:
-        return from_env
-    from inference.engine import DEFAULT_MODEL
-
-    return [str(DEFAULT_MODEL)]
 
 
 def load_engine(model: str, device: str | None, dtype: str | None):

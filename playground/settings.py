@@ -29,6 +29,7 @@ from pathlib import Path
 import dj_database_url
 
 from inference.logs import logging_config
+from inference.names import configured_models, served_name
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -115,7 +116,9 @@ CHANNEL_LAYERS = {
     "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}},
 }
 
-PLAYGROUND_MODELS = env_list("MODELS")
+# The names the workers serve MODELS under (the shipped default when MODELS is empty, as for the worker):
+# the models the page and the API offer, and /readyz checks, even while no worker is up.
+PLAYGROUND_MODELS = [served_name(model) for model in configured_models()]
 PLAYGROUND_MAX_QUEUE = int(os.environ.get("PLAYGROUND_MAX_QUEUE", "32"))
 PLAYGROUND_MAX_NEW_TOKENS = int(os.environ.get("PLAYGROUND_MAX_NEW_TOKENS", "8192"))
 PLAYGROUND_MAX_PROMPT_CHARS = int(os.environ.get("PLAYGROUND_MAX_PROMPT_CHARS", "100000"))

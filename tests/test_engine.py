@@ -5,7 +5,6 @@ import shutil
 import pytest
 import torch
 
-from inference import engine as engine_module
 from inference.checkpoint import CheckpointError, checkpoint_shapes
 from inference.engine import Engine, StopStrings, resolve_model
 from inference.events import Done, InvalidRequest, Prefilled, SamplingParams, TextDelta, decode_tok_s
@@ -211,13 +210,6 @@ def test_presets_are_synthesised_once_into_the_cache(tmp_path, monkeypatch):
     assert loaded.name == "tiny-qwen3" and loaded.path == path
     with pytest.raises(CheckpointError, match="neither a checkpoint directory nor a preset"):
         resolve_model("no-such-model")
-
-
-def test_default_model_falls_back_to_the_tiny_preset(tmp_path, monkeypatch, checkpoints):
-    monkeypatch.setattr(engine_module, "DEFAULT_MODEL_DIR", tmp_path / "default")
-    assert engine_module.default_model() == "tiny-laneformer"
-    shutil.copytree(checkpoints["tiny-llama"], tmp_path / "default")
-    assert engine_module.default_model() == str(tmp_path / "default")
 
 
 def test_bad_device_dtype_and_backend(checkpoints, monkeypatch):

@@ -9,7 +9,16 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from inference.protocol import JobClient, JobSpec, QueueFull, WorkerChannel, worker_key, workers_key
+from inference import protocol
+from inference.protocol import (
+    JobClient,
+    JobSpec,
+    QueueFull,
+    WorkerChannel,
+    queue_key,
+    worker_key,
+    workers_key,
+)
 
 
 @pytest.fixture
@@ -94,6 +103,44 @@ async def test_dead_worker_turns_into_error_event(client, channel, redis_url):
     # A second reader sees the same single error, not a second one.
     again = await collect(client, job_id)
     assert [t for _, t, _ in again].count("error") == 1
+
+
+async def test_a_job_that_waited_long_in_the_queue_is_not_lost_when_a_worker_pops_it(
+    client, channel, redis_url, monkeypatch
+):
+    # The reader has waited past LOST_CLAIM_S behind other jobs when a worker pops this one; the worker's
+    # claim comes a moment later. That moment is not a lost claim (it was, when the clock started with
+    # the reader rather than with the pop: a spurious worker_lost while the worker generated anyway).
+    monkeypatch.setattr(protocol, "LOST_CLAIM_S", 1.0)
+    job_id = await client.submit(JobSpec(model="m", prompt="x"))
+    channel.heartbeat({})
+    reader = asyncio.create_task(collect(client, job_id))
+    await asyncio.sleep(1.5)  # queued all along: longer than LOST_CLAIM_S
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    assert r.lpop(queue_key("m")) == job_id  # the worker's pop ...
+    await asyncio.sleep(0.6)  # ... several of the reader's polls before its claim
+    assert channel.claim(job_id).id == job_id
+    channel.finish(job_id, "done", {"finish_reason": "length", "text": ""})
+    events = await asyncio.wait_for(reader, timeout=5)
+    assert [t for _, t, _ in events if t != "queue"] == ["started", "done"]
+    assert (await client.status(job_id))["status"] == "done"
+    r.close()
+
+
+async def test_a_popped_job_never_claimed_is_lost_and_a_late_claim_skips_it(
+    client, channel, redis_url, monkeypatch
+):
+    monkeypatch.setattr(protocol, "LOST_CLAIM_S", 0.3)
+    job_id = await client.submit(JobSpec(model="m", prompt="x"))
+    channel.heartbeat({})
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    assert r.lpop(queue_key("m")) == job_id  # a worker popped it and died before its claim
+    events = await asyncio.wait_for(collect(client, job_id), timeout=5)
+    assert events[-1][1] == "error" and events[-1][2]["code"] == "worker_lost"
+    assert channel.claim(job_id) is None  # a worker that comes back to it leaves it alone
+    assert (await client.status(job_id))["status"] == "error"
+    assert [t for _, t, _ in await collect(client, job_id)].count("started") == 0
+    r.close()
 
 
 async def test_queue_event_reports_position_and_workers(client, channel):

@@ -32,6 +32,7 @@ from inference.events import (
     Stats,
     TextDelta,
     decode_tok_s,
+    unicode_text,
 )
 from inference.model import Transformer
 from inference.names import default_model, served_name
@@ -191,6 +192,7 @@ class Engine:
     def encode_prompt(
         self, prompt: str | None = None, messages: list[dict] | None = None, chat: bool = False
     ) -> list[int]:
+        field = "prompt" if messages is None else "messages"  # what the client sent, for its errors
         if messages is not None or chat:
             if messages is None:
                 if not prompt:
@@ -198,23 +200,26 @@ class Engine:
                 messages = [{"role": "user", "content": prompt}]
             if not messages:
                 raise InvalidRequest("messages", "must not be empty")
+            for i, message in enumerate(messages):
+                unicode_text(message["content"], f"messages[{i}].content" if field == "messages" else field)
             # The template writes BOS itself where the model expects one.
             ids = self.tokenizer.encode(self.tokenizer.apply_chat_template(messages), add_special=False)
         else:
             if not prompt:
                 raise InvalidRequest("prompt", "must not be empty")
-            ids = self.tokenizer.encode(prompt)
-        self._check_fits(ids)
+            ids = self.tokenizer.encode(unicode_text(prompt, "prompt"))
+        self._check_fits(ids, field)
         return ids
 
-    def _check_fits(self, prompt_ids: list[int]) -> None:
+    def _check_fits(self, prompt_ids: list[int], field: str = "prompt") -> None:
         if not prompt_ids:
-            raise InvalidRequest("prompt", "must not be empty")
+            raise InvalidRequest(field, "must not be empty")
         if len(prompt_ids) >= self.max_context:
             raise InvalidRequest(
-                "prompt",
+                field,
                 f"{len(prompt_ids)} tokens do not fit the {self.max_context}-token context "
                 "(prompt plus at least one new token)",
+                code="context_length_exceeded",
             )
 
     def generate(

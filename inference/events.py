@@ -11,12 +11,34 @@ from typing import Literal
 
 
 class InvalidRequest(ValueError):
-    """A request the engine refuses before any compute; `field` names the offending parameter."""
+    """A request the engine refuses before any compute; `field` names the offending parameter and `code`
+    the kind of refusal (OpenAI's codes where one fits: context_length_exceeded)."""
 
-    def __init__(self, field: str, message: str):
+    def __init__(self, field: str, message: str, code: str = "invalid_request"):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+        self.code = code
+
+
+def unicode_text(text: str, field: str) -> str:
+    """`text` if it can be encoded, else InvalidRequest: JSON lets a client send half of a UTF-16
+    surrogate pair (a "\\ud83d" cut from its partner), which no tokenizer can take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(
+            field, f"holds an unpaired surrogate (U+{ord(text[exc.start]):04X}) at character {exc.start}"
+        ) from None
+    return text
+
+
+# Below this temperature a draw is the argmax in all but exact ties, and dividing by it would overflow
+# the logits (vLLM draws the same line); such requests are served greedily.
+MIN_TEMPERATURE = 1e-5
+# The penalty divides or multiplies logits; past these bounds it would overflow them (the page offers 0.5-2).
+REPETITION_PENALTY_RANGE = (1e-3, 1e3)
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what a torch generator takes
 
 
 @dataclass(frozen=True)
@@ -43,14 +65,19 @@ class SamplingParams:
                 bad(name, f"must be a finite number, got {value!r}")
         if self.temperature < 0:
             bad("temperature", f"must be >= 0, got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            object.__setattr__(self, "temperature", 0.0)  # frozen: set once, here
         if not 0 < self.top_p <= 1:
             bad("top_p", f"must be in (0, 1], got {self.top_p}")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
             bad("top_k", f"must be an integer >= 0, got {self.top_k!r}")
-        if self.repetition_penalty <= 0:
-            bad("repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
+        low, high = REPETITION_PENALTY_RANGE
+        if not low <= self.repetition_penalty <= high:
+            bad("repetition_penalty", f"must be in [{low:g}, {high:g}], got {self.repetition_penalty}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             bad("seed", f"must be an integer, got {self.seed!r}")
+        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            bad("seed", f"must be in [-2**63, 2**64 - 1], got {self.seed}")
         if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
             bad("stop", "must be a list of non-empty strings")
 

@@ -209,9 +209,7 @@ class Worker:
             try:
                 self._run(job)
             except InvalidRequest as exc:
-                self._finish(
-                    job, "error", {"code": "invalid_request", "param": exc.field, "message": str(exc)}
-                )
+                self._finish(job, "error", {"code": exc.code, "param": exc.field, "message": str(exc)})
             except redis.RedisError as exc:
                 # Our reads and writes failed: the web side cannot read this job either and tells its client.
                 log.warning("lost redis during the job; dropping it: %s", exc)
@@ -221,8 +219,13 @@ class Worker:
                     log.error("out of memory: %s", str(exc))  # not exc: a kept record would keep its frames
                     error = {"code": "out_of_memory", "message": out_of_memory_message(job)}
                 else:
-                    log.exception("job failed")
-                    error = {"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
+                    log.exception(
+                        "job failed"
+                    )  # the traceback stays in the log (with the job id), not in replies
+                    error = {
+                        "code": "internal_error",
+                        "message": f"The model failed on this request (job {spec.id})",
+                    }
                 self._finish(job, "error", error)
             finally:
                 self.job = None

@@ -9,7 +9,7 @@ import weakref
 
 from django.conf import settings
 
-from inference.events import InvalidRequest, SamplingParams
+from inference.events import InvalidRequest, SamplingParams, unicode_text
 from inference.protocol import JobClient, JobSpec, connect
 
 # redis.asyncio connections belong to the loop that opened them: daphne runs one loop, the tests
@@ -99,10 +99,12 @@ def spec_from_frame(frame: dict, models: dict[str, dict]) -> JobSpec:
         raise InvalidRequest("prompt", "must be a non-empty string")
     if len(prompt) > settings.PLAYGROUND_MAX_PROMPT_CHARS:
         raise InvalidRequest("prompt", f"must be at most {settings.PLAYGROUND_MAX_PROMPT_CHARS} characters")
+    unicode_text(prompt, "prompt")
     system = frame.get("system_prompt")
     system = "" if system is None else system
     if not isinstance(system, str):
         raise InvalidRequest("system_prompt", "must be a string")
+    unicode_text(system, "system_prompt")
 
     model = frame.get("model")
     model = next(iter(models), None) if model in (None, "") else model

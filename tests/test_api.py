@@ -212,7 +212,12 @@ def test_prompt_over_the_context_is_a_400_streaming_or_not(stack, stream):
     prompt = "def f(x):\n    return x\n" * (max_context // 2)  # two tokens a line at the least
     with pytest.raises(openai.BadRequestError) as info:
         api(stack.web).completions.create(model=stack.model, prompt=prompt, max_tokens=2, stream=stream)
-    assert info.value.body["param"] == "prompt"
+    assert info.value.body["param"] == "prompt" and info.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as info:  # a chat request names its own field
+        api(stack.web).chat.completions.create(
+            model=stack.model, messages=[{"role": "user", "content": prompt}], max_tokens=2, stream=stream
+        )
+    assert info.value.body["param"] == "messages" and info.value.body["code"] == "context_length_exceeded"
     still_serving = api(stack.web).completions.create(model=stack.model, prompt="a", max_tokens=1)
     assert still_serving.usage.completion_tokens == 1
 

@@ -111,3 +111,38 @@ def test_prompts_over_the_servers_character_cap_are_refused():
     long_turns = [{"role": "user", "content": "x" * 30}, {"role": "assistant", "content": "y" * 30}]
     assert refused_field({"model": "m", "messages": long_turns}) == "messages"
     assert refused_field({"model": "m", "prompt": "x" * (MAX_CHARS + 1)}, chat=False) == "prompt"
+
+
+@pytest.mark.parametrize(
+    "body, chat, field",
+    [
+        ({"model": "m", "prompt": "abc\ud800def"}, False, "prompt"),
+        ({"model": "m", "prompt": ""}, False, "prompt"),
+        ({"model": "m", "messages": [{"role": "user", "content": "hi \ud83d"}]}, True, "messages[0].content"),
+        (
+            {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]},
+            True,
+            "messages[0].content",
+        ),
+        ({**CHAT, "response_format": {"type": "json_object"}}, True, "response_format"),
+        ({**CHAT, "logit_bias": {"50256": -100}}, True, "logit_bias"),
+        ({**CHAT, "top_logprobs": 3}, True, "top_logprobs"),
+        ({**CHAT, "tool_choice": "required"}, True, "tool_choice"),
+        ({**CHAT, "seed": 2**64}, True, "seed"),
+        ({**CHAT, "repetition_penalty": 1e-308}, True, "repetition_penalty"),
+    ],
+)
+def test_text_no_tokenizer_takes_and_fields_we_cannot_honour_are_refused(body, chat, field):
+    assert refused_field(body, chat) == field
+
+
+def test_the_defaults_of_fields_we_cannot_honour_are_accepted():
+    body = {
+        **CHAT,
+        "response_format": {"type": "text"},
+        "tool_choice": "none",
+        "logit_bias": {},
+        "top_logprobs": 0,
+    }
+    assert parse(body, chat=True).spec.messages == CHAT["messages"]
+    assert parse({"model": "m", "prompt": "ok \U0001f600"}, chat=False).spec.prompt == "ok \U0001f600"

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import redis.asyncio as aioredis
+from django.test import AsyncClient
 
 from inference.protocol import JobSpec, cancel_key, events_key
 from playground.api.views import JobRun, job_error, timings
@@ -76,3 +77,23 @@ async def test_a_cancel_swallowed_below_us_still_stops_the_run(queue):
 
     with pytest.raises(asyncio.CancelledError):
         await asyncio.create_task(client_that_left())
+
+
+@pytest.mark.django_db
+async def test_a_full_queue_is_a_429_with_a_retry_after(queue, settings, redis_url):
+    import redis
+
+    from inference.protocol import WorkerChannel
+    from playground.limits import LimitConfig
+
+    settings.PLAYGROUND_MAX_QUEUE = 1
+    settings.PLAYGROUND_MODELS = ["m"]
+    settings.PLAYGROUND_LIMITS = LimitConfig(ip_requests=0, ip_tokens=0, key_requests=0, key_tokens=0)
+    sync = redis.Redis.from_url(redis_url, decode_responses=True)
+    WorkerChannel(sync, "busy-worker", ["m"]).heartbeat({"job": "another"})  # up, and taking nothing
+    await job_client().submit(JobSpec(model="m", prompt="waits"))  # the queue's one place
+    body = json.dumps({"model": "m", "prompt": "one too many", "max_tokens": 2})
+    response = await AsyncClient().post("/v1/completions", data=body, content_type="application/json")
+    assert response.status_code == 429 and response.headers["Retry-After"] == "1"
+    assert json.loads(response.content)["error"]["code"] == "queue_full"
+    sync.close()

@@ -16,6 +16,7 @@ from django.test import AsyncClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from inference.events import InvalidRequest
 from playground import jobs
 from playground.limits import LimitConfig
 
@@ -239,3 +240,13 @@ def test_numbers_out_of_range_are_clamped_into_it(settings):
     assert (params.temperature, params.top_p, params.top_k) == (2.0, 0.01, 0)
     assert params.max_new_tokens == settings.PLAYGROUND_MAX_NEW_TOKENS
     assert params.repetition_penalty == 0.5 and params.seed == (2**70 + 5) % 2**63
+
+
+@pytest.mark.parametrize("field", ["prompt", "system_prompt"])
+def test_half_a_surrogate_pair_is_refused_by_its_field(field):
+    from playground.jobs import spec_from_frame
+
+    frame = {"prompt": "def f(", field: "ok \ud83d"}  # what JSON's "\ud83d" decodes to
+    with pytest.raises(InvalidRequest) as refused:
+        spec_from_frame(frame, {MODEL: {"chat": False}})
+    assert refused.value.field == field and "surrogate" in refused.value.message

@@ -88,8 +88,12 @@ def test_seed_reproducible():
         ("top_p", 1.5),
         ("top_k", -1),
         ("repetition_penalty", 0.0),
+        ("repetition_penalty", 1e-308),  # would overflow the logits it divides
+        ("repetition_penalty", 1e4),
         ("max_new_tokens", 0),
         ("seed", "7"),
+        ("seed", 2**64),  # past what a torch generator takes
+        ("seed", -(2**63) - 1),
     ],
 )
 def test_invalid_params_raise_invalid_request(field, value):
@@ -97,3 +101,13 @@ def test_invalid_params_raise_invalid_request(field, value):
         SamplingParams(**{field: value})
     assert err.value.field == field
     assert "\n" not in str(err.value)
+
+
+def test_a_temperature_too_small_to_divide_by_is_served_greedily():
+    logits = torch.tensor([30.0, 29.9, -5.0])
+    for tiny in (1e-40, 1e-6):
+        params = SamplingParams(temperature=tiny)
+        assert params.greedy and Sampler(params)(logits, []) == 0  # not a NaN from logits / 1e-40
+    assert not SamplingParams(temperature=1e-5).greedy
+    edges = SamplingParams(seed=2**64 - 1, repetition_penalty=1e-3), SamplingParams(seed=-(2**63))
+    assert all(Sampler(p)(logits, [0]) in (0, 1, 2) for p in edges)  # the generator takes both ends

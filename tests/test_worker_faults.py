@@ -183,6 +183,40 @@ async def test_out_of_memory_is_a_clear_error_and_the_worker_stays_up(jobs, redi
         thread.join(timeout=5)
 
 
+class FailsOnce(StandinEngine):
+    """The stand-in, except that its first generation fails with a bug's exception."""
+
+    def __init__(self):
+        super().__init__(1000)
+        self.failed = False
+
+    def generate(self, prompt_ids, params, should_stop=None):
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("secret internals: /srv/weights/shard-3 index 41 out of range")
+        yield from super().generate(prompt_ids, params, should_stop)
+
+
+async def test_a_failing_job_tells_the_client_its_id_not_the_exception_and_the_worker_stays_up(
+    jobs, redis_url, caplog
+):
+    engine = FailsOnce()
+    worker = Worker({engine.name: engine}, connect(redis_url), worker_id="bug-test")
+    thread = threading.Thread(target=worker.serve_forever, daemon=True)
+    thread.start()
+    try:
+        spec = JobSpec(model=engine.name, prompt="hello", params={"max_new_tokens": 3})
+        kind, error = (await run_job(jobs, spec))[-1]
+        assert kind == "error" and error["code"] == "internal_error"
+        assert spec.id in error["message"] and "secret" not in error["message"]
+        assert "secret internals" in caplog.text  # the operator finds it in the log, by the job id
+        events = await run_job(jobs, JobSpec(model=engine.name, prompt="hello", params={"max_new_tokens": 3}))
+        assert events[-1][0] == "done" and events[-1][1]["text"] == "hel"
+    finally:
+        worker.stopping.set()
+        thread.join(timeout=5)
+
+
 async def test_a_stalled_worker_that_never_comes_back_exits_for_its_supervisor(jobs, redis_url, tmp_path):
     # KOG_STALL_EXIT_S after the stall error, a loop still stuck in the engine means a wedged device:
     # the process exits (75, "try again later") so that docker or systemd restarts it.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from inference.events import InvalidRequest, SamplingParams
+from inference.events import InvalidRequest, SamplingParams, unicode_text
 from inference.protocol import JobSpec
 
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -113,12 +113,12 @@ def _messages(messages) -> list[dict]:
 
 def _content(content, where: str) -> str:
     if isinstance(content, str):
-        return content
+        return unicode_text(content, where)
     # The list form: [{"type": "text", "text": "..."}, ...]; only text parts mean anything to us.
     if isinstance(content, list) and all(isinstance(part, dict) for part in content):
         if any(part.get("type") != "text" or not isinstance(part.get("text"), str) for part in content):
             raise InvalidRequest(where, "only text parts ({type: text, text}) are supported")
-        return "".join(part["text"] for part in content)
+        return unicode_text("".join(part["text"] for part in content), where)
     raise InvalidRequest(where, "must be a string or a list of text parts")
 
 
@@ -127,7 +127,9 @@ def _prompt(prompt) -> str:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise InvalidRequest("prompt", "must be a string (or a list of exactly one string)")
-    return prompt
+    if not prompt:  # the model needs at least one token to continue from
+        raise InvalidRequest("prompt", "must not be empty")
+    return unicode_text(prompt, "prompt")
 
 
 def _optional(body: dict, name: str, kind: type, default, field: str | None = None):
@@ -155,3 +157,12 @@ def _refuse_unsupported(body: dict) -> None:
         raise InvalidRequest("echo", "is not supported")
     if body.get("suffix") is not None:
         raise InvalidRequest("suffix", "is not supported")
+    if body.get("top_logprobs") not in (None, 0):
+        raise InvalidRequest("top_logprobs", "is not supported (logprobs are not)")
+    if body.get("logit_bias"):
+        raise InvalidRequest("logit_bias", "is not supported")
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        raise InvalidRequest("response_format", "only {type: text} is supported (no JSON mode or schemas)")
+    if body.get("tool_choice") not in (None, "none", "auto"):
+        raise InvalidRequest("tool_choice", "tool calling is not supported")

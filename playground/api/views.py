@@ -142,7 +142,10 @@ async def complete(request, chat: bool):
     try:
         await job_client().submit(spec)
     except QueueFull as exc:
-        raise ApiError(429, str(exc), type="rate_limit_error", code="queue_full") from None
+        # A queue drains as fast as its workers generate: a second is a fair first retry.
+        raise ApiError(
+            429, str(exc), type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"}
+        ) from None
 
     run = JobRun(spec, ip, key_id)
     try:
@@ -359,7 +362,7 @@ def job_error(data: dict) -> ApiError:
     """A worker's error event as the HTTP error a client expects."""
     code = data.get("code") or "internal_error"
     message = data.get("message") or "The job failed"
-    if code == "invalid_request":
+    if code in ("invalid_request", "context_length_exceeded"):
         return ApiError(400, message, param=data.get("param"), code=code)
     status = 503 if code in ("worker_lost", "out_of_memory", "cancelled") else 500
     return ApiError(status, message, type="server_error", code=code)

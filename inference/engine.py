@@ -55,6 +55,22 @@ SMALL_MODEL_BYTES = 200 * 1024**2
 DEFAULT_MODEL = default_model()
 
 
+def check_tokenizer_fits(path: Path, tokenizer: Tokenizer, vocab_size: int) -> None:
+    """A tokenizer with ids past the model's embedding rows, or an end token it can never produce, is a
+    broken checkpoint: said at load, not as a user's invalid prompt or a generation that never stops."""
+    if tokenizer.max_id >= vocab_size:
+        raise CheckpointError(
+            f"{path / 'tokenizer.json'}: has token id {tokenizer.max_id}, past the model's vocab_size "
+            f"{vocab_size} (config.json)"
+        )
+    specials = {"bos": {tokenizer.bos_id} - {None}, "eos": tokenizer.eos_ids}
+    for kind, ids in specials.items():
+        if any(i >= vocab_size for i in ids):
+            raise CheckpointError(
+                f"{path}: {kind}_token_id {sorted(ids)} is past the model's vocab_size {vocab_size}"
+            )
+
+
 def synth_cache_dir() -> Path:
     root = os.environ.get("KOG_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     return Path(root) / "kog-playground" / "synth"
@@ -163,6 +179,7 @@ class Engine:
         name = served_name(model)
         config = ModelConfig.from_hf(path)
         tokenizer = Tokenizer.from_dir(path)
+        check_tokenizer_fits(path, tokenizer, config.vocab_size)
         torch_device = parse_device(device)
         torch_dtype = parse_dtype(dtype, torch_device)
         if max_context is not None and max_context < 2:

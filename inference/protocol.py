@@ -24,7 +24,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from inference.events import SamplingParams
 
@@ -34,6 +34,10 @@ HEARTBEAT_TTL_S = 3.0
 EVENTS_TTL_S = 3600  # finished streams stay readable for an hour (share links read the database)
 POOL_WAIT_S = 20.0  # how long a command waits for a free pooled connection before failing
 LOST_CLAIM_S = 5.0  # a job popped from the queue but never claimed for this long is reported lost
+# A running job its worker's heartbeat stops naming (the worker dropped it, or a namesake restarted) is
+# reported lost after this long: a claim reaches the heartbeat within HEARTBEAT_INTERVAL_S.
+DROPPED_JOB_S = HEARTBEAT_TTL_S + HEARTBEAT_INTERVAL_S
+NO_WORKER_WAIT_S = 60.0  # a queued job whose model no live worker serves for this long is turned away
 
 TERMINAL = ("done", "error")
 
@@ -123,7 +127,22 @@ class JobSpec:
 
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
-        return cls(**json.loads(text))
+        """Raises ValueError for what no web process writes. Fields unknown here are left out, so that a
+        newer web process can add one without stopping older workers."""
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("a job spec is a JSON object")
+        spec = cls(**{name: value for name, value in data.items() if name in _SPEC_FIELDS})
+        if not isinstance(spec.model, str) or not isinstance(spec.id, str):
+            raise ValueError("model and id must be strings")
+        if isinstance(spec.created, bool) or not isinstance(spec.created, int | float):
+            raise ValueError(f"created must be a number (unix seconds), got {spec.created!r}")
+        if not isinstance(spec.params, dict):
+            raise ValueError("params must be an object")
+        return spec
+
+
+_SPEC_FIELDS = frozenset(spec_field.name for spec_field in fields(JobSpec))
 
 
 def _entry(event_type: str, data: dict) -> dict:
@@ -136,16 +155,21 @@ def _entry(event_type: str, data: dict) -> dict:
 class WorkerChannel:
     """What a worker does to Redis. `r` is a sync `redis.Redis(decode_responses=True)`."""
 
-    # A job's events are written only while its hash exists: after a Redis restart that lost the
-    # job, the worker learns so from its next write instead of re-creating a stream nobody reads.
+    # A job's events are written only while its hash exists and has no end: after a Redis restart that
+    # lost the job, or once a reader has ended it (its worker looked lost), the worker learns so from its
+    # next write instead of re-creating a stream nobody reads or writing past the end.
     # KEYS: events, job. ARGV: type, data.
     _PUBLISH = """
-    if redis.call('EXISTS', KEYS[2]) == 0 then return false end
+    if redis.call('EXISTS', KEYS[2]) == 0 or redis.call('HEXISTS', KEYS[2], 'finished') == 1 then
+        return false
+    end
     return redis.call('XADD', KEYS[1], '*', 'type', ARGV[1], 'data', ARGV[2])
     """
     # The same for the terminal event, which also marks the job; ARGV: type, data, status, now, ttl.
     _FINISH = """
-    if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+    if redis.call('EXISTS', KEYS[2]) == 0 or redis.call('HEXISTS', KEYS[2], 'finished') == 1 then
+        return 0
+    end
     redis.call('XADD', KEYS[1], '*', 'type', ARGV[1], 'data', ARGV[2])
     redis.call('HSET', KEYS[2], 'status', ARGV[3], 'finished', ARGV[4])
     redis.call('EXPIRE', KEYS[1], ARGV[5])
@@ -194,7 +218,11 @@ class WorkerChannel:
         spec_json = self._claim(keys=[job_key(job_id)], args=[self.worker_id, now])
         if spec_json is None:  # expired, deleted, cancelled or failed by a reader while queued
             return None
-        spec = JobSpec.from_json(spec_json)
+        try:
+            spec = JobSpec.from_json(spec_json)
+        except (ValueError, TypeError) as exc:  # not a web process's job: end it, serve the next
+            self.finish(job_id, "error", {"code": "invalid_request", "message": f"unreadable job: {exc}"})
+            return None
         self.publish(job_id, "started", {"worker": self.worker_id, "queue_ms": (now - spec.created) * 1000})
         return spec
 
@@ -203,12 +231,14 @@ class WorkerChannel:
         return self._publish(keys=[events_key(job_id), job_key(job_id)], args=[event_type, json.dumps(data)])
 
     def cancelled(self, job_id: str) -> bool:
-        """Someone asked to stop the job, or the job is gone (a Redis restart emptied it): stop either way."""
+        """Someone asked to stop the job, the job is gone (a Redis restart emptied it), or a reader has
+        ended it (its worker looked lost): stop in every case."""
         pipe = self.r.pipeline(transaction=False)
         pipe.exists(cancel_key(job_id))
         pipe.exists(job_key(job_id))
-        cancel, job = pipe.execute()
-        return bool(cancel) or not job
+        pipe.hexists(job_key(job_id), "finished")
+        cancel, job, ended = pipe.execute()
+        return bool(cancel) or not job or bool(ended)
 
     def finish(self, job_id: str, event_type: str, data: dict) -> bool:
         """Publish the terminal event (done or error) and mark the job, in one round trip.
@@ -299,19 +329,19 @@ class JobClient:
         While waiting it also yields ("", "queue", {"position", "workers"}) when the position changes,
         and turns a dead worker or a lost job into an error event that every reader then sees.
         """
-        last_position: tuple | None = None
-        popped_at: float | None = None  # when this reader first saw the job out of its queue but unclaimed
+        watch = _Watch()
         seen_job = after != "0-0"  # a resumed reader knows the job existed
         while True:
             reply = await self.r.xread({events_key(job_id): after}, block=block_ms, count=512)
             for _, entries in reply or []:
-                for entry_id, fields in entries:
+                for entry_id, entry in entries:
                     after = entry_id
-                    event_type = fields["type"]
-                    yield entry_id, event_type, json.loads(fields["data"])
+                    event_type = entry["type"]
+                    yield entry_id, event_type, json.loads(entry["data"])
                     if event_type in TERMINAL:
                         return
                 seen_job = True
+                watch.popped_at = watch.dropped_at = None  # the job moves: the doubts start over
             if reply:
                 continue
             job = await self.r.hgetall(job_key(job_id))
@@ -325,19 +355,42 @@ class JobClient:
                 continue
             seen_job = True
             if job["status"] == "queued":
-                position = await self.position(job_id, job["model"])
-                serving = [w for w in await self.workers() if job["model"] in w.get("models", [])]
-                # A worker claims what it pops within milliseconds; only a job popped and then left
-                # unclaimed for LOST_CLAIM_S (its worker died in between) is lost. The clock starts when
-                # the job leaves the queue, not when this reader began waiting behind others.
-                popped_at = (popped_at or time.monotonic()) if position is None else None
-                if popped_at is not None and time.monotonic() - popped_at > LOST_CLAIM_S:
-                    await self._fail_lost_claim(job_id)
-                elif (position, len(serving)) != last_position:
-                    last_position = (position, len(serving))
-                    yield "", "queue", {"position": position, "workers": len(serving)}
-            elif job["status"] == "running" and not await self.r.exists(worker_key(job.get("worker", ""))):
-                await self._fail_terminal(job_id, "error", _lost("lost its worker mid-generation"))
+                update = await self._watch_queued(job_id, job, watch)
+                if update is not None:
+                    yield "", "queue", update
+            elif job["status"] == "running":
+                await self._watch_running(job_id, job, watch)
+
+    async def _watch_queued(self, job_id: str, job: dict, watch: _Watch) -> dict | None:
+        """A queued job's position and workers when they changed; ends the job if it waits in vain."""
+        position = await self.position(job_id, job["model"])
+        serving = [w for w in await self.workers() if job["model"] in w.get("models", [])]
+        # A worker claims what it pops within milliseconds; only a job popped and then left unclaimed
+        # for LOST_CLAIM_S (its worker died in between) is lost. The clock starts when the job leaves
+        # the queue, not when this reader began waiting behind others.
+        watch.popped_at = _since(watch.popped_at, position is None)
+        watch.unserved_at = _since(watch.unserved_at, position is not None and not serving)
+        now = time.monotonic()
+        if watch.popped_at is not None and now - watch.popped_at > LOST_CLAIM_S:
+            await self._fail_lost_claim(job_id)
+        elif watch.unserved_at is not None and now - watch.unserved_at > NO_WORKER_WAIT_S:
+            if await self.r.lrem(queue_key(job["model"]), 0, job_id):  # else a worker took it just now
+                await self._fail_terminal(job_id, "error", _unserved(job["model"]))
+        elif (position, len(serving)) != watch.last_position:
+            watch.last_position = (position, len(serving))
+            return {"position": position, "workers": len(serving)}
+        return None
+
+    async def _watch_running(self, job_id: str, job: dict, watch: _Watch) -> None:
+        """Ends a running job whose worker is gone, or alive but no longer working on it (it dropped the
+        job when Redis failed under it, or a worker of the same id restarted)."""
+        beat = await self.r.get(worker_key(job.get("worker", "")))
+        if beat is None:
+            await self._fail_terminal(job_id, "error", _lost("lost its worker mid-generation"))
+            return
+        watch.dropped_at = _since(watch.dropped_at, _job_of(beat) != job_id)
+        if watch.dropped_at is not None and time.monotonic() - watch.dropped_at > DROPPED_JOB_S:
+            await self._fail_terminal(job_id, "error", _lost("was dropped by its worker"))
 
     async def _fail_lost_claim(self, job_id: str) -> None:
         """Fail a popped job that no worker claimed, unless a worker claims it at this moment: the status is
@@ -355,6 +408,35 @@ class JobClient:
             pipe.expire(events_key(job_id), EVENTS_TTL_S)
             pipe.expire(job_key(job_id), EVENTS_TTL_S)  # hsetnx made a stub when the job was unknown
             await pipe.execute()
+
+
+@dataclass
+class _Watch:
+    """What one reader has seen of its job while no event came: since when each doubt has held."""
+
+    last_position: tuple | None = None
+    popped_at: float | None = None  # out of the queue, not claimed
+    unserved_at: float | None = None  # queued, and no live worker serves its model
+    dropped_at: float | None = None  # running, and its worker's heartbeat names another job or none
+
+
+def _since(start: float | None, holds: bool) -> float | None:
+    """When a condition began to hold (now, if it just did), or None while it does not."""
+    return (start or time.monotonic()) if holds else None
+
+
+def _job_of(beat: str) -> str | None:
+    try:
+        return json.loads(beat).get("job")
+    except (ValueError, AttributeError):
+        return None
+
+
+def _unserved(model: str) -> dict:
+    return {
+        "code": "no_workers",
+        "message": f"No worker has served {model} for {NO_WORKER_WAIT_S:g} s; please try again later.",
+    }
 
 
 def _lost(why: str) -> dict:

@@ -20,6 +20,8 @@ class Tokenizer:
     def __init__(self, tok: HFTokenizer, config: dict, bos_id: int | None, eos_ids: frozenset[int]):
         self._tok = tok
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        # Ids may leave gaps (added tokens placed past the base vocabulary): the largest one bounds the model.
+        self.max_id = max(tok.get_vocab(with_added_tokens=True).values(), default=-1)
         self.bos_id = bos_id
         self.eos_ids = eos_ids
         add_bos = config.get("add_bos_token")

@@ -35,7 +35,7 @@ import redis
 
 from inference.events import Done, InvalidRequest, Prefilled, TextDelta
 from inference.logs import configure_logging, job_context
-from inference.names import configured_models
+from inference.names import configured_models, served_name
 from inference.protocol import HEARTBEAT_INTERVAL_S, JobSpec, WorkerChannel, connect
 from inference.standin import PREFIX as STANDIN_PREFIX
 from inference.standin import StandinEngine
@@ -119,7 +119,8 @@ class Worker:
         self.channel = WorkerChannel(r, self.worker_id, list(engines))
         self.job: RunningJob | None = None
         self.jobs_done = 0
-        self.stopping = threading.Event()
+        self.stopping = threading.Event()  # take no new job
+        self.retired = threading.Event()  # the loop has ended: no heartbeat either
         self.stall_timeout_s = STALL_TIMEOUT_S
         self.stall_exit_s = STALL_EXIT_S
 
@@ -146,20 +147,22 @@ class Worker:
         }
 
     def _heartbeat_loop(self) -> None:
+        # Until serve_forever has returned, not merely until a stop was asked for: a SIGTERM (docker stop,
+        # scaling down) lets the job in progress finish, and its readers must still see it alive.
         health_file = os.environ.get("KOG_HEALTH_FILE")
-        while not self.stopping.is_set():
+        while not self.retired.is_set():
             try:
                 self.channel.heartbeat(self.info())
                 if health_file:
                     Path(health_file).touch()
             except redis.RedisError as exc:
                 log.warning("heartbeat failed: %s", exc)
-            self.stopping.wait(HEARTBEAT_INTERVAL_S)
+            self.retired.wait(HEARTBEAT_INTERVAL_S)
 
     def _watchdog_loop(self) -> None:
         """End a job that produces no token for stall_timeout_s; exit if its loop never comes back."""
         tick = min(0.5, self.stall_timeout_s / 4)
-        while not self.stopping.wait(tick):
+        while not self.retired.wait(tick):
             job = self.job
             if job is None:
                 continue
@@ -198,6 +201,7 @@ class Worker:
                 redis_down = False
             if spec is not None:
                 self.run_job(spec)
+        self.retired.set()
         with contextlib.suppress(redis.RedisError):  # else the heartbeat expires by itself
             self.channel.retire()
 
@@ -211,17 +215,18 @@ class Worker:
             except InvalidRequest as exc:
                 self._finish(job, "error", {"code": exc.code, "param": exc.field, "message": str(exc)})
             except redis.RedisError as exc:
-                # Our reads and writes failed: the web side cannot read this job either and tells its client.
+                # Our reads and writes failed past their retries. Say so if Redis takes the end now; if not,
+                # a reader fails the job once our heartbeat stops naming it (JobClient.events).
                 log.warning("lost redis during the job; dropping it: %s", exc)
+                self._finish(job, "error", _queue_failed())
             except Exception as exc:  # the worker outlives any one job
                 out_of_memory = is_out_of_memory(exc)
                 if out_of_memory:
                     log.error("out of memory: %s", str(exc))  # not exc: a kept record would keep its frames
                     error = {"code": "out_of_memory", "message": out_of_memory_message(job)}
                 else:
-                    log.exception(
-                        "job failed"
-                    )  # the traceback stays in the log (with the job id), not in replies
+                    # The traceback stays in the log, with the job id; the client gets the id only.
+                    log.exception("job failed")
                     error = {
                         "code": "internal_error",
                         "message": f"The model failed on this request (job {spec.id})",
@@ -294,6 +299,10 @@ class Worker:
         raise RuntimeError("the engine ended without a Done event")
 
 
+def _queue_failed() -> dict:
+    return {"code": "unavailable", "message": "The job queue failed while this job ran; please try again."}
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
     """torch.cuda.OutOfMemoryError, or an allocator's error that says so (CPU, Triton, cuBLAS)."""
     return type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower()
@@ -337,7 +346,14 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging()
 
     engines = {}
-    for model in configured_models(args.model):
+    models = configured_models(args.model)
+    taken = {}
+    for model in models:  # before any load: a clash is a configuration error, found in a second
+        name = served_name(model)
+        if name in taken:
+            parser.error(f"{taken[name]!r} and {model!r} would both be served as {name!r}: rename a folder")
+        taken[name] = model
+    for model in models:
         engine = load_engine(model, device=args.device, dtype=args.dtype)
         engines[engine.name] = engine
         log.info("loaded %s on %s", engine.name, engine.device)

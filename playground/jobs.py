@@ -43,18 +43,23 @@ def job_client() -> JobClient:
 
 
 def served_models(workers: list[dict]) -> dict[str, dict]:
-    """Model name -> {chat, max_context, workers}: what the live workers serve, then the configured
-    models (MODELS) that no live worker serves yet (they queue until one starts)."""
-    models: dict[str, dict] = {}
+    """Model name -> {chat, max_context, workers}: the configured models (MODELS) and any other model a
+    live worker serves; a configured one is listed while no worker is up for it (its jobs queue until
+    one starts). Models with a live worker come first (the first one is the page's default), then in
+    MODELS' order, then by name: never in heartbeat order, so the page's picker holds still."""
+    configured = {name: i for i, name in enumerate(settings.PLAYGROUND_MODELS)}
+    models = {name: {"chat": False, "max_context": None, "workers": 0} for name in configured}
     for worker in workers:
         info = worker.get("model_info", {})
         for name in worker.get("models", []):
             entry = models.setdefault(name, {"chat": False, "max_context": None, "workers": 0})
             entry.update({k: v for k, v in info.get(name, {}).items() if k in ("chat", "max_context")})
             entry["workers"] += 1
-    for name in settings.PLAYGROUND_MODELS:
-        models.setdefault(name, {"chat": False, "max_context": None, "workers": 0})
-    return models
+
+    def order(name: str) -> tuple:
+        return not models[name]["workers"], configured.get(name, len(configured)), name
+
+    return {name: models[name] for name in sorted(models, key=order)}
 
 
 def worker_summary(workers: list[dict]) -> dict:
@@ -107,7 +112,7 @@ def spec_from_frame(frame: dict, models: dict[str, dict]) -> JobSpec:
     unicode_text(system, "system_prompt")
 
     model = frame.get("model")
-    model = next(iter(models), None) if model in (None, "") else model
+    model = next(iter(models), None) if model in (None, "") else model  # served_models' first: a live one
     if model is None:
         raise InvalidRequest(
             "model", "no worker is up and MODELS is unset: start `python -m inference.worker`"

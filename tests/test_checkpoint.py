@@ -144,3 +144,33 @@ def test_laneformer_names_follow_the_published_modules():
         ModelConfig.from_hf({**base, "pre_norm_lane_agg": True, "replicated_rmsn_scale": False})
     )
     assert agg["model.norm.weight"] == (32,) and agg["model.layers.0.ffn_norm.scale"] == (2, 32)
+
+
+def test_a_tokenizer_or_end_token_past_the_vocabulary_is_refused_at_load(tmp_path, tiny_laneformer):
+    from inference.engine import Engine
+
+    vocab = json.loads((tiny_laneformer / "config.json").read_text())["vocab_size"]
+    grown = copy_checkpoint(tiny_laneformer, tmp_path / "grown")
+    tokenizer = json.loads((grown / "tokenizer.json").read_text())
+    tokenizer["added_tokens"].append(
+        {
+            "id": vocab + 10,
+            "content": "<|extra|>",
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }  # fmt: skip
+    )
+    (grown / "tokenizer.json").write_text(json.dumps(tokenizer))
+    with pytest.raises(CheckpointError, match=rf"has token id \d+, past the model's vocab_size {vocab}"):
+        Engine.load(grown, device="cpu")
+
+    endless = copy_checkpoint(tiny_laneformer, tmp_path / "endless")
+    (endless / "generation_config.json").write_text(json.dumps({"eos_token_id": vocab + 3}))
+    with pytest.raises(
+        CheckpointError, match=rf"eos_token_id \[{vocab + 3}\] is past the model's vocab_size"
+    ):
+        Engine.load(endless, device="cpu")
+    assert Engine.load(tiny_laneformer, device="cpu").tokenizer.max_id < vocab  # the good one loads

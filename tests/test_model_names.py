@@ -92,3 +92,22 @@ def test_the_folder_copied_elsewhere_keeps_its_name(tmp_path):
     folder = synth("tiny-llama", tmp_path / "a" / "ft", seed=0)
     moved = shutil.copytree(folder, tmp_path / "b" / "ft")
     assert served_name(str(folder)) == served_name(str(moved)) == Engine.load(moved, device="cpu").name
+
+
+def test_the_model_list_holds_still_however_the_heartbeats_fall(settings):
+    from playground.jobs import served_models, spec_from_frame
+
+    settings.PLAYGROUND_MODELS = ["default", "my-coder-ft", "idle-ft"]
+    beats = [
+        {"models": ["my-coder-ft"], "model_info": {"my-coder-ft": {"chat": True, "max_context": 4096}}},
+        {"models": ["default"]},
+        {"models": ["zeta-extra", "alpha-extra"]},
+    ]
+    listed = [list(served_models(order)) for order in (beats, beats[::-1], beats[1:] + beats[:1])]
+    # live ones first in MODELS' order, then live extras by name, then configured ones no worker serves
+    assert listed == [["default", "my-coder-ft", "alpha-extra", "zeta-extra", "idle-ft"]] * 3
+    models = served_models(beats)
+    assert models["my-coder-ft"] == {"chat": True, "max_context": 4096, "workers": 1}
+    assert models["idle-ft"]["workers"] == 0
+    assert spec_from_frame({"prompt": "def f("}, models).model == "default"  # a frame without a model
+    assert spec_from_frame({"prompt": "def f("}, served_models(beats[:1])).model == "my-coder-ft"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -15,6 +16,8 @@ from inference.protocol import (
     JobSpec,
     QueueFull,
     WorkerChannel,
+    events_key,
+    job_key,
     queue_key,
     worker_key,
     workers_key,
@@ -141,6 +144,84 @@ async def test_a_popped_job_never_claimed_is_lost_and_a_late_claim_skips_it(
     assert (await client.status(job_id))["status"] == "error"
     assert [t for _, t, _ in await collect(client, job_id)].count("started") == 0
     r.close()
+
+
+async def test_a_job_its_live_worker_no_longer_names_is_lost_and_the_worker_then_writes_nothing(
+    client, channel, monkeypatch
+):
+    # The worker dropped the job (Redis failed under it) or a worker of the same id restarted: the
+    # heartbeat lives on and names no job. Without this the reader waited for ever.
+    monkeypatch.setattr(protocol, "DROPPED_JOB_S", 0.5)
+    job_id = await client.submit(JobSpec(model="m", prompt="x"))
+    channel.heartbeat({})
+    channel.next_job(timeout_s=0.1)
+    channel.heartbeat({"job": job_id})
+    channel.publish(job_id, "delta", {"text": "a"})
+    reader = asyncio.create_task(collect(client, job_id))
+    await asyncio.sleep(1.0)
+    assert not reader.done()  # named by its worker: waits, however long the step
+    channel.heartbeat({"job": None})
+    events = await asyncio.wait_for(reader, timeout=5)
+    assert events[-1][1] == "error" and events[-1][2]["code"] == "worker_lost"
+    assert "dropped" in events[-1][2]["message"]
+    # The worker, should it still be at it, is told to stop and cannot write past the end.
+    assert channel.cancelled(job_id)
+    assert channel.publish(job_id, "delta", {"text": "late"}) is None
+    assert channel.finish(job_id, "done", {"finish_reason": "length", "text": "a"}) is False
+    assert (await client.status(job_id))["status"] == "error"
+
+
+async def test_a_queued_job_no_worker_serves_is_turned_away_and_leaves_the_queue(
+    client, channel, monkeypatch
+):
+    monkeypatch.setattr(protocol, "NO_WORKER_WAIT_S", 0.5)
+    job_id = await client.submit(JobSpec(model="m", prompt="x"))
+    events = await asyncio.wait_for(collect(client, job_id), timeout=5)
+    assert events[0] == ("", "queue", {"position": 0, "workers": 0})
+    assert events[-1][1] == "error" and events[-1][2]["code"] == "no_workers"
+    assert await client.position(job_id, "m") is None  # no worker that starts later runs it for nobody
+
+
+async def test_a_queued_job_waits_while_a_worker_serves_its_model(client, channel, monkeypatch):
+    monkeypatch.setattr(protocol, "NO_WORKER_WAIT_S", 0.3)
+    await client.submit(JobSpec(model="m", prompt="first"))
+    job_id = await client.submit(JobSpec(model="m", prompt="second"))
+    channel.heartbeat({"job": "another"})  # up and busy: the job waits its turn
+    reader = asyncio.create_task(collect(client, job_id))
+    await asyncio.sleep(1.0)
+    assert not reader.done() and await client.position(job_id, "m") == 1
+    reader.cancel()
+
+
+@pytest.mark.parametrize(
+    "spec_json, why",
+    [
+        ("this is not json", "Expecting value"),
+        ('["a list"]', "JSON object"),
+        ('{"model": "m", "prompt": "x", "created": "yesterday"}', "created"),
+        ('{"model": "m", "prompt": "x", "params": "hot"}', "params"),
+    ],
+)
+async def test_an_unreadable_job_is_ended_and_the_worker_takes_the_next(
+    client, channel, redis_url, spec_json, why
+):
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    r.hset(job_key("bad"), mapping={"spec": spec_json, "status": "queued", "model": "m", "created": 0})
+    r.rpush(queue_key("m"), "bad")
+    good = await client.submit(JobSpec(model="m", prompt="fine"))
+    channel.heartbeat({})
+    assert channel.next_job(timeout_s=0.1) is None  # the bad one, ended
+    assert channel.next_job(timeout_s=0.1).id == good
+    [(_, fields)] = r.xrange(events_key("bad"))
+    assert fields["type"] == "error" and why in fields["data"]
+    assert r.hget(job_key("bad"), "status") == "error"
+    r.close()
+
+
+def test_a_spec_from_a_newer_web_process_is_read_without_its_new_fields():
+    spec = JobSpec(model="m", prompt="x")
+    newer = json.dumps({**json.loads(spec.to_json()), "priority": 3})
+    assert JobSpec.from_json(newer) == spec
 
 
 async def test_queue_event_reports_position_and_workers(client, channel):

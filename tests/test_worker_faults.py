@@ -12,12 +12,14 @@ import threading
 import time
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 
 from inference.protocol import JobClient, JobSpec, WorkerChannel, connect, events_key, job_key, queue_key
 from inference.redis_server import free_port, start_redis
 from inference.standin import StandinEngine
 from inference.worker import Worker
+from inference.worker import main as worker_main
 from tests.conftest import WorkerProcess
 
 pytestmark = pytest.mark.timeout(90)
@@ -215,6 +217,58 @@ async def test_a_failing_job_tells_the_client_its_id_not_the_exception_and_the_w
     finally:
         worker.stopping.set()
         thread.join(timeout=5)
+
+
+async def test_a_worker_asked_to_stop_finishes_its_job_alive_to_its_readers(jobs, start_worker):
+    # docker stop / scaling down: SIGTERM lets the job in progress end. Its heartbeat must outlive the
+    # request to stop, or readers call the job lost after HEARTBEAT_TTL_S while it still streams.
+    # 14 tokens at 3 a second: 4.7 s, past the heartbeat's 3 s lifetime, with gaps in which readers look
+    worker = start_worker(["standin:3"])
+    spec = JobSpec(model="standin:3", prompt="abcdefg", params={"max_new_tokens": 14})
+    reader = asyncio.create_task(run_job(jobs, spec, timeout_s=30))
+    for _ in range(50):
+        if (await jobs.status(spec.id)).get("status") == "running":
+            break
+        await asyncio.sleep(0.1)
+    worker.process.terminate()
+    events = await reader
+    assert events[-1][0] == "done" and events[-1][1]["text"] == "abcdefg" * 2, events[-1]
+    assert worker.process.wait(timeout=10) == 0
+    assert not await jobs.workers()  # retired once the job was done
+
+
+async def test_a_redis_failure_mid_job_ends_the_job_with_an_error_not_silence(jobs, redis_url, monkeypatch):
+    engine = StandinEngine(200)
+    worker = Worker({engine.name: engine}, connect(redis_url), worker_id="flaky-test")
+    publish = worker.channel.publish
+    failures = iter([True])  # the job's first delta fails past redis-py's retries, once
+
+    def flaky_publish(job_id, kind, data):
+        if kind == "delta" and next(failures, False):
+            raise redis.exceptions.ConnectionError("Redis went away")
+        return publish(job_id, kind, data)
+
+    monkeypatch.setattr(worker.channel, "publish", flaky_publish)
+    thread = threading.Thread(target=worker.serve_forever, daemon=True)
+    thread.start()
+    try:
+        spec = JobSpec(model=engine.name, prompt="hello", params={"max_new_tokens": 20})
+        kind, error = (await run_job(jobs, spec))[-1]
+        assert kind == "error" and error["code"] == "unavailable" and "try again" in error["message"]
+        events = await run_job(jobs, JobSpec(model=engine.name, prompt="hi", params={"max_new_tokens": 2}))
+        assert events[-1][0] == "done"  # and the worker serves on
+    finally:
+        worker.stopping.set()
+        thread.join(timeout=5)
+
+
+def test_two_folders_of_one_name_are_refused_before_anything_loads(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:
+        worker_main(
+            ["--model", str(tmp_path / "runA" / "final"), "--model", str(tmp_path / "runB" / "final/")]
+        )
+    assert exited.value.code == 2
+    assert "would both be served as 'final'" in capsys.readouterr().err
 
 
 async def test_a_stalled_worker_that_never_comes_back_exits_for_its_supervisor(jobs, redis_url, tmp_path):

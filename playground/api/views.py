@@ -364,5 +364,8 @@ def job_error(data: dict) -> ApiError:
     message = data.get("message") or "The job failed"
     if code in ("invalid_request", "context_length_exceeded"):
         return ApiError(400, message, param=data.get("param"), code=code)
-    status = 503 if code in ("worker_lost", "out_of_memory", "cancelled") else 500
+    # The ones worth a retry (the openai client retries a 503 by itself); a bug stays a 500.
+    status = (
+        503 if code in ("worker_lost", "out_of_memory", "cancelled", "no_workers", "unavailable") else 500
+    )
     return ApiError(status, message, type="server_error", code=code)

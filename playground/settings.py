@@ -9,10 +9,12 @@ DJANGO_BEHIND_HTTPS_PROXY    1 when a TLS-terminating proxy sets X-Forwarded-Pro
 DJANGO_HSTS_SECONDS     Strict-Transport-Security max-age behind TLS (default 31536000; 0: no header)
 DATABASE_URL            sqlite:///path or postgres://user:pass@host/db (default var/db.sqlite3)
 REDIS_URL               the job queue and the channel layer (default redis://127.0.0.1:6379/0)
-MODELS                  models offered before any worker has announced itself (comma-separated)
+MODELS                  the models to offer, as the workers' MODELS (comma-separated; empty: the shipped default)
 PLAYGROUND_MAX_QUEUE    jobs that may wait per model before new ones are refused (default 32)
 PLAYGROUND_MAX_NEW_TOKENS   the largest max_tokens the page may ask for (default 8192; larger is clamped)
-PLAYGROUND_MAX_FRAME_BYTES  the largest websocket frame the page may send (default 65536)
+PLAYGROUND_MAX_PROMPT_CHARS the longest prompt, in characters (default 100000)
+PLAYGROUND_MAX_FRAME_BYTES  the largest websocket frame the page may send (default: room for the longest
+                        prompt at 4 UTF-8 bytes a character, plus 64 KiB for the rest of the frame)
 PLAYGROUND_REDIS_CONNECTIONS  pooled Redis connections per web process (default 500; each socket
                         following a job holds one while it waits for events)
 Rate limits (PLAYGROUND_IP_*, PLAYGROUND_KEY_*, PLAYGROUND_TRUSTED_PROXIES): see playground/limits.py.
@@ -122,7 +124,9 @@ PLAYGROUND_MODELS = [served_name(model) for model in configured_models()]
 PLAYGROUND_MAX_QUEUE = int(os.environ.get("PLAYGROUND_MAX_QUEUE", "32"))
 PLAYGROUND_MAX_NEW_TOKENS = int(os.environ.get("PLAYGROUND_MAX_NEW_TOKENS", "8192"))
 PLAYGROUND_MAX_PROMPT_CHARS = int(os.environ.get("PLAYGROUND_MAX_PROMPT_CHARS", "100000"))
-PLAYGROUND_MAX_FRAME_BYTES = int(os.environ.get("PLAYGROUND_MAX_FRAME_BYTES", str(64 * 1024)))
+PLAYGROUND_MAX_FRAME_BYTES = int(
+    os.environ.get("PLAYGROUND_MAX_FRAME_BYTES", str(4 * PLAYGROUND_MAX_PROMPT_CHARS + 64 * 1024))
+)
 PLAYGROUND_REDIS_CONNECTIONS = int(os.environ.get("PLAYGROUND_REDIS_CONNECTIONS", "500"))
 # A playground.limits.LimitConfig, or None to read the PLAYGROUND_IP_* / _KEY_* variables.
 PLAYGROUND_LIMITS = None

@@ -5,9 +5,30 @@ from __future__ import annotations
 import redis
 from django.conf import settings
 from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.utils.http import urlencode
 
 from playground.jobs import job_client, worker_summary
 from playground.models import Generation
+
+# The playground's form as it first appears.
+FORM_DEFAULTS = {
+    "prompt": "",
+    "system_prompt": "",
+    "model": "",
+    "temperature": 0.2,
+    "top_p": 0.95,
+    "max_tokens": 512,
+}
+# Generation.params (SamplingParams' field names) -> (the page's field, the label the share page shows)
+PARAM_FIELDS = {
+    "temperature": ("temperature", "Temperature"),
+    "top_p": ("top_p", "Top-p"),
+    "top_k": ("top_k", "Top-k"),
+    "max_new_tokens": ("max_tokens", "Max tokens"),
+    "repetition_penalty": ("repetition_penalty", "Repetition penalty"),
+    "seed": ("seed", "Seed"),
+}
 
 
 async def index(request):
@@ -15,8 +36,28 @@ async def index(request):
         summary, queue_ok = worker_summary(await job_client().workers()), True
     except redis.RedisError:
         summary, queue_ok = worker_summary([]), False
-    context = {"summary": summary, "queue_ok": queue_ok, "max_new_tokens": settings.PLAYGROUND_MAX_NEW_TOKENS}
+    context = {
+        "summary": summary,
+        "queue_ok": queue_ok,
+        "max_new_tokens": settings.PLAYGROUND_MAX_NEW_TOKENS,
+        "max_prompt_chars": settings.PLAYGROUND_MAX_PROMPT_CHARS,
+        "form": await form_values(request.GET.get("from")),
+    }
     return render(request, "playground/index.html", context)
+
+
+async def form_values(generation_id: str | None) -> dict:
+    """The form's first values: the defaults, or a shared generation's prompt and settings ("Try it
+    yourself" links to /?from=<id>). The template escapes them; the page never evaluates them."""
+    form = {name: str(value) for name, value in FORM_DEFAULTS.items()}
+    row = await Generation.objects.filter(pk=generation_id).afirst() if generation_id else None
+    if row is None:
+        return form
+    form.update(prompt=row.prompt, system_prompt=row.system_prompt, model=row.model, prefilled="true")
+    for param, (field, _) in PARAM_FIELDS.items():
+        if row.params.get(param) is not None and field in form:
+            form[field] = str(row.params[param])
+    return form
 
 
 def stat_rows(generation: Generation) -> list[tuple[str, str]]:
@@ -38,6 +79,20 @@ def stat_rows(generation: Generation) -> list[tuple[str, str]]:
     return rows
 
 
+def param_rows(generation: Generation) -> list[tuple[str, str]]:
+    """The sampling settings the run asked for, in the page's words (unset ones took the defaults)."""
+    params = generation.params or {}
+    return [
+        (label, str(params[key])) for key, (_, label) in PARAM_FIELDS.items() if params.get(key) is not None
+    ]
+
+
 def generation(request, generation_id: str):
     row = get_object_or_404(Generation, pk=generation_id)
-    return render(request, "playground/generation.html", {"generation": row, "stats": stat_rows(row)})
+    context = {
+        "generation": row,
+        "stats": stat_rows(row),
+        "params": param_rows(row),
+        "try_url": reverse("index") + "?" + urlencode({"from": row.pk}),
+    }
+    return render(request, "playground/generation.html", context)

@@ -160,13 +160,22 @@ async def test_truncated_frames_get_an_error(cut):
     assert answer["code"] == "bad_frame"
 
 
-async def test_a_frame_over_64_kib_is_refused_before_it_is_parsed():
-    huge = json.dumps({"type": "generate", "prompt": "x" * (64 * 1024), "model": MODEL})
+async def test_a_frame_over_the_limit_is_refused_before_it_is_parsed(web_settings):
+    limit = web_settings.PLAYGROUND_MAX_FRAME_BYTES
+    huge = json.dumps({"type": "generate", "prompt": "x" * limit, "model": MODEL})
     (answer,) = await answers_to(huge)
     assert_clear_error(answer)
-    assert answer["code"] == "frame_too_large" and "64 KiB" in answer["message"]
-    (answer,) = await answers_to(b"\x00" * (64 * 1024 + 1))
+    assert answer["code"] == "frame_too_large" and f"{limit // 1024} KiB" in answer["message"]
+    (answer,) = await answers_to(b"\x00" * (limit + 1))
     assert answer["code"] == "frame_too_large"
+
+
+async def test_a_frame_carrying_the_longest_prompt_is_not_too_large(web_settings):
+    """The frame limit follows the prompt limit: a prompt the server accepts fits in a frame."""
+    longest = "é" * web_settings.PLAYGROUND_MAX_PROMPT_CHARS  # two UTF-8 bytes each
+    frame = {"type": "generate", "prompt": longest, "model": "nope"}
+    (answer,) = await answers_to(json.dumps(frame, ensure_ascii=False))  # as a browser's JSON.stringify
+    assert answer["code"] == "invalid_request" and answer["param"] == "model"
 
 
 # ---- the HTTP API ----------------------------------------------------------------------------------

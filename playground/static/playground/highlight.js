@@ -7,19 +7,32 @@
  * (```lang ... ```) are highlighted in their language and the prose around them stays plain; an
  * output without fences is treated as code. The element's textContent stays exactly the text.
  *
- *   kogHighlight.render(element, text)
- *   <code data-highlight>...</code>   is highlighted on load (the share page)
+ *   kogHighlight.render(element, text, {context, contextElement})
+ *       context: the text the model continued (its prompt), read with the output to tell the
+ *       language and, when contextElement is given, highlighted with it and shown there
+ *   kogHighlight.promptContext({chat, prompt, system, text})   the text a completion continues
+ *   <code data-highlight data-chat="true|false" data-prompt="ID">   highlighted on load (the share page)
  */
 (function () {
   "use strict";
 
   const FENCE = /^```[ \t]*([\w+#.-]*)[^\n]*\n([\s\S]*?)^```[ \t]*$/gm;
+  // Without a fence the language is guessed; CSS is left out because its grammar matches almost any
+  // `a.b = c` line, so it wins on plain Python, and nobody asks a code model for unfenced CSS.
   const AUTO_LANGUAGES = [
     "python", "javascript", "typescript", "c", "cpp", "csharp", "rust", "go", "java", "kotlin",
-    "swift", "bash", "shell", "sql", "json", "yaml", "xml", "css", "markdown", "ruby", "php", "lua",
+    "swift", "bash", "shell", "sql", "json", "yaml", "xml", "markdown", "ruby", "php", "lua",
   ];
   const MAX_CHARS = 200000; // beyond this, highlighting costs more than it helps
   const SNIFF_CHARS = 2000; // auto-detection tries every language: on a prefix only (~20 ms, not ~1 s)
+  // The models served here are code models, most of them Python ones (the default is trained on the
+  // standard library), and a few lines of Python read as Ruby or Kotlin as easily: Python wins unless
+  // another language is clearly a better fit.
+  const PREFERRED = "python";
+  const PREFERRED_MARGIN = 2;
+  // A chat template for a base code model (the default's `pycomment`) passes a prompt that already is
+  // code through as it is, and the model continues it: such an answer is runnable only after its prompt.
+  const CODE_PROMPT = /^\s*(def |async def |class |import |from |@|#)/;
 
   // highlight.js's scope names -> its CSS classes: "title.function" -> "hljs-title function_"
   function cssClasses(scope) {
@@ -42,24 +55,32 @@
     for (const child of node.children || []) build(child, target);
   }
 
-  function appendCode(parent, code, language) {
+  function detectLanguage(hljs, sample) {
+    const best = hljs.highlightAuto(sample, AUTO_LANGUAGES);
+    if (!best.language || best.language === PREFERRED) return best.language || PREFERRED;
+    const preferred = hljs.highlight(sample, { language: PREFERRED, ignoreIllegals: true });
+    return best.relevance > PREFERRED_MARGIN * preferred.relevance ? best.language : PREFERRED;
+  }
+
+  // Appends code to parent as highlighted nodes; returns the language used ("" for plain text).
+  function appendCode(parent, code, language, sniffPrefix) {
     const hljs = window.hljs;
     let tree = null;
     if (hljs && code) {
       try {
         if (!language || !hljs.getLanguage(language)) {
-          language = hljs.highlightAuto(code.slice(0, SNIFF_CHARS), AUTO_LANGUAGES).language;
+          const sample = ((sniffPrefix || "").slice(-SNIFF_CHARS / 2) + code).slice(0, SNIFF_CHARS);
+          language = detectLanguage(hljs, sample);
         }
-        if (language) {
-          const result = hljs.highlight(code, { language, ignoreIllegals: true });
-          tree = result._emitter && result._emitter.rootNode;
-        }
+        const result = hljs.highlight(code, { language, ignoreIllegals: true });
+        tree = result._emitter && result._emitter.rootNode;
       } catch (err) {
         tree = null;
       }
     }
     if (tree) build(tree, parent);
     else parent.append(code);
+    return tree ? language : "";
   }
 
   function appendMuted(parent, text) {
@@ -69,33 +90,85 @@
     parent.append(span);
   }
 
-  function render(element, text) {
-    const fragment = document.createDocumentFragment();
-    if (text.length > MAX_CHARS) {
-      fragment.append(text);
-    } else {
-      let at = 0;
-      let fenced = false;
-      for (const match of text.matchAll(FENCE)) {
-        fenced = true;
-        fragment.append(text.slice(at, match.index));
-        const opening = match[0].slice(0, match[0].indexOf("\n") + 1);
-        appendMuted(fragment, opening);
-        appendCode(fragment, match[2], match[1].toLowerCase());
-        appendMuted(fragment, match[0].slice(opening.length + match[2].length));
-        at = match.index + match[0].length;
+  // Moves the first `offset` characters of container, with the spans around them (split where they
+  // straddle the cut), into a fragment: a string can open in the prompt and close in the answer.
+  function cutBefore(container, offset) {
+    const walker = document.createTreeWalker(container, NodeFilter.SHOW_TEXT);
+    const range = document.createRange();
+    range.setStart(container, 0);
+    range.setEnd(container, container.childNodes.length);
+    let seen = 0;
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      if (seen + node.length >= offset) {
+        range.setEnd(node, offset - seen);
+        break;
       }
-      if (fenced) fragment.append(text.slice(at));
-      else appendCode(fragment, text, null);
+      seen += node.length;
     }
-    element.replaceChildren(fragment);
+    return range.extractContents();
   }
 
-  window.kogHighlight = { render };
+  function hasFence(text) {
+    FENCE.lastIndex = 0; // a global regex's test() starts where the last one stopped
+    const found = FENCE.test(text);
+    FENCE.lastIndex = 0;
+    return found;
+  }
+
+  function renderFenced(fragment, text) {
+    let at = 0;
+    let language = "";
+    for (const match of text.matchAll(FENCE)) {
+      fragment.append(text.slice(at, match.index));
+      const opening = match[0].slice(0, match[0].indexOf("\n") + 1);
+      appendMuted(fragment, opening);
+      language = appendCode(fragment, match[2], match[1].toLowerCase()) || language;
+      appendMuted(fragment, match[0].slice(opening.length + match[2].length));
+      at = match.index + match[0].length;
+    }
+    fragment.append(text.slice(at));
+    return language;
+  }
+
+  function render(element, text, options) {
+    const context = (options && options.context) || "";
+    const contextElement = options && options.contextElement;
+    let language = "";
+    let shownContext = context;
+    const fragment = document.createElement("span");
+    if (text.length + context.length > MAX_CHARS) {
+      fragment.append(text);
+    } else if (hasFence(text)) {
+      language = renderFenced(fragment, text);
+    } else if (contextElement && context) {
+      // prompt and answer are one piece of code: highlight them together, then show them apart
+      language = appendCode(fragment, context + text, null);
+      shownContext = cutBefore(fragment, context.length);
+    } else {
+      language = appendCode(fragment, text, null, context);
+    }
+    if (contextElement) contextElement.replaceChildren(shownContext);
+    element.replaceChildren(...fragment.childNodes);
+    element.dataset.language = language;
+    return language;
+  }
+
+  function promptContext({ chat, prompt, system, text }) {
+    if (!prompt) return "";
+    if (!chat) return system ? `${system}\n\n${prompt}` : prompt; // what playground/jobs.py sends
+    if (!CODE_PROMPT.test(prompt) || text.includes("```")) return "";
+    return prompt.endsWith("\n") ? prompt : prompt + "\n"; // the template ends the prompt's line
+  }
+
+  window.kogHighlight = { render, promptContext };
 
   document.addEventListener("DOMContentLoaded", function () {
     for (const element of document.querySelectorAll("[data-highlight]")) {
-      render(element, element.textContent);
+      const text = element.textContent;
+      const promptElement = document.getElementById(element.dataset.prompt || "");
+      const prompt = promptElement ? promptElement.textContent : "";
+      const context = promptContext({ chat: element.dataset.chat === "true", prompt, system: "", text });
+      render(element, text, { context, contextElement: document.getElementById("output-context") });
     }
     // highlight.js compiles each grammar on first use (~200 ms for all of them): do it while idle,
     // not in the frame that shows a finished answer.

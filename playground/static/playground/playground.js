@@ -1,33 +1,40 @@
 /*
  * The playground page. htmx's websocket extension owns the socket (ws-connect on <main>, ws-send on
- * the form and the Stop button, reconnects with backoff); this file shapes what is sent and applies
- * what arrives. The frame protocol is documented in playground/consumers.py.
+ * the form); this file shapes what is sent, applies what arrives, and decides when to reconnect. The
+ * frame protocol is documented in playground/consumers.py.
  *
  * Speed: frames (one per worker flush, ~25 ms) only append to a buffer; a requestAnimationFrame
  * loop writes the buffer into the page once per frame, and the counters with it, so a 5,000
  * tokens/s stream costs one DOM append per frame. Counters come from the worker's clock.
  * Safety: model output enters the page only as text nodes (append(string), textContent).
  * Reconnects: every stream frame has an entry id; the page applies each id once and in order, and
- * after a reconnect asks for the entries after the last one it applied.
+ * after a reconnect asks for the entries after the last one it applied. A reload keeps the form and
+ * the run's job id in sessionStorage and replays the run from its first entry.
  */
 (function () {
   "use strict";
 
   const ACTIVE = new Set(["sending", "queued", "streaming", "stopping", "reconnecting"]);
-  const RETRIED_BY_HTMX = [1006, 1011, 1012, 1013]; // close codes htmx's ws extension reconnects after
   const FIELD_IDS = {
     prompt: "prompt", system_prompt: "system-prompt", model: "model",
     temperature: "temperature", top_p: "top-p", max_tokens: "max-tokens",
   };
+  const STORE_KEY = "kog-playground";
+  const RETRY_MS = [250, 500, 1000, 2000, 3000]; // reconnect delays after each failed try; the last repeats
 
   const ui = {};
   let socket = null; // the ws extension's socket wrapper: send() queues while disconnected
-  let run = newRun();
+  let connection = "connecting"; // connecting | open | closed
+  let run = newRun(); // the run the page shows
+  let request = null; // a generate frame on its way: {frame, at, sent}, until its job id comes back
+  let models = {}; // name -> {chat, max_context}, from the latest workers frame
   let frameRequested = false;
+  const retry = { timer: null, count: 0 };
 
   function newRun() {
     return {
-      phase: "idle", jobId: null, lastId: "0-0", sent: false, note: "",
+      phase: "idle", jobId: null, lastId: "0-0", note: "", model: "", maxTokens: null,
+      chat: false, prompt: "", system: "", context: "", stopRequested: false, restored: false,
       pending: [], text: "", n: 0, t: 0, tFirst: null, queue: null,
       startedAt: 0, endedAt: null, stats: null,
     };
@@ -39,6 +46,79 @@
     const [am, as] = a.split("-").map(Number);
     const [bm, bs] = b.split("-").map(Number);
     return am > bm || (am === bm && (as || 0) > (bs || 0));
+  }
+
+  // ---- the form, and what survives a reload ------------------------------------------------------
+
+  function formValues() {
+    return {
+      prompt: ui.prompt.value, system_prompt: ui.system.value, model: ui.model.value,
+      temperature: ui.temperature.value, top_p: ui.topP.value, max_tokens: ui.maxTokens.value,
+    };
+  }
+
+  function readStore() {
+    try {
+      return JSON.parse(sessionStorage.getItem(STORE_KEY)) || {};
+    } catch (err) {
+      return {}; // storage disabled or a broken entry: start afresh
+    }
+  }
+
+  function persist() {
+    const job = run.jobId && {
+      id: run.jobId, model: run.model, chat: run.chat, prompt: run.prompt, system: run.system,
+      maxTokens: run.maxTokens,
+      startedAt: Date.now() - (performance.now() - run.startedAt), // wall clock: survives the reload
+      endedAt: run.endedAt === null ? null : Date.now() - (performance.now() - run.endedAt),
+    };
+    try {
+      sessionStorage.setItem(STORE_KEY, JSON.stringify({ form: formValues(), job: job || null }));
+    } catch (err) {
+      // full or disabled storage: a reload then starts afresh, nothing else changes
+    }
+  }
+
+  function restoreForm(form) {
+    const fields = {
+      prompt: ui.prompt, system_prompt: ui.system, temperature: ui.temperature, top_p: ui.topP,
+      max_tokens: ui.maxTokens,
+    };
+    for (const [name, el] of Object.entries(fields)) {
+      if (typeof form[name] === "string") el.value = form[name];
+    }
+    if (typeof form.model === "string" && form.model) {
+      ui.model.dataset.wanted = form.model; // selected once a workers frame lists it
+      selectWantedModel();
+    }
+    if (ui.system.value) ui.systemDetails.open = true;
+  }
+
+  // A run that was going (or had ended) when the page reloaded: show it again from its first entry;
+  // the server keeps a job's whole event stream for an hour.
+  function restoreRun(job) {
+    if (!job || typeof job.id !== "string") return;
+    run = Object.assign(newRun(), {
+      jobId: job.id, model: job.model || "", chat: !!job.chat, prompt: job.prompt || "",
+      system: job.system || "", maxTokens: job.maxTokens ?? null, restored: true,
+      startedAt: performance.now() - (Date.now() - job.startedAt),
+      endedAt: job.endedAt ? performance.now() - (Date.now() - job.endedAt) : null,
+    });
+    showContext();
+    setPhase("reconnecting", "restoring the last run…");
+  }
+
+  function restoreFromLoad() {
+    const saved = readStore();
+    if (ui.form.dataset.prefilled === "true") {
+      // "Try it yourself" on a share page: its values win, and the address loses ?from= so that a
+      // reload keeps what the person types from here on
+      history.replaceState(history.state, "", location.pathname);
+    } else if (saved.form) {
+      restoreForm(saved.form);
+    }
+    restoreRun(saved.job);
+    persist();
   }
 
   // ---- sending ---------------------------------------------------------------------------------
@@ -56,30 +136,72 @@
     };
   }
 
-  function onConfigSend(event) {
-    if (event.target === ui.stop) {
-      if (!run.jobId || !ACTIVE.has(run.phase)) return event.preventDefault();
-      event.detail.messageBody = JSON.stringify({ type: "stop" });
-      setPhase("stopping");
-      return;
-    }
-    if (event.target !== ui.form) return;
-    if (ACTIVE.has(run.phase)) return event.preventDefault();
-    event.detail.messageBody = JSON.stringify(generateFrame());
-    startRun();
+  // The server refuses prompts over its limit; say so before sending 100,000 characters for nothing.
+  function promptTooLong() {
+    const limit = Number(ui.form.dataset.maxPromptChars);
+    const length = Array.from(ui.prompt.value).length; // characters, as Python counts them
+    if (!limit || length <= limit) return "";
+    const fmt = (n) => n.toLocaleString("en");
+    return `the prompt is ${fmt(length)} characters; the limit is ${fmt(limit)}`;
   }
 
-  function startRun() {
-    run = newRun();
-    run.startedAt = performance.now();
+  function onConfigSend(event) {
+    if (event.target !== ui.form) return;
+    if (ACTIVE.has(run.phase) || request) return event.preventDefault();
+    if (event.detail.errors && event.detail.errors.length) {
+      ui.form.reportValidity(); // htmx halts the send itself; the browser says which field and why
+      return;
+    }
+    const tooLong = promptTooLong();
+    if (tooLong) {
+      event.preventDefault();
+      markInvalid("prompt");
+      return refuse(tooLong);
+    }
+    const frame = generateFrame();
+    event.detail.messageBody = JSON.stringify(frame);
+    request = { frame, at: performance.now(), sent: false };
+    setPhase("sending");
+    revealOutput();
+    requestRender();
+  }
+
+  function onAfterSend(event) {
+    if (event.target === ui.form && request) request.sent = true;
+  }
+
+  // The server took the request (its first frame names the job): only now does the last run's
+  // output make way, so a refused request leaves it in place.
+  function acceptJob(jobId) {
+    const frame = request.frame;
+    run = Object.assign(newRun(), {
+      jobId, model: frame.model, chat: !!(models[frame.model] || {}).chat, prompt: frame.prompt,
+      system: frame.system_prompt, maxTokens: frame.max_tokens ?? null, startedAt: request.at,
+    });
+    request = null;
     ui.output.replaceChildren();
     delete ui.output.dataset.streamCheck;
+    delete ui.output.dataset.language;
     for (const el of document.querySelectorAll(".invalid")) el.classList.remove("invalid");
     ui.finalStats.hidden = true;
     ui.copy.hidden = true;
-    ui.share.hidden = true;
+    ui.shareActions.hidden = true;
+    showContext();
     setPhase("sending");
-    requestRender();
+    persist();
+  }
+
+  function requestStop() {
+    if (!run.jobId || !ACTIVE.has(run.phase) || run.stopRequested) return;
+    run.stopRequested = true;
+    if (connection === "open") {
+      socket.send(JSON.stringify({ type: "stop" }));
+      setPhase("stopping");
+    } else {
+      // sent after the resume that follows the reconnect: a stop sent before it would reach a
+      // socket that follows no job, and the run would carry on
+      setPhase("stopping", "stops once reconnected");
+    }
   }
 
   // ---- receiving -------------------------------------------------------------------------------
@@ -94,7 +216,7 @@
     }
     if (frame.type === "workers") return showWorkers(frame);
     if (frame.job_id) {
-      if (run.jobId === null && run.phase === "sending") run.jobId = frame.job_id;
+      if (request && frame.job_id !== run.jobId) acceptJob(frame.job_id);
       if (frame.job_id !== run.jobId) return; // a frame of an earlier run
     } else if (frame.type === "error") {
       return requestError(frame);
@@ -103,19 +225,21 @@
       if (!entryAfter(frame.id, run.lastId)) return; // already applied before a reconnect
       run.lastId = frame.id;
     }
+    // Once Stop is pressed the state says so until the run ends, whatever frames are still on the way.
+    const follow = (phase, note) => run.stopRequested || setPhase(phase, note);
     switch (frame.type) {
       case "queue":
         run.queue = frame.position;
-        if (frame.position === null) setPhase("queued", "starting…");
-        else if (frame.workers === 0) setPhase("queued", "waiting for a worker to start");
-        else setPhase("queued", frame.position === 0 ? "next in line" : `${frame.position} ahead`);
+        if (frame.position === null) follow("queued", "starting…");
+        else if (frame.workers === 0) follow("queued", "waiting for a worker to start");
+        else follow("queued", frame.position === 0 ? "next in line" : `${frame.position} ahead`);
         break;
       case "started":
         run.queue = 0;
-        setPhase("streaming", "prefilling…");
+        follow("streaming", "prefilling…");
         break;
       case "prefilled":
-        if (run.phase !== "stopping") setPhase("streaming", `${frame.prompt_tokens} prompt tokens`);
+        follow("streaming", `${frame.prompt_tokens} prompt tokens`);
         break;
       case "delta":
         run.pending.push(frame.text);
@@ -123,7 +247,7 @@
         run.n = frame.n;
         run.t = frame.t;
         run.tFirst = frame.t_first;
-        if (run.phase !== "stopping" && run.phase !== "streaming") setPhase("streaming");
+        if (run.phase !== "streaming") follow("streaming");
         requestRender();
         break;
       case "done":
@@ -137,13 +261,54 @@
 
   function requestError(frame) {
     // A refused request (bad field, busy, queue full) or a broken frame: the socket stays usable.
-    const field = frame.param && document.getElementById(FIELD_IDS[frame.param] || "");
-    if (field) {
-      field.classList.add("invalid");
-      field.focus();
+    if (frame.param) markInvalid(frame.param);
+    if (request) {
+      request = null;
+      return refuse(frame.message);
     }
-    if (run.phase === "sending" && !run.jobId) finish("error", frame.message);
-    else flashNote(frame.message);
+    if (frame.code === "unknown_job" && run.jobId && ACTIVE.has(run.phase)) return forgetRun();
+    flashNote(frame.message);
+  }
+
+  // The request never became a job: the last run stays on screen, the state says why.
+  function refuse(message) {
+    setPhase("error", message);
+    renderCounters(performance.now());
+  }
+
+  // The server no longer has the run this page follows (finished runs expire after an hour).
+  function forgetRun() {
+    const wasRestored = run.restored && !run.text;
+    run = newRun();
+    ui.output.replaceChildren();
+    showContext();
+    setPhase("idle");
+    renderCounters(performance.now());
+    persist();
+    flashNote(wasRestored ? "the last run has expired on the server" : "the server no longer has this run");
+  }
+
+  function markInvalid(param) {
+    const field = document.getElementById(FIELD_IDS[param] || "");
+    if (!field) return;
+    field.classList.add("invalid");
+    field.focus();
+  }
+
+  function finishNote(frame) {
+    const stats = frame.stats;
+    if (frame.finish_reason === "cancelled") {
+      if (!stats) return "before it started";
+      return run.text ? "partial output kept" : "before any output";
+    }
+    if (frame.finish_reason === "stop") return "end of answer";
+    if (frame.finish_reason !== "length") return frame.finish_reason;
+    // The worker reports "length" for both limits; the tokens tell which one it was.
+    const context = (models[run.model] || {}).max_context;
+    if (stats && context && stats.prompt_tokens + stats.completion_tokens >= context) {
+      return `context full · ${context.toLocaleString("en")} tokens`;
+    }
+    return "reached max tokens";
   }
 
   function finishDone(frame) {
@@ -152,54 +317,103 @@
     ui.output.dataset.streamCheck = frame.text === run.text ? "ok" : "mismatch";
     run.text = frame.text;
     run.stats = frame.stats;
-    if (frame.stats) {
-      run.n = frame.stats.completion_tokens;
-    }
-    const stopped = frame.finish_reason === "cancelled";
-    const why = { length: "reached max tokens", stop: "end of answer", cancelled: "partial output kept" };
-    finish(stopped ? "stopped" : "done", why[frame.finish_reason] || frame.finish_reason);
-    window.kogHighlight.render(ui.output, run.text);
+    if (frame.stats) run.n = frame.stats.completion_tokens;
+    let phase = "done";
+    if (frame.finish_reason === "cancelled") phase = frame.stats ? "stopped" : "cancelled";
+    finish(phase, finishNote(frame));
+    window.kogHighlight.render(ui.output, run.text, { context: showContext(), contextElement: ui.context });
     showFinalStats(frame.stats);
     ui.copy.hidden = !run.text;
     if (typeof frame.share_url === "string" && frame.share_url.startsWith("/g/")) {
       ui.share.href = frame.share_url;
-      ui.share.hidden = false;
+      ui.shareActions.hidden = false;
     }
+    persist();
   }
 
   function finish(phase, note) {
     flushPending();
-    run.endedAt = performance.now();
+    if (run.endedAt === null) run.endedAt = performance.now();
+    run.restored = false;
     setPhase(phase, note);
     renderCounters(run.endedAt);
   }
 
   // ---- connection ------------------------------------------------------------------------------
 
+  // htmx's ws extension reconnects only after some close codes, on a jittered backoff that grows to
+  // 64 s, with a timer nothing can cut short. The page keeps that schedule itself: its sockets report
+  // every close to htmx as a normal one (so htmx schedules nothing), and scheduleReconnect() retries
+  // within a few seconds, at once when the network comes back, the tab is shown, or Retry is clicked.
+  function createSocket(url) {
+    const ws = new WebSocket(url, []);
+    ws.binaryType = window.htmx.config.wsBinaryType;
+    Object.defineProperty(ws, "onclose", {
+      set(handler) {
+        ws.addEventListener("close", (event) =>
+          handler(new CloseEvent("close", { code: 1000, reason: event.reason, wasClean: event.wasClean })),
+        );
+      },
+    });
+    connection = "connecting";
+    if (ui.retry) ui.retry.hidden = true;
+    return ws;
+  }
+
+  function scheduleReconnect() {
+    clearTimeout(retry.timer);
+    retry.timer = setTimeout(reconnectNow, RETRY_MS[Math.min(retry.count, RETRY_MS.length - 1)]);
+    retry.count += 1;
+  }
+
+  function reconnectNow() {
+    clearTimeout(retry.timer);
+    retry.timer = null;
+    if (connection !== "closed" || !socket) return; // one socket at a time
+    socket.reconnect();
+  }
+
   function onOpen(event) {
     socket = event.detail.socketWrapper;
-    setConnection(true);
-    if (run.jobId && ACTIVE.has(run.phase)) {
-      socket.send(JSON.stringify({ type: "resume", job_id: run.jobId, after: run.lastId }));
+    clearTimeout(retry.timer);
+    retry.count = 0;
+    setConnection("open");
+    if (request) {
+      // a request still waiting in the extension's queue goes out right after this event; one that
+      // went out before the drop never got its job id back, so there is nothing to resume
+      if (request.sent) {
+        request = null;
+        refuse("the connection dropped before the job started; please try again");
+      }
+      return;
+    }
+    if (!run.jobId || !ACTIVE.has(run.phase)) return;
+    socket.send(JSON.stringify({ type: "resume", job_id: run.jobId, after: run.lastId }));
+    if (run.stopRequested) {
+      socket.send(JSON.stringify({ type: "stop" }));
+      setPhase("stopping");
+    } else if (!run.restored) {
       setPhase(run.phase === "reconnecting" ? "streaming" : run.phase, "resumed");
-    } else if (run.phase === "reconnecting") {
-      // the request went out but its job id never came back: nothing to resume
-      finish("error", "the connection dropped before the job started; please try again");
     }
   }
 
   function onClose(event) {
-    setConnection(false);
-    // (a request still waiting in the extension's send queue simply goes out after the reconnect)
-    if (ACTIVE.has(run.phase) && (run.jobId || run.sent)) setPhase("reconnecting", "connection lost — reconnecting…");
-    const wrapper = event.detail.socketWrapper;
-    if (!RETRIED_BY_HTMX.includes(event.detail.event.code) && wrapper) {
-      setTimeout(() => wrapper.reconnect(), 1000);
-    }
+    socket = event.detail.socketWrapper;
+    setConnection("closed");
+    const following = request ? request.sent : ACTIVE.has(run.phase) && run.jobId;
+    if (following && run.stopRequested) setPhase("stopping", "stops once reconnected");
+    else if (following && !run.restored) setPhase("reconnecting", "connection lost — reconnecting…");
+    scheduleReconnect();
   }
 
-  function onAfterSend(event) {
-    if (event.target === ui.form) run.sent = true;
+  function setConnection(state) {
+    connection = state;
+    ui.app.dataset.connected = state === "open" ? "true" : "false";
+    ui.retry.hidden = state !== "closed";
+    if (state !== "open") {
+      ui.workerStatus.dataset.up = "false";
+      setText(ui.workerText, state === "closed" ? "connection lost · reconnecting" : "connecting…");
+    }
   }
 
   // ---- rendering -------------------------------------------------------------------------------
@@ -225,6 +439,24 @@
     ui.output.append(run.pending.join(""));
     run.pending = [];
     if (atBottom) box.scrollTop = box.scrollHeight;
+  }
+
+  // The text the model continued, shown dimmed before its output (and copied with it): a completion
+  // model's answer is runnable only after its prompt. Returns that text ("" when there is none).
+  function showContext() {
+    const context = window.kogHighlight.promptContext(run);
+    ui.context.textContent = context;
+    ui.copy.title = context ? "Copies the prompt and the completion, as shown" : "Copies the output";
+    return context;
+  }
+
+  // On a one-column layout (a phone) the output sits below the form: bring it into view on start.
+  function revealOutput() {
+    if (!window.matchMedia("(max-width: 900px)").matches) return;
+    const top = ui.result.getBoundingClientRect().top;
+    if (top >= 0 && top < window.innerHeight * 0.4) return;
+    const reduced = window.matchMedia("(prefers-reduced-motion: reduce)").matches;
+    ui.result.scrollIntoView({ block: "start", behavior: reduced ? "auto" : "smooth" });
   }
 
   function setText(el, value) {
@@ -269,7 +501,7 @@
     run.note = note || "";
     const labels = {
       idle: "Ready", sending: "Sending…", queued: "Queued", streaming: "Streaming", stopping: "Stopping…",
-      reconnecting: "Reconnecting", done: "Done", stopped: "Stopped", error: "Error",
+      reconnecting: "Reconnecting", done: "Done", stopped: "Stopped", cancelled: "Cancelled", error: "Error",
     };
     ui.state.dataset.state = phase;
     setText(ui.state, run.note ? `${labels[phase]} · ${run.note}` : labels[phase]);
@@ -287,15 +519,7 @@
     noteTimer = setTimeout(() => (ui.note.hidden = true), 6000);
   }
 
-  // ---- workers ---------------------------------------------------------------------------------
-
-  function setConnection(connected) {
-    ui.app.dataset.connected = connected ? "true" : "false";
-    if (!connected) {
-      ui.workerStatus.dataset.up = "false";
-      setText(ui.workerText, "connection lost · reconnecting");
-    }
-  }
+  // ---- workers and models ------------------------------------------------------------------------
 
   function showWorkers(frame) {
     ui.workerStatus.dataset.up = frame.up ? "true" : "false";
@@ -305,10 +529,14 @@
       if (frame.busy) text += ` · ${frame.busy} busy`;
     }
     setText(ui.workerText, text);
+    models = Object.fromEntries(frame.models.map((m) => [m.name, m]));
+    showModels(frame.models.map((m) => m.name));
+    updateTokenLimit();
+  }
 
-    const names = frame.models.map((m) => m.name);
+  function showModels(names) {
     const current = Array.from(ui.model.options).filter((o) => !o.disabled).map((o) => o.value);
-    if (names.join("\n") === current.join("\n")) return;
+    if (names.join("\n") === current.join("\n")) return selectWantedModel();
     const selected = ui.model.value;
     const options = names.map((name) => {
       const option = document.createElement("option");
@@ -324,40 +552,86 @@
     }
     ui.model.replaceChildren(...options);
     if (names.includes(selected)) ui.model.value = selected;
+    selectWantedModel();
   }
 
-  // ---- copy ------------------------------------------------------------------------------------
+  // The model a reload or a share link asked for, as soon as a worker serves it.
+  function selectWantedModel() {
+    const wanted = ui.model.dataset.wanted;
+    if (!wanted || !Array.from(ui.model.options).some((o) => o.value === wanted)) return;
+    ui.model.value = wanted;
+    delete ui.model.dataset.wanted;
+    updateTokenLimit();
+  }
 
-  function copyOutput() {
-    const done = () => {
-      setText(ui.copy, "Copied");
-      setTimeout(() => setText(ui.copy, "Copy"), 1500);
-    };
-    if (navigator.clipboard && window.isSecureContext) {
-      navigator.clipboard.writeText(run.text).then(done, selectOutput);
-    } else {
-      selectOutput();
+  // A model's context holds the prompt and the answer: max tokens can be at most one less, and the
+  // field says so while it is over.
+  function updateTokenLimit() {
+    const serverMax = Number(ui.form.dataset.maxNewTokens);
+    const context = (models[ui.model.value] || {}).max_context;
+    const cap = context ? Math.min(serverMax, context - 1) : serverMax;
+    ui.maxTokens.max = String(cap);
+    const over = Number(ui.maxTokens.value) > cap;
+    ui.maxTokens.classList.toggle("over", over);
+    const limited = context && context - 1 < serverMax;
+    ui.tokenHint.hidden = !limited;
+    ui.tokenHint.classList.toggle("warn", over);
+    if (limited) {
+      const fmt = (n) => n.toLocaleString("en");
+      setText(ui.tokenHint, `${ui.model.value} reads ${fmt(context)} tokens, prompt and output together:`
+        + ` max tokens ≤ ${fmt(cap)}${over ? "" : ", fewer with a long prompt"}.`);
     }
   }
 
-  function selectOutput() {
-    const range = document.createRange();
-    range.selectNodeContents(ui.output);
-    const selection = window.getSelection();
-    selection.removeAllRanges();
-    selection.addRange(range);
-    setText(ui.copy, "Press Ctrl+C");
+  // ---- copying -----------------------------------------------------------------------------------
+
+  function copyOutput() {
+    window.kogClipboard.copy(ui.context.textContent + run.text).then((ok) => {
+      if (ok) return window.kogClipboard.flash(ui.copy, "Copied");
+      // last resort: select the text so that Ctrl+C copies it
+      const range = document.createRange();
+      range.selectNodeContents(ui.outputBox);
+      window.getSelection().removeAllRanges();
+      window.getSelection().addRange(range);
+      window.kogClipboard.flash(ui.copy, "Press Ctrl+C");
+    });
+  }
+
+  function copyShareLink() {
+    const url = new URL(ui.share.getAttribute("href"), location.href).href;
+    window.kogClipboard.copy(url).then((ok) => {
+      window.kogClipboard.flash(ui.copyLink, ok ? "Link copied" : "Copy failed: use Open");
+    });
+  }
+
+  // ---- keys --------------------------------------------------------------------------------------
+
+  function onFormKey(event) {
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+      event.preventDefault();
+      ui.form.requestSubmit();
+    }
+  }
+
+  function onDocumentKey(event) {
+    if (event.key !== "Escape" || event.defaultPrevented || !run.jobId || !ACTIVE.has(run.phase)) return;
+    event.preventDefault();
+    requestStop();
   }
 
   // ---- wiring ----------------------------------------------------------------------------------
 
+  if (window.htmx) window.htmx.createWebSocket = createSocket; // before htmx opens the first socket
+
   document.addEventListener("DOMContentLoaded", function () {
     const ids = {
-      app: "app", form: "prompt-form", prompt: "prompt", system: "system-prompt", model: "model",
-      temperature: "temperature", topP: "top-p", maxTokens: "max-tokens", generate: "generate",
-      stop: "stop", output: "output", outputBox: "output-box", state: "state", note: "note",
-      tokS: "tok-s", ttft: "ttft", tokens: "tokens", queue: "queue", elapsed: "elapsed",
-      copy: "copy", share: "share", finalStats: "final-stats", statPromptTokens: "stat-prompt-tokens",
+      app: "app", form: "prompt-form", prompt: "prompt", system: "system-prompt",
+      systemDetails: "system-details", model: "model", temperature: "temperature", topP: "top-p",
+      maxTokens: "max-tokens", tokenHint: "token-hint", generate: "generate", stop: "stop",
+      result: "result", output: "output", context: "output-context", outputBox: "output-box",
+      state: "state", note: "note", retry: "retry", tokS: "tok-s", ttft: "ttft", tokens: "tokens",
+      queue: "queue", elapsed: "elapsed", copy: "copy", shareActions: "share-actions", share: "share",
+      copyLink: "copy-link", finalStats: "final-stats", statPromptTokens: "stat-prompt-tokens",
       statPrefill: "stat-prefill", statTtft: "stat-ttft", statDecode: "stat-decode", statTotal: "stat-total",
       statBandwidth: "stat-bandwidth", bandwidthRow: "stat-bandwidth-row",
       workerStatus: "worker-status", workerText: "worker-text",
@@ -366,24 +640,36 @@
     if (!ui.app) return;
 
     ui.form.addEventListener("submit", (event) => event.preventDefault()); // htmx sends it over the socket
-    ui.prompt.addEventListener("keydown", (event) => {
-      if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
-        event.preventDefault();
-        ui.form.requestSubmit();
-      }
+    ui.form.addEventListener("keydown", onFormKey);
+    ui.form.addEventListener("input", (event) => {
+      event.target.classList.remove("invalid");
+      if (event.target === ui.maxTokens) updateTokenLimit();
+      persist();
     });
+    ui.model.addEventListener("change", () => {
+      delete ui.model.dataset.wanted;
+      updateTokenLimit();
+      persist();
+    });
+    document.addEventListener("keydown", onDocumentKey);
+    ui.stop.addEventListener("click", requestStop);
     ui.copy.addEventListener("click", copyOutput);
-    for (const id of Object.values(FIELD_IDS)) {
-      document.getElementById(id).addEventListener("input", (e) => e.target.classList.remove("invalid"));
-    }
+    ui.copyLink.addEventListener("click", copyShareLink);
+    ui.retry.addEventListener("click", reconnectNow);
+    window.addEventListener("online", reconnectNow);
+    document.addEventListener("visibilitychange", () => {
+      if (document.visibilityState === "visible") reconnectNow();
+    });
 
     ui.app.addEventListener("htmx:wsConfigSend", onConfigSend);
     ui.app.addEventListener("htmx:wsAfterSend", onAfterSend);
     ui.app.addEventListener("htmx:wsBeforeMessage", onMessage);
     ui.app.addEventListener("htmx:wsOpen", onOpen);
     ui.app.addEventListener("htmx:wsClose", onClose);
-    setConnection(false);
-    setText(ui.workerText, "connecting…");
+    setConnection("connecting");
     setPhase("idle");
+    restoreFromLoad();
+    updateTokenLimit();
+    renderCounters(performance.now());
   });
 })();

@@ -1,0 +1,55 @@
+/*
+ * Copying text, on the playground and the share page.
+ *
+ *   kogClipboard.copy(text)            resolves true once the text is on the clipboard
+ *   kogClipboard.flash(button, label)  shows label on the button for a moment, then its own again
+ *   <button data-copy-from="ID">       copies that element's text and says "Copied"
+ *
+ * The Clipboard API needs a secure context (https, or localhost); a playground served over plain
+ * http on a LAN address still copies through a selected, off-screen textarea.
+ */
+(function () {
+  "use strict";
+
+  const FLASH_MS = 1800;
+
+  function copyThroughSelection(text) {
+    const area = document.createElement("textarea");
+    area.value = text;
+    area.className = "offscreen";
+    area.setAttribute("readonly", "");
+    document.body.append(area);
+    area.select();
+    let copied = false;
+    try {
+      copied = document.execCommand("copy");
+    } catch (err) {
+      copied = false;
+    }
+    area.remove();
+    return copied;
+  }
+
+  function copy(text) {
+    if (navigator.clipboard && window.isSecureContext) {
+      return navigator.clipboard.writeText(text).then(() => true, () => copyThroughSelection(text));
+    }
+    return Promise.resolve(copyThroughSelection(text));
+  }
+
+  function flash(button, label) {
+    if (!button.dataset.label) button.dataset.label = button.textContent;
+    button.textContent = label;
+    clearTimeout(button.flashTimer);
+    button.flashTimer = setTimeout(() => (button.textContent = button.dataset.label), FLASH_MS);
+  }
+
+  window.kogClipboard = { copy, flash };
+
+  document.addEventListener("click", (event) => {
+    const button = event.target.closest && event.target.closest("[data-copy-from]");
+    const source = button && document.getElementById(button.dataset.copyFrom);
+    if (!source) return;
+    copy(source.textContent).then((ok) => flash(button, ok ? "Copied" : "Press Ctrl+C"));
+  });
+})();

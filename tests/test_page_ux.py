@@ -1,0 +1,490 @@
+"""The page past the happy path, as a person meets it in Debian's chromium driven by playwright:
+reloads, dropped networks, phones, shortcuts, refusals, limits and share pages.
+
+The stand-in engine echoes the prompt (one character per token), so every output is known exactly;
+one test runs the shipped default model, for its real context limit.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import WebServer, WorkerProcess, e2e_model
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
+
+MODEL = "standin:400"  # echoes the prompt at 400 tokens/s
+PHONE = {"width": 375, "height": 740}
+
+
+@pytest.fixture(scope="module")
+def server(redis_server, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("page")
+    worker = WorkerProcess(redis_server, [MODEL], tmp / "worker.log")
+    worker.wait_ready()
+    web = WebServer(redis_server, tmp)
+    yield web
+    web.stop()
+    worker.stop()
+
+
+@pytest.fixture(scope="module")
+def default_model(redis_server, tmp_path_factory):
+    """A worker of the shipped default model (a 1,024-token context), for the one test that needs it."""
+    model = e2e_model()
+    if not Path(model).is_dir():
+        pytest.skip("KOG_TEST_MODEL names a preset: the test counts tokens with the checkpoint's tokenizer")
+    worker = WorkerProcess(redis_server, [model], tmp_path_factory.mktemp("default") / "worker.log")
+    worker.wait_ready()
+    yield Path(model)
+    worker.stop()
+
+
+def new_page(browser, **options):
+    options.setdefault("viewport", {"width": 1280, "height": 860})
+    context = browser.new_context(permissions=["clipboard-read", "clipboard-write"], **options)
+    page = context.new_page()
+    page.errors = []
+    page.on("pageerror", lambda error: page.errors.append(str(error)))
+    return page
+
+
+@pytest.fixture
+def page(browser):
+    page = new_page(browser)
+    yield page
+    page.context.close()
+
+
+def open_playground(page, url: str, model: str = MODEL) -> None:
+    page.goto(url)
+    page.wait_for_selector("#worker-status[data-up=true]", timeout=15_000)
+    page.wait_for_selector(f'#model option[value="{model}"]', state="attached")
+    page.select_option("#model", model)  # other tests' workers may still be listed for a few seconds
+
+
+def generate(page, prompt: str, max_tokens: int) -> None:
+    page.fill("#prompt", prompt)
+    page.fill("#max-tokens", str(max_tokens))
+    page.click("#generate")
+
+
+def wait_for_state(page, state: str, timeout: int = 15_000) -> None:
+    page.wait_for_selector(f"#state[data-state={state}]", timeout=timeout)
+
+
+def wait_for_tokens(page, more_than: int) -> None:
+    page.wait_for_function(
+        f"() => +document.getElementById('tokens').textContent > {more_than}", timeout=15_000
+    )
+
+
+def record_states(page) -> None:
+    page.evaluate("""() => {
+        window.seenStates = [];
+        const state = document.getElementById("state");
+        new MutationObserver(() => window.seenStates.push(state.dataset.state))
+            .observe(state, {attributes: true, attributeFilter: ["data-state"]});
+    }""")
+
+
+def clipboard(page) -> str:
+    return page.evaluate("navigator.clipboard.readText()")
+
+
+def numbered_lines(count: int, tag: str = "line") -> str:
+    return "".join(f"{tag} {i:04d}\n" for i in range(count))
+
+
+class Proxy:
+    """A pass-through for the page's websocket that the test can cut, and keep cut (an outage)."""
+
+    def __init__(self, page):
+        self.sockets, self.attempts, self.outage = [], [], False
+        page.route_web_socket(re.compile(r".*/ws/generate/$"), self.handle)
+
+    def handle(self, ws):
+        self.attempts.append(time.monotonic())
+        if self.outage:
+            ws.close(code=1011, reason="outage")
+            return
+        ws.connect_to_server()
+        self.sockets.append(ws)
+
+    def cut(self, keep_down: bool) -> None:
+        self.outage = keep_down
+        self.sockets[-1].close(code=1011, reason="network drop")
+
+    def wait_for_attempts(self, page, count: int, timeout_s: float = 15) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.attempts) < count:
+            assert time.monotonic() < deadline, f"only {len(self.attempts)} connection attempts"
+            page.wait_for_timeout(50)
+
+
+# ---- 1. a reload keeps the form and the run ---------------------------------------------------------
+
+
+def test_a_reload_mid_stream_restores_the_form_and_resumes_the_run(server, page):
+    open_playground(page, server.url)
+    prompt = numbered_lines(150)  # 1,500 characters, all different: 3.75 s at 400 tokens/s
+    page.fill("#temperature", "0.7")
+    page.fill("#top-p", "0.8")
+    generate(page, prompt, len(prompt))
+    wait_for_tokens(page, 100)
+
+    page.reload()
+    assert page.input_value("#prompt") == prompt
+    assert (page.input_value("#temperature"), page.input_value("#top-p")) == ("0.7", "0.8")
+    assert page.input_value("#max-tokens") == str(len(prompt))
+    assert page.input_value("#model") == MODEL
+    wait_for_state(page, "done")  # the same run, followed to its end: not cancelled, not queued behind
+    assert page.text_content("#output") == prompt
+    assert page.get_attribute("#output", "data-stream-check") == "ok"
+    assert page.text_content("#tokens") == str(len(prompt))
+    assert float(page.text_content("#elapsed")) >= 3.0  # timed from the first submit
+    share = page.get_attribute("#share", "href")
+
+    page.reload()  # a finished run comes back too, share link and all
+    wait_for_state(page, "done")
+    assert page.text_content("#output") == prompt
+    assert page.get_attribute("#share", "href") == share
+    assert page.errors == []
+
+
+# ---- 2. reconnecting ------------------------------------------------------------------------------
+
+
+def test_a_lost_connection_retries_within_seconds_and_at_once_when_the_network_returns(server, page):
+    proxy = Proxy(page)
+    open_playground(page, server.url)
+    page.wait_for_selector("#app[data-connected=true]")
+    assert page.is_hidden("#retry")
+
+    started = time.monotonic()
+    proxy.cut(keep_down=True)
+    page.wait_for_selector("#retry", state="visible", timeout=2_000)
+    proxy.wait_for_attempts(page, 7)  # 6 retries: 0.25 + 0.5 + 1 + 2 + 3 + 3 s
+    tries = proxy.attempts[1:]
+    gaps = [b - a for a, b in zip(tries, tries[1:], strict=False)]
+    assert tries[0] - started < 1.0 and max(gaps) < 3.6, gaps  # capped at 3 s, not htmx's 64
+
+    proxy.wait_for_attempts(page, 8)
+    proxy.outage = False
+    page.context.set_offline(True)  # the network comes back: the browser fires `online`
+    page.context.set_offline(False)
+    back = time.monotonic()
+    page.wait_for_selector("#app[data-connected=true]", timeout=5_000)
+    assert time.monotonic() - back < 1.0  # the next scheduled try was ~3 s away
+    assert page.is_hidden("#retry")
+
+    proxy.cut(keep_down=True)
+    proxy.wait_for_attempts(page, 14)
+    proxy.outage = False
+    clicked = time.monotonic()
+    page.click("#retry")
+    page.wait_for_selector("#app[data-connected=true]", timeout=5_000)
+    assert time.monotonic() - clicked < 1.0
+    assert page.errors == []
+
+
+# ---- 3. sharing keeps the playground -----------------------------------------------------------------
+
+
+def test_share_link_is_copied_and_opens_in_a_new_tab_keeping_the_playground(server, page):
+    open_playground(page, server.url)
+    generate(page, "def shared():\n    pass\n", 23)
+    wait_for_state(page, "done")
+    href = page.get_attribute("#share", "href")
+    assert re.fullmatch(r"/g/[\w-]+", href)
+
+    page.click("#copy-link")
+    page.wait_for_selector("#copy-link:text('Link copied')")
+    assert clipboard(page) == server.url + href
+
+    assert page.get_attribute("#share", "target") == "_blank"
+    assert "noopener" in page.get_attribute("#share", "rel")
+    with page.context.expect_page() as opened:
+        page.click("#share")
+    shared = opened.value
+    shared.wait_for_load_state()
+    assert shared.url == server.url + href
+    assert page.url.rstrip("/") == server.url  # the playground stays where it was, run and all
+    assert page.text_content("#output") == "def shared():\n    pass\n"
+    assert page.get_attribute("#state", "data-state") == "done"
+
+
+# ---- 4. on a phone ---------------------------------------------------------------------------------
+
+
+def test_on_a_phone_generate_brings_the_live_output_into_view(server, browser):
+    page = new_page(browser, viewport=PHONE, is_mobile=True, has_touch=True)
+    try:
+        open_playground(page, server.url)
+        assert page.is_hidden("#generate .shortcut")  # no Ctrl ↵ to advertise on a touch screen
+        page.fill("#prompt", numbered_lines(200))
+        page.fill("#max-tokens", "2000")
+        page.evaluate("window.scrollTo(0, 0)")
+        page.tap("#generate")
+        wait_for_tokens(page, 20)
+        page.wait_for_timeout(600)  # the smooth scroll
+        meters = page.locator(".meters").bounding_box()
+        output = page.locator("#output-box").bounding_box()
+        assert meters["y"] >= 0 and output["y"] < PHONE["height"] - 100, (meters, output)
+        # and nothing covers it (a sticky form did): what is under the output's visible middle is the output
+        x, y = output["x"] + output["width"] / 2, (output["y"] + PHONE["height"]) / 2
+        assert page.evaluate("([x, y]) => !!document.elementFromPoint(x, y).closest('#output-box')", [x, y])
+        page.tap("#stop")
+        wait_for_state(page, "stopped")
+
+        for selector in ("#copy-link", "#share", "#copy", "#worker-status"):
+            box = page.locator(selector).bounding_box()
+            assert box["height"] < 40, (selector, box)  # one line each, not wrapped
+            assert box["x"] + box["width"] <= PHONE["width"], (selector, box)
+        assert page.errors == []
+    finally:
+        page.context.close()
+
+
+def test_the_shortcut_hint_shows_on_a_desktop(server, page):
+    open_playground(page, server.url)
+    assert page.is_visible("#generate .shortcut")
+
+
+# ---- 5, 6. Python is highlighted as Python; a completion comes with its prompt ---------------------
+
+# Alone, these lines read as Ruby to highlight.js's guess; they are Python.
+PYTHON = "    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n        self.items.append(item)\n"
+
+
+def test_python_output_is_highlighted_as_python(server, page):
+    open_playground(page, server.url)
+    generate(page, PYTHON, len(PYTHON))
+    wait_for_state(page, "done")
+    assert page.get_attribute("#output", "data-language") == "python"
+    assert page.locator("#output .hljs-keyword", has_text="def").count() == 2
+
+
+def test_a_completion_is_shown_and_copied_after_the_prompt_it_continues(server, page):
+    open_playground(page, server.url)
+    page.click("#system-details summary")
+    page.fill("#system-prompt", "import os")
+    prompt = "def here():\n    return os.getcwd()\n"
+    generate(page, prompt, len(prompt))
+    wait_for_state(page, "done")
+    context = "import os\n\n" + prompt  # what a completion model reads: system prompt, blank line, prompt
+    echoed = (context * 2)[: len(prompt)]  # the stand-in echoes the text it was given
+    assert page.text_content("#output-context") == context
+    assert page.text_content("#output") == echoed
+    opacity = page.eval_on_selector("#output-context", "el => getComputedStyle(el).opacity")
+    assert float(opacity) < 1  # dimmed: the prompt is not the model's
+    assert page.locator("#output-context .hljs-keyword").count() > 0  # highlighted with the answer
+
+    page.click("#copy")
+    page.wait_for_selector("#copy:text('Copied')")
+    assert clipboard(page) == context + echoed  # runnable as it is
+
+
+# ---- 7. a refused request keeps what was there ------------------------------------------------------
+
+
+def test_a_refused_request_keeps_the_last_output(server, page):
+    open_playground(page, server.url)
+    generate(page, "def kept():\n", 12)
+    wait_for_state(page, "done")
+    share = page.get_attribute("#share", "href")
+
+    generate(page, "   \n  ", 10)  # the server refuses a prompt of blanks
+    wait_for_state(page, "error")
+    assert "prompt" in page.text_content("#state")
+    assert page.text_content("#output") == "def kept():\n"
+    assert page.is_visible("#copy") and page.get_attribute("#share", "href") == share
+    assert page.is_visible("#final-stats")
+
+    generate(page, "def next_one():\n", 16)  # an accepted request clears it
+    wait_for_state(page, "done")
+    assert page.text_content("#output") == "def next_one():\n"
+
+
+# ---- 8. the context limit ------------------------------------------------------------------------
+
+
+def prompt_of_tokens(model_dir: Path, low: int, high: int) -> str:
+    """Python code that the default model's chat template and tokenizer make `low`..`high` tokens."""
+    from inference.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_dir(model_dir)
+    lines = []
+    for i in range(2000):
+        lines.append(f"value_{i} = compute(value_{i - 1}, {i})\n" if i else "import math\n")
+        text = "".join(lines)
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}])
+        count = len(tokenizer.encode(rendered, add_special=False))
+        if low <= count <= high:
+            return text
+        assert count < low, f"no prompt of {low}..{high} tokens"
+    raise AssertionError("the prompt never grew long enough")
+
+
+def test_the_context_limit_caps_max_tokens_and_is_named_when_reached(server, default_model, page):
+    name = default_model.name
+    open_playground(page, server.url, model=name)
+    page.wait_for_function("() => document.getElementById('max-tokens').max === '1023'")
+    assert "1,024 tokens" in page.text_content("#token-hint")
+
+    page.fill("#prompt", "import os\n")
+    page.fill("#max-tokens", "2000")
+    assert "warn" in page.get_attribute("#token-hint", "class")
+    page.click("#generate")
+    page.wait_for_timeout(300)
+    assert page.get_attribute("#state", "data-state") == "idle"  # not sent: the field says why
+    assert page.eval_on_selector("#max-tokens", "el => el.validity.rangeOverflow")
+
+    page.fill("#temperature", "0")
+    generate(page, prompt_of_tokens(default_model, 990, 1010), 200)  # room for at most 34 new tokens
+    wait_for_state(page, "done", timeout=60_000)
+    stats = page.text_content("#stat-prompt-tokens"), page.text_content("#stat-decode")
+    if "end of answer" in page.text_content("#state"):
+        pytest.skip(f"the model ended its answer before the context filled: {stats}")
+    assert "context full" in page.text_content("#state") and "1,024" in page.text_content("#state"), stats
+    assert "max tokens" not in page.text_content("#state")
+
+
+# ---- 9. keys ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["#temperature", "#max-tokens", "#model", "#system-prompt"])
+def test_ctrl_enter_generates_from_any_field_and_escape_stops(server, page, field):
+    open_playground(page, server.url)
+    page.fill("#prompt", numbered_lines(100))
+    page.fill("#max-tokens", "1000")
+    if field == "#system-prompt":
+        page.click("#system-details summary")
+    page.focus(field)
+    page.keyboard.press("Control+Enter")
+    wait_for_tokens(page, 10)
+    page.keyboard.press("Escape")
+    wait_for_state(page, "stopped")
+    assert int(page.text_content("#tokens")) < 1000
+
+
+# ---- 10. stopping, honestly -----------------------------------------------------------------------
+
+
+def test_stopping_a_queued_run_says_it_never_started(server, browser):
+    first, second = new_page(browser), new_page(browser)
+    try:
+        open_playground(first, server.url)
+        open_playground(second, server.url)
+        generate(first, numbered_lines(100), 3000)  # holds the only worker for 7.5 s
+        wait_for_tokens(first, 10)
+        generate(second, "def waiting():\n", 15)
+        wait_for_state(second, "queued")
+        second.click("#stop")
+        wait_for_state(second, "cancelled")
+        assert "before it started" in second.text_content("#state")
+        assert "partial output" not in second.text_content("#state")
+        assert second.text_content("#output") == "" and second.is_hidden("#copy")
+        first.click("#stop")
+        wait_for_state(first, "stopped")
+        assert "partial output kept" in first.text_content("#state")
+    finally:
+        first.context.close()
+        second.context.close()
+
+
+def test_stop_while_disconnected_waits_for_the_reconnect_without_flip_flopping(server, page):
+    proxy = Proxy(page)
+    open_playground(page, server.url)
+    prompt = numbered_lines(300)
+    generate(page, prompt, len(prompt))
+    wait_for_tokens(page, 50)
+    proxy.cut(keep_down=True)
+    wait_for_state(page, "reconnecting")
+    record_states(page)
+    page.click("#stop")
+    assert page.get_attribute("#state", "data-state") == "stopping"
+    assert "once reconnected" in page.text_content("#state")
+    proxy.wait_for_attempts(page, 4)  # a few failed tries: it keeps saying what will happen
+    assert page.get_attribute("#state", "data-state") == "stopping"
+
+    proxy.outage = False
+    wait_for_state(page, "stopped")
+    assert set(page.evaluate("window.seenStates")) <= {"stopping", "stopped"}
+    shown = page.text_content("#output")
+    assert 50 < len(shown) < len(prompt) and prompt.startswith(shown)
+    assert page.get_attribute("#output", "data-stream-check") == "ok"
+
+
+# ---- 12. the share page, its 404, and long prompts ------------------------------------------------------
+
+
+def test_the_share_page_shows_the_settings_copies_and_prefills_the_playground(server, page):
+    open_playground(page, server.url)
+    page.click("#system-details summary")
+    page.fill("#system-prompt", '# "quoted" & <tagged>')
+    prompt = "\ndef echo(x):\n    return x  # </textarea><script>alert(1)</script>\n"
+    page.fill("#temperature", "0.55")
+    page.fill("#top-p", "0.9")
+    generate(page, prompt, 40)
+    wait_for_state(page, "done")
+    page.goto(server.url + page.get_attribute("#share", "href"))
+
+    params = page.text_content("#params")
+    for text in ("Temperature", "0.55", "Top-p", "0.9", "Max tokens", "40"):
+        assert text in params, params
+    model_text = '# "quoted" & <tagged>\n\n' + prompt  # what the completion model read
+    page.click("#copy")
+    page.wait_for_selector("#copy:text('Copied')")
+    assert clipboard(page) == model_text + (model_text * 2)[:40]
+
+    page.click("#try-it")
+    page.wait_for_selector("#worker-status[data-up=true]", timeout=15_000)
+    assert page.url.rstrip("/") == server.url  # the ?from= is dropped: a reload keeps later edits
+    assert page.input_value("#prompt") == model_text
+    assert page.input_value("#temperature") == "0.55" and page.input_value("#top-p") == "0.9"
+    assert page.input_value("#max-tokens") == "40"
+    assert page.input_value("#model") == MODEL
+    assert page.locator("script:not([src])").count() == 0
+    assert page.errors == []
+
+
+def test_an_unknown_share_id_gets_the_sites_own_404_page(server, page):
+    response = page.goto(server.url + "/g/no-such-id")
+    assert response.status == 404
+    assert page.title() == "Not found · Kog playground"
+    assert page.is_visible(".brand") and "no-such-id" in page.text_content("main")
+    background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+    assert background == "rgb(10, 12, 16)"  # the site's stylesheet, not Django's bare page
+    page.click("main a[href='/']")
+    page.wait_for_selector("#prompt")
+
+
+def paste_prompt(page, text: str) -> None:
+    """Sets the prompt at once, as a paste does (typing 70,000 characters takes playwright minutes)."""
+    page.eval_on_selector(
+        "#prompt",
+        "(el, text) => { el.value = text; el.dispatchEvent(new Event('input', {bubbles: true})); }",
+        text,
+    )
+
+
+def test_a_prompt_over_64_kib_runs_and_one_over_the_limit_is_refused_on_the_page(server, page):
+    open_playground(page, server.url)
+    long_prompt = numbered_lines(7000)  # 70,000 characters
+    paste_prompt(page, long_prompt)
+    page.fill("#max-tokens", "30")
+    page.click("#generate")
+    wait_for_state(page, "done", timeout=30_000)
+    assert page.text_content("#output") == long_prompt[:30]
+
+    paste_prompt(page, "x" * 100_001)
+    page.click("#generate")
+    wait_for_state(page, "error")
+    assert "100,001 characters; the limit is 100,000" in page.text_content("#state")
+    assert "invalid" in page.get_attribute("#prompt", "class")
+    assert page.text_content("#output") == long_prompt[:30]  # nothing was sent

@@ -9,24 +9,17 @@ import re
 
 import pytest
 
-from tests.conftest import WebServer, WorkerProcess
+from tests.page_testing import STANDIN, generate, open_playground, record_states, standin_server
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
-MODEL = "standin:400"  # echoes the prompt at 400 tokens/s
+MODEL = STANDIN
 XSS = '<img src=x onerror=alert(1)>\n<script>alert("pwned")</script>\n<b onmouseover=alert(2)>bold</b>\n'
 
 
 @pytest.fixture(scope="module")
 def server(redis_server, tmp_path_factory):
-    """One daphne and one stand-in worker for the whole module: starting them is most of the cost."""
-    tmp = tmp_path_factory.mktemp("browser")
-    worker = WorkerProcess(redis_server, [MODEL], tmp / "worker.log")
-    worker.wait_ready()
-    web = WebServer(redis_server, tmp)
-    yield web
-    web.stop()
-    worker.stop()
+    yield from standin_server(redis_server, tmp_path_factory.mktemp("browser"))
 
 
 @pytest.fixture
@@ -39,19 +32,6 @@ def page(browser):
     page.on("pageerror", lambda error: page.errors.append(str(error)))
     yield page
     context.close()
-
-
-def open_playground(page, url: str) -> None:
-    page.goto(url)
-    page.wait_for_selector("#worker-status[data-up=true]", timeout=15_000)
-    page.wait_for_selector(f'#model option[value="{MODEL}"]', state="attached")
-    page.select_option("#model", MODEL)  # other tests' workers may still be listed for a few seconds
-
-
-def generate(page, prompt: str, max_tokens: int) -> None:
-    page.fill("#prompt", prompt)
-    page.fill("#max-tokens", str(max_tokens))
-    page.click("#generate")
 
 
 def test_prompt_streams_with_live_speed_and_stop_keeps_partial_text(server, page):
@@ -112,12 +92,7 @@ def test_dropped_connection_reconnects_and_resumes_without_gap_or_duplicate(serv
     prompt = "".join(f"line {i:04d}\n" for i in range(120))  # 1,200 characters, all different
     generate(page, prompt, len(prompt))
     page.wait_for_function("() => document.getElementById('tokens').textContent > 100", timeout=15_000)
-    page.evaluate("""() => {
-        window.seenStates = [];
-        const state = document.getElementById("state");
-        new MutationObserver(() => window.seenStates.push(state.dataset.state))
-            .observe(state, {attributes: true, attributeFilter: ["data-state"]});
-    }""")
+    record_states(page)
     sockets[0].close(code=1012, reason="service restart")  # what a restarting server sends
 
     page.wait_for_selector("#state[data-state=done]", timeout=20_000)

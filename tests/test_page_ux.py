@@ -13,23 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import WebServer, WorkerProcess, e2e_model
+from tests.conftest import WorkerProcess, e2e_model
+from tests.page_testing import STANDIN, generate, open_playground, record_states, standin_server
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
-MODEL = "standin:400"  # echoes the prompt at 400 tokens/s
+MODEL = STANDIN
 PHONE = {"width": 375, "height": 740}
 
 
 @pytest.fixture(scope="module")
 def server(redis_server, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("page")
-    worker = WorkerProcess(redis_server, [MODEL], tmp / "worker.log")
-    worker.wait_ready()
-    web = WebServer(redis_server, tmp)
-    yield web
-    web.stop()
-    worker.stop()
+    yield from standin_server(redis_server, tmp_path_factory.mktemp("page"))
 
 
 @pytest.fixture(scope="module")
@@ -60,19 +55,6 @@ def page(browser):
     page.context.close()
 
 
-def open_playground(page, url: str, model: str = MODEL) -> None:
-    page.goto(url)
-    page.wait_for_selector("#worker-status[data-up=true]", timeout=15_000)
-    page.wait_for_selector(f'#model option[value="{model}"]', state="attached")
-    page.select_option("#model", model)  # other tests' workers may still be listed for a few seconds
-
-
-def generate(page, prompt: str, max_tokens: int) -> None:
-    page.fill("#prompt", prompt)
-    page.fill("#max-tokens", str(max_tokens))
-    page.click("#generate")
-
-
 def wait_for_state(page, state: str, timeout: int = 15_000) -> None:
     page.wait_for_selector(f"#state[data-state={state}]", timeout=timeout)
 
@@ -81,15 +63,6 @@ def wait_for_tokens(page, more_than: int) -> None:
     page.wait_for_function(
         f"() => +document.getElementById('tokens').textContent > {more_than}", timeout=15_000
     )
-
-
-def record_states(page) -> None:
-    page.evaluate("""() => {
-        window.seenStates = [];
-        const state = document.getElementById("state");
-        new MutationObserver(() => window.seenStates.push(state.dataset.state))
-            .observe(state, {attributes: true, attributeFilter: ["data-state"]});
-    }""")
 
 
 def clipboard(page) -> str:

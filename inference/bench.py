@@ -176,7 +176,7 @@ def time_fast(runner, prompt: list[int], new_tokens: int, runs: int) -> dict:
             "tok_s_runs": [r[1] for r in results]}  # fmt: skip
 
 
-# The playground page's default sampling settings (playground/templates/playground/index.html), and the row
+# The playground page's default sampling settings (playground/views.py FORM_DEFAULTS), and the row
 # that times them (scripts/gpu_check.sh finds it by SAMPLED_ROW_PREFIX).
 PAGE_SAMPLING = {"temperature": 0.2, "top_p": 0.95}
 SAMPLED_ROW_PREFIX = "fast, runner contract, sampled"

@@ -121,6 +121,7 @@ class Worker:
         self.jobs_done = 0
         self.stopping = threading.Event()  # take no new job
         self.retired = threading.Event()  # the loop has ended: no heartbeat either
+        self.beat_now = threading.Event()  # a job began or ended: say so without waiting for the next beat
         self.stall_timeout_s = STALL_TIMEOUT_S
         self.stall_exit_s = STALL_EXIT_S
 
@@ -157,7 +158,10 @@ class Worker:
                     Path(health_file).touch()
             except redis.RedisError as exc:
                 log.warning("heartbeat failed: %s", exc)
-            self.retired.wait(HEARTBEAT_INTERVAL_S)
+            # Every HEARTBEAT_INTERVAL_S, and at once when a job begins or ends: the page's worker pill
+            # and the readers that watch for a dropped job then see the change within a poll, not a beat.
+            self.beat_now.wait(HEARTBEAT_INTERVAL_S)
+            self.beat_now.clear()
 
     def _watchdog_loop(self) -> None:
         """End a job that produces no token for stall_timeout_s; exit if its loop never comes back."""
@@ -202,11 +206,13 @@ class Worker:
             if spec is not None:
                 self.run_job(spec)
         self.retired.set()
+        self.beat_now.set()  # wakes the heartbeat loop to end
         with contextlib.suppress(redis.RedisError):  # else the heartbeat expires by itself
             self.channel.retire()
 
     def run_job(self, spec: JobSpec) -> None:
         job = self.job = RunningJob(spec)
+        self.beat_now.set()
         out_of_memory = False
         with job_context(spec.id):
             log.info("job started", extra={"model": spec.model, "source": spec.source})
@@ -235,6 +241,7 @@ class Worker:
             finally:
                 self.job = None
                 self.jobs_done += 1
+                self.beat_now.set()
             log.info("job ended")
         if out_of_memory:  # out here, once the traceback holding the failed step's tensors is gone
             _release_gpu_memory()

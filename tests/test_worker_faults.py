@@ -15,6 +15,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from inference import worker as worker_module
 from inference.protocol import JobClient, JobSpec, WorkerChannel, connect, events_key, job_key, queue_key
 from inference.redis_server import free_port, start_redis
 from inference.standin import StandinEngine
@@ -269,6 +270,37 @@ def test_two_folders_of_one_name_are_refused_before_anything_loads(tmp_path, cap
         )
     assert exited.value.code == 2
     assert "would both be served as 'final'" in capsys.readouterr().err
+
+
+async def test_the_heartbeat_names_a_job_as_it_starts_and_forgets_it_as_it_ends(jobs, redis_url, monkeypatch):
+    # Not a beat later (the page's worker pill lagged by up to two seconds): the interval is stretched
+    # here so that only the beat a job's start and end ask for can show them in time.
+    monkeypatch.setattr(worker_module, "HEARTBEAT_INTERVAL_S", 30.0)
+    engine = StandinEngine(20)
+    worker = Worker({engine.name: engine}, connect(redis_url), worker_id="prompt-beat")
+    thread = threading.Thread(target=worker.serve_forever, daemon=True)
+    thread.start()
+
+    async def beat_job(wanted) -> bool:
+        for _ in range(20):  # 1 s
+            beats = await jobs.workers()
+            if beats and beats[0].get("job") == wanted:
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    try:
+        assert await beat_job(None)
+        spec = JobSpec(model=engine.name, prompt="abcdefghij", params={"max_new_tokens": 40})  # 2 s
+        await jobs.submit(spec)
+        assert await beat_job(spec.id)
+        async for _, kind, _ in jobs.events(spec.id, block_ms=50):
+            if kind in ("done", "error"):
+                break
+        assert await beat_job(None)
+    finally:
+        worker.stopping.set()
+        thread.join(timeout=5)
 
 
 async def test_a_stalled_worker_that_never_comes_back_exits_for_its_supervisor(jobs, redis_url, tmp_path):

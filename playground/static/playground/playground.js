@@ -29,6 +29,7 @@
   let request = null; // a generate frame on its way: {frame, at, sent}, until its job id comes back
   let models = {}; // name -> {chat, max_context}, from the latest workers frame
   let frameRequested = false;
+  let persistTimer = null; // a form save waiting for the typing to pause
   const retry = { timer: null, count: 0 };
 
   function newRun() {
@@ -66,6 +67,7 @@
   }
 
   function persist() {
+    clearTimeout(persistTimer);
     const job = run.jobId && {
       id: run.jobId, model: run.model, chat: run.chat, prompt: run.prompt, system: run.system,
       maxTokens: run.maxTokens,
@@ -77,6 +79,13 @@
     } catch (err) {
       // full or disabled storage: a reload then starts afresh, nothing else changes
     }
+  }
+
+  // Typing saves the form once it pauses, not at every key (a prompt may be 100,000 characters); a
+  // page being left saves at once.
+  function persistSoon() {
+    clearTimeout(persistTimer);
+    persistTimer = setTimeout(persist, 300);
   }
 
   function restoreForm(form) {
@@ -644,8 +653,9 @@
     ui.form.addEventListener("input", (event) => {
       event.target.classList.remove("invalid");
       if (event.target === ui.maxTokens) updateTokenLimit();
-      persist();
+      persistSoon();
     });
+    window.addEventListener("pagehide", persist);
     ui.model.addEventListener("change", () => {
       delete ui.model.dataset.wanted;
       updateTokenLimit();

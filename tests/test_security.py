@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from django.http import HttpResponse
 from django.test import RequestFactory
 
@@ -96,3 +97,32 @@ def test_behind_a_tls_proxy_cookies_are_secure_and_hsts_is_on():
 def test_the_admin_is_behind_a_login(client):
     response = client.get("/admin/")
     assert response.status_code == 302 and response["Location"].startswith("/admin/login/")
+
+
+def test_an_api_call_for_a_foreign_host_gets_json_from_the_official_client(start_web):
+    """Django's refusal is an HTML page; an agent's client needs the OpenAI error shape to say why."""
+    import openai
+
+    web = start_web()
+    client = openai.OpenAI(base_url=web.url + "/v1", api_key="unused", default_headers={"Host": "evil.example"},
+                           max_retries=0)  # fmt: skip
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.models.list()
+    assert refused.value.code == "disallowed_host" and refused.value.param == "Host"
+    assert "DJANGO_ALLOWED_HOSTS" in refused.value.message and "evil.example" not in refused.value.message
+    # the right host still works on the same server
+    assert (
+        openai.OpenAI(base_url=web.url + "/v1", api_key="unused", max_retries=0).models.list().data
+        is not None
+    )
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_only_api_paths_answer_a_foreign_host_in_json(client, settings, debug):
+    settings.DEBUG = debug
+    api = client.get("/v1/models", HTTP_HOST="evil.example")
+    assert api.status_code == 400 and api["Content-Type"] == "application/json"
+    assert api.json()["error"]["code"] == "disallowed_host"
+    page = client.get("/", HTTP_HOST="evil.example")
+    assert page.status_code == 400 and not page["Content-Type"].startswith("application/json")
+    assert client.get("/v1/models", HTTP_HOST="localhost").status_code != 400

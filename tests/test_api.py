@@ -183,7 +183,6 @@ def test_bad_requests_are_openai_errors_and_the_server_stays_up(stack):
     client = api(stack.web)
     chat = {"model": stack.model, "messages": [{"role": "user", "content": "hi"}]}
     bad = [
-        ({**chat, "model": "no-such-model"}, "model"),
         ({**chat, "temperature": -1}, "temperature"),
         ({**chat, "top_p": 1.5}, "top_p"),
         ({**chat, "max_tokens": 0}, "max_tokens"),
@@ -196,6 +195,9 @@ def test_bad_requests_are_openai_errors_and_the_server_stays_up(stack):
             client.chat.completions.create(**body)
         assert info.value.status_code == 400 and info.value.body["param"] == param, body
         assert info.value.body["type"] == "invalid_request_error"
+    with pytest.raises(openai.NotFoundError) as unknown:  # OpenAI's 404, as GET /v1/models/<id> gives
+        client.chat.completions.create(**{**chat, "model": "no-such-model"})
+    assert unknown.value.body["code"] == "model_not_found" and unknown.value.body["param"] == "model"
 
     assert error_of(httpx.get(f"{url}/embeddings", timeout=10))["code"] == "unknown_url"
     wrong_method = httpx.get(f"{url}/chat/completions", timeout=10)
@@ -204,6 +206,46 @@ def test_bad_requests_are_openai_errors_and_the_server_stays_up(stack):
 
     reply = client.chat.completions.create(**chat, max_tokens=2)  # still serving
     assert reply.usage.completion_tokens >= 1
+
+
+def test_head_answers_where_get_does_and_only_there(stack):
+    with httpx.Client(base_url=f"{stack.web.url}/v1", timeout=10) as http:  # one kept-alive connection
+        head = http.head("/models")
+        assert head.status_code == 200 and head.content == b"" and int(head.headers["content-length"]) > 0
+        assert http.get("/models").json()["data"]  # no stray body was left on the connection
+        assert http.head(f"/models/{stack.model}").status_code == 200
+        post_only = http.head("/chat/completions")
+        assert post_only.status_code == 405 and post_only.headers["allow"] == "POST"
+
+
+def test_bodies_that_crashed_the_view_are_400s_and_the_server_stays_up(stack):
+    url = f"{stack.web.url}/v1/chat/completions"
+    nested = b"[" * 100_000 + b"]" * 100_000  # json's decoder recurses per level: a RecursionError
+    response = httpx.post(url, content=nested, headers={"Content-Type": "application/json"}, timeout=10)
+    assert response.status_code == 400 and error_of(response)["code"] == "invalid_json"
+
+    with pytest.raises(openai.BadRequestError) as info:  # a role that is no string cannot be a dict key
+        api(stack.web).chat.completions.create(
+            model=stack.model, messages=[{"role": ["user"], "content": "hi"}], max_tokens=1
+        )
+    assert info.value.body["param"] == "messages[0].role"
+    reply = api(stack.web).completions.create(model=stack.model, prompt="a", max_tokens=1)
+    assert reply.usage.completion_tokens == 1
+
+
+def test_top_p_zero_is_greedy_and_stop_takes_openais_four_sequences(stack):
+    client = api(stack.web)
+    kwargs = {"model": stack.model, "prompt": "def main():\n", "max_tokens": 8}
+    greedy = client.completions.create(**kwargs, temperature=0).choices[0].text
+    for seed in (1, 2):  # OpenAI takes top_p=0: only the most likely token is left to draw
+        reply = client.completions.create(**kwargs, temperature=1, top_p=0, seed=seed)
+        assert reply.choices[0].text == greedy
+
+    four = ["never 1", "never 2", "never 3", "never 4"]
+    assert client.completions.create(**kwargs, temperature=0, stop=four).choices[0].text == greedy
+    with pytest.raises(openai.BadRequestError) as info:  # more would cost the worker time on every token
+        client.completions.create(**kwargs, stop=[*four, "never 5"])
+    assert info.value.body["param"] == "stop"
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -48,6 +48,12 @@ def test_max_completion_tokens_wins_over_max_tokens():
     assert spec.params["max_new_tokens"] == 9
 
 
+def test_top_p_zero_as_openai_takes_it_is_a_greedy_draw():
+    params = parse({**CHAT, "top_p": 0, "temperature": 0.7, "seed": 1}, chat=True).spec.sampling_params()
+    assert (params.temperature, params.top_p, params.seed) == (0, 1.0, 1)
+    assert refused_field({**CHAT, "top_p": 0, "temperature": "hot"}) == "temperature"  # still checked
+
+
 def test_max_tokens_over_the_servers_cap_is_clipped_to_it():
     spec = parse({**CHAT, "max_tokens": CAP + 1}, chat=True).spec
     assert spec.params["max_new_tokens"] == CAP
@@ -76,10 +82,13 @@ def test_message_parts_roles_and_stop_lists():
         ({"temperature": -0.5}, "temperature"),
         ({"temperature": 2.5}, "temperature"),
         ({"temperature": "hot"}, "temperature"),
-        ({"top_p": 0}, "top_p"),
+        ({"top_p": -0.1}, "top_p"),
         ({"seed": 1.5}, "seed"),
         ({"stop": 5}, "stop"),
         ({"stop": ["ok", 3]}, "stop"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),  # OpenAI's limit is four
+        ({"messages": [{"role": ["user"], "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": {"name": "user"}, "content": "x"}]}, "messages[0].role"),
         ({"n": 2}, "n"),
         ({"stream": "yes"}, "stream"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),

@@ -82,9 +82,9 @@ def test_without_models_the_web_expects_the_default_and_asks_to_retry_while_no_w
     with pytest.raises(openai.InternalServerError) as refused:  # 503: the openai client retries these
         client.completions.create(model=default, prompt="def f(", max_tokens=2)
     assert refused.value.status_code == 503 and refused.value.body["code"] == "no_workers"
-    with pytest.raises(openai.BadRequestError) as unknown:
+    with pytest.raises(openai.NotFoundError) as unknown:
         client.completions.create(model="nope", prompt="def f(", max_tokens=2)
-    assert unknown.value.body["code"] == "model_not_found"
+    assert unknown.value.status_code == 404 and unknown.value.body["code"] == "model_not_found"
 
 
 def test_the_folder_copied_elsewhere_keeps_its_name(tmp_path):

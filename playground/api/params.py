@@ -6,12 +6,15 @@ non-default value (n, logprobs, tools, penalties) are refused rather than silent
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from inference.events import InvalidRequest, SamplingParams, unicode_text
 from inference.protocol import JobSpec
 
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# OpenAI's own limit; every stop string is searched for after every token, so a long list would
+# slow the worker for everyone in the queue.
+MAX_STOP_SEQUENCES = 4
 
 
 @dataclass
@@ -63,10 +66,14 @@ def parse_request(body: dict, chat: bool, max_new_tokens: int, max_prompt_chars:
 def _sampling_params(body: dict, max_new_tokens: int) -> dict:
     # max_completion_tokens is the newer name of max_tokens; when both are sent it wins.
     tokens_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    # OpenAI takes top_p=0 (clients send it for determinism): the smallest nucleus is the one most
+    # likely token, i.e. a greedy draw; the engine's top_p itself must stay in (0, 1].
+    top_p = body.get("top_p")
+    top_p_zero = top_p == 0 and not isinstance(top_p, bool)
     fields = {
         "max_new_tokens": body.get(tokens_field),
         "temperature": body.get("temperature"),
-        "top_p": body.get("top_p"),
+        "top_p": None if top_p_zero else top_p,
         "top_k": body.get("top_k"),  # vLLM / llama.cpp extensions (extra_body in the openai client)
         "repetition_penalty": body.get("repetition_penalty"),
         "seed": body.get("seed"),
@@ -81,6 +88,8 @@ def _sampling_params(body: dict, max_new_tokens: int) -> dict:
         raise InvalidRequest(field, exc.message) from None
     if params.temperature > 2:
         raise InvalidRequest("temperature", f"must be in [0, 2], got {params.temperature}")
+    if top_p_zero:
+        params = replace(params, temperature=0.0)
     return {
         **asdict(params),
         "max_new_tokens": min(params.max_new_tokens, max_new_tokens),
@@ -90,6 +99,8 @@ def _sampling_params(body: dict, max_new_tokens: int) -> dict:
 
 def _stop(stop) -> tuple | None:
     if stop is None or isinstance(stop, list | tuple):
+        if len(stop or ()) > MAX_STOP_SEQUENCES:
+            raise InvalidRequest("stop", f"takes at most {MAX_STOP_SEQUENCES} sequences, got {len(stop)}")
         return tuple(stop) if stop else None
     if isinstance(stop, str):
         return (stop,)
@@ -104,7 +115,8 @@ def _messages(messages) -> list[dict]:
         where = f"messages[{i}]"
         if not isinstance(message, dict):
             raise InvalidRequest(where, "must be an object with role and content")
-        role = CHAT_ROLES.get(message.get("role"))
+        role = message.get("role")
+        role = CHAT_ROLES.get(role) if isinstance(role, str) else None  # a list or object is no key
         if role is None:
             raise InvalidRequest(f"{where}.role", f"must be one of {', '.join(CHAT_ROLES)}")
         rendered.append({"role": role, "content": _content(message.get("content"), f"{where}.content")})

@@ -39,6 +39,8 @@ _background: set[asyncio.Task] = set()
 
 def endpoint(*methods: str):
     """An API view: CSRF-exempt (bearer keys, not cookies), method and key checked, ApiError -> JSON."""
+    if "GET" in methods:  # HTTP asks every GET resource to answer HEAD too; the server drops the body
+        methods = (*methods, "HEAD")
 
     def decorate(view):
         @csrf_exempt
@@ -120,6 +122,8 @@ async def complete(request, chat: bool):
         raise ApiError(413, "The request body is too large", code="body_too_large") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"The body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:  # json's decoder recurses once per [ or {: a bad body, not our bug
+        raise ApiError(400, "The body is not valid JSON: nested too deeply", code="invalid_json") from None
     try:
         limits = settings.PLAYGROUND_MAX_NEW_TOKENS, settings.PLAYGROUND_MAX_PROMPT_CHARS
         api_request = parse_request(body, chat, *limits)
@@ -129,7 +133,8 @@ async def complete(request, chat: bool):
     models = await known_models()
     if spec.model not in models:
         message = f"The model {spec.model!r} does not exist; served: {', '.join(models) or 'none'}"
-        raise ApiError(400, message, param="model", code="model_not_found")
+        # OpenAI's status for it (the client raises NotFoundError), as GET /v1/models/<id> answers
+        raise ApiError(404, message, param="model", code="model_not_found")
     if not models[spec.model]["workers"]:
         raise ApiError(503, f"No worker serves {spec.model!r} right now", "server_error", code="no_workers")
     # A key has its own budget; without one, the client's address has (see playground/limits.py).

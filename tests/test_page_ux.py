@@ -7,6 +7,7 @@ one test runs the shipped default model, for its real context limit.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -20,6 +21,13 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
 MODEL = STANDIN
 PHONE = {"width": 375, "height": 740}
+# a phone as a device: its screen, touch, and three device pixels to a CSS pixel
+PHONE_3X = {
+    "viewport": {"width": 390, "height": 844},
+    "device_scale_factor": 3,
+    "is_mobile": True,
+    "has_touch": True,
+}
 
 
 @pytest.fixture(scope="module")
@@ -205,9 +213,10 @@ def test_on_a_phone_generate_brings_the_live_output_into_view(server, browser):
         page.tap("#generate")
         wait_for_tokens(page, 20)
         page.wait_for_timeout(600)  # the smooth scroll
-        meters = page.locator(".meters").bounding_box()
         output = page.locator("#output-box").bounding_box()
-        assert meters["y"] >= 0 and output["y"] < PHONE["height"] - 100, (meters, output)
+        topbar, bar = page.locator(".topbar").bounding_box(), page.locator("#actions").bounding_box()
+        # the whole box, between the top bar and the run bar (which shows the speed the meters above show)
+        assert topbar["height"] <= output["y"] and output["y"] + output["height"] <= bar["y"], (output, bar)
         # and nothing covers it (a sticky form did): what is under the output's visible middle is the output
         x, y = output["x"] + output["width"] / 2, (output["y"] + PHONE["height"]) / 2
         assert page.evaluate("([x, y]) => !!document.elementFromPoint(x, y).closest('#output-box')", [x, y])
@@ -226,6 +235,114 @@ def test_on_a_phone_generate_brings_the_live_output_into_view(server, browser):
 def test_the_shortcut_hint_shows_on_a_desktop(server, page):
     open_playground(page, server.url)
     assert page.is_visible("#generate .shortcut")
+
+
+def on_top(page, selector: str, x: float, y: float) -> bool:
+    """Whether the element under the point (x, y) of the screen is selector's, i.e. nothing covers it there."""
+    return page.evaluate("([s, x, y]) => !!document.elementFromPoint(x, y)?.closest(s)", [selector, x, y])
+
+
+def test_on_a_phone_stop_and_the_live_speed_stay_on_screen_while_the_output_streams(server, browser):
+    page = new_page(browser, **PHONE_3X)
+    width, height = PHONE_3X["viewport"]["width"], PHONE_3X["viewport"]["height"]
+    try:
+        open_playground(page, server.url)
+        long_line = "x = [" + ", ".join(f"'item_{i}'" for i in range(60)) + "]\n"  # 700 characters
+        page.fill("#prompt", long_line + numbered_lines(300))
+        page.fill("#max-tokens", "3000")
+        page.tap("#generate")
+        wait_for_tokens(page, 50)
+        # wherever the person has scrolled to while it streams: the form, the output, the page's end
+        for scroll in ("document.getElementById('output-box').offsetTop", "document.body.scrollHeight", "0"):
+            page.evaluate(f"window.scrollTo(0, {scroll})")
+            stop = page.locator("#stop").bounding_box()
+            assert page.is_enabled("#stop") and 0 <= stop["y"] <= height - stop["height"], stop
+            assert on_top(page, "#stop", stop["x"] + stop["width"] / 2, stop["y"] + stop["height"] / 2)
+            speed = page.locator("#run-tok-s").bounding_box()
+            assert speed and 0 <= speed["y"] <= height - speed["height"], speed
+        assert float(page.text_content("#run-tok-s")) > 0 and int(page.text_content("#run-tokens")) > 50
+        # at the page's end the output's last lines sit above the bar, not under it
+        page.evaluate("window.scrollTo(0, document.body.scrollHeight)")
+        box, bar = page.locator("#output-box").bounding_box(), page.locator("#actions").bounding_box()
+        assert box["y"] + box["height"] <= bar["y"], (box, bar)
+        assert on_top(page, "#output-box", box["x"] + box["width"] / 2, box["y"] + box["height"] - 10)
+        assert page.evaluate("document.documentElement.scrollWidth") <= width  # long lines wrap
+
+        page.tap("#stop")
+        wait_for_state(page, "stopped")
+        assert page.is_hidden("#run-tok-s")  # the bar is gone with the run; the actions are back in the form
+        assert (
+            page.is_visible("#generate")
+            and page.locator("#actions").evaluate("el => getComputedStyle(el).position") != "fixed"
+        )
+        assert page.errors == []
+    finally:
+        page.context.close()
+
+
+# ---- 4b. following the output ------------------------------------------------------------------------
+
+BOX_GAP = "() => { const b = document.getElementById('output-box'); return b.scrollHeight - b.scrollTop - b.clientHeight; }"
+
+
+def test_a_completion_after_a_long_prompt_streams_into_view_and_a_reader_who_scrolls_up_stays(server, page):
+    open_playground(page, server.url)
+    prompt = numbered_lines(300)  # shown dimmed before the completion: 300 lines, far taller than the box
+    generate(page, prompt, len(prompt))
+    wait_for_tokens(page, 100)
+    assert page.evaluate(BOX_GAP) < 48  # the box follows the newest lines, not the prompt's first ones
+
+    page.evaluate("document.getElementById('output-box').scrollTop = 0")  # back to the prompt, to read it
+    wait_for_tokens(page, 400)
+    assert page.evaluate("document.getElementById('output-box').scrollTop") == 0  # left where they are
+    page.click("#stop")
+    wait_for_state(page, "stopped")
+
+
+# ---- 4c. contrast ------------------------------------------------------------------------------------
+
+# An element's text colour, and its background's colours (a gradient's stops, or the nearest solid one).
+COLOURS = """([selector, pseudo]) => {
+    const element = document.querySelector(selector);
+    const colours = (text) => text.match(/rgba?\\([^)]*\\)/g) || [];
+    let background = [];
+    for (let node = element; node && !background.length; node = node.parentElement) {
+        const style = getComputedStyle(node);
+        background = colours(style.backgroundImage);
+        if (!background.length && style.backgroundColor !== "rgba(0, 0, 0, 0)") background = [style.backgroundColor];
+    }
+    return [getComputedStyle(element, pseudo).color, background];
+}"""
+
+
+def contrast(first: str, second: str) -> float:
+    """WCAG 2's contrast ratio of two CSS rgb() colours."""
+
+    def luminance(colour: str) -> float:
+        channels = [int(value) / 255 for value in re.findall(r"[\d.]+", colour)[:3]]
+        linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+        return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+    high, low = sorted((luminance(first), luminance(second)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def test_the_pages_words_read_at_4_5_to_1_against_their_background(server, page):
+    open_playground(page, server.url)
+    texts = [
+        ("#generate", ""),
+        ("#output", "::before"),
+        ("#state", ""),
+        (".field-label", ""),
+        (".meter-label", ""),
+    ]
+    for selector, pseudo in texts:
+        colour, background = page.evaluate(COLOURS, [selector, pseudo or None])
+        worst = min(contrast(colour, stop) for stop in background)
+        assert worst >= 4.5, (selector, pseudo, colour, background, worst)
+    page.hover("#generate")
+    colour, background = page.evaluate(COLOURS, ["#generate", None])
+    assert min(contrast(colour, stop) for stop in background) >= 4.5, ("hovered", colour, background)
 
 
 # ---- 5, 6. Python is highlighted as Python; a completion comes with its prompt ---------------------
@@ -345,6 +462,52 @@ def test_ctrl_enter_generates_from_any_field_and_escape_stops(server, page, fiel
     assert int(page.text_content("#tokens")) < 1000
 
 
+def test_the_keyboard_focus_goes_from_generate_to_stop_and_back(server, page):
+    open_playground(page, server.url)
+    page.fill("#prompt", numbered_lines(100))
+    page.fill("#max-tokens", "1000")
+    page.focus("#generate")
+    page.keyboard.press("Enter")
+    # Generate is disabled under the focus: the focus moves on to Stop, not back to the top of the page
+    page.wait_for_function("() => document.activeElement.id === 'stop'", timeout=10_000)
+    assert page.evaluate("document.activeElement.matches(':focus-visible')")
+    wait_for_tokens(page, 10)
+    page.keyboard.press("Enter")
+    wait_for_state(page, "stopped")
+    page.wait_for_function("() => document.activeElement.id === 'generate'", timeout=10_000)
+    assert int(page.text_content("#tokens")) < 1000
+
+
+def record_announcements(page) -> None:
+    """From now on, window.announced lists each change of a live region's text: what a screen reader says."""
+    page.evaluate("""() => {
+        window.announced = [];
+        for (const region of document.querySelectorAll("[aria-live], [role=status], [role=alert], [role=log]")) {
+            new MutationObserver(() => window.announced.push(region.textContent.trim()))
+                .observe(region, {subtree: true, childList: true, characterData: true});
+        }
+    }""")
+
+
+def test_screen_readers_hear_the_run_and_its_refusals_not_every_worker_getting_busy(server, page):
+    open_playground(page, server.url)
+    record_announcements(page)
+    busy = "() => document.getElementById('worker-status').textContent.includes('busy')"
+    generate(page, numbered_lines(100), 1000)
+    page.wait_for_function(busy, timeout=10_000)  # the pill shows the worker busy...
+    wait_for_state(page, "done")
+    page.wait_for_function(f"() => !({busy})()", timeout=10_000)  # ...and free again
+    generate(page, "   ", 5)  # refused: a prompt of blanks
+    wait_for_state(page, "error")
+
+    heard = page.evaluate("window.announced")
+    assert any(text.startswith("Streaming") for text in heard), heard
+    assert any(text.startswith("Done") for text in heard), heard
+    assert heard[-1].startswith("Error") and "prompt" in heard[-1], heard
+    assert not [text for text in heard if "busy" in text], heard  # anyone's run flips it
+    assert len(heard) < 12, heard  # a few words a run, not one per token or per poll
+
+
 # ---- 10. stopping, honestly -----------------------------------------------------------------------
 
 
@@ -391,6 +554,27 @@ def test_stop_while_disconnected_waits_for_the_reconnect_without_flip_flopping(s
     shown = page.text_content("#output")
     assert 50 < len(shown) < len(prompt) and prompt.startswith(shown)
     assert page.get_attribute("#output", "data-stream-check") == "ok"
+
+
+def test_a_run_that_fails_midway_keeps_its_partial_output_to_copy(server, page):
+    proxy = Proxy(page)
+    open_playground(page, server.url)
+    prompt = numbered_lines(300)
+    generate(page, prompt, len(prompt))
+    wait_for_tokens(page, 50)
+    job_id = page.evaluate("JSON.parse(sessionStorage.getItem('kog-playground')).job.id")
+    # how a run whose worker dies ends: an error entry on its stream (sent here by the test, the stream's
+    # last entry); the stand-in's later frames come before it and are dropped
+    error = {"type": "error", "job_id": job_id, "id": "99999999999999-0", "code": "worker_lost"}
+    proxy.sockets[-1].send(json.dumps({**error, "message": "The job's worker stopped; please try again."}))
+    wait_for_state(page, "error")
+    assert "worker stopped" in page.text_content("#state")
+    shown = page.text_content("#output")
+    assert shown and prompt.startswith(shown)
+
+    page.click("#copy")
+    page.wait_for_selector("#copy:text('Copied')")
+    assert clipboard(page) == page.text_content("#output-context") + shown
 
 
 # ---- 12. the share page, its 404, and long prompts ------------------------------------------------------

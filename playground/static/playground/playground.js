@@ -114,6 +114,7 @@
       endedAt: job.endedAt ? performance.now() - (Date.now() - job.endedAt) : null,
     });
     showContext();
+    followOutput();
     setPhase("reconnecting", "restoring the last run…");
   }
 
@@ -196,6 +197,7 @@
     ui.copy.hidden = true;
     ui.shareActions.hidden = true;
     showContext();
+    followOutput();
     setPhase("sending");
     persist();
   }
@@ -346,6 +348,7 @@
     run.restored = false;
     setPhase(phase, note);
     renderCounters(run.endedAt);
+    ui.copy.hidden = !run.text; // a run that failed midway (its worker lost) keeps its text, to copy too
   }
 
   // ---- connection ------------------------------------------------------------------------------
@@ -422,6 +425,7 @@
     if (state !== "open") {
       ui.workerStatus.dataset.up = "false";
       setText(ui.workerText, state === "closed" ? "connection lost · reconnecting" : "connecting…");
+      setText(ui.workerBusy, "");
     }
   }
 
@@ -450,6 +454,12 @@
     if (atBottom) box.scrollTop = box.scrollHeight;
   }
 
+  // A new run starts at the foot of the box, where its text streams in: a long prompt shown before a
+  // completion would otherwise fill the box, and the output would stream unseen below it.
+  function followOutput() {
+    ui.outputBox.scrollTop = ui.outputBox.scrollHeight;
+  }
+
   // The text the model continued, shown dimmed before its output (and copied with it): a completion
   // model's answer is runnable only after its prompt. Returns that text ("" when there is none).
   function showContext() {
@@ -459,13 +469,15 @@
     return context;
   }
 
-  // On a one-column layout (a phone) the output sits below the form: bring it into view on start.
+  // On a one-column layout (a phone) the output sits below the form: bring it into view on start,
+  // its foot (where the newest lines stream in) just above the run bar that holds Stop and the speed.
   function revealOutput() {
     if (!window.matchMedia("(max-width: 900px)").matches) return;
-    const top = ui.result.getBoundingClientRect().top;
-    if (top >= 0 && top < window.innerHeight * 0.4) return;
+    const box = ui.outputBox.getBoundingClientRect();
+    const topbar = document.querySelector(".topbar").getBoundingClientRect().bottom;
+    if (box.top >= topbar && box.bottom <= ui.actions.getBoundingClientRect().top) return;
     const reduced = window.matchMedia("(prefers-reduced-motion: reduce)").matches;
-    ui.result.scrollIntoView({ block: "start", behavior: reduced ? "auto" : "smooth" });
+    ui.outputBox.scrollIntoView({ block: "end", behavior: reduced ? "auto" : "smooth" });
   }
 
   function setText(el, value) {
@@ -481,6 +493,8 @@
     if (s && s.decode_tok_s > 0) setText(ui.tokS, formatRate(s.decode_tok_s));
     else if (run.n > 1 && run.t > run.tFirst) setText(ui.tokS, formatRate((run.n - 1) / (run.t - run.tFirst)));
     else setText(ui.tokS, "–");
+    setText(ui.runTokS, ui.tokS.textContent); // the phone's run bar
+    setText(ui.runTokens, String(run.n));
     if (s && s.ttft_ms) setText(ui.ttft, s.ttft_ms.toFixed(0));
     else setText(ui.ttft, run.tFirst === null ? "–" : (run.tFirst * 1000).toFixed(0));
     setText(ui.tokens, String(run.n));
@@ -515,9 +529,26 @@
     ui.state.dataset.state = phase;
     setText(ui.state, run.note ? `${labels[phase]} · ${run.note}` : labels[phase]);
     const active = ACTIVE.has(phase);
+    const focused = document.activeElement;
     ui.generate.disabled = active;
     ui.stop.disabled = !active || !run.jobId || phase === "stopping";
+    passFocus(focused);
     ui.app.dataset.phase = phase;
+    ui.app.dataset.active = active ? "true" : "false"; // shows the phone's run bar
+  }
+
+  // A focused button that gets disabled drops the keyboard focus (and a screen reader's place) to the
+  // top of the page: Generate hands it to Stop, and Stop back to Generate, once that one is enabled.
+  let focusHeir = null;
+  function passFocus(focused) {
+    if (focused === ui.generate && ui.generate.disabled) focusHeir = ui.stop;
+    else if (focused === ui.stop && ui.stop.disabled) focusHeir = ui.generate;
+    const now = document.activeElement;
+    const lost = !now || now === document.body || now.disabled;
+    if (!focusHeir || focusHeir.disabled || !lost) return;
+    const heir = focusHeir;
+    focusHeir = null;
+    heir.focus();
   }
 
   let noteTimer = null;
@@ -535,9 +566,9 @@
     let text = frame.error || "no worker up";
     if (frame.up) {
       text = `${frame.count} worker${frame.count === 1 ? "" : "s"} up · ${frame.devices.join(", ")}`;
-      if (frame.busy) text += ` · ${frame.busy} busy`;
     }
     setText(ui.workerText, text);
+    setText(ui.workerBusy, frame.up && frame.busy ? ` · ${frame.busy} busy` : "");
     models = Object.fromEntries(frame.models.map((m) => [m.name, m]));
     showModels(frame.models.map((m) => m.name));
     updateTokenLimit();
@@ -637,6 +668,7 @@
       app: "app", form: "prompt-form", prompt: "prompt", system: "system-prompt",
       systemDetails: "system-details", model: "model", temperature: "temperature", topP: "top-p",
       maxTokens: "max-tokens", tokenHint: "token-hint", generate: "generate", stop: "stop",
+      actions: "actions", runTokS: "run-tok-s", runTokens: "run-tokens",
       result: "result", output: "output", context: "output-context", outputBox: "output-box",
       state: "state", note: "note", retry: "retry", tokS: "tok-s", ttft: "ttft", tokens: "tokens",
       queue: "queue", elapsed: "elapsed", copy: "copy", shareActions: "share-actions", share: "share",
@@ -644,6 +676,7 @@
       statPrefill: "stat-prefill", statTtft: "stat-ttft", statDecode: "stat-decode", statTotal: "stat-total",
       statBandwidth: "stat-bandwidth", bandwidthRow: "stat-bandwidth-row",
       workerStatus: "worker-status", workerText: "worker-text",
+      workerBusy: "worker-busy",
     };
     for (const [key, id] of Object.entries(ids)) ui[key] = document.getElementById(id);
     if (!ui.app) return;
@@ -662,6 +695,7 @@
       persist();
     });
     document.addEventListener("keydown", onDocumentKey);
+    document.addEventListener("focusin", () => (focusHeir = null)); // the person went somewhere else
     ui.stop.addEventListener("click", requestStop);
     ui.copy.addEventListener("click", copyOutput);
     ui.copyLink.addEventListener("click", copyShareLink);

@@ -153,6 +153,11 @@ USE_TZ = True
 # serves them with DEBUG off and no collectstatic step. STATIC_ROOT is for a CDN or proxy.
 STATIC_URL = "/static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
+# URLs with a hash of each file's content, so that a page never runs a cached older script
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "playground.static_versions.VersionedStaticStorage"},
+}
 
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"

@@ -8,6 +8,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils.http import urlencode
 
+from inference.events import SamplingParams
 from playground.jobs import job_client, worker_summary
 from playground.models import Generation
 
@@ -87,12 +88,25 @@ def param_rows(generation: Generation) -> list[tuple[str, str]]:
     ]
 
 
+def finish_label(generation: Generation) -> str:
+    """Why the run ended, in the playground's words (the worker says "length" for either limit)."""
+    if generation.finish_reason == "stop":
+        return "end of answer"
+    if generation.finish_reason == "cancelled":
+        return "stopped · partial output kept" if generation.output else "stopped before any output"
+    if generation.finish_reason == "length":
+        asked = (generation.params or {}).get("max_new_tokens") or SamplingParams.max_new_tokens
+        return "reached max tokens" if generation.completion_tokens >= asked else "context full"
+    return generation.finish_reason
+
+
 def generation(request, generation_id: str):
     row = get_object_or_404(Generation, pk=generation_id)
     context = {
         "generation": row,
         "stats": stat_rows(row),
         "params": param_rows(row),
+        "finish": finish_label(row),
         "try_url": reverse("index") + "?" + urlencode({"from": row.pk}),
     }
     return render(request, "playground/generation.html", context)

@@ -610,6 +610,22 @@ def test_the_share_page_shows_the_settings_copies_and_prefills_the_playground(se
     assert page.errors == []
 
 
+def test_on_a_phone_the_share_page_gives_the_code_the_width_and_says_why_it_ended(server, page, browser):
+    open_playground(page, server.url)
+    generate(page, "def shared_on_a_phone():\n", 12)
+    wait_for_state(page, "done")
+    phone = new_page(browser, **PHONE_3X)
+    try:
+        phone.goto(server.url + page.get_attribute("#share", "href"))
+        box = phone.locator("#output-box").bounding_box()
+        assert box["width"] >= 0.85 * PHONE_3X["viewport"]["width"], box  # 42px margins a side left 78%
+        assert phone.evaluate("document.documentElement.scrollWidth") <= PHONE_3X["viewport"]["width"]
+        assert "reached max tokens" in phone.text_content(".share-head")  # the playground's words
+        assert phone.errors == []
+    finally:
+        phone.context.close()
+
+
 def test_an_unknown_share_id_gets_the_sites_own_404_page(server, page):
     response = page.goto(server.url + "/g/no-such-id")
     assert response.status == 404

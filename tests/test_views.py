@@ -68,6 +68,28 @@ def test_share_link_shows_prompt_output_and_stats_escaped(client):
     assert client.get("/g/doesnotexist").status_code == 404
 
 
+@pytest.mark.parametrize(
+    "fields, label",
+    [
+        ({"finish_reason": "stop"}, "end of answer"),
+        ({"finish_reason": "length", "completion_tokens": 256}, "reached max tokens"),  # the default 256
+        (
+            {"finish_reason": "length", "completion_tokens": 40, "params": {"max_new_tokens": 40}},
+            "reached max tokens",
+        ),
+        (
+            {"finish_reason": "length", "completion_tokens": 39, "params": {"max_new_tokens": 40}},
+            "context full",
+        ),
+        ({"finish_reason": "cancelled", "output": "def f("}, "stopped · partial output kept"),
+        ({"finish_reason": "cancelled", "output": ""}, "stopped before any output"),
+    ],
+)
+def test_share_page_says_why_the_run_ended_in_the_playgrounds_words(client, fields, label):
+    html = client.get(f"/g/{make_generation(**fields).id}").content.decode()
+    assert f"UTC · {label}</span>" in html and "finish:" not in html
+
+
 def test_admin_lists_generations_to_staff_only(client, django_user_model):
     row = make_generation()
     url = "/admin/playground/generation/"

@@ -359,6 +359,21 @@ def test_python_output_is_highlighted_as_python(server, page):
     assert page.locator("#output .hljs-keyword", has_text="def").count() == 2
 
 
+def test_a_very_long_output_stays_plain_text_so_the_page_does_not_freeze_when_it_ends(server, page):
+    open_playground(page, server.url)
+    spans = page.evaluate(
+        """(sizes) => sizes.map((size) => {
+            const code = document.createElement("code");
+            const text = "def f(x):\\n    return x  # ok\\n".repeat(Math.ceil(size / 10)).slice(0, size);
+            window.kogHighlight.render(code, text, {});
+            return [text.length === size && code.textContent === text, code.querySelectorAll("span").length];
+        })""",
+        [2_000, 60_001],
+    )
+    assert spans[0][0] and spans[0][1] > 0  # highlighted, the text intact
+    assert spans[1] == [True, 0]  # over the cap: one text node, no second-long parse at the run's end
+
+
 def test_a_completion_is_shown_and_copied_after_the_prompt_it_continues(server, page):
     open_playground(page, server.url)
     page.click("#system-details summary")

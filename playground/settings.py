@@ -20,6 +20,7 @@ PLAYGROUND_REDIS_CONNECTIONS  pooled Redis connections per web process (default 
 Rate limits (PLAYGROUND_IP_*, PLAYGROUND_KEY_*, PLAYGROUND_TRUSTED_PROXIES): see playground/limits.py.
 LOG_FORMAT, LOG_LEVEL   json (default) or plain log lines; see inference/logs.py
 PLAYGROUND_READY_TIMEOUT_S, PLAYGROUND_READY_CACHE_S, PLAYGROUND_METRICS_TOKEN: see health.py, metrics.py
+PLAYGROUND_API_CORS_ORIGINS: see playground/api/cors.py
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "playground.host_check.ApiHostCheckMiddleware",  # JSON, not HTML, for an API call to a foreign Host
+    "playground.api.cors.ApiCorsMiddleware",  # /v1/ from the web apps PLAYGROUND_API_CORS_ORIGINS names
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -128,6 +130,7 @@ PLAYGROUND_MAX_PROMPT_CHARS = int(os.environ.get("PLAYGROUND_MAX_PROMPT_CHARS", 
 PLAYGROUND_MAX_FRAME_BYTES = int(
     os.environ.get("PLAYGROUND_MAX_FRAME_BYTES", str(4 * PLAYGROUND_MAX_PROMPT_CHARS + 64 * 1024))
 )
+PLAYGROUND_API_CORS_ORIGINS = env_list("PLAYGROUND_API_CORS_ORIGINS")  # see playground/api/cors.py
 PLAYGROUND_REDIS_CONNECTIONS = int(os.environ.get("PLAYGROUND_REDIS_CONNECTIONS", "500"))
 # A playground.limits.LimitConfig, or None to read the PLAYGROUND_IP_* / _KEY_* variables.
 PLAYGROUND_LIMITS = None

@@ -64,7 +64,8 @@ def load_weights(
     path = Path(path)
     files = _safetensors_files(path)
     entries = checkpoint_entries(cfg)
-    # A tied head may still be saved; it is the embedding, so it is neither needed nor unexpected.
+    # A tied head may still be saved: it must then be the embedding (checked below), so it is neither needed
+    # nor unexpected.
     optional = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
     located: dict[str, tuple[Path, tuple[int, ...]]] = {}
     for file in files:
@@ -74,22 +75,62 @@ def load_weights(
                     located[name] = (file, tuple(f.get_slice(name).get_shape()))
         except (SafetensorError, OSError) as e:
             raise CheckpointError(f"{file}: corrupt or truncated safetensors file ({_one_line(e)})") from None
+    # Name in our entries -> name in the file.
+    stored = {name: name for name in located}
+    if (
+        cfg.model_type != "laneformer_tp"
+        and "embed_tokens.weight" in located
+        and not any(n.startswith("model.") for n in located)
+    ):
+        # A base model saved alone (LlamaModel, Qwen2Model: what some tools save of model.model) names its
+        # tensors without the causal LM's `model.` prefix; transformers loads it all the same.
+        stored = {(n if n.startswith("lm_head.") else f"model.{n}"): n for n in located}
+        located = {ours: located[theirs] for ours, theirs in stored.items()}
+    embedding = entries[0].name
+    if cfg.tie_word_embeddings and embedding not in located and "lm_head.weight" in located:
+        # Tied weights saved under the head's name only (some exporters keep that one of the pair):
+        # transformers ties the embedding to it, and so do we.
+        stored[embedding], located[embedding] = stored["lm_head.weight"], located["lm_head.weight"]
     _check(path, entries, located, optional)
 
     weights: dict[str, torch.Tensor] = {}
     handles = {}
+
+    def read(name: str) -> torch.Tensor:
+        file = located[name][0]
+        if file not in handles:
+            handles[file] = safe_open(file, framework="pt")
+        return handles[file].get_tensor(stored[name])
+
     try:
         for e in entries:
-            file = located[e.name][0]
-            if file not in handles:
-                handles[file] = safe_open(file, framework="pt")
-            tensor = handles[file].get_tensor(e.name).to(device=device, dtype=dtype)
-            weights[e.internal] = e.convert(tensor).contiguous()
+            weights[e.internal] = e.convert(read(e.name).to(device=device, dtype=dtype)).contiguous()
+        if (
+            "lm_head.weight" in optional
+            and stored.get("lm_head.weight", stored[embedding]) != stored[embedding]
+        ):
+            _check_tied_head(embedding, located, read)
     except (SafetensorError, OSError, RuntimeError) as err:
         raise CheckpointError(f"{path}: could not read tensor data ({_one_line(err)})") from None
     finally:
         handles.clear()
     return weights
+
+
+def _check_tied_head(embedding: str, located: dict, read: Callable[[str], torch.Tensor]) -> None:
+    """A head saved beside tied embeddings is fine when it is a copy of the embedding. When it differs,
+    transformers versions disagree on which one the model uses (5 keeps the saved head, 4 the embedding), so
+    the checkpoint is ambiguous and refused rather than run with a head its author may not have meant."""
+    head = read("lm_head.weight")
+    if located["lm_head.weight"][1] == located[embedding][1] and torch.equal(
+        head, read(embedding).to(head.dtype)
+    ):
+        return
+    raise CheckpointError(
+        f"{located['lm_head.weight'][0]}: lm_head.weight differs from {embedding} while config.json "
+        "field 'tie_word_embeddings' is true; set it to false to use the saved head, or remove lm_head.weight "
+        "to use the embedding"
+    )
 
 
 def _one_line(e: Exception) -> str:
@@ -113,9 +154,15 @@ def _safetensors_files(path: Path) -> list[Path]:
         return [path / n for n in names]
     if (path / "model.safetensors").is_file():
         return [path / "model.safetensors"]
-    shards = sorted(path.glob("*.safetensors"))
+    # A LoRA adapter's weights are not the model's: left beside a merged model, they must not be read as shards.
+    shards = sorted(p for p in path.glob("*.safetensors") if p.name != "adapter_model.safetensors")
     if shards:
         return shards
+    if (path / "adapter_model.safetensors").is_file():
+        raise CheckpointError(
+            f"{path}: holds only a LoRA/PEFT adapter (adapter_model.safetensors), not a whole model: merge it "
+            "into its base model (PEFT's merge_and_unload) and save_pretrained the result"
+        )
     pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
         raise CheckpointError(
@@ -125,10 +172,17 @@ def _safetensors_files(path: Path) -> list[Path]:
     raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json")
 
 
+# Saved by older transformers (RoPE's frequencies as a persistent buffer); derived from config.json, so unused,
+# and transformers itself ignores them on load.
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
 def _check(path: Path, entries: list[Entry], located: dict, optional: set[str]) -> None:
     expected = {e.name: e.shape for e in entries}
     missing = [n for n in expected if n not in located]
-    unexpected = sorted(n for n in located if n not in expected and n not in optional)
+    unexpected = sorted(
+        n for n in located if n not in expected and n not in optional and not n.endswith(IGNORED_SUFFIXES)
+    )
     misshaped = [
         f"{n} {list(located[n][1])} (expected {list(s)})"
         for n, s in expected.items()

@@ -8,6 +8,7 @@ Torch-free, so the web process may validate a model directory without loading mo
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,18 @@ LM_HEAD_TYPES = ("replicate", "lane", "vocab_parallel")
 class ConfigError(ValueError):
     """A config.json the engine cannot run; `field` names the offending key."""
 
-    def __init__(self, field: str, message: str):
-        super().__init__(f"config.json field {field!r}: {message}")
+    def __init__(self, field: str, message: str, path: Path | None = None):
+        # Read from a file, the error names that file: a deployment may list several checkpoints.
+        if path is None:
+            text = f"config.json field {field!r}: {message}"
+        elif field == "config.json":
+            text = f"{path}: {message}"
+        else:
+            text = f"{path}: field {field!r}: {message}"
+        super().__init__(text)
         self.field = field
         self.message = message
+        self.path = path
 
 
 @dataclass(frozen=True)
@@ -31,6 +40,27 @@ class Llama3RopeScaling:
     low_freq_factor: float
     high_freq_factor: float
     original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class LinearRopeScaling:
+    factor: float  # positions are divided by it
+
+
+@dataclass(frozen=True)
+class YarnRopeScaling:
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float
+    beta_slow: float
+    truncate: bool
+    attention_factor: float  # multiplies the cos/sin tables, so every q.k score by its square
+
+
+# Every scaling is expressed in the model's cos/sin tables (model.rope_tables), which the fast path reads
+# as they are: a new kind needs no kernel change as long as it stays a fixed table per position.
+RopeScaling = Llama3RopeScaling | LinearRopeScaling | YarnRopeScaling
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 
 
 @dataclass(frozen=True)
@@ -46,7 +76,7 @@ class ModelConfig:
     max_position_embeddings: int
     norm_eps: float
     rope_theta: float
-    rope_scaling: Llama3RopeScaling | None = None
+    rope_scaling: RopeScaling | None = None
     # The checkpoint's RoPE layout: interleaved pairs (Laneformer) or rotate-half (HF). The loader
     # permutes rotate-half q/k rows into the interleaved layout, so the model only knows one layout.
     rope_interleaved: bool = True
@@ -146,13 +176,23 @@ class ModelConfig:
             if path.is_dir():
                 path = path / "config.json"
             if not path.is_file():
-                raise ConfigError("config.json", f"file not found: {path}")
+                hint = ""
+                if (path.parent / "adapter_config.json").is_file():
+                    hint = (
+                        "; the folder holds a LoRA/PEFT adapter (adapter_config.json), not a whole model: merge "
+                        "it into its base model (PEFT's merge_and_unload) and save_pretrained the result"
+                    )
+                raise ConfigError("config.json", f"not found{hint}", path)
             try:
                 source = json.loads(path.read_text())
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise ConfigError("config.json", f"not valid JSON ({e})") from None
+                raise ConfigError("config.json", f"not valid JSON ({e})", path) from None
             if not isinstance(source, dict):
-                raise ConfigError("config.json", "must hold a JSON object")
+                raise ConfigError("config.json", "must hold a JSON object", path)
+            try:
+                return _parse(source)
+            except ConfigError as e:
+                raise ConfigError(e.field, e.message, path) from None
         return _parse(source)
 
 
@@ -198,6 +238,16 @@ def _parse(raw: dict[str, Any]) -> ModelConfig:
             )
         head_dim = hidden // heads
 
+    quantization = raw.get("quantization_config")
+    if quantization:
+        method = (
+            quantization.get("quant_method", "unknown") if isinstance(quantization, dict) else quantization
+        )
+        raise ConfigError(
+            "quantization_config",
+            f"quantized checkpoints ({method}) are not supported; save the model unquantized "
+            "(float32, float16 or bfloat16)",
+        )
     act = raw.get("hidden_act", "silu")
     if act != "silu":
         raise ConfigError("hidden_act", f"only 'silu' is supported, got {act!r}")
@@ -239,7 +289,7 @@ def _parse(raw: dict[str, Any]) -> ModelConfig:
     )
 
 
-def _rope(raw: dict[str, Any], get) -> tuple[float, Llama3RopeScaling | None]:
+def _rope(raw: dict[str, Any], get) -> tuple[float, RopeScaling | None]:
     # transformers < 5 writes rope_theta + rope_scaling; transformers >= 5 writes one rope_parameters dict.
     params = raw.get("rope_parameters") or {}
     if not isinstance(params, dict):
@@ -252,18 +302,50 @@ def _rope(raw: dict[str, Any], get) -> tuple[float, Llama3RopeScaling | None]:
     if not isinstance(scaling, dict):
         raise ConfigError(field, "must be an object or null")
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise ConfigError(
+            field, f"rope_type {rope_type!r} is not supported; expected one of {', '.join(ROPE_TYPES)}"
+        )
+
+    def number(name: str, default: Any = ...) -> float:
+        value = scaling.get(name)
+        if value is None and default is not ...:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(field, f"{rope_type} scaling needs a number for {name!r}, got {value!r}")
+        return float(value)
+
+    def original_max() -> int:
+        # transformers fills a missing original length with max_position_embeddings.
+        value = scaling.get("original_max_position_embeddings") or get("max_position_embeddings")
+        if isinstance(value, float) and value.is_integer():  # 8192.0, as some tools write it
+            value = int(value)
+        if not _is_int(value) or value < 1:
+            raise ConfigError(
+                field, f"original_max_position_embeddings must be a positive integer, got {value!r}"
+            )
+        return value
+
     if rope_type == "default":
         return float(theta), None
-    if rope_type != "llama3":
-        raise ConfigError(field, f"rope_type {rope_type!r} is not supported; expected 'default' or 'llama3'")
+    if rope_type == "dynamic":
+        # Dynamic NTK changes the frequencies only once a sequence grows past max_position_embeddings, which the
+        # engine never lets it do (its context and RoPE tables stop there): below it, it is plain RoPE.
+        number("factor")
+        return float(theta), None
+    if rope_type == "linear":
+        factor = number("factor")
+        if factor <= 0:
+            raise ConfigError(field, f"linear scaling needs factor > 0, got {factor}")
+        return float(theta), LinearRopeScaling(factor)
+    if rope_type == "yarn":
+        return float(theta), _yarn(scaling, field, number, original_max, get)
     try:
         scaled = Llama3RopeScaling(
             factor=float(scaling["factor"]),
             low_freq_factor=float(scaling["low_freq_factor"]),
             high_freq_factor=float(scaling["high_freq_factor"]),
-            original_max_position_embeddings=int(
-                scaling.get("original_max_position_embeddings") or get("max_position_embeddings")
-            ),
+            original_max_position_embeddings=original_max(),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(
@@ -272,6 +354,36 @@ def _rope(raw: dict[str, Any], get) -> tuple[float, Llama3RopeScaling | None]:
     if scaled.low_freq_factor >= scaled.high_freq_factor or scaled.factor <= 0:
         raise ConfigError(field, "llama3 scaling needs factor > 0 and low_freq_factor < high_freq_factor")
     return float(theta), scaled
+
+
+def _yarn(scaling: dict[str, Any], field: str, number, original_max, get) -> YarnRopeScaling:
+    """YaRN with transformers' defaults: factor from the two lengths when null, beta_fast 32, beta_slow 1,
+    a truncated correction range, and the attention factor from factor (and mscale / mscale_all_dim)."""
+    factor = number("factor", None)
+    original = original_max()
+    if factor is None:
+        factor = get("max_position_embeddings") / original
+    if factor <= 0:
+        raise ConfigError(field, f"yarn scaling needs factor > 0, got {factor}")
+
+    def mscale(weight: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * weight * math.log(factor) + 1.0
+
+    attention_factor = number("attention_factor", None)
+    if attention_factor is None:
+        m, m_all = number("mscale", 0.0), number("mscale_all_dim", 0.0)
+        attention_factor = mscale(m) / mscale(m_all) if m and m_all else mscale(1.0)
+    truncate = scaling.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise ConfigError(field, f"yarn scaling's truncate must be true or false, got {truncate!r}")
+    return YarnRopeScaling(
+        factor=factor,
+        original_max_position_embeddings=original,
+        beta_fast=number("beta_fast", 0.0) or 32.0,  # a 0 or null means the default, as in transformers
+        beta_slow=number("beta_slow", 0.0) or 1.0,
+        truncate=truncate,
+        attention_factor=attention_factor,
+    )
 
 
 def _windows(
@@ -295,7 +407,8 @@ def _windows(
             raise ConfigError("layer_types", f"must list {num_layers} values out of {', '.join(allowed)}")
         return window, tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention")
     if model_type != "laneformer_tp":
-        first = get("max_window_layers", num_layers)  # HF Qwen: layers from max_window_layers on are windowed
+        # HF Qwen: layers from max_window_layers on are windowed (28 when the key is absent, as in transformers)
+        first = get("max_window_layers", 28)
         return window, tuple(range(min(first, num_layers), num_layers))
     # Laneformer: the first n layers (the last -n when n < 0), or an explicit list; unclamped layers
     # always attend to the full causal context.

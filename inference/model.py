@@ -26,7 +26,7 @@ rotate together. HF rotate-half checkpoints are permuted into it at load time
 A Llama-family model is L = 1.
 
 Buffers: rope_cos, rope_sin [max_position_embeddings, hd/2] fp32, cos/sin(position * inv_freq[j])
-for pair j (Llama-3 scaling applied).
+for pair j (the configured scaling applied; YaRN's attention factor multiplies both).
 KV cache: k, v [N, B, KV, max_len, hd], keys stored after RoPE, preallocated once.
 Activations are [L, B*T, D]: each lane carries its own copy of the residual stream, and every
 projection is one batched matmul over the lane dimension.
@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.config import ModelConfig
+from inference.config import LinearRopeScaling, ModelConfig, YarnRopeScaling
 
 
 class KVCache:
@@ -59,12 +59,16 @@ class KVCache:
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    """Inverse frequency of each rotated pair, [hd/2] fp32, with Llama-3 scaling when configured."""
+    """Inverse frequency of each rotated pair, [hd/2] fp32, with the configured scaling (linear, YaRN, Llama 3)."""
     hd = cfg.head_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
     s = cfg.rope_scaling
     if s is None:
         return inv_freq
+    if isinstance(s, LinearRopeScaling):  # positions divided by factor: the same as frequencies divided by it
+        return inv_freq / s.factor
+    if isinstance(s, YarnRopeScaling):
+        return _yarn_inv_freq(cfg, s)
     # Llama 3: long wavelengths are slowed down by `factor`, short ones kept, the band between blended.
     wavelen = 2 * math.pi / inv_freq
     low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
@@ -78,12 +82,41 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     return torch.where(medium, blended, scaled)
 
 
+def _yarn_inv_freq(cfg: ModelConfig, s: YarnRopeScaling) -> torch.Tensor:
+    """YaRN: pairs that turn more than beta_fast times over the original context keep their frequency, pairs
+    that turn fewer than beta_slow times are slowed down by `factor`, and the pairs between are blended
+    linearly in the pair index."""
+    hd, theta = cfg.head_dim, cfg.rope_theta
+    wavelengths_per_2pi = theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd)
+    kept, slowed = 1.0 / wavelengths_per_2pi, 1.0 / (s.factor * wavelengths_per_2pi)
+
+    def pair_turning(turns: float) -> float:  # the (fractional) pair index that turns `turns` times
+        return (
+            hd * math.log(s.original_max_position_embeddings / (turns * 2 * math.pi)) / (2 * math.log(theta))
+        )
+
+    low, high = pair_turning(s.beta_fast), pair_turning(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, hd - 1)
+    if low == high:
+        high += 0.001  # a one-point ramp would divide by zero
+    ramp = ((torch.arange(hd // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    return slowed * ramp + kept * (1 - ramp)
+
+
 def rope_tables(
     cfg: ModelConfig, device: torch.device | str | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     positions = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
     angles = torch.outer(positions, rope_inv_freq(cfg))  # [max_pos, hd/2]
-    return angles.cos().to(device), angles.sin().to(device)
+    cos, sin = angles.cos(), angles.sin()
+    if isinstance(cfg.rope_scaling, YarnRopeScaling):
+        # YaRN scales q and k (so every score by its square) through the tables, as transformers does: the
+        # fast path's kernels read these same tables, so they need nothing of their own.
+        factor = cfg.rope_scaling.attention_factor
+        cos, sin = cos * factor, sin * factor
+    return cos.to(device), sin.to(device)
 
 
 def rope_pairs(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

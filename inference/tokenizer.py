@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 
@@ -28,10 +29,14 @@ class Tokenizer:
         if add_bos is None:
             add_bos = _post_processor_adds(tok, bos_id)
         self.add_bos = bool(add_bos) and bos_id is not None
-        self.bos_token = _token_text(config.get("bos_token")) or (
-            tok.id_to_token(bos_id) if bos_id is not None else None
-        )
+        # Templates see the token text tokenizer_config.json names, as in transformers: none when it names none,
+        # even where config.json gives a bos_token_id (Qwen's <|endoftext|>, which its prompts never start with).
+        self.bos_token = _token_text(config.get("bos_token"))
         self.eos_token = _token_text(config.get("eos_token"))
+        # The other special tokens transformers hands a template (its special_tokens_map)
+        self.template_tokens = {
+            key: text for key in ("unk_token", "pad_token") if (text := _token_text(config.get(key)))
+        }
         template = config.get("chat_template")
         if isinstance(template, list):  # a list of named templates: take "default"
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
@@ -49,6 +54,14 @@ class Tokenizer:
         except Exception as e:  # the Rust parser's errors are one-line already
             raise CheckpointError(f"{tok_file}: cannot be parsed: {e}") from None
         config = _read_json(path / "tokenizer_config.json")
+        # transformers >= 4.50 saves the template as chat_template.jinja (no longer in tokenizer_config.json);
+        # where both exist, the file wins, as in transformers.
+        template_file = path / "chat_template.jinja"
+        if template_file.is_file():
+            try:
+                config["chat_template"] = template_file.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise CheckpointError(f"{template_file}: cannot be read ({e})") from None
         model_config = _read_json(path / "config.json")
         generation = _read_json(path / "generation_config.json")
 
@@ -90,9 +103,13 @@ class Tokenizer:
         try:
             return _compile(self.chat_template).render(
                 messages=messages,
+                # Passed as transformers passes them: templates test `tools is not none` without `is defined`.
+                tools=None,
+                documents=None,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
+                **self.template_tokens,
             )
         except TemplateError as e:
             raise InvalidRequest("messages", f"chat template: {e}") from None
@@ -149,7 +166,19 @@ def _compile(template: str):
     def raise_exception(message):
         raise TemplateError(message)
 
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # jinja2's own tojson sorts keys and escapes <, >, & and ' as HTML: not what the model was trained on.
+        return json.dumps(
+            value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    def strftime_now(pattern: str) -> str:
+        # Llama 3.x templates write today's date into the system header when they can ask for it.
+        return datetime.now().strftime(pattern)
+
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    env.filters["tojson"] = tojson
     return env.from_string(template)
 
 

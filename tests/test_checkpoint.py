@@ -174,3 +174,68 @@ def test_a_tokenizer_or_end_token_past_the_vocabulary_is_refused_at_load(tmp_pat
     ):
         Engine.load(endless, device="cpu")
     assert Engine.load(tiny_laneformer, device="cpu").tokenizer.max_id < vocab  # the good one loads
+
+
+def hf_checkpoint(tmp_path, preset="tiny-llama"):
+    """A synthetic HF-named checkpoint (embed_tokens, self_attn, ...) and its weights as loaded."""
+    ckpt = synth.synth(preset, tmp_path / preset, seed=0)
+    cfg = ModelConfig.from_hf(ckpt)
+    return ckpt, cfg, load_weights(ckpt, cfg)
+
+
+def test_rotary_inv_freq_buffers_of_older_transformers_are_ignored(tmp_path):
+    ckpt, cfg, expected = hf_checkpoint(tmp_path)
+    tensors = load_file(ckpt / "model.safetensors")
+    for i in range(cfg.num_layers):
+        tensors[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = torch.ones(cfg.head_dim // 2)
+    save_file(tensors, ckpt / "model.safetensors")
+    weights = load_weights(ckpt, cfg)
+    assert weights.keys() == expected.keys() and all(torch.equal(weights[k], expected[k]) for k in weights)
+
+
+def test_a_base_model_saved_without_the_model_prefix_loads(tmp_path):
+    # What saving model.model (LlamaModel, Qwen2Model) writes: no `model.` prefix, and no head (tied here).
+    ckpt, cfg, expected = hf_checkpoint(tmp_path, "tiny-qwen2")
+    assert cfg.tie_word_embeddings
+    tensors = load_file(ckpt / "model.safetensors")
+    save_file({k.removeprefix("model."): v for k, v in tensors.items()}, ckpt / "model.safetensors")
+    weights = load_weights(ckpt, cfg)
+    assert weights.keys() == expected.keys() and all(torch.equal(weights[k], expected[k]) for k in weights)
+
+
+def test_a_tied_config_with_a_different_saved_head_is_refused(tmp_path):
+    ckpt, cfg, _ = hf_checkpoint(tmp_path)
+    assert cfg.tie_word_embeddings
+    tensors = load_file(ckpt / "model.safetensors")
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"] + 1
+    save_file(tensors, ckpt / "model.safetensors")
+    with pytest.raises(CheckpointError) as info:
+        load_weights(ckpt, cfg)
+    message = str(info.value)
+    assert message.startswith(str(ckpt / "model.safetensors")) and "\n" not in message
+    assert (
+        "lm_head.weight differs from model.embed_tokens.weight" in message
+        and "'tie_word_embeddings'" in message
+    )
+
+
+def test_a_lora_adapter_is_not_read_as_a_shard(tmp_path):
+    ckpt, cfg, expected = hf_checkpoint(tmp_path)
+    (ckpt / "model.safetensors").rename(ckpt / "model-00001-of-00001.safetensors")
+    save_file({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.zeros(4, 64)},
+              ckpt / "adapter_model.safetensors")  # fmt: skip
+    weights = load_weights(ckpt, cfg)  # the adapter left beside the merged model is no part of it
+    assert all(torch.equal(weights[k], expected[k]) for k in expected)
+    (ckpt / "model-00001-of-00001.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="only a LoRA/PEFT adapter .*merge_and_unload"):
+        load_weights(ckpt, cfg)
+
+
+def test_tied_weights_saved_under_the_head_name_only(tmp_path):
+    # Some exporters keep the head's name of a tied pair; transformers ties the embedding to it.
+    ckpt, cfg, expected = hf_checkpoint(tmp_path)
+    tensors = load_file(ckpt / "model.safetensors")
+    tensors["lm_head.weight"] = tensors.pop("model.embed_tokens.weight")
+    save_file(tensors, ckpt / "model.safetensors")
+    weights = load_weights(ckpt, cfg)
+    assert weights.keys() == expected.keys() and all(torch.equal(weights[k], expected[k]) for k in weights)

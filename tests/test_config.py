@@ -88,7 +88,13 @@ def test_missing_and_invalid_config_files(tmp_path):
         ({"sliding_window": 0, "sliding_window_n_layers": 2}, "sliding_window", "positive"),
         ({"swa_layers": [0, 9], "sliding_window": 8}, "swa_layers", "0 ... 5"),
         ({"swa_layers": "all", "sliding_window": 8}, "swa_layers", "list"),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4}}, "rope_scaling", "'default' or 'llama3'"),
+        (
+            {"rope_scaling": {"rope_type": "longrope", "factor": 4}},
+            "rope_scaling",
+            "default, linear, dynamic, yarn, llama3",
+        ),
+        ({"rope_scaling": {"rope_type": "linear"}}, "rope_scaling", "'factor'"),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": "4"}}, "rope_parameters", "'factor'"),
         ({"rope_scaling": {"rope_type": "llama3"}}, "rope_scaling", "factor"),
     ],
 )
@@ -143,3 +149,67 @@ def test_rope_parameters_of_transformers_5_read_like_rope_scaling():
     assert old == new and old.rope_theta == 5e5 and old.rope_scaling.original_max_position_embeddings == 64
     default = ModelConfig.from_hf({**raw, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}})
     assert default.rope_scaling is None and default.rope_theta == 1e6
+
+
+def llama(**overrides) -> dict:
+    raw = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+    return raw | {"intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 256} | overrides
+
+
+def test_rope_scaling_kinds_of_hf_checkpoints():
+    from inference.config import LinearRopeScaling, YarnRopeScaling
+
+    linear = ModelConfig.from_hf(llama(rope_scaling={"type": "linear", "factor": 2.0}))
+    assert linear.rope_scaling == LinearRopeScaling(2.0)
+    # Dynamic NTK only departs from plain RoPE past max_position_embeddings, where the engine never goes.
+    dynamic = ModelConfig.from_hf(llama(rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
+    assert dynamic.rope_scaling is None
+    # Qwen2.5's documented long-context setting, written the transformers 4 way ("type").
+    yarn = ModelConfig.from_hf(
+        llama(rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64})
+    )
+    assert isinstance(yarn.rope_scaling, YarnRopeScaling)
+    assert (yarn.rope_scaling.factor, yarn.rope_scaling.original_max_position_embeddings) == (4.0, 64)
+    assert (yarn.rope_scaling.beta_fast, yarn.rope_scaling.beta_slow, yarn.rope_scaling.truncate) == (
+        32,
+        1,
+        True,
+    )
+    assert yarn.rope_scaling.attention_factor == pytest.approx(0.1 * math.log(4.0) + 1)
+    null = ModelConfig.from_hf(llama(rope_scaling=None, rope_theta=123.0))
+    assert null.rope_scaling is None and null.rope_theta == 123.0
+
+
+def test_errors_of_a_config_file_name_the_file(tmp_path):
+    for model_type in ("mistral", "gemma"):
+        (tmp_path / "config.json").write_text(json.dumps(llama(model_type=model_type)))
+        with pytest.raises(ConfigError) as info:
+            ModelConfig.from_hf(tmp_path)
+        message = str(info.value)
+        assert message.startswith(
+            f"{tmp_path / 'config.json'}: field 'model_type': unsupported '{model_type}'"
+        )
+        assert "laneformer_tp, llama, qwen2, qwen3" in message and info.value.field == "model_type"
+    with pytest.raises(ConfigError, match=rf"^{tmp_path / 'nowhere'}: not found$"):
+        ModelConfig.from_hf(tmp_path / "nowhere")
+
+
+def test_lora_adapters_and_quantized_checkpoints_are_refused_by_name(tmp_path):
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
+    with pytest.raises(ConfigError, match="LoRA/PEFT adapter .*merge_and_unload"):
+        ModelConfig.from_hf(tmp_path)
+    quantized = llama(quantization_config={"quant_method": "bitsandbytes", "load_in_4bit": True})
+    with pytest.raises(
+        ConfigError, match="quantized checkpoints \\(bitsandbytes\\) are not supported"
+    ) as info:
+        ModelConfig.from_hf(quantized)
+    assert info.value.field == "quantization_config"
+
+
+def test_qwen_max_window_layers_defaults_as_in_transformers():
+    raw = {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 30, "num_attention_heads": 4}
+    raw |= {"intermediate_size": 128, "vocab_size": 100, "sliding_window": 16, "use_sliding_window": True}
+    assert ModelConfig.from_hf(raw).window_layers == (28, 29)
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.Qwen2Config(**{k: v for k, v in raw.items() if k != "model_type"}).layer_types
+    assert tuple(i for i, t in enumerate(theirs) if t == "sliding_attention") == (28, 29)

@@ -2,6 +2,9 @@
 models built and saved by transformers load in our engine and decode the same greedy tokens with the
 same logits; and for every family, prefill-then-decode equals full recomputation."""
 
+import json
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -58,10 +61,44 @@ CASES = {
         dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=16, vocab_size=777,
              tie_word_embeddings=True),
     ),
+    # Qwen's sliding window on the layers from max_window_layers on (16 positions; the decode runs to 72).
+    "qwen2-window-tied": (
+        "Qwen2ForCausalLM",
+        "Qwen2Config",
+        dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True,
+             use_sliding_window=True, sliding_window=16, max_window_layers=1),
+    ),
+    # RoPE scalings of long-context fine-tunes; the decode runs past YaRN's original length (32).
+    "llama-linear-tied": (
+        "LlamaForCausalLM",
+        "LlamaConfig",
+        dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True,
+             rope_scaling={"rope_type": "linear", "factor": 4.0}),
+    ),
+    "llama-dynamic-untied": (
+        "LlamaForCausalLM",
+        "LlamaConfig",
+        dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=512, tie_word_embeddings=False,
+             rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+    ),
+    "qwen2-yarn-tied": (
+        "Qwen2ForCausalLM",
+        "Qwen2Config",
+        dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=1, vocab_size=999, tie_word_embeddings=True,
+             rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}),
+    ),
+    "qwen3-yarn-mscale-untied": (
+        "Qwen3ForCausalLM",
+        "Qwen3Config",
+        dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=777,
+             tie_word_embeddings=False, rope_theta=10000.0,
+             rope_scaling={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32,
+                           "mscale": 0.707, "mscale_all_dim": 1.0, "beta_fast": 16}),
+    ),
 }  # fmt: skip
 
 
-def build_hf_model(case: str, path):
+def build_hf_model(case: str, path, **save_options):
     model_cls, config_cls, options = CASES[case]
     config = getattr(transformers, config_cls)(
         num_hidden_layers=2, intermediate_size=160, max_position_embeddings=256, rms_norm_eps=1e-5, **options
@@ -74,7 +111,7 @@ def build_hf_model(case: str, path):
                 p.copy_(1 + 0.2 * torch.randn_like(p))
             else:
                 p.normal_(0.0, 0.1)
-    model.save_pretrained(path)
+    model.save_pretrained(path, **save_options)
     return model
 
 
@@ -151,3 +188,48 @@ def test_prefill_then_decode_equals_full_recomputation(tmp_path, preset, dtype):
     for t in range(80):
         assert relative_error(stepwise[t], full[t]) < tolerance, f"position {t}"
     torch.testing.assert_close(last, full[-1])
+
+
+@pytest.mark.parametrize("case", ["llama-linear-tied", "qwen2-yarn-tied", "qwen3-yarn-mscale-untied"])
+def test_rope_scaling_cases_do_change_the_logits(tmp_path, case):
+    # Keeps the cases above meaningful: run as plain RoPE, the same weights are far from transformers' logits.
+    hf_model = build_hf_model(case, tmp_path)
+    cfg = ModelConfig.from_hf(tmp_path)
+    assert cfg.rope_scaling is not None
+    plain = replace(cfg, rope_scaling=None)
+    model = Transformer.from_weights(plain, load_weights(tmp_path, plain))
+    ids = torch.randint(0, cfg.vocab_size, (1, 72), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert relative_error(model(ids)[0], hf_model(input_ids=ids).logits[0]) > 1e-2
+
+
+def test_own_finetune_saved_by_transformers_serves_like_transformers(tmp_path):
+    """A whole fine-tuned folder as transformers writes it: model.save_pretrained (sharded) and
+    tokenizer.save_pretrained (chat_template.jinja, an added token), with Llama 3's stop tokens in
+    generation_config.json. The chat prompt's ids and the greedy tokens are transformers' own."""
+    from tokenizers import AddedToken
+
+    model_dir, tok_dir = tmp_path / "finetune", tmp_path / "base-tokenizer"
+    hf_model = build_hf_model("llama-hd48-llama3-untied", model_dir, max_shard_size="100KB")
+    assert (model_dir / "model.safetensors.index.json").is_file()
+
+    special = write_synthetic_tokenizer(tok_dir, "llama3", hf_model.config.vocab_size - 8)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tok_dir))
+    hf_tok.add_tokens([AddedToken("<think>", special=False), AddedToken("<|tool|>", special=True)])
+    hf_tok.save_pretrained(model_dir)
+    assert (model_dir / "chat_template.jinja").is_file()
+    assert "chat_template" not in json.loads((model_dir / "tokenizer_config.json").read_text())
+    generation = {"bos_token_id": special["bos_token_id"], "eos_token_id": special["eos_token_id"]}
+    (model_dir / "generation_config.json").write_text(json.dumps(generation))
+
+    engine = Engine.load(model_dir, device="cpu")
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "héllo <think> 😀"}]
+    ids = engine.encode_prompt(messages=messages)
+    theirs = hf_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+    assert ids == list(theirs["input_ids"]) and ids[0] == special["bos_token_id"]
+    assert engine.tokenizer.eos_ids == set(special["eos_token_id"])
+
+    hf_tokens, _ = hf_greedy(hf_model, torch.tensor([ids]))
+    events = engine.generate(ids, SamplingParams(max_new_tokens=STEPS))
+    engine_tokens = [t for e in events if isinstance(e, TextDelta) for t in e.token_ids]
+    assert engine_tokens == hf_tokens[: len(engine_tokens)] and len(engine_tokens) > 8

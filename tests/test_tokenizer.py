@@ -232,3 +232,47 @@ def test_bad_special_ids_in_config(tmp_path):
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": "</s>"}))
     with pytest.raises(CheckpointError, match="generation_config.json: eos_token_id"):
         Tokenizer.from_dir(tmp_path)
+
+
+def test_chat_template_jinja_file_of_recent_transformers(tmp_path):
+    # transformers >= 4.50 saves the template beside tokenizer_config.json, no longer inside it.
+    write_synthetic_tokenizer(tmp_path, "chatml", 1000)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    chatml = config.pop("chat_template")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    (tmp_path / "chat_template.jinja").write_text(chatml)
+    messages = [{"role": "user", "content": "hi"}]
+    assert Tokenizer.from_dir(tmp_path).apply_chat_template(messages).startswith("<|im_start|>user\nhi")
+    # Where both exist the file wins, as in transformers.
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": "stale"}))
+    assert Tokenizer.from_dir(tmp_path).apply_chat_template(messages).startswith("<|im_start|>user\nhi")
+
+
+# Template features real checkpoints use: Llama 3.x writes today's date when strftime_now exists, tool-aware
+# templates test `tools is not none`, and tojson must neither sort keys nor escape HTML or non-ASCII.
+ENV_TEMPLATE = (
+    "{% if strftime_now is defined %}{{ strftime_now('%d %b %Y') }}{% else %}26 Jul 2024{% endif %}|"
+    "{% if tools is not none %}TOOLS{% endif %}|"
+    "{% for m in messages %}{{ m | tojson }}{% endfor %}|{{ bos_token }}|{{ pad_token }}"
+)
+
+
+def test_template_environment_is_the_one_transformers_renders_in(tmp_path):
+    import datetime
+
+    tok = train_bpe([PLAIN_TEXT * 5], 400, "bytelevel", ["<|endoftext|>", "<|im_end|>", "<|pad|>"])
+    write_tokenizer_files(
+        tmp_path, tok, style="bytelevel", bos=None, eos="<|im_end|>", chat_template=ENV_TEMPLATE
+    )
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "pad_token": "<|pad|>"}))
+    # Qwen's config.json names <|endoftext|> as BOS, but its tokenizer_config.json names none: a template's
+    # bos_token is then empty, as in transformers.
+    (tmp_path / "config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
+    messages = [{"role": "user", "content": "<b> & 'q' 😀"}]
+    ours = Tokenizer.from_dir(tmp_path).apply_chat_template(messages)
+    today = datetime.datetime.now().strftime("%d %b %Y")
+    assert ours == today + '||{"role": "user", "content": "<b> & \'q\' 😀"}||<|pad|>'
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    assert ours == theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

@@ -83,6 +83,8 @@ def resolve_model(model: str | Path) -> Path:
         return path
     name = str(model)
     if name not in PRESETS:
+        if path.is_file():  # e.g. the config.json or a .safetensors file instead of their folder
+            raise CheckpointError(f"{name}: a file; give the checkpoint's folder (where config.json lies)")
         raise CheckpointError(f"{name}: neither a checkpoint directory nor a preset ({', '.join(PRESETS)})")
     target = synth_cache_dir() / f"{name}-0"
     if not (target / "config.json").is_file():

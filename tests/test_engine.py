@@ -210,6 +210,8 @@ def test_presets_are_synthesised_once_into_the_cache(tmp_path, monkeypatch):
     assert loaded.name == "tiny-qwen3" and loaded.path == path
     with pytest.raises(CheckpointError, match="neither a checkpoint directory nor a preset"):
         resolve_model("no-such-model")
+    with pytest.raises(CheckpointError, match="a file; give the checkpoint's folder"):
+        resolve_model(path / "config.json")  # the folder's file, not the folder
 
 
 def test_bad_device_dtype_and_backend(checkpoints, monkeypatch):

@@ -95,6 +95,28 @@ def test_prefill_logits_match_the_reference(preset, overrides, length):
         assert rel_err(got[:, :, :, :length], ref[:, :, :, :length]) < LOGIT_TOL
 
 
+SCALED_ROPE = [
+    ("tiny-llama", {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}),
+    # yarn's attention factor multiplies the cos/sin tables the kernels read: scores scale by its square
+    ("tiny-qwen3", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                                     "mscale": 1.0, "mscale_all_dim": 0.5}}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("preset,overrides", SCALED_ROPE)
+def test_scaled_rope_of_an_own_fine_tune_runs_on_the_fast_path(preset, overrides):
+    """The fast path takes any scaling the config allows through the model's cos/sin tables."""
+    model = make_model(preset, seed=3, **overrides)
+    plain = make_model(preset, seed=3)
+    assert not torch.allclose(model.rope_cos, plain.rope_cos)  # the scaling is in the tables the kernels read
+    prompt = torch.randint(
+        0, model.cfg.vocab_size, (13,), generator=torch.Generator().manual_seed(4)
+    ).tolist()
+    for fast, ref, token in teacher_forced(model, prompt, steps=4):  # the prefill, then decode steps
+        assert rel_err(fast, ref) < LOGIT_TOL
+        assert token == int(fast.argmax())
+
+
 def test_laneformer_reductions_and_windows():
     # past the window of the windowed layers, and every reduction mode: early sum, delayed, scaled
     for overrides in ({"sliding_window": 8}, {"use_comm": False, "use_early_comm": False, "sliding_window": 8},

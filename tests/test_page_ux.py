@@ -548,12 +548,18 @@ def test_stopping_a_queued_run_says_it_never_started(server, browser):
         second.context.close()
 
 
-def test_stop_while_disconnected_waits_for_the_reconnect_without_flip_flopping(server, page):
+def long_run_through_a_proxy(server, page) -> tuple[Proxy, str]:
+    """A run echoing a 300-line prompt, 50 tokens in, its websocket behind the test's Proxy."""
     proxy = Proxy(page)
     open_playground(page, server.url)
     prompt = numbered_lines(300)
     generate(page, prompt, len(prompt))
     wait_for_tokens(page, 50)
+    return proxy, prompt
+
+
+def test_stop_while_disconnected_waits_for_the_reconnect_without_flip_flopping(server, page):
+    proxy, prompt = long_run_through_a_proxy(server, page)
     proxy.cut(keep_down=True)
     wait_for_state(page, "reconnecting")
     record_states(page)
@@ -572,11 +578,7 @@ def test_stop_while_disconnected_waits_for_the_reconnect_without_flip_flopping(s
 
 
 def test_a_run_that_fails_midway_keeps_its_partial_output_to_copy(server, page):
-    proxy = Proxy(page)
-    open_playground(page, server.url)
-    prompt = numbered_lines(300)
-    generate(page, prompt, len(prompt))
-    wait_for_tokens(page, 50)
+    proxy, prompt = long_run_through_a_proxy(server, page)
     job_id = page.evaluate("JSON.parse(sessionStorage.getItem('kog-playground')).job.id")
     # how a run whose worker dies ends: an error entry on its stream (sent here by the test, the stream's
     # last entry); the stand-in's later frames come before it and are dropped

@@ -199,6 +199,19 @@ def test_share_link_is_copied_and_opens_in_a_new_tab_keeping_the_playground(serv
     assert page.get_attribute("#state", "data-state") == "done"
 
 
+def test_copying_is_announced_and_the_output_takes_the_keyboard_focus(server, page):
+    open_playground(page, server.url)
+    generate(page, "def announced():\n", 9)
+    wait_for_state(page, "done")
+    page.click("#copy")  # a button's new label alone is not read out
+    page.wait_for_selector("#copy-status:text-is('Copied')", state="attached")  # off-screen, still read out
+    assert page.get_attribute("#copy-status", "role") == "status"
+    # the output box is a named region the keyboard can reach (to scroll a long output), in every browser
+    page.focus("#output-box")
+    assert page.evaluate("document.activeElement.id") == "output-box"
+    assert page.get_attribute("#output-box", "aria-label") == "Output"
+
+
 # ---- 4. on a phone ---------------------------------------------------------------------------------
 
 

@@ -2,7 +2,8 @@
  * Copying text, on the playground and the share page.
  *
  *   kogClipboard.copy(text)            resolves true once the text is on the clipboard
- *   kogClipboard.flash(button, label)  shows label on the button for a moment, then its own again
+ *   kogClipboard.flash(button, label)  shows label on the button for a moment, then its own again, and has
+ *                                      screen readers say it
  *   <button data-copy-from="ID">       copies that element's text and says "Copied"
  *
  * The Clipboard API needs a secure context (https, or localhost); a playground served over plain
@@ -37,9 +38,25 @@
     return Promise.resolve(copyThroughSelection(text));
   }
 
+  // A button's new label is not announced by screen readers; one polite status region says it for every
+  // button (made on first use, off-screen, and emptied first so that the same word twice is heard twice).
+  let announcer = null;
+  function announce(text) {
+    if (!announcer) {
+      announcer = document.createElement("div");
+      announcer.id = "copy-status";
+      announcer.className = "offscreen";
+      announcer.setAttribute("role", "status");
+      document.body.append(announcer);
+    }
+    announcer.textContent = "";
+    setTimeout(() => (announcer.textContent = text), 50);
+  }
+
   function flash(button, label) {
     if (!button.dataset.label) button.dataset.label = button.textContent;
     button.textContent = label;
+    announce(label);
     clearTimeout(button.flashTimer);
     button.flashTimer = setTimeout(() => (button.textContent = button.dataset.label), FLASH_MS);
   }

@@ -35,6 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 from inference.bench import cuda_missing, measure_bandwidth, median_ms  # noqa: E402
+from scripts.barrier_probe import _acquire, _relaxed  # noqa: E402  (the grid barrier's loads, GPU scope)
 
 K = 2048
 BOX_RUNS, RUN = 8, 256  # a box: BOX_R whole rows of 2048, each row 8 runs of 256
@@ -42,18 +43,6 @@ BOX_C, BK = gl.constexpr(BOX_RUNS), gl.constexpr(RUN)  # the same, for kernels
 LAYERS = 28
 # qwen3-1.7b's rows a layer at K = 2048 (the down-proj's [2048, 6144] counted as 6144 rows of 2048)
 LAYER_ROWS = {"qkv": 4096, "o": 2048, "gate_up": 12288, "down": 6144}
-
-
-@gluon.jit
-def _relaxed_load(ptr):
-    return gl.inline_asm_elementwise("ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=gl.int32,
-                                     is_pure=False, pack=1)  # fmt: skip
-
-
-@gluon.jit
-def _acquire_load(ptr):
-    return gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=gl.int32,
-                                     is_pure=False, pack=1)  # fmt: skip
 
 
 @gluon.jit
@@ -110,10 +99,10 @@ def _consumer(ring, full, empty, x_ptr, out_ptr, counter_ptr, phase_boxes_ptr, p
     for p in range(phases):
         if barriers and p > 0:
             target = p * programs
-            seen = _relaxed_load(counter_ptr)
+            seen = _relaxed(counter_ptr)
             while seen < target:
-                seen = _relaxed_load(counter_ptr)
-            seen = _acquire_load(counter_ptr)
+                seen = _relaxed(counter_ptr)
+            seen = _acquire(counter_ptr)
         delay = gl.load(phase_delay_ptr + p)
         if delay > 0:  # an attention-like latency: the consumers wait, the producer goes on
             start = _now_ns(counter_ptr)

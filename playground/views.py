@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.utils.http import urlencode
 
 from inference.events import SamplingParams
-from playground.jobs import job_client, worker_summary
+from playground.jobs import PARAM_FIELDS, job_client, worker_summary
 from playground.models import Generation
 
 # The playground's form as it first appears.
@@ -21,14 +21,16 @@ FORM_DEFAULTS = {
     "top_p": 0.95,
     "max_tokens": 512,
 }
-# Generation.params (SamplingParams' field names) -> (the page's field, the label the share page shows)
-PARAM_FIELDS = {
-    "temperature": ("temperature", "Temperature"),
-    "top_p": ("top_p", "Top-p"),
-    "top_k": ("top_k", "Top-k"),
-    "max_new_tokens": ("max_tokens", "Max tokens"),
-    "repetition_penalty": ("repetition_penalty", "Repetition penalty"),
-    "seed": ("seed", "Seed"),
+# Generation.params (SamplingParams' field names) -> the page's field, from the mapping the page's frames use
+PAGE_FIELDS = {param: page_field for page_field, param in PARAM_FIELDS.items()}
+# ... and the label the share page shows, in its order
+PARAM_LABELS = {
+    "temperature": "Temperature",
+    "top_p": "Top-p",
+    "top_k": "Top-k",
+    "max_new_tokens": "Max tokens",
+    "repetition_penalty": "Repetition penalty",
+    "seed": "Seed",
 }
 
 
@@ -55,7 +57,7 @@ async def form_values(generation_id: str | None) -> dict:
     if row is None:
         return form
     form.update(prompt=row.prompt, system_prompt=row.system_prompt, model=row.model, prefilled="true")
-    for param, (field, _) in PARAM_FIELDS.items():
+    for param, field in PAGE_FIELDS.items():
         if row.params.get(param) is not None and field in form:
             form[field] = str(row.params[param])
     return form
@@ -83,9 +85,7 @@ def stat_rows(generation: Generation) -> list[tuple[str, str]]:
 def param_rows(generation: Generation) -> list[tuple[str, str]]:
     """The sampling settings the run asked for, in the page's words (unset ones took the defaults)."""
     params = generation.params or {}
-    return [
-        (label, str(params[key])) for key, (_, label) in PARAM_FIELDS.items() if params.get(key) is not None
-    ]
+    return [(label, str(params[key])) for key, label in PARAM_LABELS.items() if params.get(key) is not None]
 
 
 def finish_label(generation: Generation) -> str:

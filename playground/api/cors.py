@@ -14,7 +14,8 @@ from django.conf import settings
 from django.http import HttpResponse
 from django.utils.deprecation import MiddlewareMixin
 
-API_PREFIX = "/v1/"
+from playground.host_check import API_PREFIX
+
 ALLOWED_METHODS = "GET, HEAD, POST"
 ALLOWED_HEADERS = "Authorization, Content-Type, OpenAI-Organization, OpenAI-Project, X-Stainless-Lang"
 PREFLIGHT_MAX_AGE_S = 600

@@ -333,7 +333,6 @@ def decode_attention(
     maxnreg: int | None = None,
     next_layer: tuple[torch.Tensor, torch.Tensor, int | None] | None = None,
     kv_evict_first: bool = True,
-    warp_softmax: bool = False,
 ) -> torch.Tensor:
     """Attention of the token at position pos[0] (a device int tensor) over the cache, writing its k, v there.
 
@@ -357,8 +356,6 @@ def decode_attention(
     plain loads that skip L1). Read once a step, they would otherwise stay in L2 at normal priority, beside the
     weight stream that needs the room: on an H200 (kernels/NOTES.md, round 15) +0.5% (qwen3-1.7b), +0.3%
     (laneformer-2b) and +0.1% (llama-3.2-1b) tok/s at 512 + 256, within 0.6% either way at 3,840.
-    warp_softmax: run kernels/decode_attention_warps.py's Gluon kernel instead (each warp its own keys and
-    softmax, products on the CUDA cores; the cluster merge, so a Hopper GPU).
     """
     if (
         k_cache.dim() != 3
@@ -399,9 +396,6 @@ def decode_attention(
     elif cluster and not clusters_possible:
         raise ValueError(f"cluster: needs a Hopper GPU and splits in {CLUSTER_SIZES}, got {scratch.splits} splits"
                          + (" under the interpreter" if interpreted() else ""))  # fmt: skip
-    if warp_softmax and not cluster:
-        raise ValueError("warp_softmax: the Gluon kernel merges its splits in a cluster (a Hopper GPU, splits in "
-                         f"{CLUSTER_SIZES})")  # fmt: skip
     if num_warps is None:
         num_warps = 2 if padded_head_dim(hd) <= 64 and not cluster else 4
     if next_layer is not None:
@@ -460,14 +454,7 @@ def decode_attention(
         **pdl_kwargs(use_pdl),
         **({"maxnreg": maxnreg} if maxnreg else {}),
     )
-    if warp_softmax:
-        from kernels.decode_attention_warps import _decode_attention_warps_kernel
-
-        for name in ("BLOCK_H", "CLUSTER", "maxnreg"):
-            options.pop(name, None)
-        options["PROBE"] = int(warp_softmax) - 1
-        launch_clusters(_decode_attention_warps_kernel, num_kv, scratch.splits, args, options)
-    elif cluster:
+    if cluster:
         launch_clusters(_decode_attention_kernel, num_kv, scratch.splits, args, options)
     else:
         _decode_attention_kernel[(num_kv, scratch.splits)](*args, **options)

@@ -101,7 +101,7 @@ def main() -> int:
              "head_blocks": runners[v].head_blocks,
              "attention": {"splits": runners[v].attn_scratch.splits, "block_t": runners[v].attn_block_t,
                            "num_warps": runners[v].attn_warps, "cluster": runners[v].attn_cluster, "maxnreg": runners[v].attn_maxnreg,
-                           "prefetch_next": runners[v].attn_prefetch_next, "warp_softmax": runners[v].attn_warp_softmax},
+                           "prefetch_next": runners[v].attn_prefetch_next},
              "lane_groups": max(1, len(runners[v].groups)), "early": sorted(runners[v].early),
              "same_tokens_as_first": tokens[v] == tokens[variants[0]], "tok_s": statistics.median(t),
              "rounds": t, "pct_ceiling": 100 * statistics.median(t) / ceiling} for v, t in tok_s.items()]  # fmt: skip

@@ -60,8 +60,6 @@ def run_case(
     cluster=False,
     next_window="none",
     kv_evict_first=True,
-    warp_softmax=False,
-    num_warps=None,
 ):
     qkv = randn(lanes, (num_heads + 2 * num_kv) // lanes * hd, scale=2.0)
     # Positions the kernel must not read (beyond pos, before the window) are NaN.
@@ -85,8 +83,7 @@ def run_case(
     next_before = None if next_layer is None else (next_layer[0].clone(), next_layer[1].clone())
     decode_attention(qkv, k_cache, v_cache, pos_t, cos, sin, out, scratch, num_heads=num_heads, window=window,
                      interleaved=interleaved, q_norm=q_norm, k_norm=k_norm, block_t=block_t, cluster=cluster,
-                     next_layer=next_layer, kv_evict_first=kv_evict_first, warp_softmax=warp_softmax,
-                     num_warps=num_warps)  # fmt: skip
+                     next_layer=next_layer, kv_evict_first=kv_evict_first)  # fmt: skip
     if next_layer is not None:
         assert torch.equal(next_layer[0], next_before[0]) and torch.equal(next_layer[1], next_before[1])
     assert_close(out, want, dtype, "out")
@@ -167,37 +164,6 @@ def test_cluster_merge_matches_reference(dtype, lanes, num_heads, num_kv, hd, po
     for p in (pos, pos + 1):
         run_case(dtype, lanes, num_heads, num_kv, hd, p, max_len=p + 8, window=window, interleaved=interleaved,
                  qk_norm=qk_norm, splits=splits, block_t=64, cluster=True)  # fmt: skip
-
-
-@pytest.mark.skipif(
-    not ON_GPU, reason="Gluon and thread-block clusters need a Hopper GPU (not the interpreter)"
-)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("num_warps", [4, 8])
-@pytest.mark.parametrize(
-    "lanes,num_heads,num_kv,hd,pos,splits,window,interleaved,qk_norm,next_window",
-    [
-        (1, 32, 8, 64, 600, 16, None, False, False, None),  # Llama-3.2-1B's heads
-        (1, 16, 8, 128, 700, 16, None, False, True, None),  # Qwen3-1.7B's (q/k norm, rotate-half)
-        (1, 16, 8, 128, 2000, 16, None, True, True, None),  # two key blocks a split
-        (2, 8, 4, 96, 333, 8, None, True, False, None),  # two lanes, head dim 96, 8-program clusters
-        (1, 6, 2, 16, 0, 16, None, True, False, None),  # the first token; group 3 padded to 4
-        (1, 8, 2, 32, 90, 4, 16, True, False, 16),  # windows, 4-program clusters, the next layer's prefetch
-        (1, 4, 2, 16, 41, 2, None, True, False, None),  # group 2, 2-program clusters
-    ],
-)
-def test_warp_softmax_matches_reference(dtype, num_warps, lanes, num_heads, num_kv, hd, pos, splits, window,
-                                        interleaved, qk_norm, next_window):  # fmt: skip
-    # kernels/decode_attention_warps.py: the same output and cache writes as the reference, twice in a row
-    for p in (pos, pos + 1):
-        run_case(dtype, lanes, num_heads, num_kv, hd, p, max_len=p + 8, window=window, interleaved=interleaved,
-                 qk_norm=qk_norm, splits=splits, block_t=64, cluster=True, next_window=next_window,
-                 warp_softmax=True, num_warps=num_warps)  # fmt: skip
-
-
-def test_warp_softmax_needs_the_cluster_merge():
-    with pytest.raises(ValueError, match="warp_softmax: the Gluon kernel merges its splits in a cluster"):
-        run_case(torch.float32, 1, 2, 1, 16, 5, max_len=8, cluster=False, warp_softmax=True)
 
 
 @pytest.mark.skipif(ON_GPU, reason="the interpreter's refusal")

@@ -163,11 +163,9 @@ def prefetch_overrides(spec: str | dict[str, int]) -> dict[str, int]:
 
 BLOCK_KEYS = ("block_n", "block_k", "num_warps")
 HEAD_KEYS = ("block_n", "row_blocks", "num_warps")  # lm_head's block arguments
-ATTENTION_KEYS = ("splits", "block_t", "num_warps", "cluster", "maxnreg", "prefetch_next", "kv_evict_first",
-                  "warp_softmax")  # fmt: skip
+ATTENTION_KEYS = ("splits", "block_t", "num_warps", "cluster", "maxnreg", "prefetch_next", "kv_evict_first")
 ATTENTION_SWITCHES = ("cluster", "prefetch_next", "kv_evict_first")
-SWITCH_ENV = (("KOG_ATTN_CLUSTER", "cluster"), ("KOG_ATTN_PREFETCH_NEXT", "prefetch_next"),
-              ("KOG_ATTN_WARP_SOFTMAX", "warp_softmax"))  # fmt: skip
+SWITCH_ENV = (("KOG_ATTN_CLUSTER", "cluster"), ("KOG_ATTN_PREFETCH_NEXT", "prefetch_next"))
 # Lane groups: how many (1: none). Unset: 2 on a GPU wherever the lanes split in two past their first layers
 # (laneformer-2b on an H200, scripts/decode_variants.py in turns: 800 -> 844 tok/s; 4 groups 832).
 LANE_GROUP_KEYS = ("groups",)
@@ -296,8 +294,6 @@ class FastRunner:
         self.attn_maxnreg = attention.get("maxnreg")  # a register cap (sweeps)
         # the cache read with the weights' evict-first hint (decode_attention's kv_evict_first)
         self.attn_kv_evict_first = bool(attention.get("kv_evict_first", True))
-        # KOG_ATTN_WARP_SOFTMAX=1 (or the `warp_softmax` key): kernels/decode_attention_warps.py's Gluon kernel
-        self.attn_warp_softmax = int(attention.get("warp_softmax", 0))
         # Each layer's attention asks L2 for the next layer's first block of keys and values (decode_attention's
         # next_layer; the measurements are in kernels/decode_attention.py).
         possible = prefetch_next_possible(self.cache.k)
@@ -581,7 +577,6 @@ class FastRunner:
                 cluster=self.attn_cluster,
                 maxnreg=self.attn_maxnreg,
                 kv_evict_first=self.attn_kv_evict_first,
-                warp_softmax=self.attn_warp_softmax,
                 **self._next_layer(group, i),
             )
 

@@ -35,8 +35,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_redis(data_dir: str | Path, port: int | None = None) -> tuple[subprocess.Popen, str]:
-    """Start redis-server on 127.0.0.1 (no persistence); return the process and its URL once it answers."""
+def start_redis(
+    data_dir: str | Path, port: int | None = None, start_new_session: bool = False
+) -> tuple[subprocess.Popen, str]:
+    """Start redis-server on 127.0.0.1 (no persistence); return the process and its URL once it answers.
+    With start_new_session, a Ctrl-C in the caller's terminal does not reach it: the caller stops it."""
     port = port or free_port()
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     args = [
@@ -54,7 +57,7 @@ def start_redis(data_dir: str | Path, port: int | None = None) -> tuple[subproce
         "--loglevel",
         "warning",
     ]
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, start_new_session=start_new_session)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if process.poll() is not None:

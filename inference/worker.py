@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m inference.worker", description=__doc__.splitlines()[0])
     parser.add_argument("--model", action="append", help="checkpoint dir or synthetic preset (repeatable)")
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
-    parser.add_argument("--device", default=os.environ.get("KOG_DEVICE"), choices=["cpu", "cuda", None])
+    parser.add_argument("--device", default=os.environ.get("KOG_DEVICE"), choices=["cpu", "cuda"])
     parser.add_argument("--dtype", default=os.environ.get("KOG_DTYPE"))
     parser.add_argument("--worker-id", default=os.environ.get("WORKER_ID"))
     args = parser.parse_args(argv)

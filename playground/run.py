@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     processes: dict[str, subprocess.Popen] = {}
     redis_process = None
     if not env.get("REDIS_URL"):
-        redis_process, env["REDIS_URL"] = start_redis(ROOT / "var" / "redis")
+        # its own session too, so that Ctrl-C stops it last, after the worker (see finally below)
+        redis_process, env["REDIS_URL"] = start_redis(ROOT / "var" / "redis", start_new_session=True)
         print(f"started redis-server at {env['REDIS_URL']}")
     for sig in (
         signal.SIGINT,

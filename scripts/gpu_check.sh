@@ -22,7 +22,12 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
-PY=${PYTHON:-python3}
+# the project's venv where `make` made one, else the machine's python3 (PYTHON= overrides both)
+if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=${PYTHON:-python3}; fi
+if ! $PY -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  echo "gpu_check: needs a CUDA GPU and a torch built for it ($PY has none; PYTHON=... picks another)" >&2
+  exit 2
+fi
 MODELS=${MODELS:-"llama-3.2-1b laneformer-2b qwen3-1.7b"}
 LONG_MODELS=${LONG_MODELS-"laneformer-2b llama-3.2-1b qwen3-1.7b"}
 TESTS=${TESTS:-1}
@@ -45,7 +50,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 $PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/bench.log"
 
 if [ "$TESTS" = 1 ]; then
-  timeout 240 $PY -m pytest -q -p no:cacheprovider --noconftest -n 8 \
+  parallel=""  # 8 test processes where pytest-xdist is installed
+  $PY -c 'import xdist' 2>/dev/null && parallel="-n 8"
+  timeout 240 $PY -m pytest -q -p no:cacheprovider --noconftest $parallel \
     tests/test_kernels_*.py tests/test_fast_runner.py > "$OUT/tests.log" 2>&1
   tail -4 "$OUT/tests.log" | tee -a "$OUT/bench.log"
 fi

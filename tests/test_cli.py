@@ -1,7 +1,9 @@
-"""`python -m inference.generate` as a user runs it: a real subprocess, its stdout, stderr and exit status."""
+"""`python -m inference.generate`, and the worker's flags, as a user runs them: a real subprocess, its
+stdout, stderr and exit status."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -150,3 +152,25 @@ def test_gpu_scripts_refuse_in_one_line_without_a_gpu(tmp_path, script, args):
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().endswith("needs a CUDA GPU"), done.stderr
     assert not (tmp_path / "trace").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal without a GPU")
+def test_gpu_check_refuses_in_one_line_without_a_gpu(tmp_path):
+    # the one command that runs every GPU check: on a CPU it says so and stops, before writing any results
+    done = subprocess.run(["bash", str(ROOT / "scripts/gpu_check.sh")], env={**os.environ, "OUT": str(tmp_path / "out")},
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("gpu_check: needs a CUDA GPU") and done.stderr.count("\n") == 1, done.stderr
+    assert not any((tmp_path / "out").iterdir())
+
+
+def test_worker_takes_every_device_its_help_lists():
+    def worker(*args):
+        return subprocess.run([sys.executable, "-m", "inference.worker", *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    listed = re.search(r"--device \{([^}]*)\}", worker("--help").stdout).group(1).split(",")
+    assert "cpu" in listed and "cuda" in listed
+    for device in listed:  # --help after --device: exit 0 once the value is taken, before any model loads
+        done = worker("--device", device, "--help")
+        assert done.returncode == 0, done.stderr

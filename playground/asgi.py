@@ -19,17 +19,37 @@ if not settings.DEBUG and not os.environ.get("DJANGO_SECRET_KEY"):
     # guessable one would let anyone forge them: production names its own.
     raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set to serve with DJANGO_DEBUG off")
 
+from asgiref.sync import sync_to_async  # noqa: E402
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+from django.core.exceptions import SuspiciousOperation  # noqa: E402
+from django.core.handlers.exception import response_for_exception  # noqa: E402
 
+from playground import body_limit  # noqa: E402
 from playground.routing import websocket_urlpatterns  # noqa: E402
+
+# daphne imports this module before it listens: from then on it refuses oversized bodies as they arrive
+body_limit.install()
+
+
+class StaticFilesHandler(ASGIStaticFilesHandler):
+    """Django's handler answers a missing file with a 404 but lets a path that climbs out of the static
+    folders (/static/%2e%2e/...) raise: a 500 with a traceback in the log for every such probe. Django's
+    views answer that exception with a 400 and a line in the django.security log; so does this."""
+
+    async def get_response_async(self, request):
+        try:
+            return await super().get_response_async(request)
+        except SuspiciousOperation as exc:
+            return await sync_to_async(response_for_exception, thread_sensitive=False)(request, exc)
+
 
 application = ProtocolTypeRouter(
     {
         # /static/ straight from the app folders, with DEBUG off too: no collectstatic, no extra server
-        "http": ASGIStaticFilesHandler(django_asgi_app),
+        "http": StaticFilesHandler(django_asgi_app),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -147,7 +147,7 @@ class GenerateConsumer(AsyncWebsocketConsumer):
         if self.following():
             return await self.send_error("busy", "a generation is running on this connection; stop it first")
         job = await self.jobs.status(job_id)
-        if not job:
+        if "spec" not in job:  # none, or a late status write that outlived an expired job's record
             return await self.send_error("unknown_job", f"job_id: no job {job_id}; finished jobs expire")
         await self.attach(JobSpec.from_json(job["spec"]))
         self.follow(after=after)
@@ -244,7 +244,7 @@ class GenerateConsumer(AsyncWebsocketConsumer):
     async def detach(self, job_id: str) -> None:
         try:
             if await self.jobs.r.decr(watchers_key(job_id)) <= 0:
-                task = asyncio.create_task(cancel_if_orphaned(self.jobs, job_id))
+                task = asyncio.create_task(cancel_if_orphaned(self.jobs, job_id, self.client_ip))
                 _orphan_checks.add(task)
                 task.add_done_callback(_orphan_checks.discard)
         except redis.RedisError as exc:
@@ -274,14 +274,24 @@ class GenerateConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=json.dumps({"type": "error", "code": code, "message": message, **extra}))
 
 
-async def cancel_if_orphaned(jobs: JobClient, job_id: str) -> None:
+async def cancel_if_orphaned(jobs: JobClient, job_id: str, client_ip: str) -> None:
     """Cancel a job nobody watches any more, unless a client resumes it within the grace period."""
     await asyncio.sleep(settings.PLAYGROUND_ORPHAN_GRACE_S)
     try:
         if int(await jobs.r.get(watchers_key(job_id)) or 0) > 0:
-            return
+            return  # the socket that resumed it charges its tokens when it ends
         if (await jobs.status(job_id)).get("status") in ("queued", "running"):
             log.info("cancelling %s: its page closed", job_id)
             await jobs.cancel(job_id)
+        await charge_when_ended(jobs, job_id, client_ip)
     except redis.RedisError as exc:
         log.warning("orphan check for %s failed: %s", job_id, exc)
+
+
+async def charge_when_ended(jobs: JobClient, job_id: str, client_ip: str) -> None:
+    """Charge the tokens of a job no socket saw end: a page that closes right after asking must not
+    generate outside its client's token budget."""
+    async for _, kind, data in jobs.events(job_id):
+        if kind == "done" and data.get("stats"):
+            tokens = data["stats"]["completion_tokens"]
+            await limits.limiter().charge_tokens(client_ip, None, tokens, job_id)

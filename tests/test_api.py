@@ -177,7 +177,12 @@ def error_of(response: httpx.Response) -> dict:
 
 def test_bad_requests_are_openai_errors_and_the_server_stays_up(stack):
     url = f"{stack.web.url}/v1"
-    malformed = httpx.post(f"{url}/chat/completions", content=b'{"model": ', timeout=10)
+    malformed = httpx.post(
+        f"{url}/chat/completions",
+        content=b'{"model": ',
+        headers={"Content-Type": "application/json"},
+        timeout=10,
+    )
     assert malformed.status_code == 400 and error_of(malformed)["code"] == "invalid_json"
 
     client = api(stack.web)
@@ -286,6 +291,16 @@ def test_a_client_that_gives_up_on_a_whole_reply_frees_the_worker_too(stack, sta
 
     reply = api(stack.web).completions.create(model=STANDIN, prompt="next", max_tokens=1)
     assert reply.model_extra["timings"]["queue_ms"] < 1000, reply.model_extra["timings"]
+
+
+def test_a_streamed_chunk_stays_one_line_whatever_the_model_writes(stack, standin):
+    """U+0085, U+2028 and U+2029 are text to JSON but line ends to str.splitlines(), and so to httpx's
+    iter_lines(): sent as they are, they cut a chunk in two and its JSON no longer parses."""
+    prompt = "a\x85b\u2028c\u2029d\re\x1cf é"
+    body = {"model": STANDIN, "prompt": prompt, "max_tokens": len(prompt), "stream": True}
+    with httpx.stream("POST", f"{stack.web.url}/v1/completions", json=body, timeout=60) as response:
+        chunks = [json.loads(line) for line in sse_lines(response)[:-1]]
+    assert "".join(chunk["choices"][0]["text"] for chunk in chunks) == prompt
 
 
 def test_a_worker_lost_mid_stream_is_an_error_chunk_then_done(stack, standin):

@@ -80,6 +80,49 @@ def test_model_output_is_shown_as_text_never_run_as_html(server, page):
     assert page.dialogs == [] and page.errors == []
 
 
+# A right-to-left override in a line of code shows the characters after it in reverse order, so that
+# code reads other than it runs ("Trojan Source", CVE-2021-42574).
+TROJAN = 'role = "user\u202ePQR"  # check\n'
+LEFT_EDGES = """([selector, chars]) => {
+    const element = document.querySelector(selector);
+    const walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+    const left = {};
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+        for (let i = 0; i < node.length; i++) {
+            if (!chars.includes(node.data[i])) continue;
+            const range = document.createRange();
+            range.setStart(node, i);
+            range.setEnd(node, i + 1);
+            left[node.data[i]] = range.getBoundingClientRect().left;
+        }
+    }
+    return Array.from(chars, (c) => left[c]);
+}"""
+
+
+def assert_shown_in_order_with_the_control_marked(page, selector: str) -> None:
+    edges = page.evaluate(LEFT_EDGES, [selector, "PQR"])
+    assert edges == sorted(edges) and len(set(edges)) == 3, edges  # P, Q, R from left to right
+    marker = page.locator(f"{selector} .bidi-control")
+    assert marker.count() == 1 and marker.text_content() == "\u202e"
+    shown = marker.evaluate("(el) => getComputedStyle(el, '::before').content")
+    assert "U+202E" in shown
+
+
+def test_text_direction_controls_are_shown_and_not_obeyed(server, page):
+    open_playground(page, server.url)
+    generate(page, TROJAN, len(TROJAN))
+    page.wait_for_selector("#state[data-state=done]", timeout=15_000)
+    assert page.text_content("#output") == TROJAN  # copied as it is: only its display changes
+    assert_shown_in_order_with_the_control_marked(page, "#output")
+
+    page.goto(server.url + page.get_attribute("#share", "href"))
+    assert page.text_content("#output") == TROJAN and page.text_content("#share-prompt") == TROJAN
+    assert_shown_in_order_with_the_control_marked(page, "#output")
+    assert_shown_in_order_with_the_control_marked(page, "#share-prompt")
+    assert page.errors == []
+
+
 def test_dropped_connection_reconnects_and_resumes_without_gap_or_duplicate(server, page):
     sockets = []
 

@@ -250,6 +250,30 @@ async def test_bad_frames_get_an_error_and_the_socket_stays_usable(start_worker,
     await communicator.disconnect()
 
 
+async def test_resuming_a_job_whose_record_lost_its_spec_is_unknown_not_a_crash(start_worker, redis_url):
+    # A status written just as a job's record expired leaves a record with no spec behind: resuming it is
+    # an unknown job, and the socket stays usable.
+    import redis.asyncio as aioredis
+
+    from inference.protocol import job_key
+
+    start_worker(models=["standin:1000"])
+    stub = "e" * 32
+    client = aioredis.from_url(redis_url)
+    await client.hset(job_key(stub), mapping={"status": "cancelled"})
+    await client.aclose()
+    communicator = await connect()
+    await communicator.send_json_to({"type": "resume", "job_id": stub, "after": "0-0"})
+    frame = await next_frame(communicator, timeout=10)
+    assert (frame["type"], frame["code"]) == ("error", "unknown_job"), frame
+    await communicator.send_json_to(
+        {"type": "generate", "prompt": "ok", "model": "standin:1000", "max_tokens": 2}
+    )
+    frames = await run_to_end(communicator)
+    assert frames[-1]["type"] == "done" and frames[-1]["text"] == "ok"
+    await communicator.disconnect()
+
+
 async def test_a_second_generate_while_one_runs_is_refused(start_worker):
     start_worker(models=["standin:200"])
     communicator = await connect()

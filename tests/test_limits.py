@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import time
 
 import pytest
 import redis.asyncio as aioredis
@@ -217,3 +218,54 @@ async def test_the_websocket_answers_an_error_frame_and_charges_tokens(settings,
     assert 1 <= refused["retry_after_s"] <= 60
     await communicator.disconnect()
     await jobs.job_client().r.aclose()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_page_that_closes_right_after_asking_is_charged_its_tokens(settings, redis_url, start_worker):
+    """Tokens were charged by the socket that saw its job end: closing it at once ran the job for free."""
+    from channels.testing import WebsocketCommunicator
+
+    from playground import jobs
+    from playground.asgi import application
+
+    settings.REDIS_URL = redis_url
+    settings.PLAYGROUND_ORPHAN_GRACE_S = 0.2
+    settings.PLAYGROUND_LIMITS = LimitConfig(ip_requests=0, ip_tokens=10, key_requests=0, key_tokens=0)
+    start_worker(["standin:1000"])
+
+    async def ask(max_tokens: int) -> tuple[WebsocketCommunicator, dict]:
+        communicator = WebsocketCommunicator(
+            application, "/ws/generate/", headers=[(b"origin", b"http://127.0.0.1")]
+        )
+        assert (await communicator.connect())[0]
+        frame = {"type": "generate", "model": "standin:1000", "prompt": "abc", "max_tokens": max_tokens}
+        await communicator.send_json_to(frame)
+        while (answer := await communicator.receive_json_from(timeout=20))["type"] == "workers":
+            pass
+        return communicator, answer
+
+    leaving, answer = await ask(max_tokens=12)  # 12 tokens >= the 10
+    assert answer["type"] == "queue"
+    await leaving.disconnect()  # before its first token
+    await asyncio.sleep(2)  # the grace period, and the job's end
+    staying, refused = await ask(max_tokens=1)
+    assert refused["type"] == "error" and refused["code"] == "rate_limited"
+    await staying.disconnect()
+    await jobs.job_client().r.aclose()
+
+
+def test_an_api_client_that_hangs_up_before_the_end_is_charged_its_tokens(start_worker, start_web):
+    import httpx
+
+    start_worker(["standin:200"])
+    web = start_web(env={"PLAYGROUND_IP_REQUESTS_PER_MIN": "0", "PLAYGROUND_IP_TOKENS_PER_MIN": "10"})
+    body = {"model": "standin:200", "prompt": "abc", "max_tokens": 400, "stream": True}
+    with httpx.stream("POST", web.url + "/v1/completions", json=body, timeout=20) as stream:
+        chunks = stream.iter_lines()
+        for _ in range(2 * 20):  # 20 tokens (each chunk is a data line and a blank line)
+            next(chunks)
+    # it hung up with 20 tokens read, twice its budget: once its job has ended, the next call must wait
+    time.sleep(2)
+    refused = httpx.post(web.url + "/v1/completions", json={**body, "stream": False, "max_tokens": 1})
+    assert refused.status_code == 429
+    assert refused.json()["error"]["message"].startswith("Rate limit reached: 10 generated tokens per minute")

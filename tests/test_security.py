@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import select
+import socket
 import subprocess
 import sys
+from urllib.parse import urlsplit
 
+import httpx
 import pytest
 from django.http import HttpResponse
 from django.test import RequestFactory
@@ -126,3 +130,59 @@ def test_only_api_paths_answer_a_foreign_host_in_json(client, settings, debug):
     page = client.get("/", HTTP_HOST="evil.example")
     assert page.status_code == 400 and not page["Content-Type"].startswith("application/json")
     assert client.get("/v1/models", HTTP_HOST="localhost").status_code != 400
+
+
+def vm_peak_mib(pid: int) -> float:
+    """The most memory the process has held at once (Linux' VmHWM), in MiB."""
+    with open(f"/proc/{pid}/status") as status:
+        line = next(line for line in status if line.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
+
+
+def post_until_answered(url: str, chunked: bool, total: int) -> tuple[int, bytes]:
+    """POST a body of `total` bytes a MiB at a time, stopping as soon as the server answers or stops
+    reading; returns (bytes sent, the answer)."""
+    parts = urlsplit(url)
+    framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {total}"
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {parts.hostname}\r\nConnection: close\r\n"
+        "Content-Type: application/json\r\n"
+    )
+    piece, sent = b"0" * (1 << 20), 0
+    with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
+        sock.sendall(f"{head}{framing}\r\n\r\n".encode())
+        try:
+            while sent < total and not select.select([sock], [], [], 0)[0]:
+                sock.sendall(b"100000\r\n" + piece + b"\r\n" if chunked else piece)
+                sent += len(piece)
+            if chunked:
+                sock.sendall(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server stopped reading: its answer is waiting
+        answer = b""
+        while chunk := sock.recv(1 << 16):
+            answer += chunk
+    return sent, answer
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_an_oversized_body_is_refused_while_it_arrives_not_held_first(start_web, chunked):
+    """daphne used to take in a whole body, then queue all of it in memory before Django refused it."""
+    web = start_web()
+    before = vm_peak_mib(web.process.pid)
+    total = 256 << 20
+    sent, answer = post_until_answered(web.url, chunked, total)
+    assert answer.startswith(b"HTTP/1.1 413 ") and b'"code": "body_too_large"' in answer
+    assert sent < total // 4  # refused at the limit (2.5 MiB), give or take the sockets' buffers
+    assert vm_peak_mib(web.process.pid) - before < 64
+    # a body within the limit still reaches the API, and the server keeps serving
+    small = httpx.post(web.url + "/v1/completions", json={"model": "nope", "prompt": "x"}, timeout=10)
+    assert small.status_code == 404 and small.json()["error"]["code"] == "model_not_found"
+
+
+def test_a_static_path_that_climbs_out_is_a_400_not_a_crash(start_web):
+    web = start_web()
+    climbing = httpx.get(web.url + "/static/%2e%2e/%2e%2e/settings.py", timeout=10)
+    assert climbing.status_code == 400 and "settings" not in climbing.text
+    assert httpx.get(web.url + "/static/playground/favicon.svg", timeout=10).status_code == 200
+    assert "Exception inside application" not in web.log_path.read_text()

@@ -1,15 +1,19 @@
 """The public demo's defences as a browser meets them: Debian's chromium, driven by playwright.
 
 The page runs under its Content-Security-Policy without a single violation; a page of another
-origin cannot open the generation websocket; a client over its rate limit reads why on the page.
+origin cannot open the generation websocket, nor start a generation through the API with a form;
+a client over its rate limit reads why on the page.
 """
 
 from __future__ import annotations
 
+import html
+import json
+
 import pytest
 import redis
 
-from inference.protocol import PREFIX
+from inference.protocol import PREFIX, job_key
 from tests.conftest import WebServer, WorkerProcess
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
@@ -88,6 +92,34 @@ def test_a_page_of_another_origin_cannot_open_the_websocket(server, page):
     page.route(f"{EVIL}/**", lambda route: route.fulfill(content_type="text/html", body="<p>evil</p>"))
     page.goto(f"{EVIL}/")
     assert page.evaluate(opener, ws_url) == "closed 1006"
+
+
+def jobs_with_prompt(redis_url: str, prompt: str) -> list[str]:
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        specs = [r.hget(key, "spec") or "{}" for key in r.scan_iter(job_key("*"))]
+    finally:
+        r.close()
+    return [spec for spec in specs if json.loads(spec).get("prompt") == prompt]
+
+
+def test_a_form_on_a_page_of_another_origin_cannot_start_a_generation(server, page, redis_server):
+    """A form posts across origins without the browser asking the server first (no CORS preflight).
+    Sent as text/plain, `name=value` can spell a JSON body: the API must take JSON bodies only."""
+    prompt = "started by another site"
+    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 3, "pad": ""})
+    name, value = body[: -len('"}')], '"}'  # the form sends name + "=" + value: '..."pad": "="}'
+    form = (
+        f'<form method="post" enctype="text/plain" action="{server.url}/v1/completions">'
+        f'<input type="hidden" name="{html.escape(name)}" value="{html.escape(value)}"></form>'
+    )
+    page.route(f"{EVIL}/**", lambda route: route.fulfill(content_type="text/html", body=form))
+    page.goto(f"{EVIL}/")
+    with page.expect_navigation() as navigation:
+        page.evaluate("document.forms[0].submit()")
+    response = navigation.value
+    assert response.status == 415 and json.loads(response.text())["error"]["code"] == "unsupported_media_type"
+    assert jobs_with_prompt(redis_server, prompt) == []
 
 
 def test_a_client_over_its_rate_limit_reads_why_on_the_page(browser, redis_server, worker, tmp_path):

@@ -115,15 +115,29 @@ async def chat_completions(request):
     return await complete(request, chat=True)
 
 
-async def complete(request, chat: bool):
+def json_body(request):
+    """The request's body, parsed; ApiError (413, 415 or 400) says what is wrong with it."""
     try:
-        body = json.loads(request.body)
+        raw = request.body
     except RequestDataTooBig:
         raise ApiError(413, "The request body is too large", code="body_too_large") from None
+    if raw and request.content_type != "application/json":
+        # A page of another origin can make a browser POST a form (text/plain, urlencoded, multipart)
+        # here without asking first; a JSON body makes the browser ask (a CORS preflight), which
+        # playground/api/cors.py refuses unless the operator allows that origin.
+        raise ApiError(
+            415, "Send the body as JSON, with `Content-Type: application/json`", code="unsupported_media_type"
+        )
+    try:
+        return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"The body is not valid JSON: {exc}", code="invalid_json") from None
     except RecursionError:  # json's decoder recurses once per [ or {: a bad body, not our bug
         raise ApiError(400, "The body is not valid JSON: nested too deeply", code="invalid_json") from None
+
+
+async def complete(request, chat: bool):
+    body = json_body(request)
     try:
         limits = settings.PLAYGROUND_MAX_NEW_TOKENS, settings.PLAYGROUND_MAX_PROMPT_CHARS
         api_request = parse_request(body, chat, *limits)
@@ -176,6 +190,12 @@ async def complete(request, chat: bool):
     except BaseException:  # the client left (CancelledError) or we failed: stop the job
         await run.cancel_unless_finished()
         raise
+
+
+def in_background(coroutine) -> None:
+    task = asyncio.ensure_future(coroutine)
+    _background.add(task)  # the loop keeps only a weak reference to a task
+    task.add_done_callback(_background.discard)
 
 
 async def save(spec: JobSpec, done: dict) -> None:
@@ -235,6 +255,19 @@ class JobRun:
             log.info(
                 "api job %s cancelled: the client went away", self.spec.id, extra={"job_id": self.spec.id}
             )
+            # what it generated until then counts too: a client that hangs up just before the end
+            # must not have its answer outside its token budget
+            in_background(self.account_when_ended())
+
+    async def account_when_ended(self) -> None:
+        try:
+            async for _, kind, data in self.jobs.events(self.spec.id):
+                if kind in TERMINAL:
+                    await self.account(kind, data)
+        except RedisError as exc:
+            log.warning(
+                "could not account for api job %s: %s", self.spec.id, exc, extra={"job_id": self.spec.id}
+            )
 
     def cancel_unless_streaming_within(self, seconds: float) -> None:
         """A client that leaves after the view returned but before the first chunk never starts the
@@ -242,9 +275,7 @@ class JobRun:
 
         def check():
             if not self.streaming and not self.finished:
-                task = asyncio.ensure_future(self.cancel_unless_finished())
-                _background.add(task)  # the loop keeps only a weak reference to a task
-                task.add_done_callback(_background.discard)
+                in_background(self.cancel_unless_finished())
 
         asyncio.get_running_loop().call_later(seconds, check)
 
@@ -332,8 +363,14 @@ class Chunks:
         )
 
 
+# Characters that JSON leaves as they are but Python's str.splitlines() takes for line ends, and with it
+# httpx's iter_lines(), which many SSE clients read a stream with: escaped, a chunk stays one line.
+LINE_ENDS_JSON_KEEPS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def sse(payload: dict) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+    text = json.dumps(payload, ensure_ascii=False).translate(LINE_ENDS_JSON_KEEPS)
+    return b"data: " + text.encode() + b"\n\n"
 
 
 def reply_envelope(spec: JobSpec, object_type: str) -> dict:

@@ -7,11 +7,17 @@
  * (```lang ... ```) are highlighted in their language and the prose around them stays plain; an
  * output without fences is treated as code. The element's textContent stays exactly the text.
  *
+ * Text-direction controls (U+202A-202E, U+2066-2069) are shown, not obeyed: each sits in a span of its
+ * own that confines it (CSS isolate) and names it. Obeyed, one reorders the rest of its line, so that
+ * code reads other than it runs ("Trojan Source"); the text itself, and so what Copy takes, is unchanged.
+ *
  *   kogHighlight.render(element, text, {context, contextElement})
  *       context: the text the model continued (its prompt), read with the output to tell the
  *       language and, when contextElement is given, highlighted with it and shown there
  *   kogHighlight.promptContext({chat, prompt, system, text})   the text a completion continues
+ *   kogHighlight.appendText(element, text)   appends text as text nodes, direction controls shown
  *   <code data-highlight data-chat="true|false" data-prompt="ID">   highlighted on load (the share page)
+ *   <pre class="prompt-box">   its direction controls shown on load (the share page)
  */
 (function () {
   "use strict";
@@ -35,6 +41,25 @@
   // A chat template for a base code model (the default's `pycomment`) passes a prompt that already is
   // code through as it is, and the model continues it: such an answer is runnable only after its prompt.
   const CODE_PROMPT = /^\s*(def |async def |class |import |from |@|#)/;
+  const DIRECTION_CONTROLS = /([\u202a-\u202e\u2066-\u2069])/;
+
+  // Text, as text nodes (never markup), with each direction control in a span that confines it and
+  // that the stylesheet labels with its code point.
+  function appendText(parent, text) {
+    const parts = text.split(DIRECTION_CONTROLS); // the captured controls sit at the odd indexes
+    parts.forEach((part, i) => {
+      if (i % 2 === 0) {
+        if (part) parent.append(part); // a string argument becomes a text node
+        return;
+      }
+      const control = document.createElement("span");
+      control.className = "bidi-control";
+      control.dataset.codepoint = "U+" + part.codePointAt(0).toString(16).toUpperCase();
+      control.title = `A text-direction control (${control.dataset.codepoint}), shown instead of obeyed`;
+      control.textContent = part;
+      parent.append(control);
+    });
+  }
 
   // highlight.js's scope names -> its CSS classes: "title.function" -> "hljs-title function_"
   function cssClasses(scope) {
@@ -45,7 +70,7 @@
 
   function build(node, parent) {
     if (typeof node === "string") {
-      parent.append(node); // a string argument becomes a text node
+      appendText(parent, node);
       return;
     }
     let target = parent;
@@ -81,14 +106,14 @@
       }
     }
     if (tree) build(tree, parent);
-    else parent.append(code);
+    else appendText(parent, code);
     return tree ? language : "";
   }
 
   function appendMuted(parent, text) {
     const span = document.createElement("span");
     span.className = "fence";
-    span.textContent = text;
+    appendText(span, text);
     parent.append(span);
   }
 
@@ -121,14 +146,14 @@
     let at = 0;
     let language = "";
     for (const match of text.matchAll(FENCE)) {
-      fragment.append(text.slice(at, match.index));
+      appendText(fragment, text.slice(at, match.index));
       const opening = match[0].slice(0, match[0].indexOf("\n") + 1);
       appendMuted(fragment, opening);
       language = appendCode(fragment, match[2], match[1].toLowerCase()) || language;
       appendMuted(fragment, match[0].slice(opening.length + match[2].length));
       at = match.index + match[0].length;
     }
-    fragment.append(text.slice(at));
+    appendText(fragment, text.slice(at));
     return language;
   }
 
@@ -136,10 +161,10 @@
     const context = (options && options.context) || "";
     const contextElement = options && options.contextElement;
     let language = "";
-    let shownContext = context;
+    let shownContext = null; // set when the context is highlighted together with the answer
     const fragment = document.createElement("span");
     if (text.length + context.length > MAX_CHARS) {
-      fragment.append(text);
+      appendText(fragment, text);
     } else if (hasFence(text)) {
       language = renderFenced(fragment, text);
     } else if (contextElement && context) {
@@ -149,7 +174,11 @@
     } else {
       language = appendCode(fragment, text, null, context);
     }
-    if (contextElement) contextElement.replaceChildren(shownContext);
+    if (contextElement) {
+      contextElement.replaceChildren();
+      if (shownContext) contextElement.append(shownContext);
+      else appendText(contextElement, context);
+    }
     element.replaceChildren(...fragment.childNodes);
     element.dataset.language = language;
     return language;
@@ -162,7 +191,7 @@
     return prompt.endsWith("\n") ? prompt : prompt + "\n"; // the template ends the prompt's line
   }
 
-  window.kogHighlight = { render, promptContext };
+  window.kogHighlight = { render, promptContext, appendText };
 
   document.addEventListener("DOMContentLoaded", function () {
     for (const element of document.querySelectorAll("[data-highlight]")) {
@@ -171,6 +200,11 @@
       const prompt = promptElement ? promptElement.textContent : "";
       const context = promptContext({ chat: element.dataset.chat === "true", prompt, system: "", text });
       render(element, text, { context, contextElement: document.getElementById("output-context") });
+    }
+    for (const element of document.querySelectorAll(".prompt-box")) {
+      const text = element.textContent;
+      element.replaceChildren();
+      appendText(element, text);
     }
     // highlight.js compiles each grammar on first use (~200 ms for all of them): do it while idle,
     // not in the frame that shows a finished answer.

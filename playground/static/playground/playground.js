@@ -6,7 +6,8 @@
  * Speed: frames (one per worker flush, ~25 ms) only append to a buffer; a requestAnimationFrame
  * loop writes the buffer into the page once per frame, and the counters with it, so a 5,000
  * tokens/s stream costs one DOM append per frame. Counters come from the worker's clock.
- * Safety: model output enters the page only as text nodes (append(string), textContent).
+ * Safety: model output enters the page only as text nodes (kogHighlight.appendText, textContent), its
+ * text-direction controls shown rather than obeyed.
  * Reconnects: every stream frame has an entry id; the page applies each id once and in order, and
  * after a reconnect asks for the entries after the last one it applied. A reload keeps the form and
  * the run's job id in sessionStorage and replays the run from its first entry.
@@ -449,7 +450,7 @@
     if (!run.pending.length) return;
     const box = ui.outputBox;
     const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 48;
-    ui.output.append(run.pending.join(""));
+    window.kogHighlight.appendText(ui.output, run.pending.join(""));
     run.pending = [];
     if (atBottom) box.scrollTop = box.scrollHeight;
   }
@@ -464,7 +465,8 @@
   // model's answer is runnable only after its prompt. Returns that text ("" when there is none).
   function showContext() {
     const context = window.kogHighlight.promptContext(run);
-    ui.context.textContent = context;
+    ui.context.replaceChildren();
+    window.kogHighlight.appendText(ui.context, context);
     ui.copy.title = context ? "Copies the prompt and the completion, as shown" : "Copies the output";
     return context;
   }

@@ -16,18 +16,11 @@ import logging
 from daphne import http_protocol
 from django.conf import settings
 
+from playground.api.errors import body_too_large
+
 log = logging.getLogger(__name__)
 
-TOO_LARGE = json.dumps(
-    {
-        "error": {
-            "message": "The request body is too large",
-            "type": "invalid_request_error",
-            "param": None,
-            "code": "body_too_large",
-        }
-    }
-).encode()
+TOO_LARGE = json.dumps(body_too_large().body).encode()  # the API's 413, in OpenAI's shape
 
 
 def refusal() -> bytes:

@@ -21,3 +21,9 @@ class ApiError(Exception):
         for name, value in self.headers.items():
             response[name] = value
         return response
+
+
+def body_too_large() -> ApiError:
+    """A body over DATA_UPLOAD_MAX_MEMORY_SIZE: the one 413 that Django's check (views.json_body) and daphne's
+    (playground/body_limit.py, as the body arrives) both answer."""
+    return ApiError(413, "The request body is too large", code="body_too_large")

@@ -24,7 +24,7 @@ from inference.events import InvalidRequest
 from inference.protocol import TERMINAL, JobSpec, QueueFull
 from playground import metrics
 from playground.api.auth import authenticate
-from playground.api.errors import ApiError
+from playground.api.errors import ApiError, body_too_large
 from playground.api.params import ApiRequest, parse_request
 from playground.jobs import job_client, served_models
 from playground.limits import configured as limit_config
@@ -120,7 +120,7 @@ def json_body(request):
     try:
         raw = request.body
     except RequestDataTooBig:
-        raise ApiError(413, "The request body is too large", code="body_too_large") from None
+        raise body_too_large() from None
     if raw and request.content_type != "application/json":
         # A page of another origin can make a browser POST a form (text/plain, urlencoded, multipart)
         # here without asking first; a JSON body makes the browser ask (a CORS preflight), which

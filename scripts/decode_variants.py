@@ -6,7 +6,7 @@
 A variant is a KOG_PREFETCH-style list (kind=tiles, kinds qkv, o, gate_up, down; "" is the default), where
 rows.qkv=n / rows.gate_up=n set FastRunner's row_blocks, blocks.down=2/1024/8 (block_n/block_k/num_warps of a kind) its block sizes and head.row_blocks=4
 (or head.block_n, head.num_warps) the head's, attn.splits=32 (or attn.block_t, attn.num_warps, attn.maxnreg, attn.prefetch_next=0|1, and
-attn.cluster=0|1 for the merge, attn.kv_evict_first=0|1 for its cache reads' hint) the attention's, lanes.groups=n its lane groups (1: none), early.o=0|1 (kinds qkv, o,
+attn.cluster=0|1 for the merge, attn.push=0|1 for its partials through shared memory, attn.kv_evict_first=0|1 for its cache reads' hint) the attention's, lanes.groups=n its lane groups (1: none), early.o=0|1 (kinds qkv, o,
 gate_up, down) whether a kind lets the next kernel launch before its wait, screen=0|1 the greedy head through its int8
 screen (kernels/lm_head_screen.py) or the whole bf16 head;
 "name:spec" labels one, so a setting can be built twice (two runner instances: what memory placement alone

@@ -40,7 +40,7 @@ def intercepted_launches(preset: str) -> list[tuple[JITFunction, dict, dict, int
     def fake_run(self, *args, grid, warmup, **kwargs):
         launches.append((self, args, kwargs, kwargs.get("num_warps", 4)))
 
-    def fake_cluster_launch(kernel, clusters, size, args, kwargs):
+    def fake_cluster_launch(kernel, clusters, size, args, kwargs, exchange_bytes=0):
         launches.append((kernel, args, kwargs, kwargs.get("num_warps", 4)))
 
     from kernels import decode_attention

@@ -330,7 +330,9 @@ def test_block_spec():
     "kwargs,what",
     [({"head_blocks": {"rows": 2}}, "head_blocks:"), ({"attention": {"warps": 2}}, "attention:"),
      ({"blocks": {"down": {"block_n": -1}}}, "blocks.down:"), ({"attention": {"cluster": 2}}, "attention:")]
-    + ([] if ON_GPU else [({"attention": {"cluster": 1}}, "cluster: thread-block clusters need a Hopper GPU")]),
+    + [({"attention": {"cluster": 0, "push": 1}}, "push: the push merge runs in thread-block clusters")]
+    + ([] if ON_GPU else [({"attention": {"cluster": 1}}, "cluster: thread-block clusters need a Hopper GPU"),
+                          ({"attention": {"push": 1}}, "push: the push merge runs in thread-block clusters")]),
 )  # fmt: skip
 def test_runner_rejects_unknown_block_settings(kwargs, what):
     with pytest.raises(ValueError, match=what):
@@ -338,13 +340,13 @@ def test_runner_rejects_unknown_block_settings(kwargs, what):
 
 
 @pytest.mark.parametrize("preset", ["tiny-laneformer", "tiny-qwen3"])
-@pytest.mark.parametrize("cluster", [0, 1] if ON_GPU else [0])
-def test_attention_merge_by_cluster_or_counter_matches_the_reference(preset, cluster):
-    # splits=4 leaves several splits holding keys for the merge to combine (16-token prompt, 16-key blocks)
+@pytest.mark.parametrize("cluster,push", [(0, 0), (1, 0), (1, 1)] if ON_GPU else [(0, 0)])
+def test_attention_merge_by_cluster_or_counter_matches_the_reference(preset, cluster, push):
+    # splits=4 leaves several splits holding keys for the merge to combine (16-token prompt, 16-key blocks);
+    # push: the cluster's partials pushed into shared memory instead of through global memory
     model = make_model(preset, seed=8)
-    runs = teacher_forced(
-        model, list(range(3, 19)), steps=4, attention={"splits": 4, "block_t": 16, "cluster": cluster}
-    )
+    attention = {"splits": 4, "block_t": 16, "cluster": cluster, "push": push}
+    runs = teacher_forced(model, list(range(3, 19)), steps=4, attention=attention)
     for fast, ref, _ in runs:
         assert rel_err(fast, ref) < LOGIT_TOL
 

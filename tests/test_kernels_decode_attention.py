@@ -3,7 +3,7 @@ import torch
 from kernel_testing import DEVICE, ON_GPU, assert_close, dtype_params, poisoned, randn
 
 import kernels
-from kernels.decode_attention import AttentionScratch, decode_attention
+from kernels.decode_attention import AttentionScratch, decode_attention, push_layout
 
 
 def rope(x, cos, sin, interleaved):
@@ -60,6 +60,7 @@ def run_case(
     cluster=False,
     next_window="none",
     kv_evict_first=True,
+    push=False,
 ):
     qkv = randn(lanes, (num_heads + 2 * num_kv) // lanes * hd, scale=2.0)
     # Positions the kernel must not read (beyond pos, before the window) are NaN.
@@ -83,7 +84,7 @@ def run_case(
     next_before = None if next_layer is None else (next_layer[0].clone(), next_layer[1].clone())
     decode_attention(qkv, k_cache, v_cache, pos_t, cos, sin, out, scratch, num_heads=num_heads, window=window,
                      interleaved=interleaved, q_norm=q_norm, k_norm=k_norm, block_t=block_t, cluster=cluster,
-                     next_layer=next_layer, kv_evict_first=kv_evict_first)  # fmt: skip
+                     next_layer=next_layer, kv_evict_first=kv_evict_first, push=push)  # fmt: skip
     if next_layer is not None:
         assert torch.equal(next_layer[0], next_before[0]) and torch.equal(next_layer[1], next_before[1])
     assert_close(out, want, dtype, "out")
@@ -155,15 +156,47 @@ def test_rejects_bad_shapes():
         (1, 6, 2, 16, 0, 16, None, True, False),  # the first token: one split has it, 15 are empty
         (1, 8, 2, 32, 90, 4, 16, True, False),  # a window, 4-program clusters
         (1, 4, 2, 16, 41, 2, None, True, False),  # group 2, 2-program clusters
+        (
+            1,
+            4,
+            2,
+            16,
+            50,
+            16,
+            None,
+            True,
+            False,
+        ),  # group 2 over 16 splits: 2 elements a program (push: 2 a chunk)
+        (1, 2, 2, 16, 50, 16, None, True, False),  # no grouping: 1 element a program (push: 1 a chunk)
     ],
 )
+@pytest.mark.parametrize("push", [False, True], ids=["barrier", "push"])
 def test_cluster_merge_matches_reference(dtype, lanes, num_heads, num_kv, hd, pos, splits, window, interleaved,
-                                         qk_norm):  # fmt: skip
-    # The split partials merged after a cluster barrier instead of through the counter (kernels/cluster.py); run
-    # twice, at consecutive positions, so that a program reading a stale partial of the call before would show.
+                                         qk_norm, push):  # fmt: skip
+    # The split partials merged in a cluster instead of through the counter (kernels/cluster.py): through global
+    # memory and a cluster barrier, or pushed into the owners' shared memory (push). Run twice, at consecutive
+    # positions, so that a program reading a stale partial of the call before would show.
     for p in (pos, pos + 1):
         run_case(dtype, lanes, num_heads, num_kv, hd, p, max_len=p + 8, window=window, interleaved=interleaved,
-                 qk_norm=qk_norm, splits=splits, block_t=64, cluster=True)  # fmt: skip
+                 qk_norm=qk_norm, splits=splits, block_t=64, cluster=True, push=push)  # fmt: skip
+
+
+def test_push_merge_needs_the_cluster():
+    with pytest.raises(ValueError, match="push: the push merge runs inside a thread-block cluster"):
+        run_case(torch.float32, 1, 2, 1, 16, 5, max_len=8, cluster=False, push=True)
+
+
+@pytest.mark.parametrize(
+    "group,hd,splits,want",
+    [
+        (2, 128, 16, (16, 4, 4, 16 + (256 + 4) * 4 + 16 * 20 * 4 + 16)),  # qwen3-1.7b: 16 elements, 4 a push
+        (4, 64, 16, (16, 4, 8, 16 + (256 + 8) * 4 + 16 * 24 * 4 + 16)),  # llama-3.2-1b: m, l of 4 heads
+        (1, 16, 16, (1, 1, 2, 16 + (16 + 2) * 4 + 16 * 3 * 4 + 16)),  # one element a program
+        (3, 96, 8, (64, 4, 8, 16 + (512 + 8) * 4 + 8 * 72 * 4 + 16)),  # padded: group 4, head dim 128
+    ],
+)
+def test_push_layout(group, hd, splits, want):
+    assert push_layout(group, hd, splits) == want
 
 
 @pytest.mark.skipif(ON_GPU, reason="the interpreter's refusal")

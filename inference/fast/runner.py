@@ -163,9 +163,13 @@ def prefetch_overrides(spec: str | dict[str, int]) -> dict[str, int]:
 
 BLOCK_KEYS = ("block_n", "block_k", "num_warps")
 HEAD_KEYS = ("block_n", "row_blocks", "num_warps")  # lm_head's block arguments
-ATTENTION_KEYS = ("splits", "block_t", "num_warps", "cluster", "maxnreg", "prefetch_next", "kv_evict_first")
-ATTENTION_SWITCHES = ("cluster", "prefetch_next", "kv_evict_first")
-SWITCH_ENV = (("KOG_ATTN_CLUSTER", "cluster"), ("KOG_ATTN_PREFETCH_NEXT", "prefetch_next"))
+ATTENTION_KEYS = (
+    "splits", "block_t", "num_warps", "cluster", "push", "maxnreg", "prefetch_next", "kv_evict_first"
+)  # fmt: skip
+ATTENTION_SWITCHES = ("cluster", "push", "prefetch_next", "kv_evict_first")
+SWITCH_ENV = (
+    ("KOG_ATTN_CLUSTER", "cluster"), ("KOG_ATTN_PUSH", "push"), ("KOG_ATTN_PREFETCH_NEXT", "prefetch_next")
+)  # fmt: skip
 # Lane groups: how many (1: none). Unset: 2 on a GPU wherever the lanes split in two past their first layers
 # (laneformer-2b on an H200, scripts/decode_variants.py in turns: 800 -> 844 tok/s; 4 groups 832).
 LANE_GROUP_KEYS = ("groups",)
@@ -307,6 +311,13 @@ class FastRunner:
         if self.attn_cluster and not sm90:
             raise ValueError(
                 "cluster: thread-block clusters need a Hopper GPU (set it to 0 or leave it unset)"
+            )
+        # KOG_ATTN_PUSH=1 (or the `push` key): the cluster merge pushes the partials into the owners' shared
+        # memory (decode_attention's push) instead of going through global memory and a cluster barrier.
+        self.attn_push = bool(attention.get("push", False))
+        if self.attn_push and (self.attn_cluster is False or not sm90):
+            raise ValueError(
+                "push: the push merge runs in thread-block clusters (a Hopper GPU, cluster not 0)"
             )
         # KOG_HEAD_BLOCK_N / KOG_HEAD_ROW_BLOCKS / KOG_HEAD_WARPS override the head's blocks (0: its own choice).
         self.head_blocks = {
@@ -575,6 +586,7 @@ class FastRunner:
                 block_t=self.attn_block_t,
                 num_warps=self.attn_warps,
                 cluster=self.attn_cluster,
+                push=self.attn_push,
                 maxnreg=self.attn_maxnreg,
                 kv_evict_first=self.attn_kv_evict_first,
                 **self._next_layer(group, i),

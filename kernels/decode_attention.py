@@ -9,12 +9,15 @@ For KV head g (lane l = g // (KV/L), heads are lane-major) and the token at posi
 RoPE rotates dim d with its partner: d ^ 1 (interleaved pairs) or d +- hd/2 (rotate-half); the cache keeps
 keys in the model's layout. Grid: (KV heads, SPLITS); each program streams one contiguous chunk of the cache
 with the next block's loads in flight while it computes the current one, and writes its unnormalised partial
-(o, max, sum). The G query heads of a KV head are padded to 16 rows so that both products run on the tensor
+(o, max, sum) for the merge. The G query heads of a KV head are padded to 16 rows so that both products run on the tensor
 cores (tl.dot), as in flash-decoding; the padding costs no memory traffic. The token's own key and value come
 from registers, not from a re-read of the cache. The partials are merged in the same launch:
-- on a GPU, a KV head's splits form one thread-block cluster (kernels/cluster.py): after a cluster barrier
-  each split merges 1/SPLITS of the head group's output elements (H200, scripts/decode_variants.py in turns:
-  +2.2% llama-3.2-1b, +2.2% qwen3-1.7b, +1.4% laneformer-2b against the counter below);
+- on a GPU, a KV head's splits form one thread-block cluster (kernels/cluster.py) and each split merges
+  1/SPLITS of the head group's output elements. By default every split pushes each owner its slice straight
+  into the owner's shared memory (st.async, counted in bytes by the owner's mbarrier: _push_merge); or the
+  partials go to global memory and the owners read them after a cluster barrier (_cluster_merge, push=False).
+  H200, scripts/decode_variants.py in turns: the barrier merge +2.2% llama-3.2-1b, +2.2% qwen3-1.7b, +1.4%
+  laneformer-2b against the counter below, the push +1.9%, +1.7% and +0.6% more;
 - otherwise (the interpreter, or more than 16 splits) the last split of a head to finish, found by an
   atomic counter, merges all of them.
 
@@ -421,7 +424,7 @@ def decode_attention(
     block_t: int = 64,
     num_warps: int | None = None,
     cluster: bool | None = None,
-    push: bool = False,
+    push: bool | None = None,
     maxnreg: int | None = None,
     next_layer: tuple[torch.Tensor, torch.Tensor, int | None] | None = None,
     kv_evict_first: bool = True,
@@ -439,7 +442,10 @@ def decode_attention(
     cluster: merge the splits in a thread-block cluster (True), through the counter (False), or the first
     wherever it can run (None: a Hopper or later GPU and at most 16 splits).
     push: with the cluster merge, the splits push their partials into each other's shared memory (st.async,
-    counted by an mbarrier) instead of storing them to global memory before a cluster barrier (_push_merge).
+    counted by an mbarrier: _push_merge, True) or store them to global memory before a cluster barrier
+    (_cluster_merge, False); None: the first wherever the cluster merge runs. On an H200 (kernels/NOTES.md,
+    round 27; scripts/decode_variants.py in turns at 512 + 256) the push is +1.7% on qwen3-1.7b, +1.9% on
+    llama-3.2-1b and +0.6% on laneformer-2b.
     maxnreg: a register cap per thread for the compiler (None: its own choice; for sweeps).
     next_layer: (k_cache, v_cache, window) of the next layer, or None. Given, each program asks L2 (a bulk
     prefetch, sm_90), once its own reads are done, for the first block of cached keys and values its split
@@ -490,6 +496,8 @@ def decode_attention(
     elif cluster and not clusters_possible:
         raise ValueError(f"cluster: needs a Hopper GPU and splits in {CLUSTER_SIZES}, got {scratch.splits} splits"
                          + (" under the interpreter" if interpreted() else ""))  # fmt: skip
+    if push is None:
+        push = cluster
     if push and not cluster:
         raise ValueError("push: the push merge runs inside a thread-block cluster (cluster=True)")
     if num_warps is None:

@@ -367,11 +367,14 @@ def test_next_layer_prefetch_is_the_gpu_default_and_changes_nothing(preset):
 
 
 def test_attention_switches_from_the_environment(monkeypatch):
-    # KOG_ATTN_CLUSTER and KOG_ATTN_PREFETCH_NEXT (0|1) are read like the `attention` argument's keys
+    # KOG_ATTN_CLUSTER, KOG_ATTN_PUSH and KOG_ATTN_PREFETCH_NEXT (0|1) are read like the `attention` argument's
+    # keys
+    assert FastRunner(make_model("tiny-llama"), 32).attn_push is None  # the kernel's choice
     monkeypatch.setenv("KOG_ATTN_CLUSTER", "0")
+    monkeypatch.setenv("KOG_ATTN_PUSH", "0")
     monkeypatch.setenv("KOG_ATTN_PREFETCH_NEXT", "0")
     runner = FastRunner(make_model("tiny-llama"), 32)
-    assert runner.attn_cluster is False and runner.attn_prefetch_next is False
+    assert runner.attn_cluster is False and runner.attn_push is False and runner.attn_prefetch_next is False
     monkeypatch.setenv("KOG_ATTN_PREFETCH_NEXT", "2")
     with pytest.raises(ValueError, match="KOG_ATTN_"):
         FastRunner(make_model("tiny-llama"), 32)

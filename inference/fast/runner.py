@@ -312,9 +312,10 @@ class FastRunner:
             raise ValueError(
                 "cluster: thread-block clusters need a Hopper GPU (set it to 0 or leave it unset)"
             )
-        # KOG_ATTN_PUSH=1 (or the `push` key): the cluster merge pushes the partials into the owners' shared
-        # memory (decode_attention's push) instead of going through global memory and a cluster barrier.
-        self.attn_push = bool(attention.get("push", False))
+        # KOG_ATTN_PUSH=1|0 (or the `push` key): the cluster merge pushes the partials into the owners' shared
+        # memory or sends them through global memory and a cluster barrier (decode_attention's push; unset: the
+        # kernel's choice, the push wherever the cluster merge runs).
+        self.attn_push = bool(attention["push"]) if "push" in attention else None
         if self.attn_push and (self.attn_cluster is False or not sm90):
             raise ValueError(
                 "push: the push merge runs in thread-block clusters (a Hopper GPU, cluster not 0)"

@@ -9,8 +9,12 @@ so program_id(0) = cluster * size + rank, and a cluster's programs are resident 
 A program's global stores before `cluster_sync` are visible to every program of its cluster after it: the
 barrier's arrive has release and its wait acquire semantics at cluster scope (the PTX memory model), which
 is what a counter's `atom.acq_rel.gpu` plus a last-arriver test gave before, without the round trip to L2
-for the atomic or the serial tail of one program merging everything. Nothing here runs under the
-interpreter: kernels keep another path for it.
+for the atomic or the serial tail of one program merging everything.
+
+Cheaper still, programs can write straight into each other's shared memory (the exchange helpers below): a
+program arms an mbarrier with the bytes it expects, peers push data to it with st.async, and it waits for its
+own mbarrier instead of a cluster barrier, so no store needs a GPU-scope release first. Nothing here runs under
+the interpreter: kernels keep another path for it.
 """
 
 import torch

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import time
 import weakref
@@ -33,6 +34,14 @@ CACHE_KEY = f"{PREFIX}web:readyz"
 PROBE_PROMPT = "def"
 
 _locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # one per event loop
+log = logging.getLogger(__name__)
+
+
+def queue_unreachable(exc: redis.RedisError) -> str:
+    """The probe's reason, in the log with Redis's own message (it names the host and port), and public
+    without it: /readyz answers anyone who can reach the site."""
+    log.warning("readyz: the job queue is unreachable: %s", exc)
+    return f"the job queue is unreachable ({type(exc).__name__})"
 
 
 async def healthz(request):
@@ -52,7 +61,7 @@ async def readiness(cache_s: float | None = None, timeout_s: float | None = None
         try:
             cached = await jobs.r.get(CACHE_KEY) if cache_s > 0 else None
         except redis.RedisError as exc:
-            return {"ready": False, "redis": False, "reason": f"the job queue is unreachable: {exc}"}
+            return {"ready": False, "redis": False, "reason": queue_unreachable(exc)}
         if cached:
             return json.loads(cached)
         result = await check(jobs, READY_TIMEOUT_S if timeout_s is None else timeout_s)
@@ -67,7 +76,7 @@ async def check(jobs, timeout_s: float) -> dict:
     try:
         workers = await jobs.workers()
     except redis.RedisError as exc:
-        return {**result, "redis": False, "reason": f"the job queue is unreachable: {exc}"}
+        return {**result, "redis": False, "reason": queue_unreachable(exc)}
     result["workers"] = len(workers)
     models = list(settings.PLAYGROUND_MODELS) or sorted({m for w in workers for m in w.get("models", [])})
     if not models:

@@ -33,4 +33,4 @@ USER kog
 
 EXPOSE 8000
 # The web role; the worker's command is `python -m inference.worker` (docker-compose.yml).
-CMD ["sh", "-c", "python manage.py migrate --noinput && exec daphne -b 0.0.0.0 -p 8000 playground.asgi:application"]
+CMD ["sh", "-c", "python manage.py migrate --noinput && exec python -m playground.serve -b 0.0.0.0 -p 8000"]

@@ -1,6 +1,6 @@
 """The ASGI entry point that daphne serves: pages and static files over HTTP, generations over websockets.
 
-daphne -b 0.0.0.0 -p 8000 playground.asgi:application
+python -m playground.serve -b 0.0.0.0 -p 8000   (daphne, its websocket limit set from the settings)
 """
 
 import os

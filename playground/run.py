@@ -104,9 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, interrupt)
     try:
         subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, check=True)
-        processes["daphne"] = spawn(
-            ["-m", "daphne", "-b", args.host, "-p", str(args.port), "playground.asgi:application"], env
-        )
+        processes["daphne"] = spawn(["-m", "playground.serve", "-b", args.host, "-p", str(args.port)], env)
         if not args.no_worker:
             worker_id = f"local-{os.getpid()}"
             worker_args = ["-m", "inference.worker", "--redis-url", env["REDIS_URL"]]

@@ -165,7 +165,7 @@ def main() -> int:
         model = f"standin:{args.rate:g}"
         for command in (
             ["-m", "inference.worker", "--redis-url", redis_url, "--model", model],
-            ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "playground.asgi:application"],
+            ["-m", "playground.serve", "-b", "127.0.0.1", "-p", str(port)],
         ):
             processes.append(subprocess.Popen([sys.executable, *command], cwd=ROOT, env=env, stdout=log,
                                               stderr=subprocess.STDOUT))  # fmt: skip

@@ -141,12 +141,11 @@ class WebServer:
         args = [
             sys.executable,
             "-m",
-            "daphne",
+            "playground.serve",  # daphne, as make run and the image start it
             "-b",
             "127.0.0.1",
             "-p",
             str(self.port),
-            "playground.asgi:application",
         ]
         self.process = subprocess.Popen(
             args, cwd=ROOT, env=self.env, stdout=self.log, stderr=subprocess.STDOUT

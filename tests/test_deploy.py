@@ -39,7 +39,9 @@ def test_compose_runs_redis_web_and_a_gpu_worker_from_one_image():
     web, worker = services["web"], services["worker"]
     assert web["build"] == worker["build"] == "." and web["image"] == worker["image"]
     assert (ROOT / "Dockerfile").is_file()
-    assert "playground.asgi:application" in " ".join(web["command"]) and "daphne" in " ".join(web["command"])
+    assert "python -m playground.serve" in " ".join(
+        web["command"]
+    )  # daphne with the playground's frame limit
     assert worker["command"] == ["python", "-m", "inference.worker"]
     devices = worker["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["capabilities"] == ["gpu"] and devices[0]["driver"] == "nvidia"

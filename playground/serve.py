@@ -1,0 +1,43 @@
+"""The web process: daphne serving playground.asgi with a websocket message limit that follows the prompt limit.
+
+    python -m playground.serve [daphne's options, e.g. -b 0.0.0.0 -p 8000]
+
+daphne closes a websocket (1009, message too big) on any message over its own limit, 1 MiB unless told
+otherwise: with PLAYGROUND_MAX_PROMPT_CHARS raised past ~246,000 characters, a prompt the playground accepts
+would cut the page's connection instead of reaching the consumer. Here daphne takes messages (and frames) up to the
+consumer's PLAYGROUND_MAX_FRAME_BYTES (and never less than its own default), and the consumer answers anything
+larger with its clear `frame_too_large` error.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+APPLICATION = "playground.asgi:application"
+DAPHNE_DEFAULT_MESSAGE_BYTES = 1024 * 1024
+
+
+def daphne_args(argv: list[str], max_frame_bytes: int) -> list[str]:
+    """daphne's command line: the caller's options, the message and frame limits (each unless given), then the
+    application. A browser sends a message as one frame, so both limits are the same."""
+    # headroom past the consumer's limit, so that an oversized frame still gets its error frame
+    limit = str(max(DAPHNE_DEFAULT_MESSAGE_BYTES, max_frame_bytes + 64 * 1024))
+    args = list(argv)
+    for option in ("--websocket-max-message-size", "--websocket-max-frame-size"):
+        if not any(a.split("=")[0] == option for a in args):
+            args += [option, limit]
+    return [*args, APPLICATION]
+
+
+def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "playground.settings")
+    from daphne.cli import CommandLineInterface
+    from django.conf import settings
+
+    CommandLineInterface().run(daphne_args(sys.argv[1:] if argv is None else argv,
+                                           settings.PLAYGROUND_MAX_FRAME_BYTES))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

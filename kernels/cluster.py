@@ -17,13 +17,17 @@ own mbarrier instead of a cluster barrier, so no store needs a GPU-scope release
 the interpreter: kernels keep another path for it.
 """
 
+import ctypes
+
 import torch
 import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
 CLUSTER_SIZES = (1, 2, 4, 8, 16)  # 16 is non-portable; the H100 and H200 allow it
-_DEFAULT_DYNAMIC_SHARED = 48 * 1024
+_DEFAULT_DYNAMIC_SHARED = 48 * 1024  # what a launch may take without the function's opt-in
+_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute
+_opted_in: set[tuple[int, int]] = set()
 
 # Every thread arrives (release) and then waits for all threads of the cluster (acquire).
 _SYNC = tl.constexpr(
@@ -39,6 +43,20 @@ def cluster_sync(token):
     return tl.inline_asm_elementwise(_SYNC, "=r,r", [token], dtype=tl.int32, is_pure=False, pack=1)
 
 
+def _allow_dynamic_shared(function: int, nbytes: int) -> None:
+    """Opt a loaded kernel in to `nbytes` of dynamic shared memory (cuFuncSetAttribute), once."""
+    if (function, nbytes) in _opted_in:
+        return
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    status = libcuda.cuFuncSetAttribute(
+        ctypes.c_void_p(function), ctypes.c_int(_MAX_DYNAMIC_SHARED_SIZE_BYTES), ctypes.c_int(nbytes)
+    )
+    if status != 0:
+        raise RuntimeError(f"cuFuncSetAttribute: {nbytes} bytes of dynamic shared memory refused (CUDA error "
+                           f"{status})")  # fmt: skip
+    _opted_in.add((function, nbytes))
+
+
 def launch_clusters(
     kernel: JITFunction, clusters: int, size: int, args: tuple, kwargs: dict, exchange_bytes: int = 0
 ) -> None:
@@ -52,13 +70,13 @@ def launch_clusters(
     values = list(args) + [kwargs[name] for name in kernel.arg_names[len(args) :]]
     num_warps, _, shared = compiled.packed_metadata
     stream = torch.cuda.current_stream(torch.cuda.current_device()).cuda_stream
+    launch = compiled.run  # loads the kernel: compiled.function is its handle from here on
+    if shared <= _DEFAULT_DYNAMIC_SHARED < shared + exchange_bytes:
+        # Triton opts a kernel in to more than 48 KiB only for its own needs past them.
+        _allow_dynamic_shared(compiled.function, shared + exchange_bytes)
     # Triton's launcher takes the cluster size in the metadata it is given and multiplies grid x by it.
-    if shared + exchange_bytes > _DEFAULT_DYNAMIC_SHARED and shared <= _DEFAULT_DYNAMIC_SHARED:
-        # Triton raises a kernel's dynamic shared memory limit only for its own needs past 48 KiB.
-        raise ValueError(f"exchange_bytes: {exchange_bytes} past the kernel's {shared} bytes of shared memory "
-                         f"exceed the {_DEFAULT_DYNAMIC_SHARED} a launch may take without an opt-in")  # fmt: skip
-    compiled.run(clusters, 1, 1, stream, compiled.function, (num_warps, size, shared + exchange_bytes), None,
-                 None, None, *values)  # fmt: skip
+    launch(clusters, 1, 1, stream, compiled.function, (num_warps, size, shared + exchange_bytes), None, None,
+           None, *values)  # fmt: skip
 
 
 # Distributed shared memory exchange (decode_attention's push merge). Each program of a cluster owns a region of

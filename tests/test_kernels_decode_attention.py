@@ -168,6 +168,8 @@ def test_rejects_bad_shapes():
             False,
         ),  # group 2 over 16 splits: 2 elements a program (push: 2 a chunk)
         (1, 2, 2, 16, 50, 16, None, True, False),  # no grouping: 1 element a program (push: 1 a chunk)
+        # head dim 256, group 8: the push's ~50 KB of shared memory past the kernel's ~32 KB need the opt-in
+        (1, 16, 2, 256, 70, 16, None, False, True),
     ],
 )
 @pytest.mark.parametrize("push", [False, True], ids=["barrier", "push"])

@@ -8,10 +8,10 @@ For KV head g (lane l = g // (KV/L), heads are lane-major) and the token at posi
 
 RoPE rotates dim d with its partner: d ^ 1 (interleaved pairs) or d +- hd/2 (rotate-half); the cache keeps
 keys in the model's layout. Grid: (KV heads, SPLITS); each program streams one contiguous chunk of the cache
-with the next block's loads in flight while it computes the current one, and writes its unnormalised partial
-(o, max, sum) for the merge. The G query heads of a KV head are padded to 16 rows so that both products run on the tensor
-cores (tl.dot), as in flash-decoding; the padding costs no memory traffic. The token's own key and value come
-from registers, not from a re-read of the cache. The partials are merged in the same launch:
+with the next block's loads in flight while it computes the current one, and hands its unnormalised partial
+(o, max, sum) to the merge. The G query heads of a KV head are padded to 16 rows so that both products run on
+the tensor cores (tl.dot), as in flash-decoding; the padding costs no memory traffic. The token's own key and
+value come from registers, not from a re-read of the cache. The partials are merged in the same launch:
 - on a GPU, a KV head's splits form one thread-block cluster (kernels/cluster.py) and each split merges
   1/SPLITS of the head group's output elements. By default every split pushes each owner its slice straight
   into the owner's shared memory (st.async, counted in bytes by the owner's mbarrier: _push_merge); or the

@@ -1,12 +1,12 @@
-"""The web process: daphne serving playground.asgi with a websocket message limit that follows the prompt limit.
+"""The web process: daphne serving playground.asgi, its websocket message limit following the prompt limit.
 
     python -m playground.serve [daphne's options, e.g. -b 0.0.0.0 -p 8000]
 
 daphne closes a websocket (1009, message too big) on any message over its own limit, 1 MiB unless told
 otherwise: with PLAYGROUND_MAX_PROMPT_CHARS raised past ~246,000 characters, a prompt the playground accepts
-would cut the page's connection instead of reaching the consumer. Here daphne takes messages (and frames) up to the
-consumer's PLAYGROUND_MAX_FRAME_BYTES (and never less than its own default), and the consumer answers anything
-larger with its clear `frame_too_large` error.
+would cut the page's connection instead of reaching the consumer. Here daphne takes messages (and frames) up
+to the consumer's PLAYGROUND_MAX_FRAME_BYTES and a little more (never less than its own default), and the
+consumer answers anything larger than its limit with its clear `frame_too_large` error.
 """
 
 from __future__ import annotations

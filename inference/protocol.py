@@ -316,6 +316,13 @@ class JobClient:
         if job.get("status") == "queued" and await self.r.lrem(queue_key(job["model"]), 0, job_id):
             await self._fail_terminal(job_id, "done", _cancelled_before_start())
 
+    async def outcome(self, job_id: str, block_ms: int = 250) -> tuple[str, dict]:
+        """The job's terminal event, (type, data), once it comes: where events() ends."""
+        kind, data = "", {}
+        async for _, kind, data in self.events(job_id, block_ms=block_ms):  # noqa: B007 - the last one
+            pass
+        return kind, data
+
     async def workers(self) -> list[dict]:
         """The heartbeats of the live workers (a killed worker drops out after HEARTBEAT_TTL_S)."""
         beats = await self._live_workers(keys=[workers_key()], args=[worker_key("")])

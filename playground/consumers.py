@@ -291,7 +291,7 @@ async def cancel_if_orphaned(jobs: JobClient, job_id: str, client_ip: str) -> No
 async def charge_when_ended(jobs: JobClient, job_id: str, client_ip: str) -> None:
     """Charge the tokens of a job no socket saw end: a page that closes right after asking must not
     generate outside its client's token budget."""
-    async for _, kind, data in jobs.events(job_id):
-        if kind == "done" and data.get("stats"):
-            tokens = data["stats"]["completion_tokens"]
-            await limits.limiter().charge_tokens(client_ip, None, tokens, job_id)
+    kind, data = await jobs.outcome(job_id)
+    if kind == "done" and data.get("stats"):
+        tokens = data["stats"]["completion_tokens"]
+        await limits.limiter().charge_tokens(client_ip, None, tokens, job_id)

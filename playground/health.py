@@ -25,7 +25,7 @@ import redis
 from django.conf import settings
 from django.http import JsonResponse
 
-from inference.protocol import PREFIX, TERMINAL, JobSpec, QueueFull
+from inference.protocol import PREFIX, JobSpec, QueueFull
 from playground.jobs import job_client
 
 READY_TIMEOUT_S = float(os.environ.get("PLAYGROUND_READY_TIMEOUT_S", "10"))
@@ -104,12 +104,9 @@ async def probe_model(jobs, model: str, workers: list[dict], timeout_s: float) -
         await jobs.submit(spec)
     except QueueFull:
         return {**state, "ok": True, "detail": "busy"}
-    kind, data = "", {}
     try:
         async with asyncio.timeout(timeout_s):
-            async for _, kind, data in jobs.events(spec.id, block_ms=100):  # noqa: B007 - read after the loop
-                if kind in TERMINAL:
-                    break
+            kind, data = await jobs.outcome(spec.id, block_ms=100)
     except TimeoutError:
         await jobs.cancel(spec.id)
         return {**state, "ok": False, "detail": f"a one-token probe did not finish within {timeout_s:g} s"}

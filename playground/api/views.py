@@ -261,9 +261,7 @@ class JobRun:
 
     async def account_when_ended(self) -> None:
         try:
-            async for _, kind, data in self.jobs.events(self.spec.id):
-                if kind in TERMINAL:
-                    await self.account(kind, data)
+            await self.account(*await self.jobs.outcome(self.spec.id))
         except RedisError as exc:
             log.warning(
                 "could not account for api job %s: %s", self.spec.id, exc, extra={"job_id": self.spec.id}

@@ -22,13 +22,13 @@ if not settings.DEBUG and not os.environ.get("DJANGO_SECRET_KEY"):
 from asgiref.sync import sync_to_async  # noqa: E402
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.exceptions import SuspiciousOperation  # noqa: E402
 from django.core.handlers.exception import response_for_exception  # noqa: E402
 
 from playground import body_limit  # noqa: E402
 from playground.routing import websocket_urlpatterns  # noqa: E402
+from playground.ws_origin import SameOriginValidator  # noqa: E402
 
 # daphne imports this module before it listens: from then on it refuses oversized bodies as they arrive
 body_limit.install()
@@ -50,6 +50,7 @@ application = ProtocolTypeRouter(
     {
         # /static/ straight from the app folders, with DEBUG off too: no collectstatic, no extra server
         "http": StaticFilesHandler(django_asgi_app),
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        # only pages of the playground's own origin (host and port) or a trusted one open a socket
+        "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -2,8 +2,9 @@
 
 DJANGO_SECRET_KEY       required to serve when DEBUG is off (`make run` makes one, kept in var/secret_key)
 DJANGO_DEBUG            1/true to enable debug pages (default off)
-DJANGO_ALLOWED_HOSTS    comma-separated host names (default 127.0.0.1,localhost); websocket origins too
-DJANGO_CSRF_TRUSTED_ORIGINS  comma-separated origins, e.g. https://play.example.com (admin login behind a proxy)
+DJANGO_ALLOWED_HOSTS    comma-separated host names (default 127.0.0.1,localhost)
+DJANGO_CSRF_TRUSTED_ORIGINS  comma-separated origins, e.g. https://play.example.com, trusted beyond the request's own
+                             host and port (the admin's forms and the websocket: a proxy that rewrites Host)
 DJANGO_BEHIND_HTTPS_PROXY    1 when a TLS-terminating proxy sets X-Forwarded-Proto: secure cookies, HSTS,
                              and plain-HTTP requests redirected to HTTPS
 DJANGO_HSTS_SECONDS     Strict-Transport-Security max-age behind TLS (default 31536000; 0: no header)

@@ -19,6 +19,8 @@ from inference.redis_server import start_redis
 ROOT = Path(__file__).resolve().parents[1]
 # The model every end-to-end test runs: the shipped default model (a tiny synthetic preset until it exists).
 E2E_MODEL = os.environ.get("KOG_TEST_MODEL", "")
+# A websocket handshake from a page of the site itself, as a browser sends it to an in-process communicator.
+SAME_ORIGIN = [(b"origin", b"http://127.0.0.1"), (b"host", b"127.0.0.1")]
 
 
 @pytest.fixture(scope="session")

@@ -16,11 +16,10 @@ from channels.testing import WebsocketCommunicator
 from inference.presets import PRESETS
 from playground import jobs
 from playground.models import Generation
-from tests.conftest import e2e_model
+from tests.conftest import SAME_ORIGIN, e2e_model
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
-ORIGIN = [(b"origin", b"http://127.0.0.1")]
 TERMINAL = ("done", "error")
 
 
@@ -39,7 +38,7 @@ async def web_settings(settings, redis_url):
 async def connect() -> WebsocketCommunicator:
     from playground.asgi import application
 
-    communicator = WebsocketCommunicator(application, "/ws/generate/", headers=ORIGIN)
+    communicator = WebsocketCommunicator(application, "/ws/generate/", headers=SAME_ORIGIN)
     connected, _ = await communicator.connect()
     assert connected
     return communicator

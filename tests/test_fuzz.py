@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 from inference.events import InvalidRequest
 from playground import jobs
 from playground.limits import LimitConfig
+from tests.conftest import SAME_ORIGIN
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
 MODEL = "fuzz-model"  # configured, but no worker serves it: nothing ever generates here
-ORIGIN = [(b"origin", b"http://127.0.0.1")]
 FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 PROBE = "[]"  # always a bad frame: its answer shows the socket still works, and ends a response
 
@@ -63,7 +63,7 @@ async def answers_to(frame: str | bytes) -> list[dict]:
     """
     from playground.asgi import application
 
-    communicator = WebsocketCommunicator(application, "/ws/generate/", headers=ORIGIN)
+    communicator = WebsocketCommunicator(application, "/ws/generate/", headers=SAME_ORIGIN)
     connected, _ = await communicator.connect()
     assert connected
     # send_input, not send_to: an empty frame is a frame too

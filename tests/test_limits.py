@@ -18,6 +18,7 @@ from playground.limits import (
     rate_identity,
 )
 from playground.metrics import REGISTRY
+from tests.conftest import SAME_ORIGIN
 
 T0 = 1_700_000_000.0
 
@@ -201,9 +202,7 @@ async def test_the_websocket_answers_an_error_frame_and_charges_tokens(settings,
     settings.REDIS_URL = redis_url
     settings.PLAYGROUND_LIMITS = LimitConfig(ip_requests=0, ip_tokens=10, key_requests=0, key_tokens=0)
     start_worker(["standin:1000"])
-    communicator = WebsocketCommunicator(
-        application, "/ws/generate/", headers=[(b"origin", b"http://127.0.0.1")]
-    )
+    communicator = WebsocketCommunicator(application, "/ws/generate/", headers=SAME_ORIGIN)
     assert (await communicator.connect())[0]
 
     async def ending(frame: dict) -> dict:
@@ -234,9 +233,7 @@ async def test_a_page_that_closes_right_after_asking_is_charged_its_tokens(setti
     start_worker(["standin:1000"])
 
     async def ask(max_tokens: int) -> tuple[WebsocketCommunicator, dict]:
-        communicator = WebsocketCommunicator(
-            application, "/ws/generate/", headers=[(b"origin", b"http://127.0.0.1")]
-        )
+        communicator = WebsocketCommunicator(application, "/ws/generate/", headers=SAME_ORIGIN)
         assert (await communicator.connect())[0]
         frame = {"type": "generate", "model": "standin:1000", "prompt": "abc", "max_tokens": max_tokens}
         await communicator.send_json_to(frame)

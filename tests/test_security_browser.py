@@ -88,10 +88,13 @@ def test_a_page_of_another_origin_cannot_open_the_websocket(server, page):
     # The same browser, on a page of the site's own origin: the socket opens.
     page.goto(server.url + "/healthz")
     assert page.evaluate(opener, ws_url) == "open"
-    # On a page served from another origin, the handshake is refused.
-    page.route(f"{EVIL}/**", lambda route: route.fulfill(content_type="text/html", body="<p>evil</p>"))
-    page.goto(f"{EVIL}/")
-    assert page.evaluate(opener, ws_url) == "closed 1006"
+    # On a page served from another origin, the handshake is refused: another host, or the same host on
+    # another port (which shares the site's cookies).
+    other_port = f"http://127.0.0.1:{server.port + 1}"
+    for origin in (EVIL, other_port):
+        page.route(f"{origin}/**", lambda route: route.fulfill(content_type="text/html", body="<p>evil</p>"))
+        page.goto(f"{origin}/")
+        assert page.evaluate(opener, ws_url) == "closed 1006", origin
 
 
 def jobs_with_prompt(redis_url: str, prompt: str) -> list[str]:

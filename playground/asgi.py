@@ -28,6 +28,8 @@ from django.core.handlers.exception import response_for_exception  # noqa: E402
 
 from playground import body_limit  # noqa: E402
 from playground.routing import websocket_urlpatterns  # noqa: E402
+from playground.security import STATIC_FILE_HEADERS  # noqa: E402
+from playground.static_versions import cache_control  # noqa: E402
 from playground.ws_origin import SameOriginValidator  # noqa: E402
 
 # daphne imports this module before it listens: from then on it refuses oversized bodies as they arrive
@@ -37,13 +39,22 @@ body_limit.install()
 class StaticFilesHandler(ASGIStaticFilesHandler):
     """Django's handler answers a missing file with a 404 but lets a path that climbs out of the static
     folders (/static/%2e%2e/...) raise: a 500 with a traceback in the log for every such probe. Django's
-    views answer that exception with a 400 and a line in the django.security log; so does this."""
+    views answer that exception with a 400 and a line in the django.security log; so does this.
+
+    Its files also pass by the middleware that gives pages their security headers: they get theirs here,
+    with a Cache-Control that lets a versioned URL be cached for good (static_versions.py)."""
 
     async def get_response_async(self, request):
         try:
-            return await super().get_response_async(request)
+            response = await super().get_response_async(request)
         except SuspiciousOperation as exc:
             return await sync_to_async(response_for_exception, thread_sensitive=False)(request, exc)
+        for header, value in STATIC_FILE_HEADERS.items():
+            response.headers.setdefault(header, value)
+        if response.status_code in (200, 304):
+            name = self.file_path(request.path)
+            response.headers["Cache-Control"] = cache_control(name, request.GET.get("v"))
+        return response
 
 
 application = ProtocolTypeRouter(

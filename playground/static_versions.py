@@ -5,6 +5,10 @@ collectstatic step, so nothing renames them when they change. A browser that cac
 under a heuristic lifetime would then run last version's script against this version's page (ids and
 frames that no longer match) until the cache expires. With the hash in the URL a new page asks for the
 new file, and an unchanged file keeps its URL and its cached copy.
+
+cache_control() says so to browsers and proxies: a URL whose version is the file's current hash never
+changes (a year, immutable: a page load asks nothing again); any other URL of a file (no version, an old
+one) is revalidated on each use (Last-Modified, then a 304).
 """
 
 from __future__ import annotations
@@ -28,6 +32,18 @@ def content_version(path: str) -> str:
     """The first 12 hex digits of the file's SHA-256."""
     stat = os.stat(path)
     return _digest(path, stat.st_mtime_ns, stat.st_size)
+
+
+IMMUTABLE = "public, max-age=31536000, immutable"
+REVALIDATE = "no-cache"
+
+
+def cache_control(name: str, version: str | None) -> str:
+    """The Cache-Control header for static file `name` asked for with ?v=`version`."""
+    path = finders.find(name) if version else None
+    if isinstance(path, str) and version == content_version(path):
+        return IMMUTABLE
+    return REVALIDATE
 
 
 class VersionedStaticStorage(StaticFilesStorage):

@@ -221,12 +221,17 @@ class Engine:
                 raise InvalidRequest("messages", "must not be empty")
             for i, message in enumerate(messages):
                 unicode_text(message["content"], f"messages[{i}].content" if field == "messages" else field)
-            # The template writes BOS itself where the model expects one.
-            ids = self.tokenizer.encode(self.tokenizer.apply_chat_template(messages), add_special=False)
+            # The template writes BOS itself where the model expects one; the contents are text, never tokens.
+            try:
+                ids = self.tokenizer.encode_chat(messages)
+            except InvalidRequest as e:
+                if field == "messages":
+                    raise
+                raise InvalidRequest(field, e.message, e.code) from None  # the page's prompt, in its template
         else:
             if not prompt:
                 raise InvalidRequest("prompt", "must not be empty")
-            ids = self.tokenizer.encode(unicode_text(prompt, "prompt"))
+            ids = self.tokenizer.encode_text(unicode_text(prompt, "prompt"))
         self._check_fits(ids, field)
         return ids
 

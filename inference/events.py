@@ -78,8 +78,12 @@ class SamplingParams:
             bad("seed", f"must be an integer, got {self.seed!r}")
         if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
             bad("seed", f"must be in [-2**63, 2**64 - 1], got {self.seed}")
-        if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
-            bad("stop", "must be a list of non-empty strings")
+        if isinstance(self.stop, str) or not all(isinstance(s, str) for s in self.stop):
+            bad("stop", "must be a string or a list of strings")
+        if not all(self.stop):
+            bad("stop", "a stop sequence must not be empty (it would end every reply before it began)")
+        for text in self.stop:
+            unicode_text(text, "stop")  # half a surrogate pair could never match what the model writes
 
     @property
     def greedy(self) -> bool:

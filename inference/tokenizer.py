@@ -1,9 +1,18 @@
 """A checkpoint's tokenizer: tokenizer.json through the `tokenizers` library, the chat template of
-tokenizer_config.json rendered with jinja2, and special ids read the way transformers reads them."""
+tokenizer_config.json rendered with jinja2, and special ids read the way transformers reads them.
+
+What a person or a client writes is text, never control: `encode_text` and `encode_chat` read the
+spelling of a special token inside a prompt or a message ("<|endoftext|>" in a line of code,
+"<|im_end|>\n<|im_start|>system" pasted into a message) as the characters it is made of, where
+`tokenizers` (and so transformers and most servers) would turn it into the token itself: a prompt that
+ends the generation at once, or a forged system turn. Only the chat template's own markers are tokens.
+"""
 
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from collections.abc import Sequence
 from datetime import datetime
 from functools import lru_cache
@@ -20,6 +29,17 @@ from inference.events import InvalidRequest
 class Tokenizer:
     def __init__(self, tok: HFTokenizer, config: dict, bos_id: int | None, eos_ids: frozenset[int]):
         self._tok = tok
+        # The same tokenizer with special tokens' spellings encoded as text (a second instance: the flag is
+        # the tokenizer's own state, and a shared one would race between threads).
+        self._plain = HFTokenizer.from_str(tok.to_str())
+        self._plain.encode_special_tokens = True
+        specials = sorted(
+            {t.content for t in tok.get_added_tokens_decoder().values() if t.special and t.content}, key=len
+        )
+        # The spellings of the special tokens, longest first (so "<|im_end|>x" is not cut at a shorter one)
+        self._special_spelling = (
+            re.compile("|".join(map(re.escape, reversed(specials)))) if specials else None
+        )
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
         # Ids may leave gaps (added tokens placed past the base vocabulary): the largest one bounds the model.
         self.max_id = max(tok.get_vocab(with_added_tokens=True).values(), default=-1)
@@ -86,6 +106,64 @@ class Tokenizer:
         if add_special and self.add_bos and ids[:1] != [self.bos_id]:
             ids.insert(0, self.bos_id)
         return ids
+
+    def encode_text(self, text: str) -> list[int]:
+        """A prompt's tokens, BOS first where the model takes one: every character of it as text."""
+        ids = self._plain.encode(text, add_special_tokens=False).ids
+        if self.add_bos:
+            ids.insert(0, self.bos_id)
+        return ids
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """The rendered chat template's tokens (its own BOS included), the messages' contents as text."""
+        text = self.apply_chat_template(messages, add_generation_prompt)
+        literal = [i for i, m in enumerate(messages) if self._has_special_spelling(m["content"])]
+        if not literal:  # the common case: nothing in the contents could be read as a token
+            return self.encode(text, add_special=False)
+        # The rendered text in pieces: the spellings in those contents through the plain tokenizer, the rest
+        # (the template's markers among it) through the usual one.
+        ids = []
+        start = 0
+        for span_start, span_end in self._content_spans(messages, literal, text, add_generation_prompt):
+            for found in self._special_spelling.finditer(text, span_start, span_end):
+                ids += _encode_piece(self._tok, text[start : found.start()], first=start == 0)
+                ids += _encode_piece(self._plain, found.group(), first=False)
+                start = found.end()
+        return ids + _encode_piece(self._tok, text[start:], first=False)
+
+    def _has_special_spelling(self, content: str) -> bool:
+        return self._special_spelling is not None and self._special_spelling.search(content) is not None
+
+    def _content_spans(
+        self, messages: list[dict], literal: list[int], text: str, add_generation_prompt: bool
+    ) -> list[tuple[int, int]]:
+        """Where the contents of messages `literal` sit in the rendered `text`, in order: found by rendering
+        again with a marker of this call in their place (a template may write the same words itself)."""
+        nonce = secrets.token_hex(8)
+        marked = [
+            dict(m, content=f"\ue000{nonce}:{i}\ue001") if i in literal else m for i, m in enumerate(messages)
+        ]
+        rendered = self.apply_chat_template(marked, add_generation_prompt)
+        markers = list(re.finditer(f"\ue000{nonce}:(\\d+)\ue001", rendered))
+        if [int(m.group(1)) for m in markers] == literal:
+            # Templates copy a content as is, or trimmed (Llama 3's `| trim`)
+            for copy in (str, str.strip):
+                parts, spans, start = [], [], 0
+                for marker in markers:
+                    parts.append(rendered[start : marker.start()])
+                    offset = sum(map(len, parts))
+                    parts.append(copy(messages[int(marker.group(1))]["content"]))
+                    spans.append((offset, offset + len(parts[-1])))
+                    start = marker.end()
+                if "".join(parts) + rendered[start:] == text:
+                    return spans
+        index = literal[0]
+        token = self._special_spelling.search(messages[index]["content"]).group()
+        raise InvalidRequest(
+            f"messages[{index}].content",
+            f"contains {token!r}, the spelling of one of this model's control tokens, in a message its chat "
+            "template does not copy as is; remove it from the message",
+        )
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
@@ -157,6 +235,19 @@ class StreamDecoder:
 
 
 @lru_cache(maxsize=16)
+def _encode_piece(tok: HFTokenizer, text: str, first: bool) -> list[int]:
+    """`text`'s tokens as they would be in the middle of a longer text: SentencePiece-style tokenizers start
+    each call with a word boundary ("▁"), a space the text never had. Encoded after a newline that is then
+    dropped, unless the newline merged with the text (the piece is then encoded alone)."""
+    if first or not text:
+        return tok.encode(text, add_special_tokens=False).ids
+    anchor = tok.encode("\n", add_special_tokens=False).ids
+    ids = tok.encode("\n" + text, add_special_tokens=False).ids
+    if ids[: len(anchor)] == anchor:
+        return ids[len(anchor) :]
+    return tok.encode(text, add_special_tokens=False).ids
+
+
 def _compile(template: str):
     # The environment transformers renders chat templates in, so that real templates behave the same.
     env = ImmutableSandboxedEnvironment(

@@ -89,7 +89,7 @@ def test_chat_streamed_and_not_agree_with_usage_from_our_tokenizer(stack, engine
     assert reply.choices[0].finish_reason in ("stop", "length")
 
     tokenizer = engine.tokenizer
-    prompt_ids = tokenizer.encode(tokenizer.apply_chat_template(messages), add_special=False)
+    prompt_ids = tokenizer.encode_chat(messages)
     assert reply.usage.prompt_tokens == len(prompt_ids)
     local = list(engine.generate(prompt_ids, SamplingParams(max_new_tokens=12, temperature=0)))[-1]
     assert (text, reply.usage.completion_tokens) == (local.text, local.stats.completion_tokens)
@@ -112,9 +112,11 @@ def test_completions_streamed_and_not_agree_with_usage_from_our_tokenizer(stack,
     client = api(stack.web)
     prompt = "import os\n\ndef list_files(path):\n"
     kwargs = {"model": stack.model, "prompt": prompt, "max_tokens": 10, "temperature": 0.8, "seed": 7}
-    reply = client.completions.create(**kwargs)
+    raw = client.completions.with_raw_response.create(**kwargs)
+    reply = raw.parse()
     assert reply.object == "text_completion"
-    assert reply.usage.prompt_tokens == len(engine.tokenizer.encode(prompt))
+    assert raw.headers["x-request-id"] == reply.id.removeprefix("cmpl-")  # the job's id, as the logs name it
+    assert reply.usage.prompt_tokens == len(engine.tokenizer.encode_text(prompt))
     assert_timings(reply.model_extra["timings"], reply.usage)
 
     database = sqlite3.connect(stack.web.env["DATABASE_URL"].removeprefix("sqlite:///"))
@@ -128,6 +130,21 @@ def test_completions_streamed_and_not_agree_with_usage_from_our_tokenizer(stack,
     assert [c.choices[0].finish_reason for c in chunks][-1] == reply.choices[0].finish_reason
     assert all(c.usage is None for c in chunks)  # no include_usage: no usage chunk
     assert_timings(chunks[-1].model_extra["timings"], reply.usage)
+
+
+def test_a_special_tokens_spelling_in_a_prompt_reaches_the_model_as_text(stack, engine):
+    # Read as the model's end-of-text token, this line of code used to end the reply before it began.
+    client = api(stack.web)
+    prompt = 'EOS = "<|endoftext|>"\n'
+    tokenizer = engine.tokenizer
+    assert set(tokenizer.encode(prompt)) & tokenizer.eos_ids  # what the spelling would otherwise become
+    prompt_ids = tokenizer.encode_text(prompt)
+    reply = client.completions.create(model=stack.model, prompt=prompt, max_tokens=8, temperature=0)
+    assert reply.usage.prompt_tokens == len(prompt_ids)
+    local = list(engine.generate(prompt_ids, SamplingParams(max_new_tokens=8, temperature=0)))[-1]
+    assert (
+        reply.choices[0].text == local.text and reply.usage.completion_tokens == local.stats.completion_tokens
+    )
 
 
 def test_stop_strings_cut_the_text_streamed_or_not(stack):

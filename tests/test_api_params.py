@@ -54,6 +54,25 @@ def test_top_p_zero_as_openai_takes_it_is_a_greedy_draw():
     assert refused_field({**CHAT, "top_p": 0, "temperature": "hot"}) == "temperature"  # still checked
 
 
+def test_a_completion_without_max_tokens_is_sixteen_tokens_as_openais_legacy_api():
+    assert parse({"model": "m", "prompt": "def f():"}, chat=False).spec.params["max_new_tokens"] == 16
+    assert (
+        parse({"model": "m", "prompt": "x", "max_tokens": 40}, chat=False).spec.params["max_new_tokens"] == 40
+    )
+    assert parse(CHAT, chat=True).spec.params["max_new_tokens"] == CAP  # a chat reply runs to the cap
+    tiny_cap = parse_request(
+        {"model": "m", "prompt": "x"}, False, max_new_tokens=4, max_prompt_chars=MAX_CHARS
+    )
+    assert tiny_cap.spec.params["max_new_tokens"] == 4  # never past the server's cap
+
+
+def test_logprobs_zero_is_off_for_chat_and_a_request_for_completions():
+    # chat's logprobs is a switch; the completions API's a count, whose 0 still asks for the chosen tokens'
+    assert parse({**CHAT, "logprobs": 0}, chat=True).spec.model == "m"
+    assert refused_field({"model": "m", "prompt": "x", "logprobs": 0}, chat=False) == "logprobs"
+    assert parse({"model": "m", "prompt": "x", "logprobs": None}, chat=False).spec.prompt == "x"
+
+
 def test_max_tokens_over_the_servers_cap_is_clipped_to_it():
     spec = parse({**CHAT, "max_tokens": CAP + 1}, chat=True).spec
     assert spec.params["max_new_tokens"] == CAP
@@ -90,6 +109,11 @@ def test_message_parts_roles_and_stop_lists():
         ({"messages": [{"role": ["user"], "content": "x"}]}, "messages[0].role"),
         ({"messages": [{"role": {"name": "user"}, "content": "x"}]}, "messages[0].role"),
         ({"n": 2}, "n"),
+        ({"n": True}, "n"),  # JSON's true is not the number 1
+        ({"best_of": True}, "best_of"),
+        ({"stop": ""}, "stop"),
+        ({"stop": ["ok", ""]}, "stop"),
+        ({"stop": "\ud83d"}, "stop"),  # half a surrogate pair, as a prompt's would be
         ({"stream": "yes"}, "stream"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"stream": True, "stream_options": {"include_usage": "y"}}, "stream_options.include_usage"),

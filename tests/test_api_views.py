@@ -36,14 +36,19 @@ def test_timings_follow_llama_cpp_and_add_ttft_and_queue():
     [
         ({"code": "invalid_request", "param": "prompt", "message": "prompt: too long"}, 400, "prompt"),
         ({"code": "worker_lost", "message": "lost its worker"}, 503, None),
+        # lost to a restart of the queue or a stuck worker, or its record gone: the same request can pass later
+        ({"code": "queue_restarted", "message": "please run it again"}, 503, None),
+        ({"code": "stalled", "message": "please try again"}, 503, None),
+        ({"code": "unknown_job", "message": "no such job"}, 503, None),
         ({"code": "internal_error", "message": "RuntimeError: x"}, 500, None),
         ({}, 500, None),
     ],
 )
 def test_worker_errors_become_http_errors(event, status, param):
-    error = job_error(event)
+    error = job_error(event, {"x-request-id": "job-1"})
     assert error.status == status
     assert error.body["error"]["param"] == param and error.body["error"]["message"]
+    assert error.response()["x-request-id"] == "job-1"
 
 
 @pytest.fixture

@@ -175,6 +175,11 @@ def test_encode_prompt(engine):
     assert chat != raw and "[INST]" in tok.decode(chat) and chat.count(tok.bos_id) == 1
     messages = [{"role": "user", "content": "print(1)"}]
     assert engine.encode_prompt(messages=messages) == chat
+    # "<s>" and "</s>" in what a person writes are characters: no second BOS, no EOS that ends the prompt
+    for prompt in ('s = "</s><s>"', "</s>"):
+        for ids in (engine.encode_prompt(prompt), engine.encode_prompt(prompt, chat=True)):
+            assert ids.count(tok.bos_id) == 1 and not set(ids) & set(tok.eos_ids)
+            assert prompt in tok.decode(ids)
     for kwargs, field in (({"prompt": ""}, "prompt"), ({}, "prompt"), ({"messages": []}, "messages")):
         with pytest.raises(InvalidRequest) as info:
             engine.encode_prompt(**kwargs)

@@ -15,6 +15,7 @@ CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assist
 # OpenAI's own limit; every stop string is searched for after every token, so a long list would
 # slow the worker for everyone in the queue.
 MAX_STOP_SEQUENCES = 4
+COMPLETIONS_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI's legacy API
 
 
 @dataclass
@@ -27,9 +28,10 @@ class ApiRequest:
 def parse_request(body: dict, chat: bool, max_new_tokens: int, max_prompt_chars: int) -> ApiRequest:
     """Raises InvalidRequest(field, message) with the client's own field name.
 
-    Without max_tokens a reply may run to `max_new_tokens` (the server's cap, which also clips larger
+    Without max_tokens a chat reply may run to `max_new_tokens` (the server's cap, which also clips larger
     requests): like OpenAI's chat API and llama.cpp's server it ends at a stop token, the cap, or the
-    end of the context (the engine clips to what fits after the prompt). Whether a prompt fits the
+    end of the context (the engine clips to what fits after the prompt). A completion without it is 16
+    tokens long at most, the legacy completions API's default (OpenAI's and vLLM's). Whether a prompt fits the
     context only the worker's tokenizer can tell; `max_prompt_chars` turns away the absurd ones early.
     """
     if not isinstance(body, dict):
@@ -37,7 +39,7 @@ def parse_request(body: dict, chat: bool, max_new_tokens: int, max_prompt_chars:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("model", "is required: one of the ids that GET /v1/models lists")
-    _refuse_unsupported(body)
+    _refuse_unsupported(body, chat)
     stream = _optional(body, "stream", bool, False)
     include_usage = False
     if body.get("stream_options") is not None:
@@ -48,7 +50,7 @@ def parse_request(body: dict, chat: bool, max_new_tokens: int, max_prompt_chars:
             raise InvalidRequest("stream_options", "must be an object")
         include_usage = _optional(options, "include_usage", bool, False, "stream_options.include_usage")
 
-    params = _sampling_params(body, max_new_tokens)
+    params = _sampling_params(body, max_new_tokens, chat)
     if chat:
         messages = _messages(body.get("messages"))
         spec = JobSpec(model, messages=messages, chat=True, params=params, source="api")
@@ -63,7 +65,7 @@ def parse_request(body: dict, chat: bool, max_new_tokens: int, max_prompt_chars:
     return ApiRequest(spec=spec, stream=stream, include_usage=include_usage)
 
 
-def _sampling_params(body: dict, max_new_tokens: int) -> dict:
+def _sampling_params(body: dict, max_new_tokens: int, chat: bool) -> dict:
     # max_completion_tokens is the newer name of max_tokens; when both are sent it wins.
     tokens_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     # OpenAI takes top_p=0 (clients send it for determinism): the smallest nucleus is the one most
@@ -79,7 +81,10 @@ def _sampling_params(body: dict, max_new_tokens: int) -> dict:
         "seed": body.get("seed"),
         "stop": _stop(body.get("stop")),
     }
-    defaults = {"max_new_tokens": max_new_tokens, "temperature": 1.0}  # 1.0: OpenAI's default
+    defaults = {  # OpenAI's
+        "max_new_tokens": max_new_tokens if chat else min(COMPLETIONS_MAX_TOKENS, max_new_tokens),
+        "temperature": 1.0,
+    }
     given = {name: value for name, value in fields.items() if value is not None}
     try:
         params = SamplingParams(**{**defaults, **given})
@@ -153,15 +158,22 @@ def _optional(body: dict, name: str, kind: type, default, field: str | None = No
     return value
 
 
-def _refuse_unsupported(body: dict) -> None:
-    if body.get("n") not in (None, 1):
+def _is_one(value) -> bool:
+    return value is None or (value == 1 and not isinstance(value, bool))  # JSON's true is not 1
+
+
+def _refuse_unsupported(body: dict, chat: bool) -> None:
+    if not _is_one(body.get("n")):
         raise InvalidRequest("n", f"only n=1 is supported (one reply per request), got {body['n']!r}")
-    if body.get("best_of") not in (None, 1):
+    if not _is_one(body.get("best_of")):
         raise InvalidRequest("best_of", f"only best_of=1 is supported, got {body['best_of']!r}")
     for name in ("frequency_penalty", "presence_penalty"):
         if body.get(name) not in (None, 0, 0.0):
             raise InvalidRequest(name, "is not supported; use repetition_penalty (> 1 discourages repeats)")
-    if body.get("logprobs") not in (None, False, 0):
+    # Chat's logprobs is a switch (false: off); the completions API's is a count, where 0 still asks for the
+    # chosen tokens' log-probabilities.
+    logprobs = body.get("logprobs")
+    if not (logprobs is None or logprobs is False or (chat and logprobs == 0)):
         raise InvalidRequest("logprobs", "is not supported")
     if body.get("tools") or body.get("functions"):
         raise InvalidRequest("tools", "tool calling is not supported")

@@ -167,15 +167,16 @@ async def complete(request, chat: bool):
         ) from None
 
     run = JobRun(spec, ip, key_id)
+    request_id = {"x-request-id": spec.id}  # the job's id: what the logs and /admin/ name it by
     try:
         # Wait for the job's first real event before any status line goes out, so that a refusal
         # from the worker (a prompt over the context) is still a plain 400, streaming or not.
         first = await run.next()
         if first[0] == "error":
-            raise job_error(first[1])
+            raise job_error(first[1], request_id)
         if api_request.stream:
             response = StreamingHttpResponse(
-                sse_stream(run, first, api_request), content_type="text/event-stream"
+                sse_stream(run, first, api_request), content_type="text/event-stream", headers=request_id
             )
             response["Cache-Control"] = "no-cache"
             response["X-Accel-Buffering"] = "no"  # nginx: pass each chunk on at once
@@ -185,8 +186,8 @@ async def complete(request, chat: bool):
         while event[0] not in TERMINAL:
             event = await run.next()
         if event[0] == "error":
-            raise job_error(event[1])
-        return JsonResponse(await run.finish(event[1]))
+            raise job_error(event[1], request_id)
+        return JsonResponse(await run.finish(event[1]), headers=request_id)
     except BaseException:  # the client left (CancelledError) or we failed: stop the job
         await run.cancel_unless_finished()
         raise
@@ -398,14 +399,19 @@ def timings(stats: dict, queue_ms: float) -> dict:
     }
 
 
-def job_error(data: dict) -> ApiError:
+# A worker, the queue or the job's record went away, or the machine ran short: the same request can pass later.
+RETRYABLE = frozenset(
+    ("worker_lost", "out_of_memory", "cancelled", "no_workers", "unavailable", "queue_restarted", "stalled")
+    + ("unknown_job",)
+)
+
+
+def job_error(data: dict, headers: dict | None = None) -> ApiError:
     """A worker's error event as the HTTP error a client expects."""
     code = data.get("code") or "internal_error"
     message = data.get("message") or "The job failed"
     if code in ("invalid_request", "context_length_exceeded"):
-        return ApiError(400, message, param=data.get("param"), code=code)
+        return ApiError(400, message, param=data.get("param"), code=code, headers=headers)
     # The ones worth a retry (the openai client retries a 503 by itself); a bug stays a 500.
-    status = (
-        503 if code in ("worker_lost", "out_of_memory", "cancelled", "no_workers", "unavailable") else 500
-    )
-    return ApiError(status, message, type="server_error", code=code)
+    status = 503 if code in RETRYABLE else 500
+    return ApiError(status, message, type="server_error", code=code, headers=headers)

@@ -234,7 +234,6 @@ class StreamDecoder:
         return delta
 
 
-@lru_cache(maxsize=16)
 def _encode_piece(tok: HFTokenizer, text: str, first: bool) -> list[int]:
     """`text`'s tokens as they would be in the middle of a longer text: SentencePiece-style tokenizers start
     each call with a word boundary ("▁"), a space the text never had. Encoded after a newline that is then
@@ -248,6 +247,7 @@ def _encode_piece(tok: HFTokenizer, text: str, first: bool) -> list[int]:
     return tok.encode(text, add_special_tokens=False).ids
 
 
+@lru_cache(maxsize=16)
 def _compile(template: str):
     # The environment transformers renders chat templates in, so that real templates behave the same.
     env = ImmutableSandboxedEnvironment(

@@ -31,8 +31,9 @@ def parse_request(body: dict, chat: bool, max_new_tokens: int, max_prompt_chars:
     Without max_tokens a chat reply may run to `max_new_tokens` (the server's cap, which also clips larger
     requests): like OpenAI's chat API and llama.cpp's server it ends at a stop token, the cap, or the
     end of the context (the engine clips to what fits after the prompt). A completion without it is 16
-    tokens long at most, the legacy completions API's default (OpenAI's and vLLM's). Whether a prompt fits the
-    context only the worker's tokenizer can tell; `max_prompt_chars` turns away the absurd ones early.
+    tokens long at most, the legacy completions API's default (OpenAI's and vLLM's). Whether a prompt
+    fits the context only the worker's tokenizer can tell; `max_prompt_chars` turns away the absurd ones
+    early.
     """
     if not isinstance(body, dict):
         raise InvalidRequest("body", "must be a JSON object")

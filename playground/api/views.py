@@ -401,8 +401,8 @@ def timings(stats: dict, queue_ms: float) -> dict:
 
 # A worker, the queue or the job's record went away, or the machine ran short: the same request can pass later.
 RETRYABLE = frozenset(
-    ("worker_lost", "out_of_memory", "cancelled", "no_workers", "unavailable", "queue_restarted", "stalled")
-    + ("unknown_job",)
+    {"worker_lost", "out_of_memory", "cancelled", "no_workers", "unavailable"}
+    | {"queue_restarted", "stalled", "unknown_job"}  # lost to a restart, a stuck worker, a vanished record
 )
 
 

@@ -148,12 +148,13 @@ class Tokenizer:
         if [int(m.group(1)) for m in markers] == literal:
             # Templates copy a content as is, or trimmed (Llama 3's `| trim`)
             for copy in (str, str.strip):
-                parts, spans, start = [], [], 0
+                parts, spans, start, length = [], [], 0, 0
                 for marker in markers:
-                    parts.append(rendered[start : marker.start()])
-                    offset = sum(map(len, parts))
-                    parts.append(copy(messages[int(marker.group(1))]["content"]))
-                    spans.append((offset, offset + len(parts[-1])))
+                    content = copy(messages[int(marker.group(1))]["content"])
+                    parts += [rendered[start : marker.start()], content]
+                    length += marker.start() - start
+                    spans.append((length, length + len(content)))
+                    length += len(content)
                     start = marker.end()
                 if "".join(parts) + rendered[start:] == text:
                     return spans

@@ -25,6 +25,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.exceptions import SuspiciousOperation  # noqa: E402
 from django.core.handlers.exception import response_for_exception  # noqa: E402
+from django.middleware.security import SecurityMiddleware  # noqa: E402
 
 from playground import body_limit  # noqa: E402
 from playground.routing import websocket_urlpatterns  # noqa: E402
@@ -49,6 +50,8 @@ class StaticFilesHandler(ASGIStaticFilesHandler):
             response = await super().get_response_async(request)
         except SuspiciousOperation as exc:
             return await sync_to_async(response_for_exception, thread_sensitive=False)(request, exc)
+        # the pages' nosniff and referrer policy, from the same settings (SECURE_*)
+        response = SecurityMiddleware(self.get_response_async).process_response(request, response)
         for header, value in STATIC_FILE_HEADERS.items():
             response.headers.setdefault(header, value)
         if response.status_code in (200, 304):

@@ -33,15 +33,14 @@ DEFAULT_POLICY = "; ".join(
     ]
 )
 PERMISSIONS_POLICY = "camera=(), microphone=(), geolocation=(), payment=(), usb=()"
-# Static files skip the middleware (asgi.py serves them before Django's chain), so they get their headers
-# here. Their policy is tighter than a page's: a file opened as a document (favicon.svg in a tab) may load
-# only images, styles and fonts of this origin and runs sandboxed (no script, no forms, no same-origin
-# access); scripts and stylesheets fetched by the page are not documents, and no CSP applies to them.
+# Static files skip the middleware chain (asgi.py serves them before it): Django's SecurityMiddleware gives
+# them nosniff and the referrer policy there, and these. Their policy is tighter than a page's: a file opened
+# as a document (favicon.svg in a tab) may load only images, styles and fonts of this origin and runs
+# sandboxed (no script, no forms, no same-origin access); scripts and stylesheets fetched by the page are not
+# documents, and no CSP applies to them.
 STATIC_FILE_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; img-src 'self' data:; style-src 'self'; font-src 'self'; "
     "frame-ancestors 'none'; sandbox",
-    "X-Content-Type-Options": "nosniff",  # a .md or .txt file is never run as a script or a style
-    "Referrer-Policy": "same-origin",
     "Cross-Origin-Resource-Policy": "same-origin",  # other sites do not embed the playground's files
 }
 

@@ -16,9 +16,10 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.http.request import is_same_domain, validate_host
+from django.middleware.csrf import CsrfViewMiddleware
 
 log = logging.getLogger(__name__)
-DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def _header(scope: dict, name: bytes) -> str | None:
@@ -41,18 +42,16 @@ def _host_and_port(netloc: str, default_port: int | None) -> tuple[str, int | No
     return parts.hostname.lower(), port if port is not None else default_port
 
 
-def _trusted(scheme: str, host: str, port: int | None) -> bool:
-    """Whether DJANGO_CSRF_TRUSTED_ORIGINS lists the origin: exactly, or as https://*.example.com does."""
-    for pattern in settings.CSRF_TRUSTED_ORIGINS:
-        parsed = urlsplit(pattern.lower())
-        if parsed.scheme != scheme:
-            continue
-        wanted = _host_and_port(parsed.netloc.replace("*", "", 1), DEFAULT_PORTS.get(parsed.scheme))
-        if wanted is None or wanted[1] != port:
-            continue
-        if host == wanted[0] or (parsed.netloc.startswith("*.") and is_same_domain(host, wanted[0])):
-            return True
-    return False
+def _trusted(origin: str) -> bool:
+    """Whether DJANGO_CSRF_TRUSTED_ORIGINS lists the origin, matched as Django's CSRF check matches a form's
+    (exactly, or https://*.example.com for its subdomains); a new instance reads the current settings."""
+    csrf = CsrfViewMiddleware(lambda request: None)
+    if origin in csrf.allowed_origins_exact:
+        return True
+    parsed = urlsplit(origin)
+    return any(
+        is_same_domain(parsed.netloc, host) for host in csrf.allowed_origin_subdomains.get(parsed.scheme, ())
+    )
 
 
 def origin_allowed(origin: str | None, host_header: str | None) -> bool:
@@ -71,7 +70,7 @@ def origin_allowed(origin: str | None, host_header: str | None) -> bool:
     allowed_hosts = settings.ALLOWED_HOSTS or (["localhost", "127.0.0.1", "[::1]"] if settings.DEBUG else [])
     if not validate_host(host_at[0] if ":" not in host_at[0] else f"[{host_at[0]}]", allowed_hosts):
         return False
-    return origin_at == host_at or _trusted(parsed.scheme, *origin_at)
+    return origin_at == host_at or _trusted(origin.strip())
 
 
 async def _refuse(receive, send) -> None:

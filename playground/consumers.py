@@ -5,7 +5,9 @@ Frames are JSON objects with a "type". The consumer only awaits Redis; the model
 Client -> server
     {"type": "generate", "prompt": str, "model": str, "system_prompt": str,
      "temperature": float, "top_p": float, "top_k": int, "max_tokens": int, "seed": int,
-     "repetition_penalty": float}                   everything but prompt is optional
+     "repetition_penalty": float,
+     "history": [{"prompt": str, "answer": str}]}   everything but prompt is optional; history: the earlier
+                                                    turns of a conversation with a chat model, oldest first
     {"type": "stop"}                                stop the job this socket follows; its partial text is kept
     {"type": "resume", "job_id": str, "after": str} follow a job again after a reconnect, from the entry
                                                     after `after` (the last "id" the client applied)

@@ -97,6 +97,39 @@ def clamp(field: str, value):
     return min(max(value, low), high)
 
 
+def history_turns(history, prompt_chars: int) -> list[tuple[str, str]]:
+    """A follow-up's earlier turns, oldest first, from the frame's `history`: [{"prompt", "answer"}, ...].
+    The whole conversation counts against the prompt's character limit: it is all prompt to the model."""
+    if history is None:
+        return []
+    if not isinstance(history, list):
+        raise InvalidRequest("history", "must be a list of earlier turns, each {prompt, answer}")
+    turns, chars = [], prompt_chars
+    for i, turn in enumerate(history):
+        if not isinstance(turn, dict) or not all(
+            isinstance(turn.get(key), str) for key in ("prompt", "answer")
+        ):
+            raise InvalidRequest(
+                f"history[{i}]", "must be an object with a prompt and an answer, both strings"
+            )
+        if not turn["prompt"].strip():
+            raise InvalidRequest(f"history[{i}].prompt", "must be a non-empty string")
+        turns.append(
+            (
+                unicode_text(turn["prompt"], f"history[{i}].prompt"),
+                unicode_text(turn["answer"], f"history[{i}].answer"),
+            )
+        )
+        chars += len(turn["prompt"]) + len(turn["answer"])
+    limit = settings.PLAYGROUND_MAX_PROMPT_CHARS
+    if chars > limit:
+        raise InvalidRequest(
+            "history",
+            f"the conversation is {chars:,} characters with this prompt; the limit is {limit:,}: start a new chat",
+        )
+    return turns
+
+
 def spec_from_frame(frame: dict, models: dict[str, dict]) -> JobSpec:
     """A `generate` frame -> JobSpec. Raises InvalidRequest naming the page's field."""
     prompt = frame.get("prompt")
@@ -105,6 +138,7 @@ def spec_from_frame(frame: dict, models: dict[str, dict]) -> JobSpec:
     if len(prompt) > settings.PLAYGROUND_MAX_PROMPT_CHARS:
         raise InvalidRequest("prompt", f"must be at most {settings.PLAYGROUND_MAX_PROMPT_CHARS} characters")
     unicode_text(prompt, "prompt")
+    history = history_turns(frame.get("history"), len(prompt))
     system = frame.get("system_prompt")
     system = "" if system is None else system
     if not isinstance(system, str):
@@ -133,8 +167,18 @@ def spec_from_frame(frame: dict, models: dict[str, dict]) -> JobSpec:
 
     if models[model].get("chat"):
         messages = [{"role": "system", "content": system}] if system else []
+        for earlier_prompt, answer in history:
+            messages += [
+                {"role": "user", "content": earlier_prompt},
+                {"role": "assistant", "content": answer},
+            ]
         messages.append({"role": "user", "content": prompt})
         return JobSpec(model=model, messages=messages, chat=True, params=params, source="web")
+    if history:
+        raise InvalidRequest(
+            "history",
+            f"{model} continues text and holds no conversation: start a new chat or pick a chat model",
+        )
     # A completion model has no roles: the system prompt is simply the start of the text.
     text = f"{system}\n\n{prompt}" if system else prompt
     return JobSpec(model=model, prompt=text, params=params, source="web")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import redis
 from django.conf import settings
 from django.shortcuts import get_object_or_404, render
@@ -32,6 +34,8 @@ PARAM_LABELS = {
     "repetition_penalty": "Repetition penalty",
     "seed": "Seed",
 }
+# Who said an earlier turn of a shared conversation
+SPEAKERS = {"user": "User", "assistant": "Model"}
 
 
 async def index(request):
@@ -57,10 +61,41 @@ async def form_values(generation_id: str | None) -> dict:
     if row is None:
         return form
     form.update(prompt=row.prompt, system_prompt=row.system_prompt, model=row.model, prefilled="true")
+    history = follow_up_history(row)
+    form["history"] = json.dumps(history) if history else ""  # the form's data-history, read by playground.js
     for param, field in PAGE_FIELDS.items():
         if row.params.get(param) is not None and field in form:
             form[field] = str(row.params[param])
     return form
+
+
+def earlier_messages(generation: Generation) -> list[dict]:
+    """A conversation's turns before the prompt the shared answer replies to (its last user turn); the
+    system turns are the system prompt, shown on their own."""
+    messages = [m for m in generation.messages or [] if m.get("role") != "system"]
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    return messages[: users[-1]] if users else []
+
+
+def earlier_turns(generation: Generation) -> list[tuple[str, str]]:
+    """(speaker, text) for each earlier turn, as the share page shows them."""
+    return [
+        (SPEAKERS.get(m.get("role"), m.get("role")), m.get("content", ""))
+        for m in earlier_messages(generation)
+    ]
+
+
+def follow_up_history(generation: Generation) -> list[dict]:
+    """The earlier turns as the page's conversation ([{prompt, answer}], oldest first) for "Try it yourself",
+    when they alternate as the page's own do; else none (an API client's conversation may not)."""
+    earlier = earlier_messages(generation)
+    roles = [m.get("role") for m in earlier]
+    if roles != ["user", "assistant"] * (len(earlier) // 2):
+        return []
+    return [
+        {"prompt": q["content"], "answer": a["content"]}
+        for q, a in zip(earlier[::2], earlier[1::2], strict=True)
+    ]
 
 
 def stat_rows(generation: Generation) -> list[tuple[str, str]]:
@@ -105,6 +140,7 @@ def generation(request, generation_id: str):
     context = {
         "generation": row,
         "stats": stat_rows(row),
+        "earlier": earlier_turns(row),
         "params": param_rows(row),
         "finish": finish_label(row),
         "try_url": reverse("index") + "?" + urlencode({"from": row.pk}),

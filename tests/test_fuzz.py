@@ -48,7 +48,7 @@ json_values = st.recursive(
     max_leaves=12,
 )
 FRAME_FIELDS = ["prompt", "model", "system_prompt", "temperature", "top_p", "top_k", "max_tokens", "seed",
-                "repetition_penalty", "job_id", "after"]  # fmt: skip
+                "repetition_penalty", "history", "job_id", "after"]  # fmt: skip
 typed_frames = st.fixed_dictionaries(
     {"type": st.sampled_from(["generate", "stop", "resume", "Generate", ""]) | json_values},
     optional={name: json_values for name in FRAME_FIELDS},
@@ -138,6 +138,7 @@ WRONG_TYPES = {
     "top_k": NOT_AN_INTEGER,
     "max_tokens": NOT_AN_INTEGER,
     "seed": NOT_AN_INTEGER,
+    "history": st.text() | st.integers() | st.booleans() | st.just({"prompt": "a", "answer": "b"}),
 }
 
 

@@ -472,6 +472,99 @@ def test_the_context_limit_caps_max_tokens_and_is_named_when_reached(server, def
     assert "max tokens" not in page.text_content("#state")
 
 
+# ---- 8b. a conversation --------------------------------------------------------------------------
+
+
+def test_a_follow_up_sends_the_earlier_turns_keeps_them_over_a_reload_and_a_new_chat_drops_them(
+    server, default_model, page
+):
+    from inference.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_dir(default_model)
+
+    def prompt_tokens(messages: list[dict]) -> str:  # as the page shows them, counted here independently
+        return f"{len(tokenizer.encode(tokenizer.apply_chat_template(messages), add_special=False))} tokens"
+
+    open_playground(page, server.url, model=default_model.name)
+    page.fill("#temperature", "0")
+    assert (
+        page.is_hidden("#conversation")
+        and page.is_hidden("#conversation-note")
+        and page.is_hidden("#follow-up")
+    )
+    first_prompt, follow_up = "def greet(name):\n", "# now say goodbye to <b>everyone</b>\n"
+    generate(page, first_prompt, 24)
+    wait_for_state(page, "done", timeout=60_000)
+    first_answer = page.text_content("#output")
+    assert first_answer and page.is_visible("#follow-up")
+
+    page.click("#follow-up")  # the exchange moves into the earlier turns; the prompt box waits for the next
+    assert page.text_content("#conversation-summary") == "Earlier turns · 1"
+    assert page.locator("#conversation-turns .turn-speaker").all_text_contents() == ["You", "Model"]
+    assert page.locator("#conversation-turns pre").all_text_contents() == [first_prompt, first_answer]
+    assert "follows up on 1 earlier turn" in page.text_content("#conversation-note")
+    assert page.input_value("#prompt") == "" and page.evaluate("document.activeElement.id") == "prompt"
+    assert (
+        page.text_content("#output") == ""
+        and page.is_hidden("#follow-up")
+        and page.is_hidden("#share-actions")
+    )
+
+    page.reload()  # the conversation belongs to the tab: a reload keeps it
+    page.wait_for_selector("#worker-status[data-up=true]", timeout=15_000)
+    assert page.locator("#conversation-turns pre").all_text_contents() == [first_prompt, first_answer]
+    generate(page, follow_up, 8)
+    wait_for_state(page, "done", timeout=60_000)
+    turns = [
+        {"role": "user", "content": first_prompt},
+        {"role": "assistant", "content": first_answer},
+        {"role": "user", "content": follow_up},
+    ]
+    assert page.text_content("#stat-prompt-tokens") == prompt_tokens(turns)  # the model read all three
+
+    page.goto(server.url + page.get_attribute("#share", "href"))  # the share page has the whole conversation
+    assert page.locator("#share-turns pre").all_text_contents() == [first_prompt, first_answer]
+    assert page.text_content("#share-prompt") == follow_up
+    page.click("#try-it")  # ... and offers it again, ready for another follow-up
+    page.wait_for_selector("#worker-status[data-up=true]", timeout=15_000)
+    assert page.input_value("#prompt") == follow_up
+    assert page.locator("#conversation-turns pre").all_text_contents() == [first_prompt, first_answer]
+
+    page.click("#new-chat")
+    assert page.is_hidden("#conversation") and page.is_hidden("#conversation-note")
+    assert page.evaluate("document.activeElement.id") == "prompt"
+    page.click("#generate")
+    wait_for_state(page, "done", timeout=60_000)
+    assert page.text_content("#stat-prompt-tokens") == prompt_tokens(turns[-1:])
+    assert page.locator("#conversation-turns li").count() == 0
+    assert page.errors == []
+
+
+def test_a_conversation_past_the_context_is_refused_with_the_way_out(server, default_model, page):
+    long_turn = {"prompt": prompt_of_tokens(default_model, 1030, 1100), "answer": "pass"}
+    stored = json.dumps({"form": {"model": default_model.name}, "conversation": [long_turn]})
+    # a conversation that grew past the model's 1,024 tokens, as the tab keeps it (set before the page loads)
+    page.add_init_script(f"sessionStorage.setItem('kog-playground', {json.dumps(stored)})")
+    open_playground(page, server.url, model=default_model.name)
+    assert page.text_content("#conversation-summary") == "Earlier turns · 1"
+    generate(page, "# and then?\n", 8)
+    wait_for_state(page, "error", timeout=60_000)
+    state = page.text_content("#state")
+    assert "1,024-token context" in state or "1024-token context" in state, state
+    assert "New chat starts afresh" in state
+    page.click("#new-chat")
+    page.click("#generate")
+    wait_for_state(page, "done", timeout=60_000)
+    assert page.errors == []
+
+
+def test_a_completion_model_offers_no_follow_up(server, page):
+    open_playground(page, server.url)
+    generate(page, "def echo():\n", 12)
+    wait_for_state(page, "done")
+    assert page.is_visible("#copy") and page.is_hidden("#follow-up")
+
+
 # ---- 9. keys ---------------------------------------------------------------------------------------
 
 

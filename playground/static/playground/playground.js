@@ -11,6 +11,8 @@
  * Reconnects: every stream frame has an entry id; the page applies each id once and in order, and
  * after a reconnect asks for the entries after the last one it applied. A reload keeps the form and
  * the run's job id in sessionStorage and replays the run from its first entry.
+ * Conversations: "Follow up" moves a chat run's prompt and answer into the earlier turns, which go with
+ * the next prompt as its history (the server renders them through the model's chat template).
  */
 (function () {
   "use strict";
@@ -29,6 +31,7 @@
   let run = newRun(); // the run the page shows
   let request = null; // a generate frame on its way: {frame, at, sent}, until its job id comes back
   let models = {}; // name -> {chat, max_context}, from the latest workers frame
+  let conversation = []; // the earlier turns the next prompt follows up on: [{prompt, answer}], oldest first
   let frameRequested = false;
   let persistTimer = null; // a form save waiting for the typing to pause
   const retry = { timer: null, count: 0 };
@@ -38,7 +41,7 @@
       phase: "idle", jobId: null, lastId: "0-0", note: "", model: "", maxTokens: null,
       chat: false, prompt: "", system: "", context: "", stopRequested: false, restored: false,
       pending: [], text: "", n: 0, t: 0, tFirst: null, queue: null,
-      startedAt: 0, endedAt: null, stats: null,
+      startedAt: 0, endedAt: null, stats: null, outcome: "",
     };
   }
 
@@ -76,7 +79,7 @@
       endedAt: run.endedAt === null ? null : Date.now() - (performance.now() - run.endedAt),
     };
     try {
-      sessionStorage.setItem(STORE_KEY, JSON.stringify({ form: formValues(), job: job || null }));
+      sessionStorage.setItem(STORE_KEY, JSON.stringify({ form: formValues(), job: job || null, conversation }));
     } catch (err) {
       // full or disabled storage: a reload then starts afresh, nothing else changes
     }
@@ -122,13 +125,83 @@
   function restoreFromLoad() {
     const saved = readStore();
     if (ui.form.dataset.prefilled === "true") {
-      // "Try it yourself" on a share page: its values win, and the address loses ?from= so that a
-      // reload keeps what the person types from here on
+      // "Try it yourself" on a share page: its values win (its conversation too), and the address
+      // loses ?from= so that a reload keeps what the person types from here on
       history.replaceState(history.state, "", location.pathname);
-    } else if (saved.form) {
-      restoreForm(saved.form);
+      setConversation(ui.form.dataset.history ? JSON.parse(ui.form.dataset.history) : []);
+    } else {
+      if (saved.form) restoreForm(saved.form);
+      setConversation(saved.conversation);
     }
     restoreRun(saved.job);
+    persist();
+  }
+
+  // ---- a conversation ----------------------------------------------------------------------------
+
+  function setConversation(turns) {
+    const valid = (turn) => turn && typeof turn.prompt === "string" && typeof turn.answer === "string";
+    conversation = Array.isArray(turns) ? turns.filter(valid) : [];
+    renderConversation();
+  }
+
+  // The earlier turns above the output, each as text; the prompt's label says the next one follows up.
+  function renderConversation() {
+    const items = [];
+    for (const turn of conversation) {
+      for (const [speaker, text] of [["You", turn.prompt], ["Model", turn.answer]]) {
+        const item = document.createElement("li");
+        item.className = "turn";
+        const who = document.createElement("span");
+        who.className = "turn-speaker";
+        who.textContent = speaker;
+        const box = document.createElement("pre");
+        box.className = "prompt-box";
+        window.kogHighlight.appendText(box, text);
+        item.append(who, box);
+        items.push(item);
+      }
+    }
+    ui.conversationTurns.replaceChildren(...items);
+    ui.conversationTurns.scrollTop = ui.conversationTurns.scrollHeight; // the latest turn in view
+    const n = conversation.length;
+    const turns = `${n} earlier turn${n === 1 ? "" : "s"}`;
+    ui.conversation.hidden = !n;
+    ui.conversationNote.hidden = !n;
+    setText(ui.conversationSummary, `Earlier turns · ${n}`);
+    setText(ui.conversationCount, `follows up on ${turns}`);
+    ui.prompt.placeholder = n ? "Ask a follow-up: the model reads the earlier turns." : ui.prompt.dataset.placeholder;
+    showFollowUp();
+  }
+
+  // A chat run that ended with an answer can be followed up on (still after a refused request, which
+  // leaves it on screen).
+  function showFollowUp() {
+    const answered = run.outcome === "done" || run.outcome === "stopped";
+    ui.followUp.hidden = !(answered && run.chat && run.text && !request && !ACTIVE.has(run.phase));
+  }
+
+  function followUp() {
+    if (ui.followUp.hidden) return;
+    setConversation([...conversation, { prompt: run.prompt, answer: run.text }]);
+    run = newRun();
+    ui.output.replaceChildren();
+    delete ui.output.dataset.streamCheck;
+    delete ui.output.dataset.language;
+    showContext();
+    ui.finalStats.hidden = true;
+    ui.copy.hidden = true;
+    ui.shareActions.hidden = true;
+    setPhase("idle");
+    renderCounters(performance.now());
+    ui.prompt.value = "";
+    ui.prompt.focus();
+    persist();
+  }
+
+  function newChat() {
+    setConversation([]);
+    ui.prompt.focus();
     persist();
   }
 
@@ -144,6 +217,7 @@
       temperature: number(ui.temperature),
       top_p: number(ui.topP),
       max_tokens: number(ui.maxTokens),
+      history: conversation.length ? conversation : undefined,
     };
   }
 
@@ -266,7 +340,7 @@
         finishDone(frame);
         break;
       case "error":
-        finish("error", frame.message || frame.code);
+        finish("error", errorNote(frame));
         break;
     }
   }
@@ -323,6 +397,13 @@
     return "reached max tokens";
   }
 
+  // A follow-up that the model's context cannot hold: the way out is a conversation afresh.
+  function errorNote(frame) {
+    const message = frame.message || frame.code;
+    if (frame.code !== "context_length_exceeded" || !conversation.length) return message;
+    return `${message} · the conversation no longer fits: New chat starts afresh`;
+  }
+
   function finishDone(frame) {
     flushPending();
     // The server's copy is the reference; the check is kept on the element for tests and benchmarks.
@@ -347,6 +428,7 @@
     flushPending();
     if (run.endedAt === null) run.endedAt = performance.now();
     run.restored = false;
+    run.outcome = phase;
     setPhase(phase, note);
     renderCounters(run.endedAt);
     ui.copy.hidden = !run.text; // a run that failed midway (its worker lost) keeps its text, to copy too
@@ -537,6 +619,7 @@
     passFocus(focused);
     ui.app.dataset.phase = phase;
     ui.app.dataset.active = active ? "true" : "false"; // shows the phone's run bar
+    showFollowUp();
   }
 
   // A focused button that gets disabled drops the keyboard focus (and a screen reader's place) to the
@@ -678,10 +761,13 @@
       statPrefill: "stat-prefill", statTtft: "stat-ttft", statDecode: "stat-decode", statTotal: "stat-total",
       statBandwidth: "stat-bandwidth", bandwidthRow: "stat-bandwidth-row",
       workerStatus: "worker-status", workerText: "worker-text",
-      workerBusy: "worker-busy",
+      workerBusy: "worker-busy", followUp: "follow-up", newChat: "new-chat", conversation: "conversation",
+      conversationTurns: "conversation-turns", conversationSummary: "conversation-summary",
+      conversationNote: "conversation-note", conversationCount: "conversation-count",
     };
     for (const [key, id] of Object.entries(ids)) ui[key] = document.getElementById(id);
     if (!ui.app) return;
+    ui.prompt.dataset.placeholder = ui.prompt.placeholder;
 
     ui.form.addEventListener("submit", (event) => event.preventDefault()); // htmx sends it over the socket
     ui.form.addEventListener("keydown", onFormKey);
@@ -701,6 +787,8 @@
     ui.stop.addEventListener("click", requestStop);
     ui.copy.addEventListener("click", copyOutput);
     ui.copyLink.addEventListener("click", copyShareLink);
+    ui.followUp.addEventListener("click", followUp);
+    ui.newChat.addEventListener("click", newChat);
     ui.retry.addEventListener("click", reconnectNow);
     window.addEventListener("online", reconnectNow);
     document.addEventListener("visibilitychange", () => {

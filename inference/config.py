@@ -15,6 +15,7 @@ from typing import Any
 
 MODEL_TYPES = ("laneformer_tp", "llama", "qwen2", "qwen3")
 LM_HEAD_TYPES = ("replicate", "lane", "vocab_parallel")
+QWEN3_HEAD_DIM = 128  # transformers' Qwen3Config default, for a config.json that leaves head_dim out
 
 
 class ConfigError(ValueError):
@@ -231,6 +232,8 @@ def _parse(raw: dict[str, Any]) -> ModelConfig:
     if hidden < 1 or heads < 1:
         raise ConfigError("hidden_size" if hidden < 1 else "num_attention_heads", "must be positive")
     head_dim = None if laneformer else get("head_dim", None)
+    if head_dim is None and model_type == "qwen3":
+        head_dim = QWEN3_HEAD_DIM  # Qwen3's own default, not hidden / heads (64 or 80 on Qwen3-0.6B, 4B, 32B)
     if head_dim is None:
         if hidden % heads:
             raise ConfigError(

@@ -18,12 +18,17 @@ from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 
+from jinja2 import nodes
 from jinja2.exceptions import TemplateError
+from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
 from inference.checkpoint import CheckpointError
 from inference.events import InvalidRequest
+
+# The special tokens a template may name, as tokenizer_config.json (or special_tokens_map.json) spells them
+SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
 class Tokenizer:
@@ -74,14 +79,21 @@ class Tokenizer:
         except Exception as e:  # the Rust parser's errors are one-line already
             raise CheckpointError(f"{tok_file}: cannot be parsed: {e}") from None
         config = _read_json(path / "tokenizer_config.json")
+        # The legacy layout (a tokenizer_config.json without added_tokens_decoder) names the special tokens in
+        # special_tokens_map.json, whose names then win, as transformers reads them; later exports ignore it.
+        if "added_tokens_decoder" not in config:
+            special_map = _read_json(path / "special_tokens_map.json")
+            config.update({key: value for key, value in special_map.items() if key in SPECIAL_TOKEN_KEYS})
         # transformers >= 4.50 saves the template as chat_template.jinja (no longer in tokenizer_config.json);
         # where both exist, the file wins, as in transformers.
         template_file = path / "chat_template.jinja"
+        template_source = path / "tokenizer_config.json"
         if template_file.is_file():
             try:
                 config["chat_template"] = template_file.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as e:
                 raise CheckpointError(f"{template_file}: cannot be read ({e})") from None
+            template_source = template_file
         model_config = _read_json(path / "config.json")
         generation = _read_json(path / "generation_config.json")
 
@@ -98,7 +110,14 @@ class Tokenizer:
             return [] if token_id is None else [token_id]
 
         bos = special("bos")
-        return cls(tok, config, bos[0] if bos else None, frozenset(special("eos")))
+        tokenizer = cls(tok, config, bos[0] if bos else None, frozenset(special("eos")))
+        if tokenizer.chat_template is not None:
+            # A template that cannot compile fails here, naming the file, not in every chat request later.
+            try:
+                _compile(tokenizer.chat_template)
+            except TemplateError as e:
+                raise CheckpointError(f"{template_source}: the chat template does not compile: {e}") from None
+        return tokenizer
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
         ids = self._tok.encode(text, add_special_tokens=False).ids
@@ -248,11 +267,26 @@ def _encode_piece(tok: HFTokenizer, text: str, first: bool) -> list[int]:
     return tok.encode(text, add_special_tokens=False).ids
 
 
+class _GenerationMarks(Extension):
+    """`{% generation %} ... {% endgeneration %}` around an assistant's text: templates written for training
+    (TRL's assistant-only loss) mark what the model wrote; a prompt renders the contents as they are."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_contents"), [], [], body).set_lineno(lineno)
+
+    def _contents(self, caller):
+        return caller()
+
+
 @lru_cache(maxsize=16)
 def _compile(template: str):
     # The environment transformers renders chat templates in, so that real templates behave the same.
     env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _GenerationMarks]
     )
 
     def raise_exception(message):

@@ -55,6 +55,12 @@ CASES = {
         dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=48, vocab_size=1001,
              tie_word_embeddings=False),
     ),
+    # head_dim left out of config.json, as hand-written configs do: Qwen3's default is 128, not hidden / heads
+    "qwen3-no-head-dim-tied": (
+        "Qwen3ForCausalLM",
+        "Qwen3Config",
+        dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=300, tie_word_embeddings=True),
+    ),
     "qwen3-1kv-tied": (
         "Qwen3ForCausalLM",
         "Qwen3Config",
@@ -112,6 +118,11 @@ def build_hf_model(case: str, path, **save_options):
             else:
                 p.normal_(0.0, 0.1)
     model.save_pretrained(path, **save_options)
+    if "head_dim" not in options:  # config.json without it (transformers writes its default)
+        config_file = path / "config.json"
+        config_file.write_text(
+            json.dumps({k: v for k, v in json.loads(config_file.read_text()).items() if k != "head_dim"})
+        )
     return model
 
 

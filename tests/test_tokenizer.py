@@ -329,3 +329,62 @@ def test_template_environment_is_the_one_transformers_renders_in(tmp_path):
     transformers = pytest.importorskip("transformers")
     theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
     assert ours == theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+# A ChatML template as TRL's assistant-only training writes it: the model's own text inside generation marks.
+MARKED_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.role == 'assistant' %}{% generation %}{{ m.content }}<|im_end|>{% endgeneration %}"
+    "{% else %}{{ m.content }}<|im_end|>{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_template_with_generation_marks_renders_their_contents_as_transformers_does(tmp_path):
+    tok = _with_template(tmp_path, MARKED_TEMPLATE)
+    messages = [
+        {"role": "user", "content": "def f():"},
+        {"role": "assistant", "content": "    return 1"},
+        {"role": "user", "content": "and g?"},
+    ]
+    ours = tok.apply_chat_template(messages)
+    unmarked = MARKED_TEMPLATE.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    assert ours == _with_template(tmp_path / "unmarked", unmarked).apply_chat_template(messages)
+    assert "assistant\n    return 1<|im_end|><|im_start|>user\nand g?" in ours and tok.encode_chat(messages)
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    assert ours == theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def test_a_template_that_cannot_compile_is_refused_at_load_naming_the_file(tmp_path):
+    with pytest.raises(
+        CheckpointError, match="tokenizer_config.json: the chat template does not compile.*'tool'"
+    ):
+        _with_template(tmp_path, "{% tool %}{{ messages }}{% endtool %}")
+    (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }")
+    with pytest.raises(CheckpointError, match="chat_template.jinja: the chat template does not compile"):
+        Tokenizer.from_dir(tmp_path)
+
+
+def test_the_legacy_layout_names_its_special_tokens_in_special_tokens_map_json(tmp_path):
+    # an older export: no added_tokens_decoder in tokenizer_config.json, the names in special_tokens_map.json
+    tok = train_bpe([PLAIN_TEXT * 5], 400, "bytelevel", ["<|begin|>", "<|end|>"])
+    template = "{{ bos_token }}{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}"
+    write_tokenizer_files(tmp_path, tok, style="bytelevel", bos=None, eos=None, chat_template=template)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    legacy = {k: v for k, v in config.items() if k not in ("added_tokens_decoder", "bos_token", "eos_token")}
+    transformers = pytest.importorskip("transformers")
+    messages = [{"role": "user", "content": "x = 1"}]
+    special_map = {"bos_token": {"content": "<|begin|>", "special": True}, "eos_token": "<|end|>"}
+    (tmp_path / "special_tokens_map.json").write_text(json.dumps(special_map))
+    # the map's names win over tokenizer_config.json's (a null too) in that layout; a later export ignores it
+    for tokenizer_config, rendered, eos_ids in [
+        (legacy, "<|begin|>x = 1<|end|>", {1}),
+        ({**legacy, "bos_token": None, "eos_token": "<|begin|>"}, "<|begin|>x = 1<|end|>", {1}),
+        ({**legacy, "added_tokens_decoder": config["added_tokens_decoder"]}, "x = 1", set()),
+    ]:
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+        loaded = Tokenizer.from_dir(tmp_path)
+        assert (loaded.apply_chat_template(messages), loaded.eos_ids) == (rendered, eos_ids)
+        theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+        assert theirs.apply_chat_template(messages, tokenize=False) == rendered

@@ -107,7 +107,8 @@ def stat_rows(generation: Generation) -> list[tuple[str, str]]:
         ("Completion tokens", f"{generation.completion_tokens:,}"),
         ("Prefill", ms(generation.prefill_ms)),
         ("Time to first token", ms(generation.ttft_ms)),
-        ("Decode", f"{generation.decode_tok_s:,.1f} tok/s" if generation.decode_tok_s is not None else "–"),
+        # a one-token run has no decode rate: the rate counts the gaps after the first token
+        ("Decode", f"{generation.decode_tok_s:,.1f} tok/s" if generation.decode_tok_s else "–"),
         ("Total", ms(generation.total_ms)),
     ]
     if generation.bandwidth_gbs is not None:

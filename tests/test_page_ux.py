@@ -293,6 +293,31 @@ def test_on_a_phone_stop_and_the_live_speed_stay_on_screen_while_the_output_stre
         page.context.close()
 
 
+@pytest.mark.parametrize("width", [960, 1024, 1280])
+def test_the_meters_hold_their_numbers_at_every_desktop_width(server, browser, width):
+    page = new_page(browser, viewport={"width": width, "height": 860})
+    try:
+        open_playground(page, server.url)
+        generate(page, "x", 1000)  # four-digit counts: "1000 tok"
+        wait_for_state(page, "done")
+        overflowing = page.evaluate("""() => Array.from(document.querySelectorAll(".meter"))
+            .filter((m) => m.scrollWidth > m.clientWidth || m.getBoundingClientRect().right >
+                           document.querySelector(".meters").getBoundingClientRect().right + 0.5)
+            .map((m) => m.textContent.trim())""")
+        assert overflowing == [], overflowing
+    finally:
+        page.context.close()
+
+
+def test_a_one_token_run_says_it_has_no_decode_rate(server, page):
+    open_playground(page, server.url)
+    generate(page, "x", 1)
+    wait_for_state(page, "done")
+    assert page.text_content("#stat-decode") == "– · 1 token"
+    page.goto(server.url + page.get_attribute("#share", "href"))
+    assert re.search(r"Decode\s*–", page.text_content(".final-stats:not(#params)")), page.text_content("main")
+
+
 # ---- 4b. following the output ------------------------------------------------------------------------
 
 BOX_GAP = "() => { const b = document.getElementById('output-box'); return b.scrollHeight - b.scrollTop - b.clientHeight; }"
@@ -408,6 +433,24 @@ def test_a_completion_is_shown_and_copied_after_the_prompt_it_continues(server, 
 
 
 # ---- 7. a refused request keeps what was there ------------------------------------------------------
+
+
+def test_on_a_phone_a_refused_field_is_brought_into_view(server, browser):
+    phone = new_page(browser, **PHONE_3X)
+    try:
+        open_playground(phone, server.url)
+        generate(phone, "   ", 5)  # refused by the server: a prompt of blanks (the output was scrolled to)
+        wait_for_state(phone, "error")
+        phone.wait_for_timeout(800)  # any smooth scroll has ended
+        box = phone.evaluate("(() => { const r = document.getElementById('prompt').getBoundingClientRect();"
+                             " return {top: r.top, bottom: r.bottom, height: innerHeight}; })()")  # fmt: skip
+        assert box["bottom"] > 0 and box["top"] < box["height"], box
+        assert phone.evaluate("document.activeElement.id") == "prompt"
+        assert "prompt" in phone.text_content("#prompt-error") and phone.is_visible("#prompt-error")
+        phone.fill("#prompt", "def fine():\n")  # editing the prompt clears what was said of it
+        assert phone.is_hidden("#prompt-error")
+    finally:
+        phone.context.close()
 
 
 def test_a_refused_request_keeps_the_last_output(server, page):
@@ -599,6 +642,27 @@ def test_the_keyboard_focus_goes_from_generate_to_stop_and_back(server, page):
     assert int(page.text_content("#tokens")) < 1000
 
 
+def test_at_900px_and_less_the_focus_comes_back_to_generate_when_a_run_ends(server, browser):
+    page = new_page(
+        browser, viewport={"width": 900, "height": 800}
+    )  # the run bar hides Generate while it runs
+    try:
+        open_playground(page, server.url)
+        page.fill("#prompt", "def short():\n")
+        page.fill("#max-tokens", "40")
+        page.focus("#generate")
+        page.keyboard.press("Enter")
+        wait_for_state(page, "done")
+        page.wait_for_function("() => document.activeElement.id === 'generate'", timeout=5_000)
+        page.keyboard.press("Enter")  # and Enter runs again
+        page.wait_for_function(
+            "() => document.getElementById('state').dataset.state !== 'done'", timeout=5_000
+        )
+        wait_for_state(page, "done")
+    finally:
+        page.context.close()
+
+
 def record_announcements(page) -> None:
     """From now on, window.announced lists each change of a live region's text: what a screen reader says."""
     page.evaluate("""() => {
@@ -652,6 +716,53 @@ def test_stopping_a_queued_run_says_it_never_started(server, browser):
     finally:
         first.context.close()
         second.context.close()
+
+
+def slow_server_frames(page, delay_ms: int) -> None:
+    """Every frame from the server reaches the page `delay_ms` late, in order (a slow phone network)."""
+    page.add_init_script(
+        f"const delay = {delay_ms};"
+        """
+        const Native = window.WebSocket;
+        window.WebSocket = class extends Native {
+            constructor(url, protocols) {
+                super(url, protocols);
+                this.addEventListener("message", (event) => {
+                    if (event.late) return;
+                    event.stopImmediatePropagation();
+                    setTimeout(() => {
+                        const late = new MessageEvent("message", { data: event.data });
+                        late.late = true;
+                        this.dispatchEvent(late);
+                    }, delay);
+                });
+            }
+        };"""
+    )
+
+
+def test_stop_pressed_before_the_job_has_an_id_stops_it(server, page):
+    slow_server_frames(page, 400)  # the job's id comes back ~0.4 s after Generate
+    open_playground(page, server.url)
+    prompt = numbered_lines(100)
+
+    def stopped_early(start, stop) -> None:
+        start()
+        assert page.get_attribute("#state", "data-state") == "sending"
+        assert page.is_enabled("#stop")
+        stop()
+        assert page.get_attribute("#state", "data-state") == "stopping"
+        page.wait_for_selector("#state[data-state=stopped], #state[data-state=cancelled]", timeout=15_000)
+        assert int(page.text_content("#tokens")) < 600  # 1.5 s of tokens, had the stop been lost
+
+    page.fill("#prompt", prompt)
+    page.fill("#max-tokens", "600")
+    page.focus("#prompt")
+    # the page's first run (no job before it), by the keys; then after a stopped run, by the buttons
+    stopped_early(lambda: page.keyboard.press("Control+Enter"), lambda: page.keyboard.press("Escape"))
+    stopped_early(lambda: page.click("#generate"), lambda: page.click("#stop"))
+    stopped_early(lambda: page.click("#generate"), lambda: page.click("#stop"))
+    assert page.errors == []
 
 
 def long_run_through_a_proxy(server, page) -> tuple[Proxy, str]:

@@ -201,6 +201,7 @@
 
   function newChat() {
     setConversation([]);
+    clearPromptError();
     ui.prompt.focus();
     persist();
   }
@@ -240,14 +241,13 @@
     const tooLong = promptTooLong();
     if (tooLong) {
       event.preventDefault();
-      markInvalid("prompt");
+      markInvalid("prompt", tooLong);
       return refuse(tooLong);
     }
     const frame = generateFrame();
     event.detail.messageBody = JSON.stringify(frame);
     request = { frame, at: performance.now(), sent: false };
     setPhase("sending");
-    revealOutput();
     requestRender();
   }
 
@@ -258,7 +258,7 @@
   // The server took the request (its first frame names the job): only now does the last run's
   // output make way, so a refused request leaves it in place.
   function acceptJob(jobId) {
-    const frame = request.frame;
+    const { frame, stopRequested } = request;
     run = Object.assign(newRun(), {
       jobId, model: frame.model, chat: !!(models[frame.model] || {}).chat, prompt: frame.prompt,
       system: frame.system_prompt, maxTokens: frame.max_tokens ?? null, startedAt: request.at,
@@ -268,16 +268,25 @@
     delete ui.output.dataset.streamCheck;
     delete ui.output.dataset.language;
     for (const el of document.querySelectorAll(".invalid")) el.classList.remove("invalid");
+    clearPromptError();
     ui.finalStats.hidden = true;
     ui.copy.hidden = true;
     ui.shareActions.hidden = true;
     showContext();
     followOutput();
+    // only now: a refused request leaves the page where it was, at the field it names (on a phone, far above)
+    revealOutput();
     setPhase("sending");
     persist();
+    if (stopRequested) requestStop(); // Stop was pressed before the job had an id: it stops now
   }
 
   function requestStop() {
+    if (request) {
+      // the request is on its way and its job has no id yet: stop it the moment the id comes back
+      request.stopRequested = true;
+      return setPhase("stopping");
+    }
     if (!run.jobId || !ACTIVE.has(run.phase) || run.stopRequested) return;
     run.stopRequested = true;
     if (connection === "open") {
@@ -347,7 +356,7 @@
 
   function requestError(frame) {
     // A refused request (bad field, busy, queue full) or a broken frame: the socket stays usable.
-    if (frame.param) markInvalid(frame.param);
+    if (frame.param) markInvalid(frame.param, frame.message);
     if (request) {
       request = null;
       return refuse(frame.message);
@@ -374,11 +383,24 @@
     flashNote(wasRestored ? "the last run has expired on the server" : "the server no longer has this run");
   }
 
-  function markInvalid(param) {
-    const field = document.getElementById(FIELD_IDS[param] || "");
+  // The field a refusal names, in view and focused; what is wrong with the prompt (or the conversation it
+  // follows up on) is said under it too, where a phone shows it (the status line is far below there).
+  function markInvalid(param, message) {
+    const conversation = param.startsWith("history");
+    if ((param === "prompt" || conversation) && message) {
+      ui.promptError.textContent = message;
+      ui.promptError.hidden = false;
+    }
+    const field = document.getElementById(conversation ? "prompt" : FIELD_IDS[param] || "");
     if (!field) return;
-    field.classList.add("invalid");
-    field.focus();
+    if (!conversation) field.classList.add("invalid");
+    field.focus({ preventScroll: true });
+    field.scrollIntoView({ block: "nearest" });
+  }
+
+  function clearPromptError() {
+    ui.promptError.hidden = true;
+    ui.promptError.textContent = "";
   }
 
   function finishNote(frame) {
@@ -592,7 +614,10 @@
     setText(ui.statPromptTokens, `${stats.prompt_tokens} tokens`);
     setText(ui.statPrefill, ms(stats.prefill_ms));
     setText(ui.statTtft, ms(stats.ttft_ms));
-    setText(ui.statDecode, `${formatRate(stats.decode_tok_s)} tok/s · ${stats.completion_tokens} tokens`);
+    // one token has no decode rate (the rate counts the gaps after the first)
+    const rate = stats.decode_tok_s > 0 ? `${formatRate(stats.decode_tok_s)} tok/s` : "–";
+    const n = stats.completion_tokens;
+    setText(ui.statDecode, `${rate} · ${n} token${n === 1 ? "" : "s"}`);
     setText(ui.statTotal, ms(stats.total_ms));
     const peak = stats.peak_bandwidth_gbs;
     ui.bandwidthRow.hidden = !peak;
@@ -615,10 +640,11 @@
     const active = ACTIVE.has(phase);
     const focused = document.activeElement;
     ui.generate.disabled = active;
-    ui.stop.disabled = !active || !run.jobId || phase === "stopping";
-    passFocus(focused);
+    ui.stop.disabled = !active || phase === "stopping" || !(run.jobId || request);
+    // before the focus moves: on a phone the run bar hides Generate, which cannot take the focus while hidden
     ui.app.dataset.phase = phase;
     ui.app.dataset.active = active ? "true" : "false"; // shows the phone's run bar
+    passFocus(focused);
     showFollowUp();
   }
 
@@ -739,7 +765,8 @@
   }
 
   function onDocumentKey(event) {
-    if (event.key !== "Escape" || event.defaultPrevented || !run.jobId || !ACTIVE.has(run.phase)) return;
+    if (event.key !== "Escape" || event.defaultPrevented) return;
+    if (!request && !(run.jobId && ACTIVE.has(run.phase))) return;
     event.preventDefault();
     requestStop();
   }
@@ -763,7 +790,7 @@
       workerStatus: "worker-status", workerText: "worker-text",
       workerBusy: "worker-busy", followUp: "follow-up", newChat: "new-chat", conversation: "conversation",
       conversationTurns: "conversation-turns", conversationSummary: "conversation-summary",
-      conversationNote: "conversation-note", conversationCount: "conversation-count",
+      conversationNote: "conversation-note", conversationCount: "conversation-count", promptError: "prompt-error",
     };
     for (const [key, id] of Object.entries(ids)) ui[key] = document.getElementById(id);
     if (!ui.app) return;
@@ -773,6 +800,7 @@
     ui.form.addEventListener("keydown", onFormKey);
     ui.form.addEventListener("input", (event) => {
       event.target.classList.remove("invalid");
+      if (event.target === ui.prompt) clearPromptError();
       if (event.target === ui.maxTokens) updateTokenLimit();
       persistSoon();
     });

@@ -29,7 +29,8 @@
   let socket = null; // the ws extension's socket wrapper: send() queues while disconnected
   let connection = "connecting"; // connecting | open | closed
   let run = newRun(); // the run the page shows
-  let request = null; // a generate frame on its way: {frame, at, sent}, until its job id comes back
+  // a generate frame on its way: {frame, at, sent, stopRequested}, until its job id comes back
+  let request = null;
   let models = {}; // name -> {chat, max_context}, from the latest workers frame
   let conversation = []; // the earlier turns the next prompt follows up on: [{prompt, answer}], oldest first
   let frameRequested = false;
@@ -79,7 +80,8 @@
       endedAt: run.endedAt === null ? null : Date.now() - (performance.now() - run.endedAt),
     };
     try {
-      sessionStorage.setItem(STORE_KEY, JSON.stringify({ form: formValues(), job: job || null, conversation }));
+      const saved = { form: formValues(), job: job || null, conversation };
+      sessionStorage.setItem(STORE_KEY, JSON.stringify(saved));
     } catch (err) {
       // full or disabled storage: a reload then starts afresh, nothing else changes
     }
@@ -170,7 +172,8 @@
     ui.conversationNote.hidden = !n;
     setText(ui.conversationSummary, `Earlier turns · ${n}`);
     setText(ui.conversationCount, `follows up on ${turns}`);
-    ui.prompt.placeholder = n ? "Ask a follow-up: the model reads the earlier turns." : ui.prompt.dataset.placeholder;
+    const followUpHint = "Ask a follow-up: the model reads the earlier turns.";
+    ui.prompt.placeholder = n ? followUpHint : ui.prompt.dataset.placeholder;
     showFollowUp();
   }
 
@@ -386,14 +389,14 @@
   // The field a refusal names, in view and focused; what is wrong with the prompt (or the conversation it
   // follows up on) is said under it too, where a phone shows it (the status line is far below there).
   function markInvalid(param, message) {
-    const conversation = param.startsWith("history");
-    if ((param === "prompt" || conversation) && message) {
+    const aboutHistory = param.startsWith("history"); // the earlier turns: no field of their own
+    if ((param === "prompt" || aboutHistory) && message) {
       ui.promptError.textContent = message;
       ui.promptError.hidden = false;
     }
-    const field = document.getElementById(conversation ? "prompt" : FIELD_IDS[param] || "");
+    const field = document.getElementById(aboutHistory ? "prompt" : FIELD_IDS[param] || "");
     if (!field) return;
-    if (!conversation) field.classList.add("invalid");
+    if (!aboutHistory) field.classList.add("invalid");
     field.focus({ preventScroll: true });
     field.scrollIntoView({ block: "nearest" });
   }
@@ -790,7 +793,8 @@
       workerStatus: "worker-status", workerText: "worker-text",
       workerBusy: "worker-busy", followUp: "follow-up", newChat: "new-chat", conversation: "conversation",
       conversationTurns: "conversation-turns", conversationSummary: "conversation-summary",
-      conversationNote: "conversation-note", conversationCount: "conversation-count", promptError: "prompt-error",
+      conversationNote: "conversation-note", conversationCount: "conversation-count",
+      promptError: "prompt-error",
     };
     for (const [key, id] of Object.entries(ids)) ui[key] = document.getElementById(id);
     if (!ui.app) return;

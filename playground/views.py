@@ -69,29 +69,30 @@ async def form_values(generation_id: str | None) -> dict:
     return form
 
 
-def earlier_messages(generation: Generation) -> list[dict]:
-    """A conversation's turns before the prompt the shared answer replies to (its last user turn); the
-    system turns are the system prompt, shown on their own."""
+def conversation_parts(generation: Generation) -> tuple[list[dict], list[dict]]:
+    """A chat's turns before the prompt the shared answer replies to (its last user turn), and those after it
+    (an API client's start of the answer, which the model continued); the system turns are the system
+    prompt, shown on their own."""
     messages = [m for m in generation.messages or [] if m.get("role") != "system"]
     users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
-    return messages[: users[-1]] if users else []
+    if not users:
+        return [], []
+    return messages[: users[-1]], messages[users[-1] + 1 :]
 
 
-def earlier_turns(generation: Generation) -> list[tuple[str, str]]:
-    """(speaker, text) for each earlier turn, as the share page shows them."""
-    return [
-        (SPEAKERS.get(m.get("role"), m.get("role")), m.get("content", ""))
-        for m in earlier_messages(generation)
-    ]
+def spoken(messages: list[dict]) -> list[tuple[str, str]]:
+    """(speaker, text) for each turn, as the share page shows them."""
+    return [(SPEAKERS.get(m.get("role"), m.get("role")), m.get("content", "")) for m in messages]
 
 
-def follow_up_history(generation: Generation) -> list[dict]:
-    """The earlier turns as the page's conversation ([{prompt, answer}], oldest first) for "Try it yourself",
-    when they alternate as the page's own do; else none (an API client's conversation may not)."""
-    earlier = earlier_messages(generation)
+def follow_up_history(generation: Generation) -> list[dict] | None:
+    """The earlier turns as the page's conversation ([{prompt, answer}], oldest first) for "Try it yourself";
+    None when the page cannot hold them: an API client's turns that do not alternate as the page's own do, or
+    that go on after the prompt."""
+    earlier, after = conversation_parts(generation)
     roles = [m.get("role") for m in earlier]
-    if roles != ["user", "assistant"] * (len(earlier) // 2):
-        return []
+    if after or roles != ["user", "assistant"] * (len(earlier) // 2):
+        return None
     return [
         {"prompt": q["content"], "answer": a["content"]}
         for q, a in zip(earlier[::2], earlier[1::2], strict=True)
@@ -138,10 +139,14 @@ def finish_label(generation: Generation) -> str:
 
 def generation(request, generation_id: str):
     row = get_object_or_404(Generation, pk=generation_id)
+    earlier, after = conversation_parts(row)
     context = {
         "generation": row,
         "stats": stat_rows(row),
-        "earlier": earlier_turns(row),
+        "earlier": spoken(earlier),
+        "after": spoken(after),
+        # "Try it yourself" brings back the prompt alone when the page cannot hold the conversation
+        "prompt_only": bool(earlier or after) and follow_up_history(row) is None,
         "params": param_rows(row),
         "finish": finish_label(row),
         "try_url": reverse("index") + "?" + urlencode({"from": row.pk}),

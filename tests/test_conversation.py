@@ -120,7 +120,12 @@ def test_the_share_page_shows_the_earlier_turns_in_order_as_text_and_try_it_carr
     assert [(who, html.unescape(text)) for who, text in spoken] == [
         ("User", f"first {XSS}"), ("Model", 'answer "one" & more'), ("User", "second"), ("Model", "answer two"),
     ]  # fmt: skip
-    assert XSS not in page and "Follow-up prompt" in page and "be brief" in page
+    assert (
+        XSS not in page
+        and "Follow-up prompt" in page
+        and "be brief" in page
+        and 'id="prompt-only"' not in page
+    )
 
     prefilled = client.get(f"/?from={row.id}").content.decode()
     assert form_history(prefilled) == [
@@ -131,16 +136,30 @@ def test_the_share_page_shows_the_earlier_turns_in_order_as_text_and_try_it_carr
 
 
 @pytest.mark.django_db
-def test_a_single_turn_or_an_api_conversation_that_does_not_alternate(client):
+def test_a_single_turn_or_an_api_conversation_the_page_cannot_hold(client):
     single = shared([{"role": "user", "content": "only"}])
     page = client.get(f"/g/{single.id}").content.decode()
-    assert 'id="share-turns"' not in page and "<h2>Prompt</h2>" in page
+    assert 'id="share-turns"' not in page and "<h2>Prompt</h2>" in page and 'id="prompt-only"' not in page
     assert form_history(client.get(f"/?from={single.id}").content.decode()) is None
 
-    # an API client's turns may not alternate: shown as they are, not offered as the page's conversation
+    # an API client's turns may not alternate: shown as they are; Try it yourself says it brings the prompt alone
     api = shared(
         [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}, {"role": "user", "content": "c"}]
     )
     page = client.get(f"/g/{api.id}").content.decode()
     assert re.findall(r'<span class="turn-speaker">(\w+)</span>', page) == ["User", "User"]
+    assert 'id="prompt-only"' in page and "brings back the prompt alone" in page
     assert form_history(client.get(f"/?from={api.id}").content.decode()) is None
+
+    # ... or go on after the prompt: the start of an answer that the model continued
+    begun = shared([
+        {"role": "user", "content": "def add(a, b):"}, {"role": "assistant", "content": "return a + b"},
+        {"role": "user", "content": "and sub?"}, {"role": "assistant", "content": f"def sub(a, b): {XSS}"},
+    ])  # fmt: skip
+    page = client.get(f"/g/{begun.id}").content.decode()
+    after = re.search(r'<ol class="turns" id="share-after">(.*?)</ol>', page, re.S).group(1)
+    assert "Model" in after and html.unescape(re.search(r"<pre[^>]*>(.*?)</pre>", after, re.S).group(1)) == (
+        f"def sub(a, b): {XSS}"
+    )
+    assert XSS not in page and 'id="prompt-only"' in page
+    assert form_history(client.get(f"/?from={begun.id}").content.decode()) is None

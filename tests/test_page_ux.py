@@ -513,6 +513,7 @@ def test_the_context_limit_caps_max_tokens_and_is_named_when_reached(server, def
         pytest.skip(f"the model ended its answer before the context filled: {stats}")
     assert "context full" in page.text_content("#state") and "1,024" in page.text_content("#state"), stats
     assert "max tokens" not in page.text_content("#state")
+    assert page.is_hidden("#follow-up")  # a follow-up on a full context could only be refused
 
 
 # ---- 8b. a conversation --------------------------------------------------------------------------
@@ -564,14 +565,24 @@ def test_a_follow_up_sends_the_earlier_turns_keeps_them_over_a_reload_and_a_new_
         {"role": "user", "content": follow_up},
     ]
     assert page.text_content("#stat-prompt-tokens") == prompt_tokens(turns)  # the model read all three
+    share = page.get_attribute("#share", "href")
 
-    page.goto(server.url + page.get_attribute("#share", "href"))  # the share page has the whole conversation
+    page.fill("#prompt", "# a third question, typed before Follow up\n")
+    page.click("#follow-up")  # keeps what was typed since the run
+    assert page.input_value("#prompt") == "# a third question, typed before Follow up\n"
+    assert page.text_content("#conversation-summary") == "Earlier turns · 2"
+
+    page.goto(server.url + share)  # the share page has the whole conversation
     assert page.locator("#share-turns pre").all_text_contents() == [first_prompt, first_answer]
     assert page.text_content("#share-prompt") == follow_up
     page.click("#try-it")  # ... and offers it again, ready for another follow-up
     page.wait_for_selector("#worker-status[data-up=true]", timeout=15_000)
     assert page.input_value("#prompt") == follow_up
     assert page.locator("#conversation-turns pre").all_text_contents() == [first_prompt, first_answer]
+    # the tab's own last run is no part of the shared conversation: it is not brought back under it
+    page.wait_for_timeout(500)
+    assert page.text_content("#output") == "" and page.is_hidden("#follow-up")
+    assert page.get_attribute("#state", "data-state") == "idle"
 
     page.click("#new-chat")
     assert page.is_hidden("#conversation") and page.is_hidden("#conversation-note")
@@ -594,8 +605,10 @@ def test_a_conversation_past_the_context_is_refused_with_the_way_out(server, def
     wait_for_state(page, "error", timeout=60_000)
     state = page.text_content("#state")
     assert "1,024-token context" in state or "1024-token context" in state, state
-    assert "New chat starts afresh" in state
+    assert "New chat starts afresh" in state and "messages" not in state  # the API's field, not the page's
+    assert "no longer fits" in page.text_content("#prompt-error") and page.is_visible("#prompt-error")
     page.click("#new-chat")
+    assert page.get_attribute("#state", "data-state") == "idle" and page.is_hidden("#prompt-error")
     page.click("#generate")
     wait_for_state(page, "done", timeout=60_000)
     assert page.errors == []

@@ -134,8 +134,8 @@
     } else {
       if (saved.form) restoreForm(saved.form);
       setConversation(saved.conversation);
+      restoreRun(saved.job); // not under a shared conversation: this tab's last run is no part of it
     }
-    restoreRun(saved.job);
     persist();
   }
 
@@ -181,11 +181,13 @@
   // leaves it on screen).
   function showFollowUp() {
     const answered = run.outcome === "done" || run.outcome === "stopped";
-    ui.followUp.hidden = !(answered && run.chat && run.text && !request && !ACTIVE.has(run.phase));
+    const room = !filledContext(run.stats); // a follow-up on a full context could only be refused
+    ui.followUp.hidden = !(answered && room && run.chat && run.text && !request && !ACTIVE.has(run.phase));
   }
 
   function followUp() {
     if (ui.followUp.hidden) return;
+    const typedSince = ui.prompt.value !== run.prompt; // the next question, already typed: it stays
     setConversation([...conversation, { prompt: run.prompt, answer: run.text }]);
     run = newRun();
     ui.output.replaceChildren();
@@ -197,7 +199,7 @@
     ui.shareActions.hidden = true;
     setPhase("idle");
     renderCounters(performance.now());
-    ui.prompt.value = "";
+    if (!typedSince) ui.prompt.value = "";
     ui.prompt.focus();
     persist();
   }
@@ -205,6 +207,7 @@
   function newChat() {
     setConversation([]);
     clearPromptError();
+    if (run.phase === "error") setPhase("idle"); // what went wrong was the conversation's length
     ui.prompt.focus();
     persist();
   }
@@ -390,15 +393,17 @@
   // follows up on) is said under it too, where a phone shows it (the status line is far below there).
   function markInvalid(param, message) {
     const aboutHistory = param.startsWith("history"); // the earlier turns: no field of their own
-    if ((param === "prompt" || aboutHistory) && message) {
-      ui.promptError.textContent = message;
-      ui.promptError.hidden = false;
-    }
+    if ((param === "prompt" || aboutHistory) && message) showPromptError(message);
     const field = document.getElementById(aboutHistory ? "prompt" : FIELD_IDS[param] || "");
     if (!field) return;
     if (!aboutHistory) field.classList.add("invalid");
     field.focus({ preventScroll: true });
     field.scrollIntoView({ block: "nearest" });
+  }
+
+  function showPromptError(message) {
+    ui.promptError.textContent = message;
+    ui.promptError.hidden = false;
   }
 
   function clearPromptError() {
@@ -415,18 +420,25 @@
     if (frame.finish_reason === "stop") return "end of answer";
     if (frame.finish_reason !== "length") return frame.finish_reason;
     // The worker reports "length" for both limits; the tokens tell which one it was.
-    const context = (models[run.model] || {}).max_context;
-    if (stats && context && stats.prompt_tokens + stats.completion_tokens >= context) {
-      return `context full · ${context.toLocaleString("en")} tokens`;
-    }
+    if (filledContext(stats)) return `context full · ${filledContext(stats).toLocaleString("en")} tokens`;
     return "reached max tokens";
   }
 
-  // A follow-up that the model's context cannot hold: the way out is a conversation afresh.
+  // The model's context, when the run's prompt and answer filled it (0 when they did not).
+  function filledContext(stats) {
+    const context = (models[run.model] || {}).max_context;
+    return stats && context && stats.prompt_tokens + stats.completion_tokens >= context ? context : 0;
+  }
+
+  // A follow-up that the model's context cannot hold: the way out is a conversation afresh, said beside the
+  // prompt too. (The worker names the API's field, "messages", which the page does not have.)
   function errorNote(frame) {
     const message = frame.message || frame.code;
     if (frame.code !== "context_length_exceeded" || !conversation.length) return message;
-    return `${message} · the conversation no longer fits: New chat starts afresh`;
+    const named = frame.param && message.startsWith(`${frame.param}: `);
+    const note = `the conversation no longer fits: ${named ? message.slice(frame.param.length + 2) : message}`;
+    showPromptError(`${note}. New chat starts afresh.`);
+    return `${note} · New chat starts afresh`;
   }
 
   function finishDone(frame) {

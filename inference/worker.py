@@ -14,6 +14,8 @@ KOG_STALL_TIMEOUT_S seconds (default 60) a watchdog thread ends the job with a `
 and the generation loop stops at its next token. If the loop is still stuck KOG_STALL_EXIT_S
 seconds later (default 60; 0: never) the process exits, for its supervisor to restart it.
 KOG_MAX_PROMPT_TOKENS caps prompts below the context (default 0: no cap but the context).
+A model it cannot load (a checkpoint it does not support, a broken file, no GPU for --device cuda) ends it at
+start with one log line that names the model and the reason, and exit status 78.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ FLUSH_INTERVAL_S = float(os.environ.get("KOG_FLUSH_MS", "25")) / 1000  # coalesc
 STALL_TIMEOUT_S = float(os.environ.get("KOG_STALL_TIMEOUT_S", "60"))
 STALL_EXIT_S = float(os.environ.get("KOG_STALL_EXIT_S", "60"))
 STALL_EXIT_CODE = 75  # EX_TEMPFAIL: "restart me"
+LOAD_EXIT_CODE = 78  # EX_CONFIG: what it was told to serve cannot be served
 # A public demo's cap on prompt length, below the context (0: the context is the only limit). The
 # web process has no tokenizer, so the cap on tokens is kept here.
 MAX_PROMPT_TOKENS = int(os.environ.get("KOG_MAX_PROMPT_TOKENS", "0"))
@@ -361,7 +364,14 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"{taken[name]!r} and {model!r} would both be served as {name!r}: rename a folder")
         taken[name] = model
     for model in models:
-        engine = load_engine(model, device=args.device, dtype=args.dtype)
+        try:
+            engine = load_engine(model, device=args.device, dtype=args.dtype)
+        except Exception as exc:
+            # The loaders' own errors (and ValueError, OSError) already say what is wrong: one line, no
+            # traceback. Anything else is a bug, and its traceback goes with it.
+            known = type(exc).__module__.startswith("inference.") or isinstance(exc, ValueError | OSError)
+            log.error("cannot load model %s: %s", model, exc, exc_info=not known)
+            raise SystemExit(LOAD_EXIT_CODE) from None
         engines[engine.name] = engine
         log.info("loaded %s on %s", engine.name, engine.device)
     worker = Worker(engines, connect(args.redis_url), args.worker_id)

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -386,3 +389,25 @@ def test_a_real_cuda_out_of_memory_is_a_clear_error_and_the_next_job_runs(redis_
     finally:
         worker.stopping.set()
         thread.join(timeout=10)
+
+
+@pytest.mark.parametrize(
+    "config, reason",
+    [
+        ({"model_type": "mistral", "hidden_size": 64}, "unsupported 'mistral'"),
+        (None, "config.json"),  # a folder that is no checkpoint
+    ],
+)
+def test_a_model_it_cannot_load_ends_it_at_start_with_one_line_naming_it(tmp_path, redis_url, config, reason):
+    model = tmp_path / "my-finetune"
+    model.mkdir()
+    if config is not None:
+        (model / "config.json").write_text(json.dumps(config))
+    done = subprocess.run(
+        [sys.executable, "-m", "inference.worker", "--model", str(model), "--redis-url", redis_url],
+        env={**os.environ, "LOG_FORMAT": "json"}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == worker_module.LOAD_EXIT_CODE == 78, done.stderr
+    (line,) = [json.loads(text) for text in (done.stdout + done.stderr).splitlines() if text.strip()]
+    assert line["level"] == "ERROR" and str(model) in line["msg"] and reason in line["msg"], line
+    assert "Traceback" not in done.stderr

@@ -80,9 +80,13 @@ def conversation_parts(generation: Generation) -> tuple[list[dict], list[dict]]:
     return messages[: users[-1]], messages[users[-1] + 1 :]
 
 
-def spoken(messages: list[dict]) -> list[tuple[str, str]]:
-    """(speaker, text) for each turn, as the share page shows them."""
-    return [(SPEAKERS.get(m.get("role"), m.get("role")), m.get("content", "")) for m in messages]
+def spoken(messages: list[dict]) -> list[dict]:
+    """Each turn as the share page shows it: who spoke, the text, and whether it is the model's (highlighted)."""
+    return [
+        {"speaker": SPEAKERS.get(m.get("role"), m.get("role")), "text": m.get("content", ""),
+         "model": m.get("role") == "assistant"}
+        for m in messages
+    ]  # fmt: skip
 
 
 def follow_up_history(generation: Generation) -> list[dict] | None:

@@ -93,6 +93,11 @@ def form_history(page: str) -> list[dict] | None:
 
 
 XSS = "<img src=x onerror=alert(1)>"
+# a turn on the share page: who spoke, its box's classes, its text (in a code element to highlight, if the model's)
+TURN = (
+    r'<span class="turn-speaker">(\w+)</span><pre class="(prompt-box[^"]*)">'
+    r'(?:<code class="hljs" data-highlight-turn>)?(.*?)(?:</code>)?</pre>'
+)
 
 
 @pytest.fixture
@@ -114,12 +119,14 @@ def test_the_share_page_shows_the_earlier_turns_in_order_as_text_and_try_it_carr
     row = shared(messages, system_prompt="be brief")
     page = client.get(f"/g/{row.id}").content.decode()
     turns = re.search(r'<ol class="turns" id="share-turns">(.*?)</ol>', page, re.S).group(1)
-    spoken = re.findall(
-        r'<span class="turn-speaker">(\w+)</span><pre class="prompt-box">(.*?)</pre>', turns, re.S
-    )
-    assert [(who, html.unescape(text)) for who, text in spoken] == [
-        ("User", f"first {XSS}"), ("Model", 'answer "one" & more'), ("User", "second"), ("Model", "answer two"),
-    ]  # fmt: skip
+    # the model's answers are code, highlighted on load; a person's prompts stay plain text
+    spoken = re.findall(TURN, turns, re.S)
+    assert [(who, box, html.unescape(text)) for who, box, text in spoken] == [
+        ("User", "prompt-box", f"first {XSS}"),
+        ("Model", "prompt-box answer-box", 'answer "one" & more'),
+        ("User", "prompt-box", "second"),
+        ("Model", "prompt-box answer-box", "answer two"),
+    ]
     assert (
         XSS not in page
         and "Follow-up prompt" in page
@@ -158,8 +165,7 @@ def test_a_single_turn_or_an_api_conversation_the_page_cannot_hold(client):
     ])  # fmt: skip
     page = client.get(f"/g/{begun.id}").content.decode()
     after = re.search(r'<ol class="turns" id="share-after">(.*?)</ol>', page, re.S).group(1)
-    assert "Model" in after and html.unescape(re.search(r"<pre[^>]*>(.*?)</pre>", after, re.S).group(1)) == (
-        f"def sub(a, b): {XSS}"
-    )
+    ((who, _, text),) = re.findall(TURN, after, re.S)
+    assert (who, html.unescape(text)) == ("Model", f"def sub(a, b): {XSS}")
     assert XSS not in page and 'id="prompt-only"' in page
     assert form_history(client.get(f"/?from={begun.id}").content.decode()) is None

@@ -546,6 +546,9 @@ def test_a_follow_up_sends_the_earlier_turns_keeps_them_over_a_reload_and_a_new_
     assert page.text_content("#conversation-summary") == "Earlier turns · 1"
     assert page.locator("#conversation-turns .turn-speaker").all_text_contents() == ["You", "Model"]
     assert page.locator("#conversation-turns pre").all_text_contents() == [first_prompt, first_answer]
+    # the answer keeps its highlighting (as text nodes in spans), the prompt stays plain
+    assert page.locator("#conversation-turns .answer-box code.hljs span").count() > 0
+    assert page.locator("#conversation-turns pre:not(.answer-box) span").count() == 0
     assert "follows up on 1 earlier turn" in page.text_content("#conversation-note")
     assert page.input_value("#prompt") == "" and page.evaluate("document.activeElement.id") == "prompt"
     assert (
@@ -574,6 +577,7 @@ def test_a_follow_up_sends_the_earlier_turns_keeps_them_over_a_reload_and_a_new_
 
     page.goto(server.url + share)  # the share page has the whole conversation
     assert page.locator("#share-turns pre").all_text_contents() == [first_prompt, first_answer]
+    assert page.locator("#share-turns .answer-box code.hljs span").count() > 0
     assert page.text_content("#share-prompt") == follow_up
     page.click("#try-it")  # ... and offers it again, ready for another follow-up
     page.wait_for_selector("#worker-status[data-up=true]", timeout=15_000)

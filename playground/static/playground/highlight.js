@@ -17,6 +17,7 @@
  *   kogHighlight.promptContext({chat, prompt, system, text})   the text a completion continues
  *   kogHighlight.appendText(element, text)   appends text as text nodes, direction controls shown
  *   <code data-highlight data-chat="true|false" data-prompt="ID">   highlighted on load (the share page)
+ *   <code data-highlight-turn>   a model's earlier answer, highlighted on load (the share page)
  *   <pre class="prompt-box">   its direction controls shown on load (the share page)
  */
 (function () {
@@ -201,7 +202,10 @@
       const context = promptContext({ chat: element.dataset.chat === "true", prompt, system: "", text });
       render(element, text, { context, contextElement: document.getElementById("output-context") });
     }
-    for (const element of document.querySelectorAll(".prompt-box")) {
+    for (const element of document.querySelectorAll("code[data-highlight-turn]")) {
+      render(element, element.textContent); // a model's earlier answer in a shared conversation
+    }
+    for (const element of document.querySelectorAll(".prompt-box:not(.answer-box)")) {
       const text = element.textContent;
       element.replaceChildren();
       appendText(element, text);

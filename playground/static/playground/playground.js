@@ -159,7 +159,16 @@
         who.textContent = speaker;
         const box = document.createElement("pre");
         box.className = "prompt-box";
-        window.kogHighlight.appendText(box, text);
+        if (speaker === "Model") {
+          // the model's answer highlighted as it was in the output; the person's prompt stays plain
+          const code = document.createElement("code");
+          code.className = "hljs";
+          box.classList.add("answer-box");
+          box.append(code);
+          window.kogHighlight.render(code, text);
+        } else {
+          window.kogHighlight.appendText(box, text);
+        }
         item.append(who, box);
         items.push(item);
       }

@@ -212,6 +212,29 @@ def test_copying_is_announced_and_the_output_takes_the_keyboard_focus(server, pa
     assert page.get_attribute("#output-box", "aria-label") == "Output"
 
 
+def test_copy_code_takes_the_fenced_blocks_without_the_words_around_them(server, page):
+    open_playground(page, server.url)
+    answer = "Here it is:\n```python\ndef add(a, b):\n    return a + b\n```\nAnd the test:\n```\nassert add(1, 2) == 3\n```\nDone.\n"
+    code = "def add(a, b):\n    return a + b\n\nassert add(1, 2) == 3\n"
+    generate(page, answer, len(answer))  # the stand-in echoes it
+    wait_for_state(page, "done")
+    page.click("#copy-code")
+    page.wait_for_selector("#copy-code:text('Copied')")
+    assert clipboard(page) == code
+    page.goto(server.url + page.get_attribute("#share", "href"))  # the share page offers the same
+    page.click("#copy-code")
+    page.wait_for_selector("#copy-code:text('Copied')")
+    assert clipboard(page) == code
+
+    page.goto(server.url)  # an answer without fences has no code apart from its words
+    open_playground(page, server.url)
+    generate(page, "def plain():\n", 12)
+    wait_for_state(page, "done")
+    assert page.is_visible("#copy") and page.is_hidden("#copy-code")
+    page.goto(server.url + page.get_attribute("#share", "href"))
+    assert page.is_hidden("#copy-code")
+
+
 # ---- 4. on a phone ---------------------------------------------------------------------------------
 
 

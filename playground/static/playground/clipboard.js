@@ -5,6 +5,7 @@
  *   kogClipboard.flash(button, label)  shows label on the button for a moment, then its own again, and has
  *                                      screen readers say it
  *   <button data-copy-from="ID">       copies that element's text and says "Copied"
+ *   <button data-copy-code-from="ID">  copies the code of that element's fenced blocks (kogHighlight.fencedCode)
  *
  * The Clipboard API needs a secure context (https, or localhost); a playground served over plain
  * http on a LAN address still copies through a selected, off-screen textarea.
@@ -64,9 +65,10 @@
   window.kogClipboard = { copy, flash };
 
   document.addEventListener("click", (event) => {
-    const button = event.target.closest && event.target.closest("[data-copy-from]");
-    const source = button && document.getElementById(button.dataset.copyFrom);
+    const button = event.target.closest && event.target.closest("[data-copy-from], [data-copy-code-from]");
+    const source = button && document.getElementById(button.dataset.copyFrom || button.dataset.copyCodeFrom);
     if (!source) return;
-    copy(source.textContent).then((ok) => flash(button, ok ? "Copied" : "Press Ctrl+C"));
+    const text = button.dataset.copyFrom ? source.textContent : window.kogHighlight.fencedCode(source.textContent);
+    copy(text).then((ok) => flash(button, ok ? "Copied" : "Press Ctrl+C"));
   });
 })();

@@ -16,6 +16,8 @@
  *       language and, when contextElement is given, highlighted with it and shown there
  *   kogHighlight.promptContext({chat, prompt, system, text})   the text a completion continues
  *   kogHighlight.appendText(element, text)   appends text as text nodes, direction controls shown
+ *   kogHighlight.fencedCode(text)   the code of the text's fenced blocks, joined by blank lines ("" if none)
+ *   <button data-copy-code-from="ID">   shown on load when that element's text has fenced code (the share page)
  *   <code data-highlight data-chat="true|false" data-prompt="ID">   highlighted on load (the share page)
  *   <code data-highlight-turn>   a model's earlier answer, highlighted on load (the share page)
  *   <pre class="prompt-box">   its direction controls shown on load (the share page)
@@ -143,6 +145,11 @@
     return found;
   }
 
+  // The code of an answer's fenced blocks, without the prose around them or the fences: "" when it has none.
+  function fencedCode(text) {
+    return Array.from(text.matchAll(FENCE), (match) => match[2]).join("\n");
+  }
+
   function renderFenced(fragment, text) {
     let at = 0;
     let language = "";
@@ -192,7 +199,7 @@
     return prompt.endsWith("\n") ? prompt : prompt + "\n"; // the template ends the prompt's line
   }
 
-  window.kogHighlight = { render, promptContext, appendText };
+  window.kogHighlight = { render, promptContext, appendText, fencedCode };
 
   document.addEventListener("DOMContentLoaded", function () {
     for (const element of document.querySelectorAll("[data-highlight]")) {
@@ -201,6 +208,10 @@
       const prompt = promptElement ? promptElement.textContent : "";
       const context = promptContext({ chat: element.dataset.chat === "true", prompt, system: "", text });
       render(element, text, { context, contextElement: document.getElementById("output-context") });
+    }
+    for (const button of document.querySelectorAll("[data-copy-code-from]")) {
+      const source = document.getElementById(button.dataset.copyCodeFrom);
+      button.hidden = !(source && fencedCode(source.textContent));
     }
     for (const element of document.querySelectorAll("code[data-highlight-turn]")) {
       render(element, element.textContent); // a model's earlier answer in a shared conversation

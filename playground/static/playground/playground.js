@@ -199,13 +199,8 @@
     const typedSince = ui.prompt.value !== run.prompt; // the next question, already typed: it stays
     setConversation([...conversation, { prompt: run.prompt, answer: run.text }]);
     run = newRun();
-    ui.output.replaceChildren();
-    delete ui.output.dataset.streamCheck;
-    delete ui.output.dataset.language;
+    clearOutput();
     showContext();
-    ui.finalStats.hidden = true;
-    ui.copy.hidden = true;
-    ui.shareActions.hidden = true;
     setPhase("idle");
     renderCounters(performance.now());
     if (!typedSince) ui.prompt.value = "";
@@ -279,14 +274,9 @@
       system: frame.system_prompt, maxTokens: frame.max_tokens ?? null, startedAt: request.at,
     });
     request = null;
-    ui.output.replaceChildren();
-    delete ui.output.dataset.streamCheck;
-    delete ui.output.dataset.language;
+    clearOutput();
     for (const el of document.querySelectorAll(".invalid")) el.classList.remove("invalid");
     clearPromptError();
-    ui.finalStats.hidden = true;
-    ui.copy.hidden = true;
-    ui.shareActions.hidden = true;
     showContext();
     followOutput();
     // only now: a refused request leaves the page where it was, at the field it names (on a phone, far above)
@@ -294,6 +284,17 @@
     setPhase("sending");
     persist();
     if (stopRequested) requestStop(); // Stop was pressed before the job had an id: it stops now
+  }
+
+  // The output pane emptied for the next run, with what belonged to the last one (its stats and buttons).
+  function clearOutput() {
+    ui.output.replaceChildren();
+    delete ui.output.dataset.streamCheck;
+    delete ui.output.dataset.language;
+    ui.finalStats.hidden = true;
+    ui.copy.hidden = true;
+    ui.copyCode.hidden = true;
+    ui.shareActions.hidden = true;
   }
 
   function requestStop() {
@@ -463,6 +464,7 @@
     window.kogHighlight.render(ui.output, run.text, { context: showContext(), contextElement: ui.context });
     showFinalStats(frame.stats);
     ui.copy.hidden = !run.text;
+    ui.copyCode.hidden = !window.kogHighlight.fencedCode(run.text); // an answer in words around its code
     if (typeof frame.share_url === "string" && frame.share_url.startsWith("/g/")) {
       ui.share.href = frame.share_url;
       ui.shareActions.hidden = false;
@@ -772,6 +774,12 @@
     });
   }
 
+  function copyCode() {
+    window.kogClipboard.copy(window.kogHighlight.fencedCode(run.text)).then((ok) => {
+      window.kogClipboard.flash(ui.copyCode, ok ? "Copied" : "Copy failed: select it");
+    });
+  }
+
   function copyShareLink() {
     const url = new URL(ui.share.getAttribute("href"), location.href).href;
     window.kogClipboard.copy(url).then((ok) => {
@@ -808,7 +816,7 @@
       result: "result", output: "output", context: "output-context", outputBox: "output-box",
       state: "state", note: "note", retry: "retry", tokS: "tok-s", ttft: "ttft", tokens: "tokens",
       queue: "queue", elapsed: "elapsed", copy: "copy", shareActions: "share-actions", share: "share",
-      copyLink: "copy-link", finalStats: "final-stats", statPromptTokens: "stat-prompt-tokens",
+      copyLink: "copy-link", copyCode: "copy-code", finalStats: "final-stats", statPromptTokens: "stat-prompt-tokens",
       statPrefill: "stat-prefill", statTtft: "stat-ttft", statDecode: "stat-decode", statTotal: "stat-total",
       statBandwidth: "stat-bandwidth", bandwidthRow: "stat-bandwidth-row",
       workerStatus: "worker-status", workerText: "worker-text",
@@ -839,6 +847,7 @@
     document.addEventListener("focusin", () => (focusHeir = null)); // the person went somewhere else
     ui.stop.addEventListener("click", requestStop);
     ui.copy.addEventListener("click", copyOutput);
+    ui.copyCode.addEventListener("click", copyCode);
     ui.copyLink.addEventListener("click", copyShareLink);
     ui.followUp.addEventListener("click", followUp);
     ui.newChat.addEventListener("click", newChat);

@@ -235,6 +235,31 @@ def test_copy_code_takes_the_fenced_blocks_without_the_words_around_them(server,
     assert page.is_hidden("#copy-code")
 
 
+# An answer's fenced code as CommonMark reads it -> what Copy code takes
+FENCED = [
+    ("two blocks", "Here:\n```python\ndef f():\n    return 1\n```\nAnd:\n```\nassert f()\n```\nDone.\n",
+     "def f():\n    return 1\n\nassert f()\n"),
+    ("a run stopped inside a block", "Intro\n```python\nprint(1)\n", "print(1)\n"),
+    ("a closed block, then an open one", "```\none()\n```\ntext\n```\ntwo()\n", "one()\n\ntwo()\n"),
+    ("a longer fence around a shorter one", "````md\nHere:\n```python\nprint(1)\n```\n````\n",
+     "Here:\n```python\nprint(1)\n```\n"),
+    ("indented in a list", "1. step\n   ```bash\n   ls\n   ```\n", "   ls\n"),
+    ("tildes", "~~~\nx = 1\n~~~\n", "x = 1\n"),
+    ("inline code at a line's start", "```js``` is how you start\nThen text.\n```\nreal()\n```\n", "real()\n"),
+    ("CRLF", "a\r\n```\r\nprint(1)\r\n```\r\n```\r\nz\r\n```\r\n", "print(1)\r\n\r\nz\r\n"),
+    ("no fences", "no fences here\n", ""),
+    ("backticks inside the code", "```\ncode ``` inside\n```", "code ``` inside\n"),
+]  # fmt: skip
+
+
+def test_copy_code_reads_fences_as_commonmark_does(server, page):
+    open_playground(page, server.url)
+    got = page.evaluate("cases => cases.map(([, text]) => window.kogHighlight.fencedCode(text))", FENCED)
+    assert {name: code for (name, _, _), code in zip(FENCED, got, strict=True)} == {
+        name: want for name, _, want in FENCED
+    }
+
+
 # ---- 4. on a phone ---------------------------------------------------------------------------------
 
 
@@ -304,8 +329,13 @@ def test_on_a_phone_stop_and_the_live_speed_stay_on_screen_while_the_output_stre
         assert on_top(page, "#output-box", box["x"] + box["width"] / 2, box["y"] + box["height"] - 10)
         assert page.evaluate("document.documentElement.scrollWidth") <= width  # long lines wrap
 
+        page.evaluate("window.scrollTo(0, document.getElementById('output-box').offsetTop)")
+        reading = page.evaluate("window.scrollY")
         page.tap("#stop")
         wait_for_state(page, "stopped")
+        # the focus goes back to Generate, far above, and the page stays where the person reads
+        page.wait_for_function("() => document.activeElement.id === 'generate'", timeout=5_000)
+        assert abs(page.evaluate("window.scrollY") - reading) < 80, (reading, page.evaluate("window.scrollY"))
         assert page.is_hidden("#run-tok-s")  # the bar is gone with the run; the actions are back in the form
         assert (
             page.is_visible("#generate")
@@ -632,10 +662,16 @@ def test_a_conversation_past_the_context_is_refused_with_the_way_out(server, def
     wait_for_state(page, "error", timeout=60_000)
     state = page.text_content("#state")
     assert "1,024-token context" in state or "1024-token context" in state, state
-    assert "New chat starts afresh" in state and "messages" not in state  # the API's field, not the page's
+    assert "New chat (or a shorter prompt) makes room" in state and "messages" not in state  # not the page's
     assert "no longer fits" in page.text_content("#prompt-error") and page.is_visible("#prompt-error")
     page.click("#new-chat")
     assert page.get_attribute("#state", "data-state") == "idle" and page.is_hidden("#prompt-error")
+    generate(page, prompt_of_tokens(default_model, 1030, 1100), 8)  # a prompt the context cannot hold alone
+    wait_for_state(page, "error", timeout=60_000)
+    state = page.text_content("#state")
+    assert "prompt:" in state and "token context" in state and "messages" not in state, state
+    assert page.text_content("#prompt-error") == state.split(" · ", 1)[1]
+    page.fill("#prompt", "# and then?\n")
     page.click("#generate")
     wait_for_state(page, "done", timeout=60_000)
     assert page.errors == []

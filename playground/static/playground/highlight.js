@@ -25,7 +25,11 @@
 (function () {
   "use strict";
 
-  const FENCE = /^```[ \t]*([\w+#.-]*)[^\n]*\n([\s\S]*?)^```[ \t]*$/gm;
+  // Fence lines as CommonMark has them: up to 3 spaces, then 3+ backticks or tildes. An opening one may carry
+  // an info string (its first word is the language; a backtick fence's holds no backtick, or a line starting
+  // with inline ```code``` would open a block); a closing one carries nothing.
+  const OPENING_FENCE = /^ {0,3}(?:(`{3,})[ \t]*([^`\s]*)[^`]*|(~{3,})[ \t]*(\S*).*)$/;
+  const CLOSING_FENCE = /^ {0,3}(`{3,}|~{3,})[ \t]*$/;
   // Without a fence the language is guessed; CSS is left out because its grammar matches almost any
   // `a.b = c` line, so it wins on plain Python, and nobody asks a code model for unfenced CSS.
   const AUTO_LANGUAGES = [
@@ -138,28 +142,50 @@
     return range.extractContents();
   }
 
-  function hasFence(text) {
-    FENCE.lastIndex = 0; // a global regex's test() starts where the last one stopped
-    const found = FENCE.test(text);
-    FENCE.lastIndex = 0;
-    return found;
+  // The fenced code blocks of a text, in order: offsets of the block (its opening line's start, its end),
+  // of its code, and its language. A block is closed by a line of the same character, at least as long and
+  // with nothing after it, or by the end of the text (a run stopped in the middle of a block).
+  function fencedBlocks(text) {
+    const blocks = [];
+    let open = null;
+    for (let start = 0; start < text.length; ) {
+      const newline = text.indexOf("\n", start);
+      const end = newline < 0 ? text.length : newline + 1; // the line with its "\n"
+      const line = text.slice(start, end).replace(/\r?\n$/, "");
+      if (!open) {
+        const fence = OPENING_FENCE.exec(line);
+        if (fence) {
+          const marker = fence[1] || fence[3];
+          open = { start, codeStart: end, marker, language: (fence[2] ?? fence[4]).toLowerCase() };
+        }
+      } else {
+        const fence = CLOSING_FENCE.exec(line);
+        if (fence && fence[1][0] === open.marker[0] && fence[1].length >= open.marker.length) {
+          blocks.push({ ...open, codeEnd: start, end });
+          open = null;
+        }
+      }
+      start = end;
+    }
+    if (open) blocks.push({ ...open, codeEnd: text.length, end: text.length });
+    return blocks;
   }
 
   // The code of an answer's fenced blocks, without the prose around them or the fences: "" when it has none.
   function fencedCode(text) {
-    return Array.from(text.matchAll(FENCE), (match) => match[2]).join("\n");
+    const eol = text.includes("\r\n") ? "\r\n" : "\n"; // the blank line between blocks, in the text's own endings
+    return fencedBlocks(text).map((b) => text.slice(b.codeStart, b.codeEnd)).join(eol);
   }
 
   function renderFenced(fragment, text) {
     let at = 0;
     let language = "";
-    for (const match of text.matchAll(FENCE)) {
-      appendText(fragment, text.slice(at, match.index));
-      const opening = match[0].slice(0, match[0].indexOf("\n") + 1);
-      appendMuted(fragment, opening);
-      language = appendCode(fragment, match[2], match[1].toLowerCase()) || language;
-      appendMuted(fragment, match[0].slice(opening.length + match[2].length));
-      at = match.index + match[0].length;
+    for (const block of fencedBlocks(text)) {
+      appendText(fragment, text.slice(at, block.start));
+      appendMuted(fragment, text.slice(block.start, block.codeStart));
+      language = appendCode(fragment, text.slice(block.codeStart, block.codeEnd), block.language) || language;
+      appendMuted(fragment, text.slice(block.codeEnd, block.end));
+      at = block.end;
     }
     appendText(fragment, text.slice(at));
     return language;
@@ -173,7 +199,7 @@
     const fragment = document.createElement("span");
     if (text.length + context.length > MAX_CHARS) {
       appendText(fragment, text);
-    } else if (hasFence(text)) {
+    } else if (fencedBlocks(text).length) {
       language = renderFenced(fragment, text);
     } else if (contextElement && context) {
       // prompt and answer are one piece of code: highlight them together, then show them apart

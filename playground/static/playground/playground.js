@@ -440,15 +440,20 @@
     return stats && context && stats.prompt_tokens + stats.completion_tokens >= context ? context : 0;
   }
 
-  // A follow-up that the model's context cannot hold: the way out is a conversation afresh, said beside the
-  // prompt too. (The worker names the API's field, "messages", which the page does not have.)
+  // A prompt (or a conversation) that the model's context cannot hold, said beside the prompt too, with the
+  // way out. The worker names the API's field ("messages"), which the page does not have.
   function errorNote(frame) {
     const message = frame.message || frame.code;
-    if (frame.code !== "context_length_exceeded" || !conversation.length) return message;
+    if (frame.code !== "context_length_exceeded") return message;
     const named = frame.param && message.startsWith(`${frame.param}: `);
-    const note = `the conversation no longer fits: ${named ? message.slice(frame.param.length + 2) : message}`;
-    showPromptError(`${note}. New chat starts afresh.`);
-    return `${note} · New chat starts afresh`;
+    const detail = named ? message.slice(frame.param.length + 2) : message;
+    if (!conversation.length) {
+      showPromptError(`prompt: ${detail}`);
+      return `prompt: ${detail}`;
+    }
+    const note = `the conversation no longer fits: ${detail}`;
+    showPromptError(`${note}. New chat (or a shorter prompt) makes room.`);
+    return `${note} · New chat (or a shorter prompt) makes room`;
   }
 
   function finishDone(frame) {
@@ -685,7 +690,7 @@
     if (!focusHeir || focusHeir.disabled || !lost) return;
     const heir = focusHeir;
     focusHeir = null;
-    heir.focus();
+    heir.focus({ preventScroll: true }); // the page stays where the person reads (a phone's output, far below)
   }
 
   let noteTimer = null;

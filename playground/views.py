@@ -61,7 +61,7 @@ async def form_values(generation_id: str | None) -> dict:
     if row is None:
         return form
     form.update(prompt=row.prompt, system_prompt=row.system_prompt, model=row.model, prefilled="true")
-    history = follow_up_history(row)
+    history = follow_up_history(*conversation_parts(row))
     form["history"] = json.dumps(history) if history else ""  # the form's data-history, read by playground.js
     for param, field in PAGE_FIELDS.items():
         if row.params.get(param) is not None and field in form:
@@ -89,11 +89,10 @@ def spoken(messages: list[dict]) -> list[dict]:
     ]  # fmt: skip
 
 
-def follow_up_history(generation: Generation) -> list[dict] | None:
+def follow_up_history(earlier: list[dict], after: list[dict]) -> list[dict] | None:
     """The earlier turns as the page's conversation ([{prompt, answer}], oldest first) for "Try it yourself";
     None when the page cannot hold them: an API client's turns that do not alternate as the page's own do, or
-    that go on after the prompt."""
-    earlier, after = conversation_parts(generation)
+    that go on after the prompt (`earlier` and `after`: conversation_parts)."""
     roles = [m.get("role") for m in earlier]
     if after or roles != ["user", "assistant"] * (len(earlier) // 2):
         return None
@@ -150,7 +149,7 @@ def generation(request, generation_id: str):
         "earlier": spoken(earlier),
         "after": spoken(after),
         # "Try it yourself" brings back the prompt alone when the page cannot hold the conversation
-        "prompt_only": bool(earlier or after) and follow_up_history(row) is None,
+        "prompt_only": bool(earlier or after) and follow_up_history(earlier, after) is None,
         "params": param_rows(row),
         "finish": finish_label(row),
         "try_url": reverse("index") + "?" + urlencode({"from": row.pk}),

@@ -177,10 +177,10 @@
     return fencedBlocks(text).map((b) => text.slice(b.codeStart, b.codeEnd)).join(eol);
   }
 
-  function renderFenced(fragment, text) {
+  function renderFenced(fragment, text, blocks) {
     let at = 0;
     let language = "";
-    for (const block of fencedBlocks(text)) {
+    for (const block of blocks) {
       appendText(fragment, text.slice(at, block.start));
       appendMuted(fragment, text.slice(block.start, block.codeStart));
       language = appendCode(fragment, text.slice(block.codeStart, block.codeEnd), block.language) || language;
@@ -197,10 +197,11 @@
     let language = "";
     let shownContext = null; // set when the context is highlighted together with the answer
     const fragment = document.createElement("span");
-    if (text.length + context.length > MAX_CHARS) {
+    const blocks = text.length + context.length > MAX_CHARS ? null : fencedBlocks(text);
+    if (!blocks) {
       appendText(fragment, text);
-    } else if (fencedBlocks(text).length) {
-      language = renderFenced(fragment, text);
+    } else if (blocks.length) {
+      language = renderFenced(fragment, text, blocks);
     } else if (contextElement && context) {
       // prompt and answer are one piece of code: highlight them together, then show them apart
       language = appendCode(fragment, context + text, null);

@@ -151,7 +151,7 @@
   function renderConversation() {
     const items = [];
     for (const turn of conversation) {
-      for (const [speaker, text] of [["You", turn.prompt], ["Model", turn.answer]]) {
+      for (const [speaker, text, model] of [["You", turn.prompt, false], ["Model", turn.answer, true]]) {
         const item = document.createElement("li");
         item.className = "turn";
         const who = document.createElement("span");
@@ -159,7 +159,7 @@
         who.textContent = speaker;
         const box = document.createElement("pre");
         box.className = "prompt-box";
-        if (speaker === "Model") {
+        if (model) {
           // the model's answer highlighted as it was in the output; the person's prompt stays plain
           const code = document.createElement("code");
           code.className = "hljs";

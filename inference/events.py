@@ -38,7 +38,7 @@ def unicode_text(text: str, field: str) -> str:
 MIN_TEMPERATURE = 1e-5
 # The penalty divides or multiplies logits; past these bounds it would overflow them (the page offers 0.5-2).
 REPETITION_PENALTY_RANGE = (1e-3, 1e3)
-SEED_RANGE = (-(2**63), 2**64 - 1)  # what a torch generator takes
+SEED_RANGE = (-(2**63), 2**63 - 1)  # an int64, as OpenAI takes it: one seed, one stream of draws
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class SamplingParams:
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             bad("seed", f"must be an integer, got {self.seed!r}")
         if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
-            bad("seed", f"must be in [-2**63, 2**64 - 1], got {self.seed}")
+            bad("seed", f"must be a 64-bit signed integer, in [-2**63, 2**63 - 1], got {self.seed}")
         if isinstance(self.stop, str) or not all(isinstance(s, str) for s in self.stop):
             bad("stop", "must be a string or a list of strings")
         if not all(self.stop):

@@ -16,6 +16,16 @@ import sys
 
 APPLICATION = "playground.asgi:application"
 DAPHNE_DEFAULT_MESSAGE_BYTES = 1024 * 1024
+# Statuses the playground answers that twisted (under daphne) has no reason phrase for: without one the
+# status line reads "429 Unknown Status" in curl -i, proxies' logs and clients that print it.
+MISSING_REASON_PHRASES = {429: b"Too Many Requests"}
+
+
+def add_reason_phrases() -> None:
+    from twisted.web import http
+
+    for status, phrase in MISSING_REASON_PHRASES.items():
+        http.RESPONSES.setdefault(status, phrase)
 
 
 def daphne_args(argv: list[str], max_frame_bytes: int) -> list[str]:
@@ -35,6 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     from daphne.cli import CommandLineInterface
     from django.conf import settings
 
+    add_reason_phrases()
     CommandLineInterface().run(daphne_args(sys.argv[1:] if argv is None else argv,
                                            settings.PLAYGROUND_MAX_FRAME_BYTES))  # fmt: skip
 

@@ -212,19 +212,24 @@ def test_bad_requests_are_openai_errors_and_the_server_stays_up(stack):
         ({**chat, "messages": []}, "messages"),
         ({**chat, "stop": 3}, "stop"),
     ]
+    request_ids = set()  # every refusal is named, as OpenAI's are, for a report to quote
     for body, param in bad:
         with pytest.raises(openai.BadRequestError) as info:
             client.chat.completions.create(**body)
         assert info.value.status_code == 400 and info.value.body["param"] == param, body
         assert info.value.body["type"] == "invalid_request_error"
+        request_ids.add(info.value.request_id)
     with pytest.raises(openai.NotFoundError) as unknown:  # OpenAI's 404, as GET /v1/models/<id> gives
         client.chat.completions.create(**{**chat, "model": "no-such-model"})
     assert unknown.value.body["code"] == "model_not_found" and unknown.value.body["param"] == "model"
+    request_ids.add(unknown.value.request_id)
 
     assert error_of(httpx.get(f"{url}/embeddings", timeout=10))["code"] == "unknown_url"
     wrong_method = httpx.get(f"{url}/chat/completions", timeout=10)
     assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
+    request_ids.add(wrong_method.headers.get("x-request-id"))
     assert error_of(httpx.get(f"{url}/models/nope", timeout=10))["code"] == "model_not_found"
+    assert None not in request_ids and len(request_ids) == len(bad) + 2
 
     reply = client.chat.completions.create(**chat, max_tokens=2)  # still serving
     assert reply.usage.completion_tokens >= 1

@@ -161,7 +161,7 @@ def test_prompts_over_the_servers_character_cap_are_refused():
         ({**CHAT, "logit_bias": {"50256": -100}}, True, "logit_bias"),
         ({**CHAT, "top_logprobs": 3}, True, "top_logprobs"),
         ({**CHAT, "tool_choice": "required"}, True, "tool_choice"),
-        ({**CHAT, "seed": 2**64}, True, "seed"),
+        ({**CHAT, "seed": 2**63}, True, "seed"),  # OpenAI's seed is an int64
         ({**CHAT, "repetition_penalty": 1e-308}, True, "repetition_penalty"),
     ],
 )
@@ -179,3 +179,67 @@ def test_the_defaults_of_fields_we_cannot_honour_are_accepted():
     }
     assert parse(body, chat=True).spec.messages == CHAT["messages"]
     assert parse({"model": "m", "prompt": "ok \U0001f600"}, chat=False).spec.prompt == "ok \U0001f600"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"modalities": ["text", "audio"]},
+        {"audio": {"voice": "alloy", "format": "wav"}},
+        {"function_call": {"name": "get_weather"}},
+        {"web_search_options": {}},
+        {"reasoning_effort": "high"},
+        {"verbosity": "low"},
+        # vLLM's and llama.cpp's constraints, which a client written for them sends through extra_body
+        {"min_tokens": 64},
+        {"ignore_eos": True},
+        {"min_p": 0.1},
+        {"stop_token_ids": [2]},
+        {"include_stop_str_in_output": True},
+        {"skip_special_tokens": False},
+        {"guided_json": {"type": "object"}},
+        {"guided_choice": ["yes", "no"]},
+        {"structured_outputs": {"regex": "a+"}},
+        {"grammar": 'root ::= "a"'},
+        {"use_beam_search": True},
+        {"ignore_eos": 1},  # not JSON's false
+    ],
+)
+def test_fields_that_would_change_the_reply_are_refused_not_dropped(change):
+    assert refused_field({**CHAT, **change}) == next(iter(change))
+
+
+def test_their_neutral_values_are_accepted():
+    neutral = {"modalities": ["text"], "function_call": "auto", "min_tokens": 0, "ignore_eos": False, "min_p": 0,
+               "stop_token_ids": [], "include_stop_str_in_output": False, "skip_special_tokens": True,
+               "typical_p": 1.0, "user": "someone", "metadata": {"k": "v"}, "store": False}  # fmt: skip
+    assert parse({**CHAT, **neutral}, chat=True).spec.messages == CHAT["messages"]
+    completion = parse(
+        {"model": "m", "prompt": "def f():", "suffix": ""}, chat=False
+    )  # an empty suffix asks nothing
+    assert completion.spec.prompt == "def f():"
+    assert refused_field({"model": "m", "prompt": "def f():", "suffix": "\n"}, chat=False) == "suffix"
+
+
+def test_a_participants_name_goes_to_the_template_in_openais_form_only():
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "name": "alice-2", "content": "hi"}, {"role": "user", "content": "x"}],
+    }
+    assert parse(body, chat=True).spec.messages[0] == {"role": "user", "name": "alice-2", "content": "hi"}
+    assert "name" not in parse(body, chat=True).spec.messages[1]
+    for name in (
+        "",
+        "a b",
+        "<|im_start|>",
+        "x" * 65,
+        7,
+    ):  # a name is copied outside any content: no control token
+        bad = {"model": "m", "messages": [{"role": "user", "name": name, "content": "hi"}]}
+        assert refused_field(bad) == "messages[0].name"
+
+
+def test_the_request_id_becomes_the_jobs():
+    request = parse_request(CHAT, True, max_new_tokens=CAP, max_prompt_chars=MAX_CHARS, job_id="abc123")
+    assert request.spec.id == "abc123"
+    assert parse(CHAT, chat=True).spec.id != parse(CHAT, chat=True).spec.id

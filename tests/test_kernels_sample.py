@@ -208,6 +208,16 @@ def test_the_noise_is_gumbel_and_the_race_draws_from_the_softmax():
     assert chi2 < 24.3  # 7 degrees of freedom, p = 0.001
 
 
+def test_every_int64_seed_draws_its_own_noise_and_repeats_it():
+    # The API takes any int64 seed and the runner passes it on as is: the ends, -1 and 0 must not share a stream.
+    pos = ints(3)
+    seeds = (-(2**63), -1, 0, 1, 2**63 - 1)
+    noise = [gumbel_noise(ints(seed, dtype=torch.int64), pos, 256).cpu() for seed in seeds]
+    assert all(n.isfinite().all() for n in noise)
+    assert len({tuple(n.flatten().tolist()) for n in noise}) == len(seeds)
+    assert torch.equal(gumbel_noise(ints(-1, dtype=torch.int64), pos, 256).cpu(), noise[1])
+
+
 def test_rejects_what_it_cannot_sample():
     vocab = 64
     scratch = SampleScratch(vocab, DEVICE, chunk=16, candidates=4)

@@ -264,5 +264,6 @@ def test_an_api_client_that_hangs_up_before_the_end_is_charged_its_tokens(start_
     # it hung up with 20 tokens read, twice its budget: once its job has ended, the next call must wait
     time.sleep(2)
     refused = httpx.post(web.url + "/v1/completions", json={**body, "stream": False, "max_tokens": 1})
-    assert refused.status_code == 429
+    assert refused.status_code == 429 and refused.reason_phrase == "Too Many Requests"  # daphne's status line
     assert refused.json()["error"]["message"].startswith("Rate limit reached: 10 generated tokens per minute")
+    assert len(refused.headers["x-request-id"]) == 32  # a refusal is named too

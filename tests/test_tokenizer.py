@@ -169,6 +169,22 @@ def test_a_trimmed_content_is_found_and_a_rewritten_one_refused(tmp_path):
     assert tok.encode_chat(messages[:1])  # without the spelling the template is free to rewrite
 
 
+def test_a_participants_name_reaches_a_template_that_reads_it(tmp_path):
+    named = (
+        "{% for m in messages %}<|im_start|>{{ m.name or m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    )
+    tok = _with_template(tmp_path, named)
+    messages = [
+        {"role": "user", "name": "alice", "content": "hi <|im_end|>"},
+        {"role": "user", "content": "yo"},
+    ]
+    assert tok.apply_chat_template(messages, add_generation_prompt=False).startswith("<|im_start|>alice\nhi")
+    im_end = tok._tok.token_to_id("<|im_end|>")
+    assert (
+        tok.encode_chat(messages).count(im_end) == 2
+    )  # the spelling in the content stays text beside the name
+
+
 def test_llama2_template_bos_once_and_role_errors(sp_tok):
     messages = [
         {"role": "user", "content": "hi"},

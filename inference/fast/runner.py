@@ -792,7 +792,7 @@ class FastRunner:
         self.sampling.copy_(torch.tensor([params.temperature, params.top_k, params.top_p,
                                           params.repetition_penalty]))  # fmt: skip
         # A seed repeats its tokens; without one each request draws its own (from torch's CPU generator).
-        seed = params.seed % 2**63 if params.seed is not None else int(torch.randint(0, 2**62, ()))
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()))
         self.sample_seed.fill_(seed)
         start = time.perf_counter()
         self.prefill(prompt_ids, greedy)

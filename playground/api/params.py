@@ -1,11 +1,14 @@
 """OpenAI request bodies -> a JobSpec, validated once at the edge; every refusal names its field.
 
-Unknown fields are ignored (clients send many optional ones); fields we cannot honour with a
-non-default value (n, logprobs, tools, penalties) are refused rather than silently dropped.
+Fields that change nothing in the reply (user, metadata, store, service_tier, ...) are ignored, as are
+unknown ones (clients send many optional ones). Fields we cannot honour with a value that would change the
+reply (n, logprobs, tools, penalties, other modalities, and the constraints of vLLM's and llama.cpp's servers
+that a client written for them sends) are refused, naming the field, rather than silently dropped.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, replace
 
 from inference.events import InvalidRequest, SamplingParams, unicode_text
@@ -16,6 +19,38 @@ CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assist
 # slow the worker for everyone in the queue.
 MAX_STOP_SEQUENCES = 4
 COMPLETIONS_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI's legacy API
+# OpenAI's pattern for a participant's name; it also keeps a control token's spelling (`<|...|>`) out of the
+# chat template, which copies names outside any message's content.
+PARTICIPANT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# Other servers' request fields that would change the reply, each with the values that change nothing.
+# A client written for vLLM or llama.cpp sends them through the openai client's extra_body.
+EXTENSION_NEUTRAL = {
+    "min_tokens": (0,),
+    "min_p": (0, 0.0),
+    "ignore_eos": (False,),
+    "include_stop_str_in_output": (False,),
+    "skip_special_tokens": (True,),
+    "stop_token_ids": ([],),
+    "bad_words": ([],),
+    "allowed_token_ids": ([],),
+    "use_beam_search": (False,),
+    "prompt_logprobs": (0,),
+    "truncate_prompt_tokens": (),
+    "guided_json": (),
+    "guided_regex": (),
+    "guided_choice": (),
+    "guided_grammar": (),
+    "structured_outputs": (),
+    "grammar": (),  # llama.cpp's
+    "json_schema": (),
+    "typical_p": (1, 1.0),
+    "mirostat": (0,),
+    # OpenAI's own, for models that reason or speak
+    "reasoning_effort": (),
+    "verbosity": (),
+    "audio": (),
+    "web_search_options": (),
+}
 
 
 @dataclass
@@ -25,8 +60,11 @@ class ApiRequest:
     include_usage: bool
 
 
-def parse_request(body: dict, chat: bool, max_new_tokens: int, max_prompt_chars: int) -> ApiRequest:
-    """Raises InvalidRequest(field, message) with the client's own field name.
+def parse_request(
+    body: dict, chat: bool, max_new_tokens: int, max_prompt_chars: int, job_id: str | None = None
+) -> ApiRequest:
+    """Raises InvalidRequest(field, message) with the client's own field name. `job_id`: the request's id,
+    which the job takes (a new one when None).
 
     Without max_tokens a chat reply may run to `max_new_tokens` (the server's cap, which also clips larger
     requests): like OpenAI's chat API and llama.cpp's server it ends at a stop token, the cap, or the
@@ -52,12 +90,13 @@ def parse_request(body: dict, chat: bool, max_new_tokens: int, max_prompt_chars:
         include_usage = _optional(options, "include_usage", bool, False, "stream_options.include_usage")
 
     params = _sampling_params(body, max_new_tokens, chat)
+    named = {"id": job_id} if job_id is not None else {}
     if chat:
         messages = _messages(body.get("messages"))
-        spec = JobSpec(model, messages=messages, chat=True, params=params, source="api")
+        spec = JobSpec(model, messages=messages, chat=True, params=params, source="api", **named)
         prompt_field, chars = "messages", sum(len(m["content"]) for m in messages)
     else:
-        spec = JobSpec(model, prompt=_prompt(body.get("prompt")), params=params, source="api")
+        spec = JobSpec(model, prompt=_prompt(body.get("prompt")), params=params, source="api", **named)
         prompt_field, chars = "prompt", len(spec.prompt)
     if chars > max_prompt_chars:
         raise InvalidRequest(
@@ -125,7 +164,15 @@ def _messages(messages) -> list[dict]:
         role = CHAT_ROLES.get(role) if isinstance(role, str) else None  # a list or object is no key
         if role is None:
             raise InvalidRequest(f"{where}.role", f"must be one of {', '.join(CHAT_ROLES)}")
-        rendered.append({"role": role, "content": _content(message.get("content"), f"{where}.content")})
+        turn = {"role": role, "content": _content(message.get("content"), f"{where}.content")}
+        name = message.get("name")
+        if name is not None:  # the chat template gets it, as transformers gives it; most templates ignore it
+            if not isinstance(name, str) or not PARTICIPANT_NAME.fullmatch(name):
+                raise InvalidRequest(
+                    f"{where}.name", "must be 1 to 64 letters, digits, underscores or hyphens"
+                )
+            turn["name"] = name
+        rendered.append(turn)
     return rendered
 
 
@@ -180,7 +227,7 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
         raise InvalidRequest("tools", "tool calling is not supported")
     if body.get("echo"):
         raise InvalidRequest("echo", "is not supported")
-    if body.get("suffix") is not None:
+    if body.get("suffix"):  # an empty suffix asks for nothing after the completion
         raise InvalidRequest("suffix", "is not supported")
     if body.get("top_logprobs") not in (None, 0):
         raise InvalidRequest("top_logprobs", "is not supported (logprobs are not)")
@@ -189,5 +236,16 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
     response_format = body.get("response_format")
     if response_format is not None and response_format != {"type": "text"}:
         raise InvalidRequest("response_format", "only {type: text} is supported (no JSON mode or schemas)")
-    if body.get("tool_choice") not in (None, "none", "auto"):
-        raise InvalidRequest("tool_choice", "tool calling is not supported")
+    for name in ("tool_choice", "function_call"):  # function_call is tool_choice's older name
+        if body.get(name) not in (None, "none", "auto"):
+            raise InvalidRequest(name, "tool calling is not supported")
+    if body.get("modalities") not in (None, ["text"]):
+        raise InvalidRequest("modalities", 'only ["text"] is supported')
+    for name, neutral in EXTENSION_NEUTRAL.items():
+        value = body.get(name)
+        if value is not None and not any(_same_value(value, each) for each in neutral):
+            raise InvalidRequest(name, "is not supported")
+
+
+def _same_value(value, neutral) -> bool:
+    return value == neutral and isinstance(value, bool) == isinstance(neutral, bool)  # JSON's false is not 0

@@ -13,6 +13,7 @@ import asyncio
 import functools
 import json
 import logging
+import uuid
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -38,7 +39,8 @@ _background: set[asyncio.Task] = set()
 
 
 def endpoint(*methods: str):
-    """An API view: CSRF-exempt (bearer keys, not cookies), method and key checked, ApiError -> JSON."""
+    """An API view: CSRF-exempt (bearer keys, not cookies), method and key checked, ApiError -> JSON, and
+    every answer, refusals included, named by its `x-request-id` (a job's id when it makes one)."""
     if "GET" in methods:  # HTTP asks every GET resource to answer HEAD too; the server drops the body
         methods = (*methods, "HEAD")
 
@@ -46,6 +48,12 @@ def endpoint(*methods: str):
         @csrf_exempt
         @functools.wraps(view)
         async def wrapped(request, *args, **kwargs):
+            request.request_id = uuid.uuid4().hex
+            response = await answer(request, *args, **kwargs)
+            response["x-request-id"] = request.request_id
+            return response
+
+        async def answer(request, *args, **kwargs):
             try:
                 if request.method not in methods:
                     error = ApiError(405, f"{request.method} is not allowed here; use {', '.join(methods)}")
@@ -63,7 +71,9 @@ def endpoint(*methods: str):
                     503, "The job queue is unavailable", "server_error", code="queue_down"
                 ).response()
             except Exception:  # an API client wants JSON, never Django's HTML error page
-                log.exception("api: %s %s failed", request.method, request.path)
+                log.exception(
+                    "api: %s %s failed (request %s)", request.method, request.path, request.request_id
+                )
                 return ApiError(500, INTERNAL_ERROR, "server_error").response()
 
         return wrapped
@@ -140,7 +150,7 @@ async def complete(request, chat: bool):
     body = json_body(request)
     try:
         limits = settings.PLAYGROUND_MAX_NEW_TOKENS, settings.PLAYGROUND_MAX_PROMPT_CHARS
-        api_request = parse_request(body, chat, *limits)
+        api_request = parse_request(body, chat, *limits, job_id=request.request_id)
     except InvalidRequest as exc:
         raise ApiError(400, str(exc), param=exc.field, code="invalid_value") from None
     spec = api_request.spec
@@ -167,16 +177,15 @@ async def complete(request, chat: bool):
         ) from None
 
     run = JobRun(spec, ip, key_id)
-    request_id = {"x-request-id": spec.id}  # the job's id: what the logs and /admin/ name it by
     try:
         # Wait for the job's first real event before any status line goes out, so that a refusal
         # from the worker (a prompt over the context) is still a plain 400, streaming or not.
         first = await run.next()
         if first[0] == "error":
-            raise job_error(first[1], request_id)
+            raise job_error(first[1])
         if api_request.stream:
             response = StreamingHttpResponse(
-                sse_stream(run, first, api_request), content_type="text/event-stream", headers=request_id
+                sse_stream(run, first, api_request), content_type="text/event-stream"
             )
             response["Cache-Control"] = "no-cache"
             response["X-Accel-Buffering"] = "no"  # nginx: pass each chunk on at once
@@ -186,8 +195,8 @@ async def complete(request, chat: bool):
         while event[0] not in TERMINAL:
             event = await run.next()
         if event[0] == "error":
-            raise job_error(event[1], request_id)
-        return JsonResponse(await run.finish(event[1]), headers=request_id)
+            raise job_error(event[1])
+        return JsonResponse(await run.finish(event[1]))
     except BaseException:  # the client left (CancelledError) or we failed: stop the job
         await run.cancel_unless_finished()
         raise
@@ -406,12 +415,12 @@ RETRYABLE = frozenset(
 )
 
 
-def job_error(data: dict, headers: dict | None = None) -> ApiError:
+def job_error(data: dict) -> ApiError:
     """A worker's error event as the HTTP error a client expects."""
     code = data.get("code") or "internal_error"
     message = data.get("message") or "The job failed"
     if code in ("invalid_request", "context_length_exceeded"):
-        return ApiError(400, message, param=data.get("param"), code=code, headers=headers)
+        return ApiError(400, message, param=data.get("param"), code=code)
     # The ones worth a retry (the openai client retries a 503 by itself); a bug stays a 500.
     status = 503 if code in RETRYABLE else 500
-    return ApiError(status, message, type="server_error", code=code, headers=headers)
+    return ApiError(status, message, type="server_error", code=code)

@@ -69,6 +69,7 @@ def load_weights(
     optional = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
     located: dict[str, tuple[Path, tuple[int, ...]]] = {}
     for file in files:
+        _check_readable(file)
         try:
             with safe_open(file, framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
@@ -115,6 +116,18 @@ def load_weights(
     finally:
         handles.clear()
     return weights
+
+
+def _check_readable(file: Path) -> None:
+    """safetensors' own error for a file it may not open reads as a missing one. save_pretrained writes its
+    shards readable by their owner only (mode 0600), so a worker running as another user (the image's) meets
+    this with a checkpoint copied in as is."""
+    try:
+        file.open("rb").close()
+    except PermissionError:
+        raise CheckpointError(
+            f"{file}: not readable by this process (permission denied); let its user read it, e.g. chmod a+r"
+        ) from None
 
 
 def _check_tied_head(embedding: str, located: dict, read: Callable[[str], torch.Tensor]) -> None:
@@ -175,6 +188,8 @@ def _safetensors_files(path: Path) -> list[Path]:
 # Saved by older transformers (RoPE's frequencies as a persistent buffer); derived from config.json, so unused,
 # and transformers itself ignores them on load.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# The packed weights and their zero points of GPTQ and AWQ layers (AutoGPTQ, AutoAWQ, GPTQModel).
+QUANTIZED_SUFFIXES = (".qweight", ".qzeros", ".g_idx")
 
 
 def _check(path: Path, entries: list[Entry], located: dict, optional: set[str]) -> None:
@@ -188,6 +203,12 @@ def _check(path: Path, entries: list[Entry], located: dict, optional: set[str]) 
         for n, s in expected.items()
         if n in located and located[n][1] != s
     ]
+    packed = sorted(n for n in located if n.endswith(QUANTIZED_SUFFIXES))
+    if packed:  # GPTQ / AWQ as older tools saved them, with no quantization_config in config.json
+        raise CheckpointError(
+            f"{located[packed[0]][0]}: holds quantized weights ({packed[0]}); quantized checkpoints are not "
+            "supported: save the model unquantized (float32, float16 or bfloat16)"
+        )
     problems = []
     for label, names in (("missing", missing), ("unexpected", unexpected), ("wrong shape", misshaped)):
         if names:

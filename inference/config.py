@@ -25,7 +25,7 @@ class ConfigError(ValueError):
         # Read from a file, the error names that file: a deployment may list several checkpoints.
         if path is None:
             text = f"config.json field {field!r}: {message}"
-        elif field == "config.json":
+        elif field.endswith(".json"):  # the file itself is what is wrong
             text = f"{path}: {message}"
         else:
             text = f"{path}: field {field!r}: {message}"
@@ -184,6 +184,15 @@ class ModelConfig:
                         "it into its base model (PEFT's merge_and_unload) and save_pretrained the result"
                     )
                 raise ConfigError("config.json", f"not found{hint}", path)
+            if (
+                path.parent / "quantize_config.json"
+            ).is_file():  # AutoGPTQ's, beside a config.json without one
+                raise ConfigError(
+                    "quantize_config.json",
+                    "the folder holds a quantized (GPTQ) checkpoint, which is not supported; save the model "
+                    "unquantized (float32, float16 or bfloat16)",
+                    path.parent / "quantize_config.json",
+                )
             try:
                 source = json.loads(path.read_text())
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -211,6 +220,8 @@ _CHECKS = {
 
 def _parse(raw: dict[str, Any]) -> ModelConfig:
     model_type = raw.get("model_type")
+    if model_type is None:
+        raise ConfigError("model_type", f"is required: one of {', '.join(MODEL_TYPES)}")
     if model_type not in MODEL_TYPES:
         raise ConfigError(
             "model_type", f"unsupported {model_type!r}; expected one of {', '.join(MODEL_TYPES)}"

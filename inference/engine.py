@@ -195,7 +195,9 @@ class Engine:
                 int(threads) if threads else 1 if size < SMALL_MODEL_BYTES else os.cpu_count()
             )
         transformer = Transformer.from_weights(config, weights)
-        runner = _make_runner(transformer, context, tokenizer.vocab_size)
+        # every id the tokenizer has may be written, its end tokens too: the limit is past the largest id, not the
+        # count of ids, which is smaller where ids leave gaps
+        runner = _make_runner(transformer, context, tokenizer.max_id + 1)
         log.info(
             "loaded %s from %s on %s (%s, %s)", name, path, torch_device, torch_dtype, type(runner).__name__
         )
@@ -239,10 +241,17 @@ class Engine:
         if not prompt_ids:
             raise InvalidRequest(field, "must not be empty")
         if len(prompt_ids) >= self.max_context:
+            model_context = self.config.max_position_embeddings
+            # A cap below the model's own (KOG_MAX_CONTEXT bounds the KV cache) is the server's, not the model's.
+            whose = (
+                f"this server's cap; the model takes {model_context}"
+                if model_context > self.max_context
+                else ""
+            )
             raise InvalidRequest(
                 field,
                 f"{len(prompt_ids)} tokens do not fit the {self.max_context}-token context "
-                "(prompt plus at least one new token)",
+                f"(prompt plus at least one new token{'; ' + whose if whose else ''})",
                 code="context_length_exceeded",
             )
 

@@ -2,7 +2,8 @@
 
 Migrates the database, starts a Redis server of its own when REDIS_URL is unset, one inference
 worker (the default model, or --model / MODELS; on CUDA when there is a GPU) and daphne on
-http://127.0.0.1:8000. Ctrl-C stops everything; so does any one of them dying.
+http://127.0.0.1:8000. Ctrl-C stops everything; so does any one of them dying, except a worker that exits
+to be restarted (its stall watchdog's code), which is started again.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,6 +23,7 @@ import redis
 
 from inference.protocol import worker_key
 from inference.redis_server import start_redis
+from inference.worker import STALL_EXIT_CODE
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,25 +47,48 @@ def stop(processes: dict[str, subprocess.Popen]) -> None:
             process.wait()
 
 
+# Set by Ctrl-C or SIGTERM. A flag, not an exception raised wherever the signal lands: raised inside Popen, it
+# would leave the child being started out of `processes` (never stopped); raised inside stop(), a second
+# Ctrl-C would abandon the children still stopping.
+stop_requested = threading.Event()
+
+
+def request_stop(*_) -> None:
+    stop_requested.set()
+
+
+def running(processes: dict[str, subprocess.Popen]) -> bool:
+    return not stop_requested.is_set() and all(p.poll() is None for p in processes.values())
+
+
 def wait_for_worker(url: str, worker_id: str, processes: dict[str, subprocess.Popen]) -> bool:
-    """True once the worker's first heartbeat is in (its models are loaded); False if anything died."""
+    """True once the worker's first heartbeat is in (its models are loaded); False if anything died or a stop
+    was asked for."""
     client = redis.Redis.from_url(url)
-    while all(p.poll() is None for p in processes.values()):
+    while running(processes):
         if client.exists(worker_key(worker_id)):
             return True
-        time.sleep(0.2)
+        stop_requested.wait(0.2)
     return False
 
 
 def wait_for_port(host: str, port: int, processes: dict[str, subprocess.Popen]) -> bool:
     host = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    while all(p.poll() is None for p in processes.values()):
+    while running(processes):
         try:
             socket.create_connection((host, port), timeout=0.5).close()
             return True
         except OSError:
-            time.sleep(0.1)
+            stop_requested.wait(0.1)
     return False
+
+
+def check_redis(url: str) -> None:
+    """An operator's REDIS_URL that answers nothing ends the launch in one line, not a client's traceback."""
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5).ping()
+    except redis.RedisError as exc:
+        raise SystemExit(f"cannot reach Redis at REDIS_URL={url}: {exc}") from None
 
 
 def local_secret_key() -> str:
@@ -73,10 +99,6 @@ def local_secret_key() -> str:
         path.touch(mode=0o600)
         path.write_text(secrets.token_urlsafe(50))
     return path.read_text().strip()
-
-
-def interrupt(*_) -> None:
-    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,43 +115,60 @@ def main(argv: list[str] | None = None) -> int:
     env.setdefault("DJANGO_SECRET_KEY", local_secret_key())
     processes: dict[str, subprocess.Popen] = {}
     redis_process = None
+    if args.model:  # the web offers (and /readyz probes) the models this worker serves, not the default
+        env["MODELS"] = ",".join(args.model)
     if not env.get("REDIS_URL"):
         # its own session too, so that Ctrl-C stops it last, after the worker (see finally below)
         redis_process, env["REDIS_URL"] = start_redis(ROOT / "var" / "redis", start_new_session=True)
         print(f"started redis-server at {env['REDIS_URL']}")
-    for sig in (
-        signal.SIGINT,
-        signal.SIGTERM,
-    ):  # also when started in the background, where SIGINT is ignored
-        signal.signal(sig, interrupt)
+    else:
+        check_redis(env["REDIS_URL"])
+    for sig in (signal.SIGINT, signal.SIGTERM):  # SIGTERM also when started in the background
+        signal.signal(sig, request_stop)
     try:
-        subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, check=True)
-        processes["daphne"] = spawn(["-m", "playground.serve", "-b", args.host, "-p", str(args.port)], env)
-        if not args.no_worker:
-            worker_id = f"local-{os.getpid()}"
-            worker_args = ["-m", "inference.worker", "--redis-url", env["REDIS_URL"]]
-            worker_args += ["--worker-id", worker_id]
-            for model in args.model or []:
-                worker_args += ["--model", model]
-            processes["worker"] = spawn(worker_args, env)
-            print("loading the model…")
-            if not wait_for_worker(env["REDIS_URL"], worker_id, processes):
-                raise SystemExit("the worker did not start; see its log above")
-        if not wait_for_port(args.host, args.port, processes):
-            raise SystemExit(f"daphne did not start on port {args.port}; see its log above")
-        print(f"\n  Playground: http://{args.host}:{args.port}/   (Ctrl-C stops it)\n", flush=True)
-        while True:
-            for name, process in processes.items():
-                if process.poll() is not None:
-                    raise SystemExit(f"{name} exited with code {process.returncode}; stopping")
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        print("\nstopping…")
-        return 0
+        return serve(args, env, processes)
     finally:
+        if stop_requested.is_set():
+            print("\nstopping…", flush=True)
         stop(processes)
         if redis_process is not None:  # last: the worker retires its heartbeat on the way out
             stop({"redis": redis_process})
+
+
+def serve(args: argparse.Namespace, env: dict, processes: dict[str, subprocess.Popen]) -> int:
+    """Starts daphne and the worker into `processes` and watches them until a stop is asked for (0) or one of
+    them dies (SystemExit); the caller stops them."""
+    migrate = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env)
+    if stop_requested.is_set():
+        return 0
+    if migrate.returncode:
+        raise SystemExit(f"manage.py migrate failed with code {migrate.returncode}; see its output above")
+    processes["daphne"] = spawn(["-m", "playground.serve", "-b", args.host, "-p", str(args.port)], env)
+    worker_args = None
+    if not args.no_worker:
+        worker_id = f"local-{os.getpid()}"
+        worker_args = ["-m", "inference.worker", "--redis-url", env["REDIS_URL"], "--worker-id", worker_id]
+        for model in args.model or []:
+            worker_args += ["--model", model]
+        processes["worker"] = spawn(worker_args, env)
+        print("loading the model…")
+        if not wait_for_worker(env["REDIS_URL"], worker_id, processes):
+            if stop_requested.is_set():
+                return 0
+            raise SystemExit("the worker did not start; see its log above")
+    if not wait_for_port(args.host, args.port, processes):
+        if stop_requested.is_set():
+            return 0
+        raise SystemExit(f"daphne did not start on port {args.port}; see its log above")
+    print(f"\n  Playground: http://{args.host}:{args.port}/   (Ctrl-C stops it)\n", flush=True)
+    while not stop_requested.wait(0.5):
+        for name, process in processes.items():
+            if name == "worker" and process.poll() == STALL_EXIT_CODE:
+                print("the worker exited to be restarted (a job stalled it); starting it again", flush=True)
+                processes["worker"] = spawn(worker_args, env)
+            elif process.poll() is not None:
+                raise SystemExit(f"{name} exited with code {process.returncode}; stopping")
+    return 0
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
     python -m playground.serve [daphne's options, e.g. -b 0.0.0.0 -p 8000]
 
-daphne closes a websocket (1009, message too big) on any message over its own limit, 1 MiB unless told
-otherwise: with PLAYGROUND_MAX_PROMPT_CHARS raised past ~246,000 characters, a prompt the playground accepts
+daphne (autobahn) drops a websocket's connection, without even a close frame, on any message over its own
+limit, 1 MiB unless told otherwise: with PLAYGROUND_MAX_PROMPT_CHARS raised past ~246,000 characters, a prompt the playground accepts
 would cut the page's connection instead of reaching the consumer. Here daphne takes messages (and frames) up
 to the consumer's PLAYGROUND_MAX_FRAME_BYTES and a little more (never less than its own default), and the
 consumer answers anything larger than its limit with its clear `frame_too_large` error.

@@ -279,6 +279,7 @@ def test_top_p_zero_is_greedy_and_stop_takes_openais_four_sequences(stack):
 def test_prompt_over_the_context_is_a_400_streaming_or_not(stack, stream):
     max_context = api(stack.web).models.retrieve(stack.model).model_extra["max_model_len"]
     prompt = "def f(x):\n    return x\n" * (max_context // 2)  # two tokens a line at the least
+    refused_before = errors_counted(stack.web, "context_length_exceeded")
     with pytest.raises(openai.BadRequestError) as info:
         api(stack.web).completions.create(model=stack.model, prompt=prompt, max_tokens=2, stream=stream)
     assert info.value.body["param"] == "prompt" and info.value.body["code"] == "context_length_exceeded"
@@ -287,8 +288,17 @@ def test_prompt_over_the_context_is_a_400_streaming_or_not(stack, stream):
             model=stack.model, messages=[{"role": "user", "content": prompt}], max_tokens=2, stream=stream
         )
     assert info.value.body["param"] == "messages" and info.value.body["code"] == "context_length_exceeded"
+    assert errors_counted(stack.web, "context_length_exceeded") == refused_before + 2  # once each
     still_serving = api(stack.web).completions.create(model=stack.model, prompt="a", max_tokens=1)
     assert still_serving.usage.completion_tokens == 1
+
+
+def errors_counted(web, kind: str) -> float:
+    """kog_errors_total{kind} in the web process's /metrics (one daphne process: its own counters)."""
+    for line in httpx.get(f"{web.url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(f'kog_errors_total{{kind="{kind}"}} '):
+            return float(line.split()[-1])
+    return 0.0
 
 
 def test_a_client_that_disconnects_frees_the_worker_within_a_second(stack, standin):

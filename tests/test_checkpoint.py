@@ -1,14 +1,22 @@
+import ctypes
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
+from conftest import ROOT
 from safetensors.torch import load_file, save_file
 
 from inference import synth
 from inference.checkpoint import CheckpointError, checkpoint_shapes, load_weights
 from inference.config import ModelConfig
 from inference.model import Transformer
+
+# <linux/capability.h>, <linux/prctl.h>
+CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, PR_CAPBSET_DROP = 1, 2, 24
 
 
 @pytest.fixture(scope="module")
@@ -174,6 +182,52 @@ def test_a_tokenizer_or_end_token_past_the_vocabulary_is_refused_at_load(tmp_pat
     ):
         Engine.load(endless, device="cpu")
     assert Engine.load(tiny_laneformer, device="cpu").tokenizer.max_id < vocab  # the good one loads
+
+
+def test_a_token_past_a_gap_in_the_ids_can_be_written(tmp_path, tiny_laneformer):
+    # A tokenizer whose ids leave a gap below its last ones: the model must still be able to write those (were
+    # one of them the end token, the model could never stop).
+    from inference.engine import Engine
+
+    vocab = json.loads((tiny_laneformer / "config.json").read_text())["vocab_size"]
+    gapped = copy_checkpoint(tiny_laneformer, tmp_path / "gapped")
+    tokenizer = json.loads((gapped / "tokenizer.json").read_text())
+    bpe = tokenizer["model"]
+    # the three merges before the last made ids vocab - 4 .. vocab - 2, and nothing later builds on them
+    for pair in bpe["merges"][-4:-1]:
+        del bpe["vocab"]["".join(pair)]
+    del bpe["merges"][-4:-1]
+    (gapped / "tokenizer.json").write_text(json.dumps(tokenizer))
+    engine = Engine.load(gapped, device="cpu")
+    assert engine.tokenizer.max_id == vocab - 1 and engine.tokenizer.vocab_size == vocab - 3
+    assert engine.runner.vocab_limit == vocab  # the last id can be written
+
+
+def without_root_reading_everything() -> None:
+    """In a child about to exec: root without the capabilities that let it read a file whatever its mode."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for capability in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH):
+        if libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def test_a_weights_file_this_process_may_not_read_is_said_so(tmp_path, tiny_laneformer):
+    # save_pretrained writes its shards with mode 0600: a worker of another user must hear why it cannot load them.
+    model = copy_checkpoint(tiny_laneformer, tmp_path / "model")
+    weights = sorted(model.glob("*.safetensors"))[0]
+    weights.chmod(0o000)
+    load = (
+        "from inference.checkpoint import CheckpointError, load_weights\n"
+        "from inference.config import ModelConfig\n"
+        f"try: load_weights({str(model)!r}, ModelConfig.from_hf({str(model)!r}))\n"
+        "except CheckpointError as e: print(e)\n"
+    )
+    as_root = os.geteuid() == 0
+    result = subprocess.run([sys.executable, "-c", load], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            preexec_fn=without_root_reading_everything if as_root else None)  # fmt: skip
+    assert result.stdout.strip() == (
+        f"{weights}: not readable by this process (permission denied); let its user read it, e.g. chmod a+r"
+    ), result.stderr
 
 
 def hf_checkpoint(tmp_path, preset="tiny-llama"):

@@ -91,6 +91,15 @@ def broken(tiny: Path, tmp_path: Path, damage: str) -> Path:
     elif damage == "short-context":
         config = json.loads((path / "config.json").read_text())
         (path / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 16}))
+    elif damage == "no-model-type":
+        config = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "model_type"}))
+    elif damage == "gptq-config":  # AutoGPTQ's own file, config.json none the wiser
+        (path / "quantize_config.json").write_text(json.dumps({"bits": 4, "group_size": 128}))
+    elif damage == "gptq-tensors":
+        tensors = load_file(weights)
+        tensors["model.layers.0.attention.wq.qweight"] = torch.zeros(8, 64, dtype=torch.int32)
+        save_file(tensors, weights)
     return path
 
 
@@ -104,6 +113,9 @@ def broken(tiny: Path, tmp_path: Path, damage: str) -> Path:
         ("unknown-model-type", "'model_type': unsupported 'mamba'"),
         ("pickle-only", "pickle"),
         ("short-context", "do not fit the 16-token context"),
+        ("no-model-type", "'model_type': is required: one of"),
+        ("gptq-config", "quantize_config.json: the folder holds a quantized (GPTQ) checkpoint"),
+        ("gptq-tensors", "holds quantized weights (model.layers.0.attention.wq.qweight)"),
     ],
 )
 def test_bad_checkpoints_fail_in_one_line(tiny, tmp_path, damage, words):

@@ -67,7 +67,8 @@ def test_missing_and_invalid_config_files(tmp_path):
     ("overrides", "field", "words"),
     [
         ({"model_type": "gpt2"}, "model_type", "laneformer_tp, llama, qwen2, qwen3"),
-        ({"model_type": None}, "model_type", "unsupported"),
+        ({"model_type": None}, "model_type", "is required: one of"),
+        ({"model_type": "mamba"}, "model_type", "unsupported 'mamba'"),
         (
             {"hidden_size": 48, "num_attention_heads": 6, "num_key_value_heads": 2},
             "num_attention_heads",

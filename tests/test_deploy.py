@@ -56,6 +56,11 @@ def test_compose_runs_redis_web_and_a_gpu_worker_from_one_image():
         assert (ROOT / path).is_file()
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored and "var" in ignored
+    # people's checkpoints in ./models stay out of the build context; the shipped default goes in
+    assert ignored.index("models/*") < ignored.index("!models/default") and (ROOT / "models/default").is_dir()
+    # a stopped worker finishes its job first: more than docker's default 10 s
+    grace = re.fullmatch(r"(\d+)(s|m)", worker["stop_grace_period"])
+    assert int(grace[1]) * (60 if grace[2] == "m" else 1) >= 60
 
 
 def test_worker_keeps_its_compiled_kernels_in_a_named_volume_it_can_write():

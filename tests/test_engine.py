@@ -163,6 +163,7 @@ def test_context_limits(checkpoints):
     with pytest.raises(InvalidRequest) as info:
         next(small.generate(list(range(3, 35)), SamplingParams()))
     assert info.value.field == "prompt" and "32-token context" in str(info.value)
+    assert "this server's cap; the model takes 1024" in str(info.value)  # not the model's own limit
     with pytest.raises(InvalidRequest, match="prompt"):
         small.encode_prompt("a long line of text " * 40)
 

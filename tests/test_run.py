@@ -1,9 +1,12 @@
 """`python -m playground.run` (what `make run` calls) as a person runs it in a terminal, up to Ctrl-C."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -64,3 +67,76 @@ def test_ctrl_c_stops_the_worker_before_its_redis_and_leaves_nothing_running(tmp
     assert [pid for pid in started if alive(pid)] == []
     # the worker retires its heartbeat on the way out: its Redis must still be up then
     assert "redis unavailable" not in rest and "heartbeat failed" not in rest, rest
+
+
+def launch(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+        "LOG_FORMAT": "plain",
+        **(env or {}),
+    }
+    env.pop("REDIS_URL", None) if "REDIS_URL" not in (env or {}) else None
+    launcher = subprocess.Popen([sys.executable, "-m", "playground.run", "--port", str(port), *args], cwd=ROOT,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)  # fmt: skip
+    return launcher, port
+
+
+def read_until(launcher: subprocess.Popen, words: str, lines: list[str]) -> None:
+    for line in launcher.stdout:
+        lines.append(line)
+        if words in line:
+            return
+    raise AssertionError(f"{words!r} never came:\n{''.join(lines)}")
+
+
+def test_a_model_given_on_the_command_line_is_what_the_web_offers_and_a_stalled_worker_restarts(tmp_path):
+    stall = {"KOG_STALL_TIMEOUT_S": "1", "KOG_STALL_EXIT_S": "1"}
+    launcher, port = launch(tmp_path, "--model", "standin:0.05", env=stall)  # a token every 20 s: it stalls
+    url = f"http://127.0.0.1:{port}"
+    lines: list[str] = []
+    try:
+        read_until(launcher, "Playground: http://", lines)
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as reply:
+            assert [m["id"] for m in json.load(reply)["data"]] == [
+                "standin:0.05"
+            ]  # not the default beside it
+        worker = [pid for pid in children(launcher.pid) if b"inference.worker" in cmdline(pid)]
+        body = json.dumps({"model": "standin:0.05", "prompt": "abc", "max_tokens": 4}).encode()
+        request = urllib.request.Request(f"{url}/v1/completions", body, {"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as stalled:
+            urllib.request.urlopen(request, timeout=60)
+        assert stalled.value.code == 503 and json.load(stalled.value)["error"]["code"] == "stalled"
+        read_until(launcher, "starting it again", lines)
+        assert launcher.poll() is None  # the playground stays up
+        restarted = []
+        for _ in range(50):  # the line comes just before the new worker starts
+            restarted = [pid for pid in children(launcher.pid) if b"inference.worker" in cmdline(pid)]
+            if restarted:
+                break
+            time.sleep(0.1)
+        assert len(restarted) == 1 and restarted != worker
+        os.killpg(launcher.pid, signal.SIGINT)
+        rest, _ = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    assert launcher.returncode == 0, "".join(lines) + rest
+
+
+def test_a_redis_url_that_answers_nothing_ends_the_launch_in_one_line(tmp_path):
+    launcher, _ = launch(tmp_path, env={"REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"})
+    output, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode != 0
+    assert output.strip().startswith("cannot reach Redis at REDIS_URL=redis://127.0.0.1:"), output
+    assert "Traceback" not in output and output.strip().count("\n") == 0, output
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return b""

@@ -13,6 +13,7 @@ class ApiError(Exception):
         self.status = status
         self.headers = headers or {}  # e.g. Retry-After on a 429
         self.body = {"error": {"message": message, "type": type, "param": param, "code": code}}
+        self.counted = False  # in the error metrics already (a job's own error, counted when the job ended)
 
     def response(self) -> JsonResponse:
         response = JsonResponse(self.body, status=self.status)

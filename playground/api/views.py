@@ -63,7 +63,8 @@ def endpoint(*methods: str):
                 request.api_key = await authenticate(request)
                 return await view(request, *args, **kwargs)
             except ApiError as error:
-                metrics.count_error(error.body["error"]["code"])
+                if not error.counted:
+                    metrics.count_error(error.body["error"]["code"])
                 return error.response()
             except RedisError as exc:
                 log.warning("api: the job queue is unreachable: %s", exc)
@@ -182,7 +183,7 @@ async def complete(request, chat: bool):
         # from the worker (a prompt over the context) is still a plain 400, streaming or not.
         first = await run.next()
         if first[0] == "error":
-            raise job_error(first[1])
+            raise job_error(first[1], counted=True)
         if api_request.stream:
             response = StreamingHttpResponse(
                 sse_stream(run, first, api_request), content_type="text/event-stream"
@@ -195,7 +196,7 @@ async def complete(request, chat: bool):
         while event[0] not in TERMINAL:
             event = await run.next()
         if event[0] == "error":
-            raise job_error(event[1])
+            raise job_error(event[1], counted=True)
         return JsonResponse(await run.finish(event[1]))
     except BaseException:  # the client left (CancelledError) or we failed: stop the job
         await run.cancel_unless_finished()
@@ -415,12 +416,16 @@ RETRYABLE = frozenset(
 )
 
 
-def job_error(data: dict) -> ApiError:
-    """A worker's error event as the HTTP error a client expects."""
+def job_error(data: dict, counted: bool = False) -> ApiError:
+    """A worker's error event as the HTTP error a client expects. `counted`: the job's end counted it in the
+    error metrics already (JobRun.account), so the view must not count it again."""
     code = data.get("code") or "internal_error"
     message = data.get("message") or "The job failed"
     if code in ("invalid_request", "context_length_exceeded"):
-        return ApiError(400, message, param=data.get("param"), code=code)
-    # The ones worth a retry (the openai client retries a 503 by itself); a bug stays a 500.
-    status = 503 if code in RETRYABLE else 500
-    return ApiError(status, message, type="server_error", code=code)
+        error = ApiError(400, message, param=data.get("param"), code=code)
+    else:
+        # The ones worth a retry (the openai client retries a 503 by itself); a bug stays a 500.
+        status = 503 if code in RETRYABLE else 500
+        error = ApiError(status, message, type="server_error", code=code)
+    error.counted = counted
+    return error

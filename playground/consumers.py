@@ -25,6 +25,8 @@ a duplicate, whatever reconnects happen.
         decode tokens/s = (n - 1) / (t - t_first) whenever the bytes arrive
     {"type": "done", "finish_reason": "stop" | "length" | "cancelled", "text": str,
      "stats": {...} | null, "share_url": str | null}
+        stats: the worker's (prompt and completion tokens, prefill_ms, ttft_ms, decode_tok_s, total_ms, ...)
+        plus queue_ms, the wait for a worker, which the worker's clock (ttft_ms included) leaves out
     {"type": "error", "code": str, "message": str, "param": str?}
         codes: bad_frame, frame_too_large, invalid_request (with param), busy, queue_full,
         rate_limited (with retry_after_s), unknown_job, unavailable, internal_error, and those of
@@ -190,7 +192,7 @@ class GenerateConsumer(AsyncWebsocketConsumer):
                             self.jobs.r, spec.id, spec.model, spec.source, kind, data, queue_ms
                         )
                         if kind == "done":
-                            data = await self.finished(spec, data)
+                            data = await self.finished(spec, data, queue_ms)
                     await self.send_frame(spec.id, entry_id, kind, data)
                 return
             except redis.RedisError as exc:
@@ -212,10 +214,13 @@ class GenerateConsumer(AsyncWebsocketConsumer):
                 await asyncio.sleep(0.5)
         return False
 
-    async def finished(self, spec: JobSpec, done: dict) -> dict:
+    async def finished(self, spec: JobSpec, done: dict, queue_ms: float | None) -> dict:
         stats = done.get("stats")
         if stats:
             stats = {key: value for key, value in stats.items() if key != "token_times"}
+            queue_ms = queue_ms if queue_ms is not None else await self.queue_wait_ms(spec.id)
+            if queue_ms is not None:
+                stats["queue_ms"] = queue_ms
         share_url = None
         if stats:
             try:
@@ -235,6 +240,14 @@ class GenerateConsumer(AsyncWebsocketConsumer):
             "stats": stats,
             "share_url": share_url,
         }
+
+    async def queue_wait_ms(self, job_id: str) -> float | None:
+        """The job's wait for a worker, from its record: for a socket that resumed it after its `started` event."""
+        try:
+            job = await self.jobs.status(job_id)
+            return (float(job["started"]) - float(job["created"])) * 1000
+        except (KeyError, ValueError, redis.RedisError):
+            return None  # the run is over either way: its stats go without it
 
     async def attach(self, spec: JobSpec) -> None:
         self.spec = spec

@@ -45,3 +45,13 @@ def record_states(page) -> None:
         new MutationObserver(() => window.seenStates.push(state.dataset.state))
             .observe(state, {attributes: true, attributeFilter: ["data-state"]});
     }""")
+
+
+def record_state_texts(page) -> None:
+    """From now on, window.stateTexts lists every text the status line shows, in order."""
+    page.evaluate("""() => {
+        window.stateTexts = [];
+        const state = document.getElementById("state");
+        new MutationObserver(() => window.stateTexts.push(state.textContent))
+            .observe(state, {subtree: true, childList: true, characterData: true});
+    }""")

@@ -185,6 +185,32 @@ async def test_reconnect_mid_stream_resumes_without_gap_or_duplicate(start_worke
     await second.disconnect()
 
 
+async def test_done_stats_carry_the_queue_wait_also_for_a_socket_that_resumed(start_worker):
+    # the worker's clock (ttft_ms among it) starts when it takes the job: the wait before it comes apart
+    start_worker(models=["standin:1000"])
+    first = await connect()
+    await first.send_json_to(
+        {"type": "generate", "prompt": "q" * 400, "model": "standin:1000", "max_tokens": 400}
+    )
+    before = []
+    while not any(f["type"] == "delta" for f in before):
+        before.append(await next_frame(first))
+    started = next(f for f in before if f["type"] == "started")
+    await first.disconnect()
+
+    second = await connect()  # resumed after its `started` event: the wait comes from the job's record
+    last = [f for f in before if f.get("id")][-1]
+    await second.send_json_to({"type": "resume", "job_id": last["job_id"], "after": last["id"]})
+    done = (await run_to_end(second))[-1]
+    assert done["type"] == "done" and done["stats"]["queue_ms"] == pytest.approx(started["queue_ms"])
+
+    await second.send_json_to({"type": "generate", "prompt": "w", "model": "standin:1000", "max_tokens": 1})
+    frames = await run_to_end(second)
+    started = next(f for f in frames if f["type"] == "started")
+    assert frames[-1]["stats"]["queue_ms"] == started["queue_ms"] >= 0
+    await second.disconnect()
+
+
 async def test_killed_worker_gives_a_clear_error_and_the_next_request_is_served(start_worker):
     worker = start_worker(models=["standin:100"])
     communicator = await connect()

@@ -13,9 +13,18 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 
+from inference.protocol import events_key, job_key
 from tests.conftest import WorkerProcess, e2e_model
-from tests.page_testing import STANDIN, generate, open_playground, record_states, standin_server
+from tests.page_testing import (
+    STANDIN,
+    generate,
+    open_playground,
+    record_state_texts,
+    record_states,
+    standin_server,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
@@ -137,6 +146,37 @@ def test_a_reload_mid_stream_restores_the_form_and_resumes_the_run(server, page)
     assert page.errors == []
 
 
+RECORD_FROM_THE_START = """document.addEventListener("DOMContentLoaded", () => {
+    // what the status line says and whether Stop is enabled, from the page's first moment on
+    window.stateTexts = [];
+    window.stopEnabled = [];
+    const state = document.getElementById("state"), stop = document.getElementById("stop");
+    new MutationObserver(() => window.stateTexts.push(state.textContent))
+        .observe(state, {subtree: true, childList: true, characterData: true});
+    new MutationObserver(() => window.stopEnabled.push(!stop.disabled))
+        .observe(stop, {attributes: true, attributeFilter: ["disabled"]});
+});"""
+
+
+def test_a_reload_after_a_finished_run_brings_it_back_quietly(server, page):
+    open_playground(page, server.url)
+    generate(page, "def quiet():\n", 13)
+    wait_for_state(page, "done")
+    finished = page.text_content("#state")
+
+    page.add_init_script(RECORD_FROM_THE_START)
+    page.reload()
+    page.wait_for_function("() => document.getElementById('output').textContent === 'def quiet():\\n'")
+    page.wait_for_selector("#final-stats", state="visible")
+    assert page.text_content("#state") == finished
+    # no replay announced as if it ran again ("Reconnecting · restoring…", "Streaming · prefilling…"), and no
+    # Stop for a run that has ended
+    said = page.evaluate("window.stateTexts")
+    assert set(said) <= {finished}, said
+    assert page.is_disabled("#stop") and not any(page.evaluate("window.stopEnabled"))
+    assert page.errors == []
+
+
 # ---- 2. reconnecting ------------------------------------------------------------------------------
 
 
@@ -170,6 +210,88 @@ def test_a_lost_connection_retries_within_seconds_and_at_once_when_the_network_r
     page.click("#retry")
     page.wait_for_selector("#app[data-connected=true]", timeout=5_000)
     assert time.monotonic() - clicked < 1.0
+    assert page.errors == []
+
+
+def forget_job_on_the_server(server, page) -> None:
+    """What a server restart does to the page's run (make run's Redis starts empty): its job is gone."""
+    job_id = page.evaluate("JSON.parse(sessionStorage.getItem('kog-playground')).job.id")
+    r = redis.Redis.from_url(server.env["REDIS_URL"])
+    try:
+        r.delete(job_key(job_id), events_key(job_id))
+    finally:
+        r.close()
+
+
+def test_a_run_the_server_lost_while_disconnected_keeps_its_partial_output_and_says_so(server, page):
+    proxy, prompt = long_run_through_a_proxy(server, page)
+    record_state_texts(page)
+    proxy.cut(keep_down=True)
+    wait_for_state(page, "reconnecting")
+    forget_job_on_the_server(server, page)
+    proxy.outage = False
+
+    wait_for_state(page, "error")
+    state = page.text_content("#state")
+    assert "lost" in state and "partial output kept" in state, state
+    assert not [text for text in page.evaluate("window.stateTexts") if "resumed" in text]  # it never was
+    shown = page.text_content("#output")
+    assert len(shown) > 50 and prompt.startswith(shown)  # what arrived stays, to read and to copy
+    page.click("#copy")
+    page.wait_for_selector("#copy:text('Copied')")
+    assert clipboard(page) == page.text_content("#output-context") + shown
+    assert page.is_enabled("#generate") and page.is_disabled("#stop")
+
+
+def test_while_the_server_is_unreachable_the_clock_stops_and_copy_is_offered(server, page):
+    proxy, prompt = long_run_through_a_proxy(server, page)
+    proxy.cut(keep_down=True)
+    wait_for_state(page, "reconnecting")
+    assert page.text_content("#state").lower().count("reconnect") == 1  # not "Reconnecting · … reconnecting…"
+    page.wait_for_function(
+        "() => document.getElementById('state').textContent.includes('unreachable')", timeout=10_000
+    )  # after a few failed tries
+    assert "unreachable" in page.text_content("#worker-status")
+    assert page.text_content("#state").lower().count("reconnect") == 1
+    assert page.is_visible("#retry") and page.is_visible("#copy")  # what arrived can be copied meanwhile
+    clock = page.text_content("#elapsed")
+    page.wait_for_timeout(700)
+    assert page.text_content("#elapsed") == clock  # no run time the page cannot vouch for
+
+    proxy.outage = False
+    page.click("#retry")
+    wait_for_state(page, "done", timeout=20_000)  # the run went on on the server: nothing lost
+    assert page.text_content("#output") == prompt
+    assert float(page.text_content("#elapsed")) > float(clock)
+
+
+def test_generate_while_disconnected_waits_for_the_connection_and_stop_cancels_it(server, page):
+    proxy = Proxy(page)
+    open_playground(page, server.url)
+    proxy.cut(keep_down=True)
+    page.wait_for_selector("#retry", state="visible")
+    generate(page, "def waiting():\n", 15)
+    state = page.text_content("#state")
+    assert "waiting for the connection" in state and "sends once connected" in state, state
+    page.keyboard.press("Escape")
+    wait_for_state(page, "cancelled")
+    assert "not sent" in page.text_content("#state") and page.is_enabled("#generate")
+
+    proxy.outage = False
+    page.click("#retry")
+    page.wait_for_selector("#app[data-connected=true]")
+    page.wait_for_timeout(1_000)
+    assert page.get_attribute("#state", "data-state") == "cancelled"  # nothing went out when it came back
+    assert page.text_content("#output") == "" and page.text_content("#tokens") == "0"
+
+    proxy.cut(keep_down=True)  # not cancelled: it goes out once connected
+    page.wait_for_selector("#retry", state="visible")
+    page.click("#generate")
+    assert page.get_attribute("#state", "data-state") == "sending"
+    proxy.outage = False
+    page.click("#retry")
+    wait_for_state(page, "done")
+    assert page.text_content("#output") == "def waiting():\n"
     assert page.errors == []
 
 
@@ -258,6 +380,41 @@ def test_copy_code_reads_fences_as_commonmark_does(server, page):
     assert {name: code for (name, _, _), code in zip(FENCED, got, strict=True)} == {
         name: want for name, _, want in FENCED
     }
+
+
+def test_back_to_the_playground_after_try_it_yourself_brings_its_own_run_back(server, page):
+    open_playground(page, server.url)
+    generate(page, "def mine():\n", 12)
+    wait_for_state(page, "done")
+    share = page.get_attribute("#share", "href")
+
+    page.goto(server.url + share)  # the same tab: the share page, then Try it yourself
+    page.click("#try-it")
+    page.wait_for_selector("#worker-status[data-up=true]", timeout=15_000)
+    page.fill("#prompt", "def tried():\n")  # the try-it entry's own edits
+    page.wait_for_timeout(500)  # saved once the typing pauses
+
+    page.go_back()
+    page.go_back()  # the first playground entry: its run, its form
+    page.wait_for_selector("#state[data-state=done]", timeout=15_000)
+    assert page.input_value("#prompt") == "def mine():\n"
+    assert page.text_content("#output") == "def mine():\n"
+    assert page.get_attribute("#share", "href") == share
+    page.go_forward()
+    page.go_forward()  # and the try-it entry keeps its own
+    page.wait_for_selector("#worker-status[data-up=true]", timeout=15_000)
+    assert page.input_value("#prompt") == "def tried():\n"
+    assert page.errors == []
+
+
+def test_the_copy_announcer_is_there_before_the_first_copy(server, page):
+    # a live region made at the moment it speaks is often missed by screen readers
+    open_playground(page, server.url)
+    assert page.get_attribute("#copy-status", "role") == "status"
+    generate(page, "def announced():\n", 9)
+    wait_for_state(page, "done")
+    page.goto(server.url + page.get_attribute("#share", "href"))
+    assert page.get_attribute("#copy-status", "role") == "status"
 
 
 # ---- 4. on a phone ---------------------------------------------------------------------------------
@@ -436,6 +593,58 @@ def test_the_pages_words_read_at_4_5_to_1_against_their_background(server, page)
     assert min(contrast(colour, stop) for stop in background) >= 4.5, ("hovered", colour, background)
 
 
+# ---- 4d. screen readers and motion ------------------------------------------------------------------
+
+
+def test_one_heading_one_output_landmark_and_a_generate_button_named_generate(server, page):
+    open_playground(page, server.url)
+    assert page.get_by_role("heading", level=1).count() == 1
+    assert page.get_by_role("region", name="Output").count() == 1  # not a region inside a region
+    generate_button = page.get_by_role("button", name="Generate", exact=True)  # not "Generate Ctrl ↵"
+    assert generate_button.count() == 1
+    assert "Control+Enter" in generate_button.get_attribute("aria-keyshortcuts")
+    assert page.text_content("#generate .shortcut") == "Ctrl↵"
+    assert page.get_attribute("#max-tokens", "aria-describedby") == "token-hint"
+
+
+def test_on_a_mac_the_shortcut_shows_the_command_key(server, browser):
+    page = new_page(browser)
+    try:
+        page.add_init_script(
+            "Object.defineProperty(Navigator.prototype, 'platform', {get: () => 'MacIntel'})"
+        )
+        open_playground(page, server.url)
+        assert page.text_content("#generate .shortcut") == "⌘↵"
+    finally:
+        page.context.close()
+
+
+ANIMATIONS = """() => Object.fromEntries([
+    ["brand", getComputedStyle(document.querySelector(".brand-mark"))],
+    ["state", getComputedStyle(document.getElementById("state"), "::before")],
+    ["cursor", getComputedStyle(document.getElementById("output"), "::after")],
+].map(([name, style]) => [name, [style.animationName, style.animationIterationCount]]))"""
+
+
+@pytest.mark.parametrize("motion", ["reduce", "no-preference"])
+def test_nothing_blinks_on_and_on_and_nothing_moves_for_those_who_ask_for_less(server, browser, motion):
+    page = new_page(browser, reduced_motion=motion)
+    try:
+        open_playground(page, server.url)
+        generate(page, numbered_lines(100), 1000)
+        wait_for_tokens(page, 10)  # the state's dot pulses and the cursor blinks while it streams
+        animations = page.evaluate(ANIMATIONS)
+        page.click("#stop")
+        wait_for_state(page, "stopped")
+        if motion == "reduce":
+            assert all(name == "none" for name, _ in animations.values()), animations
+        else:  # the brand's cursor blinks a few times as the page opens, then holds still
+            assert animations["brand"][0] != "none" and animations["brand"][1] != "infinite", animations
+            assert animations["cursor"][0] != "none", animations
+    finally:
+        page.context.close()
+
+
 # ---- 5, 6. Python is highlighted as Python; a completion comes with its prompt ---------------------
 
 # Alone, these lines read as Ruby to highlight.js's guess; they are Python.
@@ -524,6 +733,61 @@ def test_a_refused_request_keeps_the_last_output(server, page):
     assert page.text_content("#output") == "def next_one():\n"
 
 
+def test_a_blank_prompt_is_refused_in_the_pages_words_for_eyes_and_screen_readers(server, page):
+    open_playground(page, server.url)
+    generate(page, "  \n ", 5)
+    wait_for_state(page, "error")
+    said = page.text_content("#prompt-error")
+    assert "blank" in said and "non-empty string" not in said, said  # the page's words, not the API's
+    assert page.text_content("#state") == f"Error · {said}"
+    assert page.get_attribute("#prompt", "aria-invalid") == "true"
+    assert page.get_attribute("#prompt", "aria-describedby") == "prompt-error"  # its words, read with it
+
+    page.fill("#prompt", "def fine():\n")  # editing what was refused: the refusal goes
+    assert page.get_attribute("#prompt", "aria-invalid") is None and page.is_hidden("#prompt-error")
+    assert page.text_content("#state") == "Ready"
+
+
+def rate_limited_server(page, retry_after_s: int) -> None:
+    """The page's websocket, with every generate frame refused as over the rate limit (as daphne would)."""
+
+    def handle(ws):
+        server = ws.connect_to_server()
+
+        def from_page(message):
+            if '"generate"' not in message:
+                return server.send(message)
+            words = (
+                f"Rate limit reached: 1 requests per minute per IP address; try again in {retry_after_s} s"
+            )
+            refusal = {
+                "type": "error",
+                "code": "rate_limited",
+                "message": words,
+                "retry_after_s": retry_after_s,
+            }
+            ws.send(json.dumps(refusal))
+
+        ws.on_message(from_page)
+
+    page.route_web_socket(re.compile(r".*/ws/generate/$"), handle)
+
+
+def test_a_rate_limits_try_again_in_counts_down_and_says_when_it_is_time(server, page):
+    rate_limited_server(page, retry_after_s=2)
+    open_playground(page, server.url)
+    generate(page, "def limited():\n", 10)
+    wait_for_state(page, "error")
+    assert page.text_content("#state").endswith("try again in 2 s")
+    page.wait_for_function("() => document.getElementById('state').textContent.endsWith('try again in 1 s')")
+    assert page.get_attribute("#state", "aria-busy") == "true"  # the ticks are not read out, one a second
+    page.wait_for_function(
+        "() => document.getElementById('state').textContent.endsWith('you can try again now')"
+    )
+    assert page.get_attribute("#state", "aria-busy") is None  # the last words are
+    assert page.text_content("#state").startswith("Error · Rate limit reached: 1 requests per minute")
+
+
 # ---- 8. the context limit ------------------------------------------------------------------------
 
 
@@ -567,6 +831,41 @@ def test_the_context_limit_caps_max_tokens_and_is_named_when_reached(server, def
     assert "context full" in page.text_content("#state") and "1,024" in page.text_content("#state"), stats
     assert "max tokens" not in page.text_content("#state")
     assert page.is_hidden("#follow-up")  # a follow-up on a full context could only be refused
+
+
+def test_a_prompt_over_the_context_leaves_the_last_answer_and_says_why_under_the_prompt(
+    server, default_model, browser
+):
+    phone = new_page(browser, **PHONE_3X)  # on a phone the prompt is far above the output
+    try:
+        open_playground(phone, server.url, model=default_model.name)
+        generate(phone, "def a():", 10)
+        wait_for_state(phone, "done", timeout=60_000)
+        answer = phone.text_content("#output"), phone.text_content("#output-context")
+        share, stats = phone.get_attribute("#share", "href"), phone.text_content("#final-stats")
+
+        generate(phone, "# " + "word " * 3000, 10)  # refused by the worker: over the model's 1,024 tokens
+        wait_for_state(phone, "error", timeout=60_000)
+        assert "token context" in phone.text_content("#state")
+        # said under the prompt, and the page stays there (not carried off to the output, far below)
+        phone.wait_for_timeout(800)  # any smooth scroll has ended
+        error = phone.evaluate("(() => { const r = document.getElementById('prompt-error').getBoundingClientRect();"
+                               " return {top: r.top, bottom: r.bottom, height: innerHeight}; })()")  # fmt: skip
+        assert error["top"] > 0 and error["bottom"] < error["height"], error
+        assert "token context" in phone.text_content("#prompt-error")
+        assert phone.evaluate("document.activeElement.id") == "prompt"
+        assert phone.get_attribute("#prompt", "aria-invalid") == "true"
+
+        # the last answer stays, whole: its text (not the refused prompt as context), Copy, link and stats
+        assert (phone.text_content("#output"), phone.text_content("#output-context")) == answer
+        assert phone.get_attribute("#share", "href") == share and phone.is_visible("#share-actions")
+        assert phone.is_visible("#final-stats") and phone.text_content("#final-stats") == stats
+        phone.click("#copy")
+        phone.wait_for_selector("#copy:text('Copied')")
+        assert clipboard(phone) == answer[1] + answer[0]
+        assert phone.errors == []
+    finally:
+        phone.context.close()
 
 
 # ---- 8b. a conversation --------------------------------------------------------------------------
@@ -684,6 +983,47 @@ def test_a_completion_model_offers_no_follow_up(server, page):
     assert page.is_visible("#copy") and page.is_hidden("#follow-up")
 
 
+def store_conversation(page, turns: list[dict]) -> None:
+    """The tab keeps a conversation, as a reload finds it (set before the page loads)."""
+    stored = json.dumps({"form": {"model": MODEL}, "conversation": turns})
+    page.add_init_script(f"sessionStorage.setItem('kog-playground', {json.dumps(stored)})")
+
+
+LONG_CONVERSATION = [
+    {"prompt": f"question {i}", "answer": "".join(f"answer {i} line {j}\n" for j in range(8))}
+    for i in range(6)
+]
+
+
+def test_earlier_answers_sit_in_their_box_without_a_second_box_inside(server, page):
+    store_conversation(page, LONG_CONVERSATION[:1])
+    open_playground(page, server.url)
+    code = page.locator("#conversation-turns .answer-box code.hljs").first
+    style = code.evaluate("el => [getComputedStyle(el).padding, getComputedStyle(el).backgroundColor]")
+    assert style == ["0px", "rgba(0, 0, 0, 0)"], style  # highlight.js's theme gives it 1em and #0d1117
+
+
+def test_after_a_reload_the_earlier_turns_show_the_latest(server, page):
+    store_conversation(page, LONG_CONVERSATION)
+    open_playground(page, server.url)
+    turns = page.evaluate(
+        "(() => { const t = document.getElementById('conversation-turns');"
+        " return [t.scrollTop, t.clientHeight, t.scrollHeight]; })()"
+    )
+    top, height, full = turns
+    assert full > height and top + height >= full - 2, turns  # scrolled to its end, not left at the top
+
+
+def test_new_chat_waits_while_a_run_is_built_on_the_earlier_turns(server, page):
+    open_playground(page, server.url)
+    generate(page, numbered_lines(100), 1000)
+    wait_for_tokens(page, 10)
+    assert page.is_disabled("#new-chat")
+    page.click("#stop")
+    wait_for_state(page, "stopped")
+    assert page.is_enabled("#new-chat")
+
+
 # ---- 9. keys ---------------------------------------------------------------------------------------
 
 
@@ -700,6 +1040,18 @@ def test_ctrl_enter_generates_from_any_field_and_escape_stops(server, page, fiel
     page.keyboard.press("Escape")
     wait_for_state(page, "stopped")
     assert int(page.text_content("#tokens")) < 1000
+
+
+def test_enter_in_a_number_field_does_not_start_a_run(server, page):
+    open_playground(page, server.url)
+    page.fill("#prompt", "def not_yet():\n")
+    for field in ("#temperature", "#top-p", "#max-tokens"):
+        page.focus(field)
+        page.keyboard.press("Enter")  # someone adjusting a value, not asking for a run
+    page.wait_for_timeout(500)
+    assert page.get_attribute("#state", "data-state") == "idle" and page.text_content("#output") == ""
+    page.keyboard.press("Control+Enter")  # the shortcut still generates from there
+    wait_for_state(page, "done")
 
 
 def test_the_keyboard_focus_goes_from_generate_to_stop_and_back(server, page):
@@ -789,6 +1141,31 @@ def test_stopping_a_queued_run_says_it_never_started(server, browser):
         first.click("#stop")
         wait_for_state(first, "stopped")
         assert "partial output kept" in first.text_content("#state")
+    finally:
+        first.context.close()
+        second.context.close()
+
+
+def seconds(shown: str) -> float:
+    """ "7.13 s" or "17.0 ms", as the final stats show a time -> seconds."""
+    value, unit = shown.split()
+    return float(value) / (1000 if unit == "ms" else 1)
+
+
+def test_the_final_stats_show_the_wait_in_the_queue(server, browser):
+    first, second = new_page(browser), new_page(browser)
+    try:
+        open_playground(first, server.url)
+        open_playground(second, server.url)
+        generate(first, numbered_lines(80), 800)  # holds the only worker for 2 s
+        wait_for_tokens(first, 10)
+        generate(second, "def queued():\n", 14)
+        wait_for_state(second, "done")
+        # the first token's time is the worker's, from when it took the job: the wait before it is apart
+        assert seconds(second.text_content("#stat-queue")) > 1.0, second.text_content("#final-stats")
+        assert seconds(second.text_content("#stat-ttft")) < 1.0
+        wait_for_state(first, "done")
+        assert first.is_visible("#stat-queue")  # a run that did not wait says so too (a few ms)
     finally:
         first.context.close()
         second.context.close()

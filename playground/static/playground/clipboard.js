@@ -40,16 +40,19 @@
   }
 
   // A button's new label is not announced by screen readers; one polite status region says it for every
-  // button (made on first use, off-screen, and emptied first so that the same word twice is heard twice).
+  // button. It is made with the page, off-screen: a region added at the moment it speaks is often missed
+  // (screen readers watch the regions that were there before). Emptied first, the same word twice is heard twice.
   let announcer = null;
+  function makeAnnouncer() {
+    announcer = document.createElement("div");
+    announcer.id = "copy-status";
+    announcer.className = "offscreen";
+    announcer.setAttribute("role", "status");
+    document.body.append(announcer);
+  }
+
   function announce(text) {
-    if (!announcer) {
-      announcer = document.createElement("div");
-      announcer.id = "copy-status";
-      announcer.className = "offscreen";
-      announcer.setAttribute("role", "status");
-      document.body.append(announcer);
-    }
+    if (!announcer) makeAnnouncer(); // a copy before the page finished loading
     announcer.textContent = "";
     setTimeout(() => (announcer.textContent = text), 50);
   }
@@ -63,6 +66,8 @@
   }
 
   window.kogClipboard = { copy, flash };
+
+  document.addEventListener("DOMContentLoaded", () => announcer || makeAnnouncer());
 
   document.addEventListener("click", (event) => {
     const button = event.target.closest && event.target.closest("[data-copy-from], [data-copy-code-from]");

@@ -10,7 +10,10 @@
  * text-direction controls shown rather than obeyed.
  * Reconnects: every stream frame has an entry id; the page applies each id once and in order, and
  * after a reconnect asks for the entries after the last one it applied. A reload keeps the form and
- * the run's job id in sessionStorage and replays the run from its first entry.
+ * the run's job id in sessionStorage (each entry of the tab's history its own) and replays the run from
+ * its first entry.
+ * A new run takes the output pane only once it produces (its prefill): until then the last answer stays,
+ * and a request the worker refuses (a prompt over the context) leaves it in place.
  * Conversations: "Follow up" moves a chat run's prompt and answer into the earlier turns, which go with
  * the next prompt as its history (the server renders them through the model's chat template).
  */
@@ -18,23 +21,33 @@
   "use strict";
 
   const ACTIVE = new Set(["sending", "queued", "streaming", "stopping", "reconnecting"]);
+  const ENDED = new Set(["done", "stopped", "cancelled", "error"]);
   const FIELD_IDS = {
     prompt: "prompt", system_prompt: "system-prompt", model: "model",
     temperature: "temperature", top_p: "top-p", max_tokens: "max-tokens",
   };
-  const STORE_KEY = "kog-playground";
+  const STORE_KEY = "kog-playground"; // the tab's latest state, where a new history entry starts from
+  const ENTRY_PREFIX = "kog-playground:entry:"; // the state of one entry of the tab's history
+  const ENTRIES_KEY = "kog-playground:entries"; // those entries' ids, the most recently saved last
+  const ENTRIES_KEPT = 20; // a prompt may be 100,000 characters: older entries make room
   const RETRY_MS = [250, 500, 1000, 2000, 3000]; // reconnect delays after each failed try; the last repeats
+  const UNREACHABLE_AFTER = 3; // failed reconnects (~1.75 s) before the page calls the server unreachable
 
   const ui = {};
   let socket = null; // the ws extension's socket wrapper: send() queues while disconnected
   let connection = "connecting"; // connecting | open | closed
   let run = newRun(); // the run the page shows
-  // a generate frame on its way: {frame, at, sent, stopRequested}, until its job id comes back
+  // the run whose answer stays on screen while the next one has not produced yet (null once it has)
+  let lastRun = null;
+  // a generate frame on its way: {frame, at, sent, stopRequested}, until its job id comes back; one
+  // asked for while disconnected waits here (sent: false) for the connection
   let request = null;
   let models = {}; // name -> {chat, max_context}, from the latest workers frame
   let conversation = []; // the earlier turns the next prompt follows up on: [{prompt, answer}], oldest first
   let frameRequested = false;
   let persistTimer = null; // a form save waiting for the typing to pause
+  let historyEntry = ""; // the id of this entry of the tab's history (its stored state's key)
+  let countdownTimer = null; // a rate limit's "try again in N s", counting down
   const retry = { timer: null, count: 0 };
 
   function newRun() {
@@ -42,7 +55,11 @@
       phase: "idle", jobId: null, lastId: "0-0", note: "", model: "", maxTokens: null,
       chat: false, prompt: "", system: "", context: "", stopRequested: false, restored: false,
       pending: [], text: "", n: 0, t: 0, tFirst: null, queue: null,
-      startedAt: 0, endedAt: null, stats: null, outcome: "",
+      startedAt: 0, endedAt: null, stats: null, outcome: "", outcomeNote: "",
+      shown: false, // its output has the pane (from its prefill on)
+      replaying: false, // a finished run brought back by a reload, replayed without announcing it
+      resuming: false, // a resume was sent after a reconnect; no frame has come back yet
+      frozenAt: null, // when the connection dropped: the clock stops there until it is back
     };
   }
 
@@ -63,12 +80,41 @@
     };
   }
 
+  // Each entry of the tab's history keeps its own state, so that Back to an earlier playground brings its
+  // own run back (a share page's "Try it yourself" opens a new entry with other values); the entry's id
+  // lives in history.state, which a reload and Back keep. A new entry starts from the tab's latest state.
+  function entryId() {
+    const state = history.state && typeof history.state === "object" ? history.state : {};
+    if (typeof state.kogEntry === "string") return state.kogEntry;
+    const id = Date.now().toString(36) + Math.random().toString(36).slice(2, 8);
+    history.replaceState({ ...state, kogEntry: id }, "");
+    return id;
+  }
+
   function readStore() {
     try {
-      return JSON.parse(sessionStorage.getItem(STORE_KEY)) || {};
+      const saved = sessionStorage.getItem(ENTRY_PREFIX + historyEntry) || sessionStorage.getItem(STORE_KEY);
+      return JSON.parse(saved) || {};
     } catch (err) {
       return {}; // storage disabled or a broken entry: start afresh
     }
+  }
+
+  function writeStore(saved) {
+    const text = JSON.stringify(saved);
+    let entries = [];
+    try {
+      entries = JSON.parse(sessionStorage.getItem(ENTRIES_KEY)) || [];
+    } catch (err) {
+      entries = []; // a broken list: its entries stay until the storage is full
+    }
+    entries = entries.filter((id) => typeof id === "string" && id !== historyEntry);
+    entries.push(historyEntry);
+    for (const old of entries.slice(0, -ENTRIES_KEPT)) sessionStorage.removeItem(ENTRY_PREFIX + old);
+    entries = entries.slice(-ENTRIES_KEPT);
+    sessionStorage.setItem(ENTRIES_KEY, JSON.stringify(entries));
+    sessionStorage.setItem(ENTRY_PREFIX + historyEntry, text);
+    sessionStorage.setItem(STORE_KEY, text);
   }
 
   function persist() {
@@ -78,10 +124,10 @@
       maxTokens: run.maxTokens,
       startedAt: Date.now() - (performance.now() - run.startedAt), // wall clock: survives the reload
       endedAt: run.endedAt === null ? null : Date.now() - (performance.now() - run.endedAt),
+      outcome: run.outcome, note: run.outcomeNote, // a finished run comes back as it ended
     };
     try {
-      const saved = { form: formValues(), job: job || null, conversation };
-      sessionStorage.setItem(STORE_KEY, JSON.stringify(saved));
+      writeStore({ form: formValues(), job: job || null, conversation });
     } catch (err) {
       // full or disabled storage: a reload then starts afresh, nothing else changes
     }
@@ -110,21 +156,26 @@
   }
 
   // A run that was going (or had ended) when the page reloaded: show it again from its first entry;
-  // the server keeps a job's whole event stream for an hour.
+  // the server keeps a job's whole event stream for an hour. A finished run comes back quietly, as it
+  // ended: its replay is no news to announce, and there is nothing to stop.
   function restoreRun(job) {
     if (!job || typeof job.id !== "string") return;
+    const finished = !!job.endedAt && ENDED.has(job.outcome);
     run = Object.assign(newRun(), {
       jobId: job.id, model: job.model || "", chat: !!job.chat, prompt: job.prompt || "",
-      system: job.system || "", maxTokens: job.maxTokens ?? null, restored: true,
+      system: job.system || "", maxTokens: job.maxTokens ?? null, restored: true, shown: true,
+      replaying: finished,
       startedAt: performance.now() - (Date.now() - job.startedAt),
       endedAt: job.endedAt ? performance.now() - (Date.now() - job.endedAt) : null,
     });
     showContext();
     followOutput();
-    setPhase("reconnecting", "restoring the last run…");
+    if (finished) setPhase(job.outcome, typeof job.note === "string" ? job.note : "");
+    else setPhase("reconnecting", "restoring the last run…");
   }
 
   function restoreFromLoad() {
+    historyEntry = entryId();
     const saved = readStore();
     if (ui.form.dataset.prefilled === "true") {
       // "Try it yourself" on a share page: its values win (its conversation too), and the address
@@ -174,11 +225,12 @@
       }
     }
     ui.conversationTurns.replaceChildren(...items);
-    ui.conversationTurns.scrollTop = ui.conversationTurns.scrollHeight; // the latest turn in view
     const n = conversation.length;
     const turns = `${n} earlier turn${n === 1 ? "" : "s"}`;
     ui.conversation.hidden = !n;
     ui.conversationNote.hidden = !n;
+    // once shown: a hidden list has no height to scroll (a reload, the first Follow up)
+    ui.conversationTurns.scrollTop = ui.conversationTurns.scrollHeight; // the latest turn in view
     setText(ui.conversationSummary, `Earlier turns · ${n}`);
     setText(ui.conversationCount, `follows up on ${turns}`);
     const followUpHint = "Ask a follow-up: the model reads the earlier turns.";
@@ -198,7 +250,7 @@
     if (ui.followUp.hidden) return;
     const typedSince = ui.prompt.value !== run.prompt; // the next question, already typed: it stays
     setConversation([...conversation, { prompt: run.prompt, answer: run.text }]);
-    run = newRun();
+    run = Object.assign(newRun(), { shown: true }); // the emptied pane is the next prompt's
     clearOutput();
     showContext();
     setPhase("idle");
@@ -209,6 +261,7 @@
   }
 
   function newChat() {
+    if (ACTIVE.has(run.phase) || request) return; // the running answer is built on these turns
     setConversation([]);
     clearPromptError();
     if (run.phase === "error") setPhase("idle"); // what went wrong was the conversation's length
@@ -232,8 +285,10 @@
     };
   }
 
-  // The server refuses prompts over its limit; say so before sending 100,000 characters for nothing.
-  function promptTooLong() {
+  // What the server would refuse in the prompt, said in the page's words before anything is sent (and
+  // before 100,000 characters go out for nothing); "" when it is fine.
+  function promptProblem() {
+    if (!ui.prompt.value.trim()) return "the prompt is blank: write what the model should continue or answer";
     const limit = Number(ui.form.dataset.maxPromptChars);
     const length = Array.from(ui.prompt.value).length; // characters, as Python counts them
     if (!limit || length <= limit) return "";
@@ -248,15 +303,35 @@
       ui.form.reportValidity(); // htmx halts the send itself; the browser says which field and why
       return;
     }
-    const tooLong = promptTooLong();
-    if (tooLong) {
+    const problem = promptProblem();
+    if (problem) {
       event.preventDefault();
-      markInvalid("prompt", tooLong);
-      return refuse(tooLong);
+      markInvalid("prompt", problem);
+      return refuse(problem);
     }
-    const frame = generateFrame();
-    event.detail.messageBody = JSON.stringify(frame);
-    request = { frame, at: performance.now(), sent: false };
+    request = { frame: generateFrame(), at: performance.now(), sent: false };
+    if (connection !== "open") {
+      // not handed to the extension, whose queue would send it whenever the connection returns (a Stop
+      // could not take it back): onOpen sends it, and says so meanwhile
+      event.preventDefault();
+      setPhase("sending", waitingNote());
+      return;
+    }
+    event.detail.messageBody = JSON.stringify(request.frame);
+    setPhase("sending");
+    requestRender();
+  }
+
+  function waitingNote() {
+    const unreachable = retry.count > UNREACHABLE_AFTER;
+    return `waiting for the connection${unreachable ? " (the server is unreachable)" : ""} · sends once connected`;
+  }
+
+  // A request that waited for the connection goes out now; its clock starts now, not at the click.
+  function sendWaitingRequest() {
+    socket.send(JSON.stringify(request.frame));
+    request.sent = true;
+    request.at = performance.now();
     setPhase("sending");
     requestRender();
   }
@@ -265,25 +340,49 @@
     if (event.target === ui.form && request) request.sent = true;
   }
 
-  // The server took the request (its first frame names the job): only now does the last run's
-  // output make way, so a refused request leaves it in place.
+  // The server took the request (its first frame names the job). The last run's answer stays on screen
+  // until the new one produces (takePane), so a request the worker refuses leaves it in place.
   function acceptJob(jobId) {
     const { frame, stopRequested } = request;
+    lastRun = run;
     run = Object.assign(newRun(), {
       jobId, model: frame.model, chat: !!(models[frame.model] || {}).chat, prompt: frame.prompt,
       system: frame.system_prompt, maxTokens: frame.max_tokens ?? null, startedAt: request.at,
     });
     request = null;
-    clearOutput();
-    for (const el of document.querySelectorAll(".invalid")) el.classList.remove("invalid");
+    ui.outputBox.dataset.previous = "true"; // the last answer, waiting for the next: no cursor at its end
+    for (const el of document.querySelectorAll(".invalid")) clearInvalid(el);
     clearPromptError();
+    setPhase("sending");
+    persist();
+    if (stopRequested) requestStop(); // Stop was pressed before the job had an id: it stops now
+  }
+
+  // The new run produces (its prefill is done): its output replaces the last answer, with what
+  // belonged to that one (its stats, Copy, share link).
+  function takePane() {
+    if (run.shown) return;
+    run.shown = true;
+    lastRun = null;
+    delete ui.outputBox.dataset.previous;
+    clearOutput();
     showContext();
     followOutput();
     // only now: a refused request leaves the page where it was, at the field it names (on a phone, far above)
     revealOutput();
-    setPhase("sending");
+  }
+
+  // The new run ended before producing anything (refused by its worker, lost, stopped while queued): the
+  // last answer, still on screen, is the page's run again, with its counters; the state says what happened.
+  function restoreLastRun(phase, note) {
+    if (!lastRun) return finish(phase, note);
+    run = lastRun;
+    lastRun = null;
+    delete ui.outputBox.dataset.previous;
+    setPhase(phase, note);
+    renderCounters(performance.now());
+    showFollowUp();
     persist();
-    if (stopRequested) requestStop(); // Stop was pressed before the job had an id: it stops now
   }
 
   // The output pane emptied for the next run, with what belonged to the last one (its stats and buttons).
@@ -298,6 +397,11 @@
   }
 
   function requestStop() {
+    if (request && !request.sent) {
+      // it waits for the connection: it is simply not sent
+      request = null;
+      return setPhase("cancelled", "not sent");
+    }
     if (request) {
       // the request is on its way and its job has no id yet: stop it the moment the id comes back
       request.stopRequested = true;
@@ -329,6 +433,7 @@
     if (frame.job_id) {
       if (request && frame.job_id !== run.jobId) acceptJob(frame.job_id);
       if (frame.job_id !== run.jobId) return; // a frame of an earlier run
+      run.frozenAt = null; // the run's clock is live again
     } else if (frame.type === "error") {
       return requestError(frame);
     }
@@ -336,8 +441,11 @@
       if (!entryAfter(frame.id, run.lastId)) return; // already applied before a reconnect
       run.lastId = frame.id;
     }
-    // Once Stop is pressed the state says so until the run ends, whatever frames are still on the way.
-    const follow = (phase, note) => run.stopRequested || setPhase(phase, note);
+    const resumed = run.resuming; // the server took the resume: this is its first frame back
+    run.resuming = false;
+    // Once Stop is pressed the state says so until the run ends, whatever frames are still on the way;
+    // a finished run replayed after a reload keeps saying how it ended.
+    const follow = (phase, note) => run.stopRequested || run.replaying || setPhase(phase, note);
     switch (frame.type) {
       case "queue":
         run.queue = frame.position;
@@ -350,22 +458,26 @@
         follow("streaming", "prefilling…");
         break;
       case "prefilled":
+        takePane();
         follow("streaming", `${frame.prompt_tokens} prompt tokens`);
         break;
       case "delta":
+        takePane();
         run.pending.push(frame.text);
         run.text += frame.text;
         run.n = frame.n;
         run.t = frame.t;
         run.tFirst = frame.t_first;
-        if (run.phase !== "streaming") follow("streaming");
+        if (run.phase !== "streaming" || resumed) follow("streaming", resumed ? "resumed" : "");
         requestRender();
         break;
       case "done":
-        finishDone(frame);
+        if (frame.stats || run.shown) finishDone(frame);
+        else restoreLastRun("cancelled", finishNote(frame)); // stopped before it started
         break;
       case "error":
-        finish("error", errorNote(frame));
+        if (run.shown) finish("error", errorNote(frame));
+        else restoreLastRun("error", errorNote(frame)); // refused by its worker, or lost before it produced
         break;
     }
   }
@@ -375,9 +487,11 @@
     if (frame.param) markInvalid(frame.param, frame.message);
     if (request) {
       request = null;
+      if (frame.code === "rate_limited" && frame.retry_after_s > 0) return refuseUntil(frame);
       return refuse(frame.message);
     }
-    if (frame.code === "unknown_job" && run.jobId && ACTIVE.has(run.phase)) return forgetRun();
+    const followed = run.jobId && (ACTIVE.has(run.phase) || run.replaying);
+    if (frame.code === "unknown_job" && followed) return loseRun();
     flashNote(frame.message);
   }
 
@@ -387,16 +501,45 @@
     renderCounters(performance.now());
   }
 
-  // The server no longer has the run this page follows (finished runs expire after an hour).
-  function forgetRun() {
-    const wasRestored = run.restored && !run.text;
-    run = newRun();
-    ui.output.replaceChildren();
-    showContext();
-    setPhase("idle");
-    renderCounters(performance.now());
+  // A rate limit's "try again in N s" counts down to "you can try again now", so that it stays true.
+  // Screen readers hear the first words and the last: aria-busy holds the ticks in between back.
+  function refuseUntil(frame) {
+    const words = frame.message.replace(/;?\s*try again in \d+ s\.?$/, ""); // playground/limits.py's wording
+    const until = performance.now() + 1000 * frame.retry_after_s;
+    const tick = () => {
+      const left = Math.ceil((until - performance.now()) / 1000);
+      if (left > 0) {
+        ui.state.setAttribute("aria-busy", "true"); // before the text changes
+        run.note = `${words}; try again in ${left} s`;
+        countdownTimer = setTimeout(tick, until - performance.now() - (left - 1) * 1000);
+      } else {
+        ui.state.removeAttribute("aria-busy");
+        run.note = `${words}; you can try again now`;
+      }
+      showState();
+    };
+    refuse(`${words}; try again in ${frame.retry_after_s} s`);
+    countdownTimer = setTimeout(tick, 1000);
+  }
+
+  // The server no longer has the run this page follows: it restarted and lost its jobs, or a run restored
+  // after a reload has expired (a finished run's events are kept for an hour).
+  function loseRun() {
+    const lost = "the run was lost: the server no longer has it (it may have restarted)";
+    if (!run.shown) return restoreLastRun("error", lost); // it had produced nothing: the last answer stays
+    if (!run.text && run.restored) {
+      run = newRun();
+      clearOutput();
+      showContext();
+      setPhase("idle");
+      renderCounters(performance.now());
+      persist();
+      flashNote("the last run is no longer on the server (it expired, or the server restarted)");
+      return;
+    }
+    // a run the page was following live: what it showed stays, to read and copy
+    finish("error", run.text ? `${lost} · partial output kept` : lost);
     persist();
-    flashNote(wasRestored ? "the last run has expired on the server" : "the server no longer has this run");
   }
 
   // The field a refusal names, in view and focused; what is wrong with the prompt (or the conversation it
@@ -406,9 +549,18 @@
     if ((param === "prompt" || aboutHistory) && message) showPromptError(message);
     const field = document.getElementById(aboutHistory ? "prompt" : FIELD_IDS[param] || "");
     if (!field) return;
-    if (!aboutHistory) field.classList.add("invalid");
+    if (!aboutHistory) {
+      field.classList.add("invalid");
+      field.setAttribute("aria-invalid", "true"); // its words: #prompt-error (aria-describedby)
+    }
     field.focus({ preventScroll: true });
     field.scrollIntoView({ block: "nearest" });
+    if (!ui.promptError.hidden) ui.promptError.scrollIntoView({ block: "nearest" }); // just below the prompt
+  }
+
+  function clearInvalid(field) {
+    field.classList.remove("invalid");
+    field.removeAttribute("aria-invalid");
   }
 
   function showPromptError(message) {
@@ -448,15 +600,16 @@
     const named = frame.param && message.startsWith(`${frame.param}: `);
     const detail = named ? message.slice(frame.param.length + 2) : message;
     if (!conversation.length) {
-      showPromptError(`prompt: ${detail}`);
+      markInvalid("prompt", `prompt: ${detail}`);
       return `prompt: ${detail}`;
     }
     const note = `the conversation no longer fits: ${detail}`;
-    showPromptError(`${note}. New chat (or a shorter prompt) makes room.`);
+    markInvalid("history", `${note}. New chat (or a shorter prompt) makes room.`);
     return `${note} · New chat (or a shorter prompt) makes room`;
   }
 
   function finishDone(frame) {
+    takePane();
     flushPending();
     // The server's copy is the reference; the check is kept on the element for tests and benchmarks.
     ui.output.dataset.streamCheck = frame.text === run.text ? "ok" : "mismatch";
@@ -479,9 +632,12 @@
 
   function finish(phase, note) {
     flushPending();
-    if (run.endedAt === null) run.endedAt = performance.now();
+    if (run.endedAt === null) run.endedAt = run.frozenAt ?? performance.now();
     run.restored = false;
+    run.replaying = false;
+    run.resuming = false;
     run.outcome = phase;
+    run.outcomeNote = note || "";
     setPhase(phase, note);
     renderCounters(run.endedAt);
     ui.copy.hidden = !run.text; // a run that failed midway (its worker lost) keeps its text, to copy too
@@ -527,31 +683,44 @@
     retry.count = 0;
     setConnection("open");
     if (request) {
-      // a request still waiting in the extension's queue goes out right after this event; one that
-      // went out before the drop never got its job id back, so there is nothing to resume
-      if (request.sent) {
-        request = null;
-        refuse("the connection dropped before the job started; please try again");
-      }
-      return;
+      // one that waited for the connection goes out now; one that went out before the drop never got
+      // its job id back, so there is nothing to resume
+      if (!request.sent) return sendWaitingRequest();
+      request = null;
+      return refuse("the connection dropped before the job started; please try again");
     }
-    if (!run.jobId || !ACTIVE.has(run.phase)) return;
+    if (!run.jobId || !(ACTIVE.has(run.phase) || run.replaying)) return;
     socket.send(JSON.stringify({ type: "resume", job_id: run.jobId, after: run.lastId }));
+    // "resumed" is said once the server answers with the run's next frame (onMessage), not before: it may
+    // no longer have the run (a restart)
+    run.resuming = !run.restored;
     if (run.stopRequested) {
       socket.send(JSON.stringify({ type: "stop" }));
       setPhase("stopping");
-    } else if (!run.restored) {
-      setPhase(run.phase === "reconnecting" ? "streaming" : run.phase, "resumed");
+    } else if (run.resuming) {
+      setPhase("reconnecting", "resuming the run…");
     }
   }
 
   function onClose(event) {
     socket = event.detail.socketWrapper;
     setConnection("closed");
-    const following = request ? request.sent : ACTIVE.has(run.phase) && run.jobId;
-    if (following && run.stopRequested) setPhase("stopping", "stops once reconnected");
-    else if (following && !run.restored) setPhase("reconnecting", "connection lost — reconnecting…");
     scheduleReconnect();
+    showConnectionLost(retry.count > UNREACHABLE_AFTER);
+  }
+
+  // While the socket is down (and its retries go on in the background): the run's clock stops, since the
+  // page cannot tell how the run goes, what arrived can be copied, and the words say what happens next.
+  function showConnectionLost(unreachable) {
+    setText(ui.workerText, unreachable ? "server unreachable · retrying" : "connection lost · reconnecting");
+    const lost = unreachable ? "the server is unreachable" : "connection lost";
+    if (request && !request.sent) return setPhase("sending", waitingNote());
+    if (request) return setPhase("reconnecting", lost); // sent, and no job id came back: onOpen says so
+    if (!run.jobId || !ACTIVE.has(run.phase)) return;
+    if (run.frozenAt === null) run.frozenAt = performance.now();
+    if (run.shown) ui.copy.hidden = !run.text;
+    if (run.stopRequested) setPhase("stopping", `${lost} · stops once reconnected`);
+    else if (!run.restored) setPhase("reconnecting", unreachable ? `${lost} · still trying` : lost);
   }
 
   function setConnection(state) {
@@ -560,7 +729,7 @@
     ui.retry.hidden = state !== "closed";
     if (state !== "open") {
       ui.workerStatus.dataset.up = "false";
-      setText(ui.workerText, state === "closed" ? "connection lost · reconnecting" : "connecting…");
+      if (state === "connecting") setText(ui.workerText, "connecting…");
       setText(ui.workerBusy, "");
     }
   }
@@ -636,13 +805,18 @@
     else setText(ui.ttft, run.tFirst === null ? "–" : (run.tFirst * 1000).toFixed(0));
     setText(ui.tokens, String(run.n));
     setText(ui.queue, run.phase === "queued" && run.queue !== null ? String(run.queue) : "–");
-    setText(ui.elapsed, run.startedAt ? (((run.endedAt || now) - run.startedAt) / 1000).toFixed(2) : "–");
+    const clock = run.endedAt ?? run.frozenAt ?? now; // stopped while the connection is down
+    setText(ui.elapsed, run.startedAt ? ((clock - run.startedAt) / 1000).toFixed(2) : "–");
   }
 
   function showFinalStats(stats) {
     if (!stats) return;
     const ms = (v) => (v >= 1000 ? (v / 1000).toFixed(2) + " s" : v.toFixed(1) + " ms");
     setText(ui.statPromptTokens, `${stats.prompt_tokens} tokens`);
+    // the wait for a worker comes before the worker's own clock starts: the first token's time leaves it out
+    const queued = typeof stats.queue_ms === "number";
+    ui.queueRow.hidden = !queued;
+    if (queued) setText(ui.statQueue, ms(stats.queue_ms));
     setText(ui.statPrefill, ms(stats.prefill_ms));
     setText(ui.statTtft, ms(stats.ttft_ms));
     // one token has no decode rate (the rate counts the gaps after the first)
@@ -659,24 +833,39 @@
     ui.finalStats.hidden = false;
   }
 
+  const PHASE_LABELS = {
+    idle: "Ready", sending: "Sending…", queued: "Queued", streaming: "Streaming", stopping: "Stopping…",
+    reconnecting: "Reconnecting", done: "Done", stopped: "Stopped", cancelled: "Cancelled", error: "Error",
+  };
+
   function setPhase(phase, note) {
+    stopCountdown();
     run.phase = phase;
     run.note = note || "";
-    const labels = {
-      idle: "Ready", sending: "Sending…", queued: "Queued", streaming: "Streaming", stopping: "Stopping…",
-      reconnecting: "Reconnecting", done: "Done", stopped: "Stopped", cancelled: "Cancelled", error: "Error",
-    };
-    ui.state.dataset.state = phase;
-    setText(ui.state, run.note ? `${labels[phase]} · ${run.note}` : labels[phase]);
+    showState();
     const active = ACTIVE.has(phase);
     const focused = document.activeElement;
     ui.generate.disabled = active;
     ui.stop.disabled = !active || phase === "stopping" || !(run.jobId || request);
+    ui.newChat.disabled = active || !!request; // the running answer is built on the earlier turns
     // before the focus moves: on a phone the run bar hides Generate, which cannot take the focus while hidden
     ui.app.dataset.phase = phase;
     ui.app.dataset.active = active ? "true" : "false"; // shows the phone's run bar
     passFocus(focused);
     showFollowUp();
+  }
+
+  // The status line (a live region): written only where it changes, the same state twice is no news.
+  function showState() {
+    if (ui.state.dataset.state !== run.phase) ui.state.dataset.state = run.phase;
+    const label = PHASE_LABELS[run.phase];
+    setText(ui.state, run.note ? `${label} · ${run.note}` : label);
+  }
+
+  function stopCountdown() {
+    clearTimeout(countdownTimer);
+    countdownTimer = null;
+    ui.state.removeAttribute("aria-busy");
   }
 
   // A focused button that gets disabled drops the keyboard focus (and a screen reader's place) to the
@@ -762,13 +951,20 @@
       const fmt = (n) => n.toLocaleString("en");
       setText(ui.tokenHint, `${ui.model.value} reads ${fmt(context)} tokens, prompt and output together:`
         + ` max tokens ≤ ${fmt(cap)}${over ? "" : ", fewer with a long prompt"}.`);
+    } else {
+      setText(ui.tokenHint, ""); // hidden, and no stale description of Max tokens (aria-describedby)
     }
   }
 
   // ---- copying -----------------------------------------------------------------------------------
 
+  // The run whose answer the pane shows: the last one until the next has produced.
+  function runOnScreen() {
+    return run.shown || !lastRun ? run : lastRun;
+  }
+
   function copyOutput() {
-    window.kogClipboard.copy(ui.context.textContent + run.text).then((ok) => {
+    window.kogClipboard.copy(ui.context.textContent + runOnScreen().text).then((ok) => {
       if (ok) return window.kogClipboard.flash(ui.copy, "Copied");
       // last resort: select the text so that Ctrl+C copies it
       const range = document.createRange();
@@ -780,7 +976,7 @@
   }
 
   function copyCode() {
-    window.kogClipboard.copy(window.kogHighlight.fencedCode(run.text)).then((ok) => {
+    window.kogClipboard.copy(window.kogHighlight.fencedCode(runOnScreen().text)).then((ok) => {
       window.kogClipboard.flash(ui.copyCode, ok ? "Copied" : "Copy failed: select it");
     });
   }
@@ -795,10 +991,22 @@
   // ---- keys --------------------------------------------------------------------------------------
 
   function onFormKey(event) {
-    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+    if (event.key !== "Enter") return;
+    if (event.ctrlKey || event.metaKey) {
       event.preventDefault();
       ui.form.requestSubmit();
+    } else if (event.target instanceof HTMLInputElement) {
+      // Enter in a number (temperature, top-p, max tokens) would submit the form: someone adjusting a value
+      // means no run by it; Ctrl/Cmd+Enter generates from there as from any field
+      event.preventDefault();
     }
+  }
+
+  // The shortcut Generate shows, in the platform's words: ⌘ on a Mac, an iPad or an iPhone.
+  function showShortcut() {
+    const platforms = [navigator.userAgentData && navigator.userAgentData.platform, navigator.platform];
+    const apple = platforms.some((name) => /mac|iphone|ipad|ipod/i.test(name || ""));
+    if (apple) ui.shortcutKey.textContent = "⌘";
   }
 
   function onDocumentKey(event) {
@@ -823,21 +1031,24 @@
       queue: "queue", elapsed: "elapsed", copy: "copy", shareActions: "share-actions", share: "share",
       copyLink: "copy-link", copyCode: "copy-code", finalStats: "final-stats", statPromptTokens: "stat-prompt-tokens",
       statPrefill: "stat-prefill", statTtft: "stat-ttft", statDecode: "stat-decode", statTotal: "stat-total",
-      statBandwidth: "stat-bandwidth", bandwidthRow: "stat-bandwidth-row",
+      statBandwidth: "stat-bandwidth", bandwidthRow: "stat-bandwidth-row", statQueue: "stat-queue",
+      queueRow: "stat-queue-row",
       workerStatus: "worker-status", workerText: "worker-text",
       workerBusy: "worker-busy", followUp: "follow-up", newChat: "new-chat", conversation: "conversation",
       conversationTurns: "conversation-turns", conversationSummary: "conversation-summary",
       conversationNote: "conversation-note", conversationCount: "conversation-count",
-      promptError: "prompt-error",
+      promptError: "prompt-error", shortcutKey: "shortcut-key",
     };
     for (const [key, id] of Object.entries(ids)) ui[key] = document.getElementById(id);
     if (!ui.app) return;
     ui.prompt.dataset.placeholder = ui.prompt.placeholder;
+    showShortcut();
 
     ui.form.addEventListener("submit", (event) => event.preventDefault()); // htmx sends it over the socket
     ui.form.addEventListener("keydown", onFormKey);
     ui.form.addEventListener("input", (event) => {
-      event.target.classList.remove("invalid");
+      clearInvalid(event.target);
+      if (run.phase === "error" && !request) setPhase("idle"); // what was refused is being changed
       if (event.target === ui.prompt) clearPromptError();
       if (event.target === ui.maxTokens) updateTokenLimit();
       persistSoon();

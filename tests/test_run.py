@@ -31,26 +31,41 @@ def alive(pid: int) -> bool:
     return True
 
 
-def test_ctrl_c_stops_the_worker_before_its_redis_and_leaves_nothing_running(tmp_path):
+def launch(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[subprocess.Popen, int]:
+    """`python -m playground.run` in its own session, as a terminal runs it (Ctrl-C reaches its whole group),
+    with a Redis of its own unless `env` names one."""
     port = free_port()
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "LOG_FORMAT": "plain"}
-    env.pop("REDIS_URL", None)
-    # its own process group, as a terminal gives it: Ctrl-C sends SIGINT to every process in that group
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "playground.run", "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"} | {
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+        "LOG_FORMAT": "plain",
+        **(env or {}),
+    }
+    launcher = subprocess.Popen([sys.executable, "-m", "playground.run", "--port", str(port), *args], cwd=ROOT,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)  # fmt: skip
+    return launcher, port
+
+
+def read_until(launcher: subprocess.Popen, words: str, lines: list[str]) -> None:
+    for line in launcher.stdout:
+        lines.append(line)
+        if words in line:
+            return
+    raise AssertionError(f"{words!r} never came:\n{''.join(lines)}")
+
+
+def cmdline(pid: int) -> bytes:
     try:
-        lines = []
-        for line in launcher.stdout:
-            lines.append(line)
-            if "Playground: http://" in line:
-                break
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return b""
+
+
+def test_ctrl_c_stops_the_worker_before_its_redis_and_leaves_nothing_running(tmp_path):
+    launcher, port = launch(tmp_path)
+    try:
+        lines: list[str] = []
+        read_until(launcher, "Playground: http://", lines)
         assert launcher.poll() is None, "".join(lines)
         started = children(launcher.pid)  # redis-server, daphne and the worker
         assert len(started) == 3, "".join(lines)
@@ -67,29 +82,6 @@ def test_ctrl_c_stops_the_worker_before_its_redis_and_leaves_nothing_running(tmp
     assert [pid for pid in started if alive(pid)] == []
     # the worker retires its heartbeat on the way out: its Redis must still be up then
     assert "redis unavailable" not in rest and "heartbeat failed" not in rest, rest
-
-
-def launch(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[subprocess.Popen, int]:
-    port = free_port()
-    env = {
-        **os.environ,
-        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
-        "LOG_FORMAT": "plain",
-        **(env or {}),
-    }
-    env.pop("REDIS_URL", None) if "REDIS_URL" not in (env or {}) else None
-    launcher = subprocess.Popen([sys.executable, "-m", "playground.run", "--port", str(port), *args], cwd=ROOT,
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)  # fmt: skip
-    return launcher, port
-
-
-def read_until(launcher: subprocess.Popen, words: str, lines: list[str]) -> None:
-    for line in launcher.stdout:
-        lines.append(line)
-        if words in line:
-            return
-    raise AssertionError(f"{words!r} never came:\n{''.join(lines)}")
 
 
 def test_a_model_given_on_the_command_line_is_what_the_web_offers_and_a_stalled_worker_restarts(tmp_path):
@@ -133,10 +125,3 @@ def test_a_redis_url_that_answers_nothing_ends_the_launch_in_one_line(tmp_path):
     assert launcher.returncode != 0
     assert output.strip().startswith("cannot reach Redis at REDIS_URL=redis://127.0.0.1:"), output
     assert "Traceback" not in output and output.strip().count("\n") == 0, output
-
-
-def cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except FileNotFoundError:
-        return b""

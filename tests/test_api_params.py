@@ -202,6 +202,7 @@ def test_the_defaults_of_fields_we_cannot_honour_are_accepted():
         {"structured_outputs": {"regex": "a+"}},
         {"grammar": 'root ::= "a"'},
         {"use_beam_search": True},
+        {"prompt_logprobs": 0},  # vLLM: still the prompt tokens' own log-probabilities
         {"ignore_eos": 1},  # not JSON's false
     ],
 )

@@ -34,7 +34,7 @@ EXTENSION_NEUTRAL = {
     "bad_words": ([],),
     "allowed_token_ids": ([],),
     "use_beam_search": (False,),
-    "prompt_logprobs": (0,),
+    "prompt_logprobs": (),  # vLLM: 0 still asks for the prompt tokens' own log-probabilities
     "truncate_prompt_tokens": (),
     "guided_json": (),
     "guided_regex": (),

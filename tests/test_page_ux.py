@@ -7,6 +7,7 @@ one test runs the shipped default model, for its real context limit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -1124,13 +1125,24 @@ def test_screen_readers_hear_the_run_and_its_refusals_not_every_worker_getting_b
 # ---- 10. stopping, honestly -----------------------------------------------------------------------
 
 
-def test_stopping_a_queued_run_says_it_never_started(server, browser):
+@contextlib.contextmanager
+def second_in_the_queue(server, browser, first_lines: int, first_tokens: int):
+    """Two playgrounds: the first's run holds the only worker (first_tokens at 400 tokens/s), the second's
+    waits behind it once started; both pages close at the end."""
     first, second = new_page(browser), new_page(browser)
     try:
         open_playground(first, server.url)
         open_playground(second, server.url)
-        generate(first, numbered_lines(100), 3000)  # holds the only worker for 7.5 s
+        generate(first, numbered_lines(first_lines), first_tokens)
         wait_for_tokens(first, 10)
+        yield first, second
+    finally:
+        first.context.close()
+        second.context.close()
+
+
+def test_stopping_a_queued_run_says_it_never_started(server, browser):
+    with second_in_the_queue(server, browser, 100, 3000) as (first, second):  # the first holds it 7.5 s
         generate(second, "def waiting():\n", 15)
         wait_for_state(second, "queued")
         second.click("#stop")
@@ -1141,9 +1153,6 @@ def test_stopping_a_queued_run_says_it_never_started(server, browser):
         first.click("#stop")
         wait_for_state(first, "stopped")
         assert "partial output kept" in first.text_content("#state")
-    finally:
-        first.context.close()
-        second.context.close()
 
 
 def seconds(shown: str) -> float:
@@ -1153,12 +1162,7 @@ def seconds(shown: str) -> float:
 
 
 def test_the_final_stats_show_the_wait_in_the_queue(server, browser):
-    first, second = new_page(browser), new_page(browser)
-    try:
-        open_playground(first, server.url)
-        open_playground(second, server.url)
-        generate(first, numbered_lines(80), 800)  # holds the only worker for 2 s
-        wait_for_tokens(first, 10)
+    with second_in_the_queue(server, browser, 80, 800) as (first, second):  # the first holds it 2 s
         generate(second, "def queued():\n", 14)
         wait_for_state(second, "done")
         # the first token's time is the worker's, from when it took the job: the wait before it is apart
@@ -1166,9 +1170,6 @@ def test_the_final_stats_show_the_wait_in_the_queue(server, browser):
         assert seconds(second.text_content("#stat-ttft")) < 1.0
         wait_for_state(first, "done")
         assert first.is_visible("#stat-queue")  # a run that did not wait says so too (a few ms)
-    finally:
-        first.context.close()
-        second.context.close()
 
 
 def slow_server_frames(page, delay_ms: int) -> None:

@@ -1,5 +1,6 @@
 """`python -m playground.run` (what `make run` calls) as a person runs it in a terminal, up to Ctrl-C."""
 
+import contextlib
 import json
 import os
 import signal
@@ -31,9 +32,10 @@ def alive(pid: int) -> bool:
     return True
 
 
-def launch(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[subprocess.Popen, int]:
+@contextlib.contextmanager
+def launched(tmp_path: Path, *args: str, env: dict | None = None):
     """`python -m playground.run` in its own session, as a terminal runs it (Ctrl-C reaches its whole group),
-    with a Redis of its own unless `env` names one."""
+    with a Redis of its own unless `env` names one: (launcher, port), killed at the end if still running."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"} | {
         "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
@@ -43,7 +45,22 @@ def launch(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[subproc
     launcher = subprocess.Popen([sys.executable, "-m", "playground.run", "--port", str(port), *args], cwd=ROOT,
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)  # fmt: skip
-    return launcher, port
+    try:
+        yield launcher, port
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+
+
+def ctrl_c(launcher: subprocess.Popen) -> str:
+    """Ctrl-C as a terminal sends it; what the launcher printed until it exited."""
+    os.killpg(launcher.pid, signal.SIGINT)
+    return launcher.communicate(timeout=60)[0]
+
+
+def workers(launcher: subprocess.Popen) -> list[int]:
+    return [pid for pid in children(launcher.pid) if b"inference.worker" in cmdline(pid)]
 
 
 def read_until(launcher: subprocess.Popen, words: str, lines: list[str]) -> None:
@@ -62,8 +79,7 @@ def cmdline(pid: int) -> bytes:
 
 
 def test_ctrl_c_stops_the_worker_before_its_redis_and_leaves_nothing_running(tmp_path):
-    launcher, port = launch(tmp_path)
-    try:
+    with launched(tmp_path) as (launcher, port):
         lines: list[str] = []
         read_until(launcher, "Playground: http://", lines)
         assert launcher.poll() is None, "".join(lines)
@@ -71,13 +87,7 @@ def test_ctrl_c_stops_the_worker_before_its_redis_and_leaves_nothing_running(tmp
         assert len(started) == 3, "".join(lines)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as page:
             assert page.status == 200
-
-        os.killpg(launcher.pid, signal.SIGINT)
-        rest, _ = launcher.communicate(timeout=60)
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
+        rest = ctrl_c(launcher)
     assert launcher.returncode == 0, rest
     assert [pid for pid in started if alive(pid)] == []
     # the worker retires its heartbeat on the way out: its Redis must still be up then
@@ -86,16 +96,15 @@ def test_ctrl_c_stops_the_worker_before_its_redis_and_leaves_nothing_running(tmp
 
 def test_a_model_given_on_the_command_line_is_what_the_web_offers_and_a_stalled_worker_restarts(tmp_path):
     stall = {"KOG_STALL_TIMEOUT_S": "1", "KOG_STALL_EXIT_S": "1"}
-    launcher, port = launch(tmp_path, "--model", "standin:0.05", env=stall)  # a token every 20 s: it stalls
-    url = f"http://127.0.0.1:{port}"
-    lines: list[str] = []
-    try:
+    # a token every 20 s: it stalls
+    with launched(tmp_path, "--model", "standin:0.05", env=stall) as (launcher, port):
+        url = f"http://127.0.0.1:{port}"
+        lines: list[str] = []
         read_until(launcher, "Playground: http://", lines)
         with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as reply:
-            assert [m["id"] for m in json.load(reply)["data"]] == [
-                "standin:0.05"
-            ]  # not the default beside it
-        worker = [pid for pid in children(launcher.pid) if b"inference.worker" in cmdline(pid)]
+            served = [m["id"] for m in json.load(reply)["data"]]
+        assert served == ["standin:0.05"]  # not the default beside it
+        worker = workers(launcher)
         body = json.dumps({"model": "standin:0.05", "prompt": "abc", "max_tokens": 4}).encode()
         request = urllib.request.Request(f"{url}/v1/completions", body, {"Content-Type": "application/json"})
         with pytest.raises(urllib.error.HTTPError) as stalled:
@@ -105,23 +114,18 @@ def test_a_model_given_on_the_command_line_is_what_the_web_offers_and_a_stalled_
         assert launcher.poll() is None  # the playground stays up
         restarted = []
         for _ in range(50):  # the line comes just before the new worker starts
-            restarted = [pid for pid in children(launcher.pid) if b"inference.worker" in cmdline(pid)]
+            restarted = workers(launcher)
             if restarted:
                 break
             time.sleep(0.1)
         assert len(restarted) == 1 and restarted != worker
-        os.killpg(launcher.pid, signal.SIGINT)
-        rest, _ = launcher.communicate(timeout=60)
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
+        rest = ctrl_c(launcher)
     assert launcher.returncode == 0, "".join(lines) + rest
 
 
 def test_a_redis_url_that_answers_nothing_ends_the_launch_in_one_line(tmp_path):
-    launcher, _ = launch(tmp_path, env={"REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"})
-    output, _ = launcher.communicate(timeout=60)
+    with launched(tmp_path, env={"REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}) as (launcher, _):
+        output, _ = launcher.communicate(timeout=60)
     assert launcher.returncode != 0
     assert output.strip().startswith("cannot reach Redis at REDIS_URL=redis://127.0.0.1:"), output
     assert "Traceback" not in output and output.strip().count("\n") == 0, output

@@ -6,14 +6,13 @@ from django.http import JsonResponse
 
 
 class ApiError(Exception):
-    def __init__(
-        self, status: int, message: str, type="invalid_request_error", param=None, code=None, headers=None
-    ):
+    def __init__(self, status: int, message: str, type="invalid_request_error", param=None, code=None,
+                 headers=None, counted=False):  # fmt: skip
         super().__init__(message)
         self.status = status
         self.headers = headers or {}  # e.g. Retry-After on a 429
         self.body = {"error": {"message": message, "type": type, "param": param, "code": code}}
-        self.counted = False  # in the error metrics already (a job's own error, counted when the job ended)
+        self.counted = counted  # in the error metrics already (a job's own error, counted when the job ended)
 
     def response(self) -> JsonResponse:
         response = JsonResponse(self.body, status=self.status)

@@ -422,10 +422,7 @@ def job_error(data: dict, counted: bool = False) -> ApiError:
     code = data.get("code") or "internal_error"
     message = data.get("message") or "The job failed"
     if code in ("invalid_request", "context_length_exceeded"):
-        error = ApiError(400, message, param=data.get("param"), code=code)
-    else:
-        # The ones worth a retry (the openai client retries a 503 by itself); a bug stays a 500.
-        status = 503 if code in RETRYABLE else 500
-        error = ApiError(status, message, type="server_error", code=code)
-    error.counted = counted
-    return error
+        return ApiError(400, message, param=data.get("param"), code=code, counted=counted)
+    # The ones worth a retry (the openai client retries a 503 by itself); a bug stays a 500.
+    status = 503 if code in RETRYABLE else 500
+    return ApiError(status, message, type="server_error", code=code, counted=counted)

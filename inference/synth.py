@@ -135,7 +135,8 @@ def make_peaked(model: Transformer, generator: torch.Generator) -> dict:
     FORK_LEAD; tied: by the random difference of the two neighbours). The top logit is far below the logit
     vector's norm (a few % of its square at most), so the relative error still weighs every logit. Not
     guaranteed: the share of steps the layers turn, the margins, and whether a greedy run falls into a loop
-    (tied heads do, having no direction to walk in) depend on the shapes; bench.check measures them.
+    (tied heads do, having no direction to walk in) depend on the shapes; bench.correctness.check measures
+    them.
     Deterministic given the generator (on the model's device: CPU, or CUDA as bench builds it). Returns the
     chosen gain and the z-score reached."""
     cfg, device = model.cfg, model.tok_embeddings.device

@@ -25,7 +25,8 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402
 
-from inference.bench import cuda_missing, median_ms  # noqa: E402
+from inference.bench.model_setup import cuda_missing  # noqa: E402
+from inference.bench.timing import median_ms  # noqa: E402
 
 
 @triton.jit

@@ -4,8 +4,8 @@
                                    [--json out.json]
 
 In one run on one GPU:
-  1. the engine in this process: the benchmark's figure (inference.bench.time_fast: prefill, then back-to-back
-     graph replays, device-timed) and the runner contract's figure, on the same prompt;
+  1. the engine in this process: the benchmark's figure (inference.bench.timing.time_fast: prefill, then
+     back-to-back graph replays, device-timed) and the runner contract's figure, on the same prompt;
   2. a private redis-server and `python -m inference.worker` in its own process on the same model; jobs go in
      through inference.protocol.JobClient and their streams are read to the end, as the web side does;
      the worker's figure is the median `decode_tok_s` of the `done` stats (token arrival times on the host,
@@ -57,7 +57,7 @@ def prompt_text(engine, length: int) -> tuple[str, int]:
 
 
 def bench_figures(engine, text: str, new_tokens: int, runs: int) -> dict:
-    from inference.bench import time_contract, time_fast
+    from inference.bench.timing import time_contract, time_fast
 
     prompt_ids = engine.encode_prompt(prompt=text)
     fast = time_fast(engine.runner, prompt_ids, new_tokens, runs)
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from inference.bench import cuda_missing
+    from inference.bench.model_setup import cuda_missing
     from inference.engine import Engine
     from inference.redis_server import start_redis
 

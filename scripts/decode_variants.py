@@ -10,7 +10,7 @@ attn.cluster=0|1 for the merge, attn.push=0|1 for its partials through shared me
 gate_up, down) whether a kind lets the next kernel launch before its wait, screen=0|1 the greedy head through its int8
 screen (kernels/lm_head_screen.py) or the whole bf16 head;
 "name:spec" labels one, so a setting can be built twice (two runner instances: what memory placement alone
-does). Every round times each variant once (bench.time_fast: median of --runs after a warm-up), so slow drifts of the clock or
+does). Every round times each variant once (bench.timing.time_fast: median of --runs after a warm-up), so slow drifts of the clock or
 the temperature hit all variants alike; the table keeps the median over rounds, beside the ceiling measured in
 the same run.
 """
@@ -25,15 +25,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from inference.bench import build_model, cuda_missing, measure_bandwidth, step_bytes, time_fast  # noqa: E402
-from inference.fast.runner import (  # noqa: E402
+from inference.bench.ceiling import measure_bandwidth, step_bytes  # noqa: E402
+from inference.bench.model_setup import build_model, cuda_missing  # noqa: E402
+from inference.bench.timing import time_fast  # noqa: E402
+from inference.fast.runner import FastRunner  # noqa: E402
+from inference.fast.settings import (  # noqa: E402
     ATTENTION_KEYS,
     ATTENTION_SWITCHES,
     EARLY_KINDS,
     HEAD_KEYS,
     LANE_GROUP_KEYS,
     ROW_BLOCK_KINDS,
-    FastRunner,
     block_spec,
     kind_overrides,
     prefetch_overrides,

@@ -98,8 +98,8 @@ out = Path(sys.argv[1])
 merged = {}
 lines = ["| model | prompt+new | ceiling tok/s | best fast tok/s | % of ceiling | no PDL | whole bf16 head | engine path | sampled (page) | sampled, whole head | TTFT ms | check |",
          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-SAMPLED_PREFIX = "fast, runner contract, sampled"  # inference.bench.SAMPLED_ROW_PREFIX (no torch import here)
-PAGE_WHOLE_HEAD = "fast, runner contract, page sampling, full bf16 head"  # inference.bench.PAGE_WHOLE_HEAD_ROW
+SAMPLED_PREFIX = "fast, runner contract, sampled"  # inference.bench.timing.SAMPLED_ROW_PREFIX (no torch import here)
+PAGE_WHOLE_HEAD = "fast, runner contract, page sampling, full bf16 head"  # inference.bench.timing.PAGE_WHOLE_HEAD_ROW
 worker_lines = []
 for f in sorted(out.glob("*.json")):
     if f.name == "results.json":

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from inference.bench import build_model, cuda_missing  # noqa: E402
+from inference.bench.model_setup import build_model, cuda_missing  # noqa: E402
 from inference.fast.runner import FastRunner  # noqa: E402
 
 

@@ -19,7 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from inference.bench import build_model, cuda_missing, measure_bandwidth, median_ms  # noqa: E402
+from inference.bench.ceiling import measure_bandwidth  # noqa: E402
+from inference.bench.model_setup import build_model, cuda_missing  # noqa: E402
+from inference.bench.timing import median_ms  # noqa: E402
 from inference.fast.runner import FastRunner  # noqa: E402
 from kernels.lm_head import lm_head  # noqa: E402
 from kernels.lm_head_screen import screened_argmax, screened_logits  # noqa: E402

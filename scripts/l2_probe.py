@@ -27,7 +27,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from inference.bench import cuda_missing, median_ms  # noqa: E402
+from inference.bench.model_setup import cuda_missing  # noqa: E402
+from inference.bench.timing import median_ms  # noqa: E402
 
 BLOCK = 8192  # elements a read program sums
 # Per-thread prefetch of the line holding an address, predicated on $2: plain, and with L2::evict_last.

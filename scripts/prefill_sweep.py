@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from inference.bench import cuda_missing, median_ms  # noqa: E402
+from inference.bench.model_setup import cuda_missing  # noqa: E402
+from inference.bench.timing import median_ms  # noqa: E402
 from inference.config import ModelConfig  # noqa: E402
 from inference.model import rope_tables  # noqa: E402
 from inference.presets import preset_config  # noqa: E402

@@ -34,7 +34,9 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
-from inference.bench import cuda_missing, measure_bandwidth, median_ms  # noqa: E402
+from inference.bench.ceiling import measure_bandwidth  # noqa: E402
+from inference.bench.model_setup import cuda_missing  # noqa: E402
+from inference.bench.timing import median_ms  # noqa: E402
 from scripts.barrier_probe import _acquire, _relaxed  # noqa: E402  (the grid barrier's loads, GPU scope)
 
 K = 2048

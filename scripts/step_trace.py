@@ -23,7 +23,8 @@ import torch  # noqa: E402
 from decode_variants import runner_kwargs  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from inference.bench import build_model, cuda_missing, profiled_prefill  # noqa: E402
+from inference.bench.model_setup import build_model, cuda_missing  # noqa: E402
+from inference.bench.profiling import profiled_prefill  # noqa: E402
 from inference.fast.runner import FastRunner  # noqa: E402
 
 

@@ -8,7 +8,8 @@ import inference.fast.runner as fast_runner
 from inference.config import ModelConfig
 from inference.events import SamplingParams
 from inference.fast.head_choice import MIN_STEPS
-from inference.fast.runner import RING, FastRunner, block_spec, prefetch_overrides, reduction
+from inference.fast.runner import RING, FastRunner, reduction
+from inference.fast.settings import block_spec, prefetch_overrides
 from inference.model import KVCache, Transformer
 from inference.presets import preset_config
 from inference.sampling import Sampler

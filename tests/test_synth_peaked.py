@@ -9,7 +9,7 @@ import pytest
 import torch
 from kernel_testing import DEVICE
 
-from inference import bench
+from inference.bench import cli, correctness, model_setup, timing
 from inference.checkpoint import load_weights
 from inference.config import ModelConfig
 from inference.fast.runner import FastRunner
@@ -34,8 +34,8 @@ def build(preset: str, dtype: torch.dtype, device="cpu", seed: int = 0, peaked: 
 
 
 class ReferenceRunner:
-    """The reference model behind the runner interface bench.check drives: the check then measures the
-    reference itself (in its dtype) against its fp32 copy."""
+    """The reference model behind the runner interface bench.correctness.check drives: the check then measures
+    the reference itself (in its dtype) against its fp32 copy."""
 
     def __init__(self, model: Transformer, max_len: int):
         self.model = model
@@ -54,8 +54,8 @@ class ReferenceRunner:
 
 
 def reference_check(model: Transformer, steps: int) -> dict:
-    prompt = bench.check_prompt("tiny-laneformer", model.cfg.vocab_size)
-    return bench.check(model, ReferenceRunner(model, len(prompt) + steps + 1), steps, prompt, "peaked")
+    prompt = correctness.check_prompt("tiny-laneformer", model.cfg.vocab_size)
+    return correctness.check(model, ReferenceRunner(model, len(prompt) + steps + 1), steps, prompt, "peaked")
 
 
 def test_bf16_matches_fp32_while_the_layers_decide_a_share_of_steps():
@@ -75,7 +75,7 @@ def test_tied_head_scores_both_cycle_neighbours_and_not_itself():
     model = build("tiny-qwen3", torch.float32, hidden_size=256)
     assert set(model.norm.flatten().tolist()) == {1.0, -1.0}  # the sign split that makes self-scores vanish
     tokens = torch.arange(64)
-    skip = torch.stack([bench.skip_path_logits(model, t) for t in tokens])  # [64, V]
+    skip = torch.stack([correctness.skip_path_logits(model, t) for t in tokens])  # [64, V]
     top3 = skip.topk(3, dim=-1)
     # two neighbours far above everything else, the token itself (about zero, +- the others' spread) below them
     assert ((top3.values[:, 1] - top3.values[:, 2]) > 0.4 * top3.values[:, 1]).all()
@@ -84,14 +84,14 @@ def test_tied_head_scores_both_cycle_neighbours_and_not_itself():
     # symmetric, as a tied head must be: each neighbour has the token among its own two
     for t, neighbours in zip(tokens.tolist(), top3.indices[:, :2].tolist(), strict=True):
         for n in neighbours:
-            assert t in bench.skip_path_logits(model, torch.tensor(n)).topk(2).indices.tolist()
+            assert t in correctness.skip_path_logits(model, torch.tensor(n)).topk(2).indices.tolist()
 
 
 def test_fast_runner_agrees_with_fp32_on_a_peaked_model():
     # fp16: real rounding between kernels (the interpreter computes bf16 wrongly)
     model = build("tiny-llama", torch.float16, device=DEVICE)
-    prompt = bench.check_prompt("tiny-llama", model.cfg.vocab_size, length=16)
-    result = bench.check(model, FastRunner(model, 96), 64, prompt, "peaked")
+    prompt = correctness.check_prompt("tiny-llama", model.cfg.vocab_size, length=16)
+    result = correctness.check(model, FastRunner(model, 96), 64, prompt, "peaked")
     assert result["fp32_argmax_agree"] >= 0.99
     assert result["argmax_agree"] >= 0.99
     assert result["fp32_max_rel_err"] < 2e-3
@@ -100,16 +100,16 @@ def test_fast_runner_agrees_with_fp32_on_a_peaked_model():
 
 def test_init_peaked_refuses_a_checkpoint_directory(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
-        bench.main(["--model", str(tmp_path), "--init", "peaked"])
+        cli.main(["--model", str(tmp_path), "--init", "peaked"])
     assert exc.value.code == 2
     assert "checkpoint directory; --init applies to presets only" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="--init applies to presets only"):
-        bench.build_model(str(tmp_path), torch.device("cpu"), torch.float32, init="peaked")
+        model_setup.build_model(str(tmp_path), torch.device("cpu"), torch.float32, init="peaked")
 
 
 def test_bench_builds_the_peaked_preset_from_its_random_init():
-    random = bench.build_model("tiny-qwen2", torch.device("cpu"), torch.float32, seed=4)
-    peaked = bench.build_model("tiny-qwen2", torch.device("cpu"), torch.float32, seed=4, init="peaked")
+    random = model_setup.build_model("tiny-qwen2", torch.device("cpu"), torch.float32, seed=4)
+    peaked = model_setup.build_model("tiny-qwen2", torch.device("cpu"), torch.float32, seed=4, init="peaked")
     gain = (peaked.layers[0].wo.norm() / random.layers[0].wo.norm()).item()
     assert abs(gain - 1) > 0.1
     for ours, theirs in zip(peaked.layers, random.layers, strict=True):  # init_weights' layers, ...
@@ -168,4 +168,4 @@ def test_the_sampled_benchmark_row_uses_the_page_defaults():
     for name, element in (("temperature", "temperature"), ("top_p", "top-p")):
         tag = page.split(f'id="{element}"', 1)[1].split(">", 1)[0]
         assert f'value="{{{{ form.{name} }}}}"' in tag  # the form shows the view's defaults
-        assert FORM_DEFAULTS[name] == bench.PAGE_SAMPLING[name]
+        assert FORM_DEFAULTS[name] == timing.PAGE_SAMPLING[name]

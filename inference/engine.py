@@ -266,21 +266,21 @@ class Engine:
         params = replace(
             params, max_new_tokens=min(params.max_new_tokens, self.max_context - len(prompt_ids))
         )
-        eos_ids = self.tokenizer.eos_ids
+        stop_ids = self.tokenizer.stop_ids  # the model's end tokens and the tokenizer's eos_token
         decoder = self.tokenizer.stream_decoder(prompt_ids)
         stops = StopStrings(params.stop)
         shown: list[str] = []
         token_times: list[float] = []
         finish, stop_matched = "length", False
 
-        tokens = self.runner.generate_tokens(prompt_ids, params, eos_ids)
+        tokens = self.runner.generate_tokens(prompt_ids, params, stop_ids)
         try:
             for token in tokens:
                 now = time.perf_counter() - start
                 if not token_times:
                     yield Prefilled(prompt_tokens=len(prompt_ids), prefill_ms=self.runner.last_prefill_ms)
                 token_times.append(now)
-                if token in eos_ids:
+                if token in stop_ids:
                     finish = "stop"
                     yield TextDelta("", [token], now)
                     break

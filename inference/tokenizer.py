@@ -10,37 +10,49 @@ ends the generation at once, or a forged system turn. Only the chat template's o
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import secrets
-from collections.abc import Sequence
-from datetime import datetime
-from functools import lru_cache
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from jinja2 import nodes
 from jinja2.exceptions import TemplateError
-from jinja2.ext import Extension
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
+from inference.chat_template import compile_template
 from inference.checkpoint import CheckpointError
 from inference.events import InvalidRequest
+from inference.stream_decoder import StreamDecoder
 
 # The special tokens a template may name, as tokenizer_config.json (or special_tokens_map.json) spells them
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
+# A placeholder for a special token's spelling in a message while the chat template renders it: private-use
+# characters, no case, no whitespace, which templates copy as they are (see Tokenizer._render_marked)
+_OPEN, _CLOSE = "\ue000", "\ue001"
+_DIGIT_BASE, _NONCE_BASE = 0xE010, 0xE100
+_BYTE_TOKEN = re.compile("<0x[0-9A-Fa-f]{2}>")
 
 
 class Tokenizer:
     def __init__(self, tok: HFTokenizer, config: dict, bos_id: int | None, eos_ids: frozenset[int]):
         self._tok = tok
+        serialized = tok.to_str()
+        spec = json.loads(serialized)
         # The same tokenizer with special tokens' spellings encoded as text (a second instance: the flag is
-        # the tokenizer's own state, and a shared one would race between threads).
-        self._plain = HFTokenizer.from_str(tok.to_str())
-        self._plain.encode_special_tokens = True
-        specials = sorted(
-            {t.content for t in tok.get_added_tokens_decoder().values() if t.special and t.content}, key=len
-        )
+        # the tokenizer's own state, and a shared one would race between threads), and, where it differs, the
+        # one for text that is not at the start of the input (see _encode_segment).
+        self._plain = _plain_tokenizer(serialized)
+        mid_text = _mid_text_spec(spec)
+        self._plain_mid = self._plain if mid_text is None else _plain_tokenizer(json.dumps(mid_text))
+        added = tok.get_added_tokens_decoder()
+        special_tokens = {i: t for i, t in added.items() if t.special and t.content}
+        # The ids decode() skips, and the whitespace each special token takes in with it (lstrip / rstrip)
+        self.special_ids = frozenset(special_tokens)
+        self._special_strip = {t.content: (t.lstrip, t.rstrip) for t in special_tokens.values()}
+        # Byte-fallback tokens ("<0xF0>"), which a SentencePiece decoder turns into text a run at a time
+        self.byte_fallback_ids = _byte_fallback_ids(tok, spec)
+        specials = sorted({t.content for t in special_tokens.values()}, key=len)
         # The spellings of the special tokens, longest first (so "<|im_end|>x" is not cut at a shorter one)
         self._special_spelling = (
             re.compile("|".join(map(re.escape, reversed(specials)))) if specials else None
@@ -58,6 +70,10 @@ class Tokenizer:
         # even where config.json gives a bos_token_id (Qwen's <|endoftext|>, which its prompts never start with).
         self.bos_token = _token_text(config.get("bos_token"))
         self.eos_token = _token_text(config.get("eos_token"))
+        # What ends a generation: the model's end ids and, as vLLM stops, the tokenizer's own eos_token where
+        # generation_config.json or config.json name others
+        eos_token_id = tok.token_to_id(self.eos_token) if self.eos_token else None
+        self.stop_ids = eos_ids | ({eos_token_id} - {None})
         # The other special tokens transformers hands a template (its special_tokens_map)
         self.template_tokens = {
             key: text for key in ("unk_token", "pad_token") if (text := _token_text(config.get(key)))
@@ -114,7 +130,7 @@ class Tokenizer:
         if tokenizer.chat_template is not None:
             # A template that cannot compile fails here, naming the file, not in every chat request later.
             try:
-                _compile(tokenizer.chat_template)
+                compile_template(tokenizer.chat_template)
             except TemplateError as e:
                 raise CheckpointError(f"{template_source}: the chat template does not compile: {e}") from None
         return tokenizer
@@ -139,51 +155,87 @@ class Tokenizer:
         literal = [i for i, m in enumerate(messages) if self._has_special_spelling(m["content"])]
         if not literal:  # the common case: nothing in the contents could be read as a token
             return self.encode(text, add_special=False)
-        # The rendered text in pieces: the spellings in those contents through the plain tokenizer, the rest
-        # (the template's markers among it) through the usual one.
-        ids = []
+        rendered, restore = self._render_marked(messages, literal, text, add_generation_prompt)
+        # The rendered text cut where tokenizers would cut it, at the template's own special tokens (the only
+        # spellings left once the contents' are placeholders); each piece between them, the contents' spellings
+        # put back, encoded as text, as tokenizers encodes the pieces between special tokens.
+        ids: list[int] = []
         start = 0
-        for span_start, span_end in self._content_spans(messages, literal, text, add_generation_prompt):
-            for found in self._special_spelling.finditer(text, span_start, span_end):
-                ids += _encode_piece(self._tok, text[start : found.start()], first=start == 0)
-                ids += _encode_piece(self._plain, found.group(), first=False)
-                start = found.end()
-        return ids + _encode_piece(self._tok, text[start:], first=False)
+        for marker_start, marker_end, token_id in self._template_markers(rendered):
+            ids += self._encode_segment(restore(rendered[start:marker_start]), first=start == 0)
+            ids.append(token_id)
+            start = marker_end
+        return ids + self._encode_segment(restore(rendered[start:]), first=start == 0)
 
     def _has_special_spelling(self, content: str) -> bool:
         return self._special_spelling is not None and self._special_spelling.search(content) is not None
 
-    def _content_spans(
+    def _render_marked(
         self, messages: list[dict], literal: list[int], text: str, add_generation_prompt: bool
-    ) -> list[tuple[int, int]]:
-        """Where the contents of messages `literal` sit in the rendered `text`, in order: found by rendering
-        again with a marker of this call in their place (a template may write the same words itself)."""
-        nonce = secrets.token_hex(8)
+    ) -> tuple[str, Callable[[str], str]]:
+        """The template rendered with every special token's spelling in the contents of messages `literal`
+        replaced by a placeholder of this call (private-use characters no content holds), and the function that
+        puts the spellings back. Refused when putting them back does not give `text`, the template's own
+        rendering: a template that rewrites those contents (upper-cases them, escapes them)."""
+        contents = [m["content"] for m in messages]
+        while True:  # a nonce no content holds (a person cannot guess it; this only rules out the impossible)
+            nonce = "".join(chr(_NONCE_BASE + b) for b in secrets.token_bytes(8))
+            if not any(nonce in c for c in contents):
+                break
+        spelled: list[str] = []
+
+        def mark(found: re.Match) -> str:
+            spelled.append(found.group())
+            digits = "".join(chr(_DIGIT_BASE + int(d)) for d in str(len(spelled) - 1))
+            return f"{_OPEN}{nonce}{digits}{_CLOSE}"
+
         marked = [
-            dict(m, content=f"\ue000{nonce}:{i}\ue001") if i in literal else m for i, m in enumerate(messages)
+            dict(m, content=self._special_spelling.sub(mark, m["content"])) if i in literal else m
+            for i, m in enumerate(messages)
         ]
         rendered = self.apply_chat_template(marked, add_generation_prompt)
-        markers = list(re.finditer(f"\ue000{nonce}:(\\d+)\ue001", rendered))
-        if [int(m.group(1)) for m in markers] == literal:
-            # Templates copy a content as is, or trimmed (Llama 3's `| trim`)
-            for copy in (str, str.strip):
-                parts, spans, start, length = [], [], 0, 0
-                for marker in markers:
-                    content = copy(messages[int(marker.group(1))]["content"])
-                    parts += [rendered[start : marker.start()], content]
-                    length += marker.start() - start
-                    spans.append((length, length + len(content)))
-                    length += len(content)
-                    start = marker.end()
-                if "".join(parts) + rendered[start:] == text:
-                    return spans
-        index = literal[0]
-        token = self._special_spelling.search(messages[index]["content"]).group()
-        raise InvalidRequest(
-            f"messages[{index}].content",
-            f"contains {token!r}, the spelling of one of this model's control tokens, in a message its chat "
-            "template does not copy as is; remove it from the message",
-        )
+        placeholder = re.compile(f"{_OPEN}{nonce}([{chr(_DIGIT_BASE)}-{chr(_DIGIT_BASE + 9)}]+){_CLOSE}")
+
+        def spelling(found: re.Match) -> str:
+            index = int("".join(str(ord(c) - _DIGIT_BASE) for c in found.group(1)))
+            return spelled[index] if index < len(spelled) else found.group()
+
+        def restore(piece: str) -> str:
+            return placeholder.sub(spelling, piece)
+
+        if restore(rendered) != text:
+            index = literal[0]
+            token = self._special_spelling.search(messages[index]["content"]).group()
+            raise InvalidRequest(
+                f"messages[{index}].content",
+                f"contains {token!r}, the spelling of one of this model's control tokens, in a message its "
+                "chat template rewrites; remove it from the message",
+            )
+        return rendered, restore
+
+    def _template_markers(self, text: str) -> Iterator[tuple[int, int, int]]:
+        """(start, end, id) of each special token in `text`, as tokenizers finds them: leftmost, longest, with
+        the whitespace beside it that the token strips (lstrip / rstrip)."""
+        end = 0
+        for found in self._special_spelling.finditer(text):
+            lstrip, rstrip = self._special_strip[found.group()]
+            start = max(found.start(), end)
+            if lstrip:
+                while start > end and text[start - 1].isspace():
+                    start -= 1
+            end = found.end()
+            if rstrip:
+                while end < len(text) and text[end].isspace():
+                    end += 1
+            yield start, end, self._tok.token_to_id(found.group())
+
+    def _encode_segment(self, text: str, first: bool) -> list[int]:
+        """`text`'s tokens, special tokens' spellings as text, as tokenizers encodes a piece of a longer input
+        between special tokens: a SentencePiece tokenizer whose "▁" goes before the first word only ("first")
+        adds none to a piece that is not at the start of the input (`first`)."""
+        if not text:
+            return []
+        return (self._plain if first else self._plain_mid).encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
@@ -199,7 +251,7 @@ class Tokenizer:
             ):
                 raise InvalidRequest("messages", f"message {i} must have a string 'role' and 'content'")
         try:
-            return _compile(self.chat_template).render(
+            return compile_template(self.chat_template).render(
                 messages=messages,
                 # Passed as transformers passes them: templates test `tools is not none` without `is defined`.
                 tools=None,
@@ -218,94 +270,48 @@ class Tokenizer:
         return StreamDecoder(self, context_ids)
 
 
-class StreamDecoder:
-    """Turns a stream of token ids into text deltas.
-
-    Decoding token by token breaks two things: a character spread over several byte tokens
-    (decoded alone, each gives U+FFFD) and SentencePiece's "▁word", whose space is stripped at the
-    start of a decode. So each push decodes a short window of recent tokens plus the new one and
-    emits what grew past the text already emitted, holding back a trailing U+FFFD (an unfinished
-    character) until the next token completes it or `flush` gives up on it."""
-
-    WINDOW = 6  # tokens kept before the new ones: more than a 4-byte character needs
-
-    def __init__(self, tokenizer: Tokenizer, context_ids: Sequence[int] = ()):
-        self._decode = tokenizer.decode
-        self._ids: list[int] = list(context_ids)[-self.WINDOW :]  # the window and the tokens since
-        self._emitted = len(self._decode(self._ids))  # chars of decode(self._ids) already emitted
-
-    def push(self, token_id: int) -> str:
-        self._ids.append(token_id)
-        text = self._decode(self._ids)
-        ready = len(text.rstrip("\ufffd"))
-        delta = text[self._emitted : ready] if ready > self._emitted else ""
-        self._emitted = max(self._emitted, ready)
-        if ready == len(text) and len(self._ids) > 2 * self.WINDOW:
-            # All emitted and complete: slide the window so each push decodes a bounded number of tokens.
-            self._ids = self._ids[-self.WINDOW :]
-            self._emitted = len(self._decode(self._ids))
-        return delta
-
-    def flush(self) -> str:
-        """The text held back (an unfinished character, shown as U+FFFD as `decode` would)."""
-        text = self._decode(self._ids)
-        delta = text[self._emitted :]
-        self._emitted = len(text)
-        return delta
+def _plain_tokenizer(serialized: str) -> HFTokenizer:
+    """A tokenizer that encodes special tokens' spellings as text."""
+    tok = HFTokenizer.from_str(serialized)
+    tok.encode_special_tokens = True
+    return tok
 
 
-def _encode_piece(tok: HFTokenizer, text: str, first: bool) -> list[int]:
-    """`text`'s tokens as they would be in the middle of a longer text: SentencePiece-style tokenizers start
-    each call with a word boundary ("▁"), a space the text never had. Encoded after a newline that is then
-    dropped, unless the newline merged with the text (the piece is then encoded alone)."""
-    if first or not text:
-        return tok.encode(text, add_special_tokens=False).ids
-    anchor = tok.encode("\n", add_special_tokens=False).ids
-    ids = tok.encode("\n" + text, add_special_tokens=False).ids
-    if ids[: len(anchor)] == anchor:
-        return ids[len(anchor) :]
-    return tok.encode(text, add_special_tokens=False).ids
+def _mid_text_spec(spec: dict) -> dict | None:
+    """The tokenizer for a piece of a longer input that is not its start, where a Metaspace pre-tokenizer that
+    puts "▁" before the first word only (prepend_scheme "first") puts none, as tokenizers does past the start
+    of an input; None where no pre-tokenizer does so (the tokenizer is then the same)."""
+    pre_tokenizer = copy.deepcopy(spec.get("pre_tokenizer"))
+    changed = False
+
+    def never(node) -> None:
+        nonlocal changed
+        if isinstance(node, dict):
+            if node.get("type") == "Metaspace" and node.get("prepend_scheme") == "first":
+                node["prepend_scheme"] = "never"
+                changed = True
+            for value in node.values():
+                never(value)
+        elif isinstance(node, list):
+            for value in node:
+                never(value)
+
+    never(pre_tokenizer)
+    return {**spec, "pre_tokenizer": pre_tokenizer} if changed else None
 
 
-class _GenerationMarks(Extension):
-    """`{% generation %} ... {% endgeneration %}` around an assistant's text: templates written for training
-    (TRL's assistant-only loss) mark what the model wrote; a prompt renders the contents as they are."""
+def _byte_fallback_ids(tok: HFTokenizer, spec: dict) -> frozenset[int]:
+    """The ids a ByteFallback decoder reads as bytes ("<0x41>"); none without one."""
 
-    tags = {"generation"}
+    def has_byte_fallback(node) -> bool:
+        if isinstance(node, dict):
+            return node.get("type") == "ByteFallback" or any(map(has_byte_fallback, node.values()))
+        return isinstance(node, list) and any(map(has_byte_fallback, node))
 
-    def parse(self, parser):
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return nodes.CallBlock(self.call_method("_contents"), [], [], body).set_lineno(lineno)
-
-    def _contents(self, caller):
-        return caller()
-
-
-@lru_cache(maxsize=16)
-def _compile(template: str):
-    # The environment transformers renders chat templates in, so that real templates behave the same.
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _GenerationMarks]
-    )
-
-    def raise_exception(message):
-        raise TemplateError(message)
-
-    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        # jinja2's own tojson sorts keys and escapes <, >, & and ' as HTML: not what the model was trained on.
-        return json.dumps(
-            value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-        )
-
-    def strftime_now(pattern: str) -> str:
-        # Llama 3.x templates write today's date into the system header when they can ask for it.
-        return datetime.now().strftime(pattern)
-
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
-    env.filters["tojson"] = tojson
-    return env.from_string(template)
+    if not has_byte_fallback(spec.get("decoder")):
+        return frozenset()
+    vocab = tok.get_vocab(with_added_tokens=True)
+    return frozenset(i for token, i in vocab.items() if _BYTE_TOKEN.fullmatch(token))
 
 
 def _read_json(path: Path) -> dict:

@@ -93,6 +93,36 @@ def test_eos_stops_without_text(tmp_path, checkpoints):
     assert done.text == continuation(plain.tokenizer, prompt, tokens[:cut])
 
 
+class ChosenIds:
+    """A runner that emits the ids it is given, to see what the engine makes of them."""
+
+    last_prefill_ms = 0.0
+
+    def __init__(self, ids):
+        self.ids = list(ids)
+
+    def generate_tokens(self, prompt_ids, params, eos_ids):
+        yield from self.ids[: params.max_new_tokens]
+
+
+def test_the_tokenizers_eos_token_stops_too(tmp_path, checkpoints, monkeypatch):
+    # generation_config.json names other end ids; the tokenizer's eos_token (</s>) still ends the generation,
+    # as in vLLM, and its text is never shown
+    path = shutil.copytree(checkpoints["tiny-laneformer"], tmp_path / "ckpt")
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [5]}))
+    engine = Engine.load(path, device="cpu")
+    tok = engine.tokenizer
+    eos = tok._tok.token_to_id("</s>")
+    assert tok.eos_ids == {5} and tok.stop_ids == {5, eos}
+    prompt = engine.encode_prompt("x = ")
+    words = tok.encode("1 + 2", add_special=False)
+    for end in (eos, 5):
+        monkeypatch.setattr(engine, "runner", ChosenIds([*words, end, *words]))
+        events, done = run(engine, prompt, max_new_tokens=20)
+        assert done.finish_reason == "stop" and done.stats.completion_tokens == len(words) + 1
+        assert done.text == continuation(tok, prompt, words) == " 1 + 2"
+
+
 def test_stop_strings_cut_before_the_match_and_never_leak(engine):
     prompt = engine.encode_prompt("def main():")
     full = run(engine, prompt, max_new_tokens=40)[1].text

@@ -1,4 +1,6 @@
 import json
+import random
+from pathlib import Path
 
 import pytest
 
@@ -404,3 +406,137 @@ def test_the_legacy_layout_names_its_special_tokens_in_special_tokens_map_json(t
         assert (loaded.apply_chat_template(messages), loaded.eos_ids) == (rendered, eos_ids)
         theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
         assert theirs.apply_chat_template(messages, tokenize=False) == rendered
+
+
+# A message's special-token spellings are text, in the ids tokenizers itself gives that text when the spelling
+# is no token of its vocabulary: the oracle is the same tokenizer.json with that token taken out, through
+# transformers' wrapper. Only the chat template's own markers are tokens.
+def _without_token(path, spelling):
+    from tokenizers import Tokenizer as Rust
+
+    transformers = pytest.importorskip("transformers")
+    spec = json.loads((path / "tokenizer.json").read_text())
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] != spelling]
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=Rust.from_str(json.dumps(spec)))
+
+
+@pytest.fixture(scope="module")
+def laneformer_dir(tmp_path_factory):
+    from inference.synth import synth
+
+    return synth("tiny-laneformer", tmp_path_factory.mktemp("lf") / "tiny-laneformer", seed=0)
+
+
+def _special_ids(tok, ids):
+    return [i for i in ids if i in tok.special_ids]
+
+
+# Spellings with newlines, spaces and tabs on either side: after one, the rest of the text used to be
+# encoded with a space ("▁") the person never typed.
+SPELLED = [
+    "a </s>\nb",
+    "\n</s>\n",
+    "</s>",
+    " </s> ",
+    "\t</s>\tx",
+    "x</s>y",
+    "</s>\n\n    indented",
+    "line\n</s>",
+]
+
+
+@pytest.mark.parametrize("content", SPELLED)
+def test_a_spelling_in_a_message_adds_no_space_on_sentencepiece(laneformer_dir, content):
+    tok = Tokenizer.from_dir(laneformer_dir)
+    oracle = _without_token(laneformer_dir, "</s>")  # the template writes </s> after an answer only
+    for messages in (
+        [{"role": "user", "content": content}],
+        [{"role": "system", "content": content}, {"role": "user", "content": "hi " + content}],
+    ):
+        ids = tok.encode_chat(messages)
+        text = tok.apply_chat_template(messages)
+        assert tok._tok.decode(ids, skip_special_tokens=False) == text  # the typed text, nothing added
+        assert _special_ids(tok, ids) == [tok.bos_id]  # the template's <s>, the spelling none
+        assert ids == oracle.encode(text, add_special_tokens=False)
+
+
+@pytest.mark.parametrize("preset", ["tiny-laneformer", "tiny-qwen3", "tiny-llama"])
+def test_messages_with_spellings_are_encoded_as_tokenizers_encodes_text(tmp_path, preset):
+    from inference.synth import synth
+
+    path = synth(preset, tmp_path / preset, seed=0)
+    tok = Tokenizer.from_dir(path)
+    # a spelling the template never writes itself, so that the oracle can have no such token
+    spelling = {"tiny-laneformer": "<unk>", "tiny-qwen3": "<|endoftext|>", "tiny-llama": "<|im_start|>"}[
+        preset
+    ]
+    oracle = _without_token(path, spelling)
+    rng = random.Random(preset)
+    pieces = ["a", " b", "\n", "\t", "  ", "\n\n", " ", "日本", "😀", "x=1", "def f():\n    return", spelling]
+    for _ in range(150):
+        messages = []
+        for role in rng.choice([["user"], ["system", "user"], ["user", "assistant", "user"]]):
+            words = [rng.choice(pieces) for _ in range(rng.randint(0, 8))]
+            words.insert(rng.randint(0, len(words)), spelling)  # a spelling in each, anywhere
+            messages.append({"role": role, "content": "".join(words)})
+        ids = tok.encode_chat(messages)
+        assert ids == oracle.encode(tok.apply_chat_template(messages), add_special_tokens=False), messages
+        neutral = tok.encode_chat([dict(m, content="x") for m in messages])
+        assert _special_ids(tok, ids) == _special_ids(tok, neutral)  # the template's markers, no more
+
+
+def test_a_spelling_in_a_message_a_template_rewrites_around(laneformer_dir):
+    # The audit's cases, once refused: the shipped model's template turns a multi-line request into comment
+    # lines, and the Llama 2 template copies a system prompt as is but trims the user's message.
+    default = Tokenizer.from_dir("models/default")
+    content = "Reverse a string.\nThen print <|endoftext|>"
+    ids = default.encode_chat([{"role": "user", "content": content}])
+    assert (
+        default._tok.decode(ids, skip_special_tokens=False)
+        == "# Reverse a string.\n# Then print <|endoftext|>\n"
+    )
+    assert not _special_ids(default, ids)
+    assert ids == _without_token(Path("models/default"), "<|endoftext|>").encode(
+        default.apply_chat_template([{"role": "user", "content": content}]), add_special_tokens=False
+    )
+
+    tok = Tokenizer.from_dir(laneformer_dir)
+    messages = [
+        {"role": "system", "content": "  Answer in </s> one line. \n"},
+        {"role": "user", "content": " \t</s> what is <s>? </s>\n\n"},
+        {"role": "assistant", "content": "  <s> opens </s>  "},
+        {"role": "user", "content": "\n<unk>\n"},
+    ]
+    text = tok.apply_chat_template(messages)
+    assert text.count("</s>") == 5 and text.startswith("<s>[INST] <<SYS>>\n  Answer in </s> one line. \n")
+    ids = tok.encode_chat(messages)
+    assert tok._tok.decode(ids, skip_special_tokens=False) == text
+    # the template's own: <s> opening each user turn, </s> closing the answer
+    assert _special_ids(tok, ids) == [tok.bos_id, *sorted(tok.eos_ids), tok.bos_id]
+
+
+def test_placeholder_characters_in_a_message_are_text_too(tmp_path):
+    # the spellings are swapped for private-use characters while the template renders: a message that holds
+    # such characters itself cannot pass for one of them
+    tok = _with_template(tmp_path, CHAT_TEMPLATES["chatml"])
+    im_end = tok._tok.token_to_id("<|im_end|>")
+    for content in ("\ue000\ue010\ue001 <|im_end|>", "<|im_end|>\ue000" + "\ue100" * 8 + "\ue010\ue001"):
+        messages = [{"role": "user", "content": content}]
+        ids = tok.encode_chat(messages)
+        assert tok._tok.decode(ids, skip_special_tokens=False) == tok.apply_chat_template(messages)
+        assert ids.count(im_end) == 1
+
+
+def test_the_tokenizers_eos_token_stops_beside_generation_configs(tmp_path):
+    # vLLM stops on generation_config.json's (or config.json's) end ids and on the tokenizer's eos_token
+    ids = write_synthetic_tokenizer(tmp_path, "chatml", 1000)
+    im_end, endoftext = ids["eos_token_id"]
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [endoftext]}))
+    tok = Tokenizer.from_dir(tmp_path)
+    assert tok.eos_ids == {endoftext} and tok.stop_ids == {endoftext, im_end}
+    (tmp_path / "generation_config.json").unlink()
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": endoftext}))
+    assert Tokenizer.from_dir(tmp_path).stop_ids == {endoftext, im_end}
+    (tmp_path / "config.json").unlink()
+    tok = Tokenizer.from_dir(tmp_path)
+    assert tok.eos_ids == tok.stop_ids == {im_end}

@@ -1,0 +1,55 @@
+"""Chat templates rendered as transformers renders them: its sandboxed jinja2 environment, its globals
+(raise_exception, strftime_now), its tojson, and TRL's `{% generation %}` marks read as plain text."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+
+from jinja2 import nodes
+from jinja2.exceptions import TemplateError
+from jinja2.ext import Extension
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+class _GenerationMarks(Extension):
+    """`{% generation %} ... {% endgeneration %}` around an assistant's text: templates written for training
+    (TRL's assistant-only loss) mark what the model wrote; a prompt renders the contents as they are."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_contents"), [], [], body).set_lineno(lineno)
+
+    def _contents(self, caller):
+        return caller()
+
+
+@lru_cache(maxsize=16)
+def compile_template(template: str):
+    """A chat template compiled once (cached by its text); jinja2's TemplateError for one that cannot be."""
+    # The environment transformers renders chat templates in, so that real templates behave the same.
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _GenerationMarks]
+    )
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # jinja2's own tojson sorts keys and escapes <, >, & and ' as HTML: not what the model was trained on.
+        return json.dumps(
+            value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    def strftime_now(pattern: str) -> str:
+        # Llama 3.x templates write today's date into the system header when they can ask for it.
+        return datetime.now().strftime(pattern)
+
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    env.filters["tojson"] = tojson
+    return env.from_string(template)

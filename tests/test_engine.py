@@ -9,6 +9,7 @@ from inference.checkpoint import CheckpointError, checkpoint_shapes
 from inference.engine import Engine, StopStrings, resolve_model
 from inference.events import Done, InvalidRequest, Prefilled, SamplingParams, TextDelta, decode_tok_s
 from inference.synth import synth
+from tests.chosen_ids import ChosenIds
 
 
 @pytest.fixture(scope="module")
@@ -91,18 +92,6 @@ def test_eos_stops_without_text(tmp_path, checkpoints):
     assert done.finish_reason == "stop" and done.stats.completion_tokens == cut + 1
     assert events[-2].token_ids == [eos] and events[-2].text == ""
     assert done.text == continuation(plain.tokenizer, prompt, tokens[:cut])
-
-
-class ChosenIds:
-    """A runner that emits the ids it is given, to see what the engine makes of them."""
-
-    last_prefill_ms = 0.0
-
-    def __init__(self, ids):
-        self.ids = list(ids)
-
-    def generate_tokens(self, prompt_ids, params, eos_ids):
-        yield from self.ids[: params.max_new_tokens]
 
 
 def test_the_tokenizers_eos_token_stops_too(tmp_path, checkpoints, monkeypatch):

@@ -13,6 +13,7 @@ import pytest
 from inference.engine import Engine
 from inference.events import Done, SamplingParams, TextDelta
 from inference.synth import synth
+from tests.chosen_ids import ChosenIds
 
 PRESETS = ("tiny-laneformer", "tiny-qwen3", "tiny-llama")
 # Characters of 1 to 4 UTF-8 bytes (which a small vocabulary holds as byte tokens), whitespace, words
@@ -39,18 +40,6 @@ PIECES = [
 def engines(tmp_path_factory):
     root = tmp_path_factory.mktemp("stream")
     return {name: Engine.load(synth(name, root / name, seed=0), device="cpu") for name in PRESETS}
-
-
-class ChosenIds:
-    """A runner that emits the ids it is given (up to max_new_tokens), whatever the prompt."""
-
-    last_prefill_ms = 0.0
-
-    def __init__(self, ids):
-        self.ids = list(ids)
-
-    def generate_tokens(self, prompt_ids, params, eos_ids):
-        yield from self.ids[: params.max_new_tokens]
 
 
 def generate(engine, monkeypatch, prompt_ids, new_ids, **params):

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import secrets
+import string
 
 from django.db import models
 from django.urls import reverse
 
+# Letters and digits only: a markdown autolinker or a chat app cuts a link before a trailing "_" or "-", which
+# base64url ids could end in. 12 of 62 characters: 71.45 random bits.
+ID_ALPHABET = string.ascii_letters + string.digits
+ID_LENGTH = 12
+
 
 def short_id() -> str:
-    return secrets.token_urlsafe(9)  # 12 url-safe characters, 72 random bits
+    """A new share id (older rows keep their base64url ids: /g/<id> takes both)."""
+    return "".join(secrets.choice(ID_ALPHABET) for _ in range(ID_LENGTH))
 
 
 class Generation(models.Model):

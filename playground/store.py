@@ -1,11 +1,26 @@
-"""Saving finished generations: one row per job, whoever (page or API) sees the job end first."""
+"""Saving finished generations: one row per job, whoever (page or API) sees the job end first; and
+deleting old ones (PLAYGROUND_RETENTION_DAYS, `manage.py prune_generations`)."""
 
 from __future__ import annotations
 
-from django.db import IntegrityError
+import asyncio
+import contextvars
+import logging
+import time
+from datetime import timedelta
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import IntegrityError, connections
+from django.utils import timezone
 
 from inference.protocol import JobSpec
 from playground.models import Generation
+
+log = logging.getLogger(__name__)
+
+PRUNE_INTERVAL_S = 3600.0  # a web process prunes at most once an hour
+PRUNE_BATCH = 500  # rows per DELETE: short transactions, so that saves in between never wait long
 
 
 def split_prompt(spec: JobSpec) -> tuple[str, str]:
@@ -51,4 +66,52 @@ async def save_generation(spec: JobSpec, done: dict) -> Generation:
         )
     except IntegrityError:  # two savers raced on the same job: the other one won
         generation = await Generation.objects.aget(job_id=spec.id)
+    prune_soon()
     return generation
+
+
+def prune_generations(older_than_days: float, dry_run: bool = False) -> int:
+    """Delete the generations saved more than `older_than_days` days ago (their share links then answer
+    404); returns how many there were. A dry run only counts them."""
+    old = Generation.objects.filter(created__lt=timezone.now() - timedelta(days=older_than_days))
+    if dry_run:
+        return old.count()
+    deleted = 0
+    while ids := list(old.values_list("pk", flat=True)[:PRUNE_BATCH]):
+        deleted += Generation.objects.filter(pk__in=ids).delete()[0]
+    return deleted
+
+
+# When this process may prune next (time.monotonic()), and the prune under way
+_next_prune = 0.0
+_pruning: asyncio.Task | None = None
+
+
+def prune_soon() -> asyncio.Task | None:
+    """With PLAYGROUND_RETENTION_DAYS set, start pruning in the background when this process has not
+    pruned for an hour (its first save included); the caller never waits for it. Returns the task."""
+    global _next_prune, _pruning
+    days = settings.PLAYGROUND_RETENTION_DAYS
+    if days is None or time.monotonic() < _next_prune or (_pruning is not None and not _pruning.done()):
+        return None
+    _next_prune = time.monotonic() + PRUNE_INTERVAL_S
+    # a context of its own: not the request's, whose thread for database calls ends with the request
+    _pruning = asyncio.get_running_loop().create_task(_prune(days), context=contextvars.Context())
+    return _pruning
+
+
+def _prune_in_thread(days: int) -> int:
+    try:
+        return prune_generations(days)
+    finally:
+        connections.close_all()  # this thread's connections: a pool thread would keep them open
+
+
+async def _prune(days: int) -> None:
+    try:
+        deleted = await sync_to_async(_prune_in_thread, thread_sensitive=False)(days)
+    except Exception:  # the next save, an hour on, tries again
+        log.exception("could not prune generations older than %s days", days)
+        return
+    if deleted:
+        log.info("pruned %d generations older than %s days", deleted, days)

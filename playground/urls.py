@@ -6,6 +6,7 @@ from playground import health, metrics, views
 urlpatterns = [
     path("", views.index, name="index"),
     path("g/<slug:generation_id>", views.generation, name="generation"),
+    path("g/<slug:generation_id>/", views.generation_with_slash),
     path("healthz", health.healthz, name="healthz"),  # alive: no dependency looked at
     path("readyz", health.readyz, name="readyz"),  # Redis, a worker per model, a one-token generation
     path("metrics", metrics.metrics_view, name="metrics"),

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 
 import redis
 from django.conf import settings
+from django.http import HttpResponsePermanentRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils.http import urlencode
+from django.utils.text import Truncator
 
 from inference.events import SamplingParams
 from playground.jobs import PARAM_FIELDS, job_client, worker_summary
@@ -33,7 +36,19 @@ PARAM_LABELS = {
     "max_new_tokens": "Max tokens",
     "repetition_penalty": "Repetition penalty",
     "seed": "Seed",
+    "stop": "Stop",
 }
+# Values that change nothing (no top-k cut, no penalty, no nucleus cut, no stop string): not shown
+NEUTRAL = {"top_k": 0, "repetition_penalty": 1.0, "top_p": 1.0, "seed": None, "stop": []}
+# Settings the playground has no field for: "Try it yourself" cannot bring them, and says so
+NOT_ON_THE_PAGE = {"seed": "the seed", "top_k": "top-k", "repetition_penalty": "the repetition penalty",
+                   "stop": "the stop strings"}  # fmt: skip
+# Unicode's text-direction controls: shown as their code points, never obeyed (as highlight.js does on the page)
+BIDI_CONTROLS = re.compile(r"[\u202a-\u202e\u2066-\u2069]")
+# What a link preview's title and description leave out: control characters and direction controls
+UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u061c\u202a-\u202e\u2066-\u2069]")
+# A share page never changes; a takedown (a row deleted in /admin/) reaches caches within this long
+SHARE_MAX_AGE_S = 300
 # Who said an earlier turn of a shared conversation
 SPEAKERS = {"user": "User", "assistant": "Model"}
 
@@ -48,6 +63,7 @@ async def index(request):
         "queue_ok": queue_ok,
         "max_new_tokens": settings.PLAYGROUND_MAX_NEW_TOKENS,
         "max_prompt_chars": settings.PLAYGROUND_MAX_PROMPT_CHARS,
+        "retention_days": settings.PLAYGROUND_RETENTION_DAYS,
         "form": await form_values(request.GET.get("from")),
     }
     return render(request, "playground/index.html", context)
@@ -122,10 +138,54 @@ def stat_rows(generation: Generation) -> list[tuple[str, str]]:
     return rows
 
 
+def quoted(text: str) -> str:
+    """A string as a Python or JSON literal spells it, so that newlines and spaces show; a direction
+    control as its code point (written \\u202e, it is not obeyed)."""
+    return BIDI_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(text, ensure_ascii=False))
+
+
+def set_params(generation: Generation) -> dict:
+    """The settings the run asked for that change anything: none unset, none at a value that changes nothing."""
+    params = generation.params or {}
+    return {
+        key: params[key]
+        for key in PARAM_LABELS
+        if key in params and params[key] not in (None, NEUTRAL.get(key))
+    }
+
+
 def param_rows(generation: Generation) -> list[tuple[str, str]]:
     """The sampling settings the run asked for, in the page's words (unset ones took the defaults)."""
-    params = generation.params or {}
-    return [(label, str(params[key])) for key, label in PARAM_LABELS.items() if params.get(key) is not None]
+    rows = []
+    for key, value in set_params(generation).items():
+        if key == "stop":
+            value = (
+                " ".join(quoted(text) for text in value) if isinstance(value, list) else quoted(str(value))
+            )
+        rows.append((PARAM_LABELS[key], str(value)))
+    return rows
+
+
+def left_out(generation: Generation) -> list[str]:
+    """The run's settings that "Try it yourself" cannot bring (the playground has no field for them)."""
+    return [words for key, words in NOT_ON_THE_PAGE.items() if key in set_params(generation)]
+
+
+def in_words(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def one_line(text: str, chars: int) -> str:
+    """Text for a title or a link preview: no control characters, whitespace as single spaces, cut to `chars`."""
+    return Truncator(" ".join(UNPRINTABLE.sub(" ", text).split())).chars(chars)
+
+
+def preview(generation: Generation) -> dict:
+    """The share page's <title> and link-preview texts (the template escapes them)."""
+    first_line = next((line for line in generation.prompt.splitlines() if line.strip()), "")
+    title = f"{one_line(first_line, 60) or 'Shared generation'} · {one_line(generation.model, 40)}"
+    answer = one_line(generation.output, 200) or "(no output)"
+    return {"title": title, "description": f"{one_line(generation.model, 40)}: {answer}"}
 
 
 def finish_label(generation: Generation) -> str:
@@ -143,6 +203,7 @@ def finish_label(generation: Generation) -> str:
 def generation(request, generation_id: str):
     row = get_object_or_404(Generation, pk=generation_id)
     earlier, after = conversation_parts(row)
+    missing = left_out(row)
     context = {
         "generation": row,
         "stats": stat_rows(row),
@@ -151,7 +212,19 @@ def generation(request, generation_id: str):
         # "Try it yourself" brings back the prompt alone when the page cannot hold the conversation
         "prompt_only": bool(earlier or after) and follow_up_history(earlier, after) is None,
         "params": param_rows(row),
+        "left_out": in_words(missing) if missing else "",
+        "left_out_count": len(missing),
         "finish": finish_label(row),
         "try_url": reverse("index") + "?" + urlencode({"from": row.pk}),
+        "preview": preview(row),
     }
-    return render(request, "playground/generation.html", context)
+    response = render(request, "playground/generation.html", context)
+    # the page never changes (a run is saved once): caches may keep it a while, search engines may not index it
+    response["Cache-Control"] = f"public, max-age={SHARE_MAX_AGE_S}"
+    response["X-Robots-Tag"] = "noindex"
+    return response
+
+
+def generation_with_slash(request, generation_id: str):
+    """/g/<id>/ (a link pasted with a slash added) -> /g/<id>, for good."""
+    return HttpResponsePermanentRedirect(reverse("generation", args=[generation_id]))

@@ -55,3 +55,34 @@ def record_state_texts(page) -> None:
         new MutationObserver(() => window.stateTexts.push(state.textContent))
             .observe(state, {subtree: true, childList: true, characterData: true});
     }""")
+
+
+# A right-to-left override in a line of code shows the characters after it in reverse order, so that
+# code reads other than it runs ("Trojan Source", CVE-2021-42574).
+TROJAN = 'role = "user\u202ePQR"  # check\n'
+LEFT_EDGES = """([selector, chars]) => {
+    const element = document.querySelector(selector);
+    const walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+    const left = {};
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+        for (let i = 0; i < node.length; i++) {
+            if (!chars.includes(node.data[i])) continue;
+            const range = document.createRange();
+            range.setStart(node, i);
+            range.setEnd(node, i + 1);
+            left[node.data[i]] = range.getBoundingClientRect().left;
+        }
+    }
+    return Array.from(chars, (c) => left[c]);
+}"""
+
+
+def new_page(browser, **options):
+    """A page in a context of its own (1280 x 860 unless told), allowed the clipboard, its script errors in
+    page.errors."""
+    options.setdefault("viewport", {"width": 1280, "height": 860})
+    context = browser.new_context(permissions=["clipboard-read", "clipboard-write"], **options)
+    page = context.new_page()
+    page.errors = []
+    page.on("pageerror", lambda error: page.errors.append(str(error)))
+    return page

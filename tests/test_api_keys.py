@@ -92,3 +92,58 @@ def test_the_admin_makes_a_key_and_shows_it_once(admin_client):
     admin_client.post("/admin/api/apikey/", {"action": "revoke", "_selected_action": [row.pk]})
     row.refresh_from_db()
     assert row.revoked is not None
+
+
+@pytest.mark.django_db
+def test_the_admin_revokes_keys_but_never_deletes_or_unrevokes_one(admin_client, client):
+    """With no key row left the API is open: the admin may only revoke, and a revocation stays."""
+    row = ApiKey(name="only")
+    secret = row.set_new_key()
+    row.save()
+    change_url = f"/admin/api/apikey/{row.pk}/change/"
+    assert admin_client.get(f"/admin/api/apikey/{row.pk}/delete/").status_code == 403
+    assert admin_client.post(f"/admin/api/apikey/{row.pk}/delete/", {"post": "yes"}).status_code == 403
+    # nor by the list's "delete selected" action, which is not offered
+    listing = admin_client.get("/admin/api/apikey/").content.decode()
+    assert 'value="delete_selected"' not in listing and 'value="revoke"' in listing
+    admin_client.post(
+        "/admin/api/apikey/", {"action": "delete_selected", "_selected_action": [row.pk], "post": "yes"}
+    )
+    assert ApiKey.objects.filter(pk=row.pk).exists()
+    assert "deletelink" not in admin_client.get(change_url).content.decode()
+
+    admin_client.post("/admin/api/apikey/", {"action": "revoke", "_selected_action": [row.pk]})
+    row.refresh_from_db()
+    revoked = row.revoked
+    assert revoked is not None
+    # the change form shows the revocation, and clearing it by hand does nothing
+    response = admin_client.post(change_url, {"name": "renamed", "revoked_0": "", "revoked_1": ""})
+    assert response.status_code == 302
+    row.refresh_from_db()
+    assert (row.name, row.revoked) == ("renamed", revoked)
+    status = client.post("/v1/completions", {}, content_type="application/json",
+                         headers={"authorization": f"Bearer {secret}"}).status_code  # fmt: skip
+    assert status == 401  # still revoked, and the API still closed
+
+
+@pytest.mark.django_db
+def test_the_command_deletes_a_key_but_the_last_one_only_when_told_that_the_api_opens(capsys):
+    create_key("a", capsys)
+    create_key("b", capsys)
+    call_command("apikey", "delete", "a")
+    assert "deleted a" in capsys.readouterr().out
+    assert list(ApiKey.objects.values_list("name", flat=True)) == ["b"]
+
+    with pytest.raises(CommandError, match="last key: deleting it opens the API .* --open-api"):
+        call_command("apikey", "delete", "b")
+    assert ApiKey.objects.filter(name="b").exists()
+    call_command("apikey", "revoke", "b")  # a revoked key counts too: the API stays closed
+    with pytest.raises(CommandError, match="opens the API"):
+        call_command("apikey", "delete", "b")
+
+    call_command("apikey", "delete", "b", "--open-api")
+    said = capsys.readouterr()
+    assert "deleted b" in said.out and "the API is now open" in said.err
+    assert not ApiKey.objects.exists()
+    with pytest.raises(CommandError, match="no key named"):
+        call_command("apikey", "delete", "nobody", "--open-api")

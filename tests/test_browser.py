@@ -9,7 +9,15 @@ import re
 
 import pytest
 
-from tests.page_testing import STANDIN, generate, open_playground, record_states, standin_server
+from tests.page_testing import (
+    LEFT_EDGES,
+    STANDIN,
+    TROJAN,
+    generate,
+    open_playground,
+    record_states,
+    standin_server,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
@@ -78,26 +86,6 @@ def test_model_output_is_shown_as_text_never_run_as_html(server, page):
     assert page.locator("main img, main script").count() == 0
     page.wait_for_timeout(300)  # give an injected onerror handler the chance to fire
     assert page.dialogs == [] and page.errors == []
-
-
-# A right-to-left override in a line of code shows the characters after it in reverse order, so that
-# code reads other than it runs ("Trojan Source", CVE-2021-42574).
-TROJAN = 'role = "user\u202ePQR"  # check\n'
-LEFT_EDGES = """([selector, chars]) => {
-    const element = document.querySelector(selector);
-    const walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
-    const left = {};
-    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
-        for (let i = 0; i < node.length; i++) {
-            if (!chars.includes(node.data[i])) continue;
-            const range = document.createRange();
-            range.setStart(node, i);
-            range.setEnd(node, i + 1);
-            left[node.data[i]] = range.getBoundingClientRect().left;
-        }
-    }
-    return Array.from(chars, (c) => left[c]);
-}"""
 
 
 def assert_shown_in_order_with_the_control_marked(page, selector: str) -> None:

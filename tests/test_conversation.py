@@ -95,7 +95,7 @@ def form_history(page: str) -> list[dict] | None:
 XSS = "<img src=x onerror=alert(1)>"
 # a turn on the share page: who spoke, its box's classes, its text (in a code element to highlight, if the model's)
 TURN = (
-    r'<span class="turn-speaker">(\w+)</span><pre class="(prompt-box[^"]*)">'
+    r'<span class="turn-speaker">(\w+)</span><pre class="(prompt-box[^"]*?)(?: capped)?"[^>]*>\n?'
     r'(?:<code class="hljs" data-highlight-turn>)?(.*?)(?:</code>)?</pre>'
 )
 

@@ -21,6 +21,7 @@ from tests.conftest import WorkerProcess, e2e_model
 from tests.page_testing import (
     STANDIN,
     generate,
+    new_page,
     open_playground,
     record_state_texts,
     record_states,
@@ -55,15 +56,6 @@ def default_model(redis_server, tmp_path_factory):
     worker.wait_ready()
     yield Path(model)
     worker.stop()
-
-
-def new_page(browser, **options):
-    options.setdefault("viewport", {"width": 1280, "height": 860})
-    context = browser.new_context(permissions=["clipboard-read", "clipboard-write"], **options)
-    page = context.new_page()
-    page.errors = []
-    page.on("pageerror", lambda error: page.errors.append(str(error)))
-    return page
 
 
 @pytest.fixture
@@ -1349,3 +1341,42 @@ def test_a_prompt_over_64_kib_runs_and_one_over_the_limit_is_refused_on_the_page
     assert "100,001 characters; the limit is 100,000" in page.text_content("#state")
     assert "invalid" in page.get_attribute("#prompt", "class")
     assert page.text_content("#output") == long_prompt[:30]  # nothing was sent
+
+
+# ---- 13. a completion goes on along its prompt's line; runs are saved, and the page says so --------------
+
+LINE_TOPS = """() => {
+    const last = [...document.getElementById('output-context').getClientRects()].at(-1);
+    const first = document.getElementById('output').getClientRects()[0];
+    return [last.top, first.top];
+}"""
+
+
+def test_a_completion_continues_the_line_its_prompt_ends_on_here_and_on_the_share_page(server, page):
+    open_playground(page, server.url)
+    for prompt in ("total = add(1, 2", "\nx = (1"):  # the second answer (its echo) opens with a newline
+        generate(page, prompt, len(prompt))
+        wait_for_state(page, "done")
+        share = page.get_attribute("#share", "href")
+        for shown in (page, None):
+            if shown is None:
+                page.goto(server.url + share)
+                page.wait_for_selector("#output-context:not(:empty)")
+            assert page.text_content("#output") == prompt
+            # as laid out: the dimmed prompt and the answer with no line break between them (one, not two,
+            # when the answer opens with its own)
+            assert page.evaluate("document.getElementById('output-box').innerText") == prompt + prompt
+            if not prompt.startswith("\n"):
+                tops = page.evaluate(LINE_TOPS)
+                assert tops[0] == tops[1], tops  # the answer starts on the prompt's last line
+        open_playground(page, server.url)
+    assert page.errors == []
+
+
+def test_the_page_says_beside_generate_that_runs_are_saved_and_open_to_anyone_with_the_link(server, page):
+    open_playground(page, server.url)
+    note = page.locator("#saved-note")
+    assert note.is_visible()
+    assert note.text_content() == "Runs are saved: anyone with a run's share link can open it."
+    actions, said = page.locator("#actions").bounding_box(), note.bounding_box()
+    assert 0 <= said["y"] - (actions["y"] + actions["height"]) < 40  # right under Generate and Stop

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import html
 import json
+import re
+import subprocess
+import sys
 
 import pytest
 import redis
 
 from inference.protocol import PREFIX, job_key
-from tests.conftest import WebServer, WorkerProcess
+from tests.conftest import ROOT, WebServer, WorkerProcess
+from tests.page_testing import LEFT_EDGES, TROJAN
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
@@ -146,3 +150,52 @@ def test_a_client_over_its_rate_limit_reads_why_on_the_page(browser, redis_serve
     finally:
         page.close()
         web.stop()
+
+
+# ---- the admin shows a stranger's text as text ----------------------------------------------------------
+
+
+def admin_login(server, page) -> None:
+    env = {**server.env, "DJANGO_SUPERUSER_PASSWORD": "a-long-test-password"}
+    subprocess.run([sys.executable, "manage.py", "createsuperuser", "--noinput", "--username", "admin",
+                    "--email", "admin@example.com"], cwd=ROOT, env=env, capture_output=True)  # fmt: skip
+    page.goto(server.url + "/admin/login/")
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", "a-long-test-password")
+    page.click("input[type=submit]")
+    page.wait_for_selector("#site-name")
+
+
+def test_the_admin_shows_a_generations_texts_in_monospace_boxes_with_direction_controls_named(server, page):
+    prompt = TROJAN + "".join(f"x_{i:03d} = {i}\n" for i in range(60))  # a long output: 61 lines
+    page.goto(server.url)
+    page.wait_for_selector("#worker-status[data-up=true]", timeout=15_000)
+    run_generation(page, prompt)
+    page.wait_for_selector("#state[data-state=done]", timeout=15_000)
+    generation_id = page.get_attribute("#share", "href").removeprefix("/g/")
+    admin_login(server, page)
+
+    page.goto(f"{server.url}/admin/playground/generation/{generation_id}/change/")
+    for selector in (".field-prompt_text pre", ".field-output_text pre"):
+        box = page.locator(selector)
+        assert "monospace" in box.evaluate("el => getComputedStyle(el).fontFamily")
+        # shown in the order it runs: P, Q, R left to right, and the control named, not obeyed
+        edges = page.evaluate(LEFT_EDGES, [selector, "PQR"])
+        assert edges == sorted(edges) and len(set(edges)) == 3, edges
+        assert box.locator(".bidi-control").first.text_content() == "U+202E"
+        assert "\u202e" not in box.text_content()
+    prompt_box, output_box = page.locator(".field-prompt_text pre"), page.locator(".field-output_text pre")
+    assert prompt_box.text_content().replace("U+202E", "\u202e") == prompt  # the rest as it is, escaped
+    # a long output scrolls in a box of capped height
+    height, scroll_height = output_box.evaluate("el => [el.clientHeight, el.scrollHeight]")
+    assert (
+        height < 400 < scroll_height and output_box.evaluate("el => getComputedStyle(el).overflowY") == "auto"
+    )
+    # read-only: nothing to save; a takedown deletes
+    assert page.locator("input[name=_save]").count() == 0 and page.is_visible("a.deletelink")
+
+    page.goto(f"{server.url}/admin/playground/generation/")
+    row = page.locator(f"tr:has(a[href*='{generation_id}'])")
+    assert row.locator(".field-prompt_excerpt").text_content() == 'role = "userU+202EPQR"  # check'
+    assert re.fullmatch(r"[\d,]+\.\d tok/s", row.locator(".field-decode_rate").text_content())
+    assert page.evaluate("window.cspViolations") == [] and page.errors == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from inference.protocol import JobSpec
@@ -49,3 +51,16 @@ async def test_gpu_bandwidth_and_chat_messages():
         "api",
     )
     assert row.bandwidth_gbs == 1600.0 and row.peak_pct == 50.0
+
+
+def test_new_share_ids_are_letters_and_digits_so_no_link_ends_in_a_dash_or_underscore():
+    """A markdown autolinker (or a chat app) ends a link before a trailing "_" or "-"."""
+    import math
+
+    from playground.models import ID_ALPHABET, short_id
+
+    ids = [short_id() for _ in range(3000)]
+    assert all(re.fullmatch(r"[A-Za-z0-9]{12}", i) for i in ids), [i for i in ids if not i.isalnum()][:5]
+    assert len(set(ids)) == len(ids)
+    assert len(set("".join(ids))) == 62  # every letter and digit turns up: the whole alphabet is drawn from
+    assert len(ID_ALPHABET) == 62 and 12 * math.log2(len(ID_ALPHABET)) >= 71  # random bits per id

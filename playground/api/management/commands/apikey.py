@@ -1,4 +1,4 @@
-"""python manage.py apikey create NAME | list | revoke NAME"""
+"""python manage.py apikey create NAME | list | revoke NAME | delete NAME [--open-api]"""
 
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
@@ -16,6 +16,14 @@ class Command(BaseCommand):
         actions.add_parser("list", help="list keys: name, prefix, created, last used, revoked")
         revoke = actions.add_parser("revoke", help="revoke a key by name or prefix")
         revoke.add_argument("name")
+        delete = actions.add_parser(
+            "delete", help="delete a key by name or prefix (revoke keeps the API closed; prefer it)"
+        )
+        delete.add_argument("name")
+        delete.add_argument(
+            "--open-api", action="store_true",
+            help="allow deleting the last key, which opens the API to anyone who can reach it",
+        )  # fmt: skip
 
     def handle(self, *args, action, **options):
         getattr(self, action)(**options)
@@ -40,12 +48,30 @@ class Command(BaseCommand):
                 f"{k.name}\t{k.prefix}…\tcreated {k.created:%Y-%m-%d %H:%M}\tused {used}\t{state}"
             )
 
-    def revoke(self, name, **_):
+    def find(self, name) -> ApiKey:
         api_key = ApiKey.objects.filter(name=name).first() or ApiKey.objects.filter(prefix=name).first()
         if api_key is None:
             raise CommandError(f"no key named {name!r} (see `manage.py apikey list`)")
+        return api_key
+
+    def revoke(self, name, **_):
+        api_key = self.find(name)
         if api_key.revoked:
             raise CommandError(f"key {name!r} was revoked already")
         api_key.revoked = timezone.now()
         api_key.save(update_fields=["revoked"])
         self.stdout.write(f"revoked {api_key}")
+
+    def delete(self, name, open_api=False, **_):
+        api_key = self.find(name)
+        # no key row at all, revoked ones included, is what leaves the API open
+        last = not ApiKey.objects.exclude(pk=api_key.pk).exists()
+        if last and not open_api:
+            raise CommandError(
+                f"{api_key} is the last key: deleting it opens the API to anyone who can reach it. "
+                "Revoke it instead (`manage.py apikey revoke`), or pass --open-api to delete it and open the API."
+            )
+        api_key.delete()
+        self.stdout.write(f"deleted {api_key}")
+        if last:
+            self.stderr.write("No API key is left: the API is now open to anyone who can reach it.")

@@ -8,6 +8,13 @@ Torch-free: the web process imports it. Keys (all under `PREFIX`):
                       Readers resume from the last entry id they saw, so a reconnect loses nothing
                       and repeats nothing.
     cancel:<id>       set by whoever wants the job stopped; the worker looks at each flush
+    followers:<id>    sorted set: follower id -> when its lease lapses (Redis' clock, unix s). Every
+                      follower of a job (a page's socket, an API request) refreshes its lease every
+                      LEASE_INTERVAL_S; the web that submits the job takes the first lease in the
+                      same step. A job submitted with a lease has a `grace` in its hash: once no
+                      lease has been live for that long, the job is orphaned and its worker ends it
+                      as cancelled (at its next flush, or instead of starting it). A job submitted
+                      without one (a probe, a script) is never orphaned.
     worker:<wid>      heartbeat (json: models, device, job, ...) that expires after HEARTBEAT_TTL_S
     workers           sorted set: worker id -> time of its last heartbeat, so that listing the live
                       workers (ids whose heartbeat key is still there) is one script however many
@@ -20,6 +27,7 @@ reader that finds its job's worker gone (heartbeat expired) writes the error eve
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 import uuid
@@ -27,6 +35,8 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field, fields
 
 from inference.events import SamplingParams
+
+log = logging.getLogger("inference.protocol")
 
 PREFIX = os.environ.get("KOG_REDIS_PREFIX", "kog:")
 HEARTBEAT_INTERVAL_S = 1.0
@@ -38,6 +48,10 @@ LOST_CLAIM_S = 5.0  # a job popped from the queue but never claimed for this lon
 # reported lost after this long: a claim reaches the heartbeat within HEARTBEAT_INTERVAL_S.
 DROPPED_JOB_S = HEARTBEAT_TTL_S + HEARTBEAT_INTERVAL_S
 NO_WORKER_WAIT_S = 60.0  # a queued job whose model no live worker serves for this long is turned away
+# A follower refreshes its lease this often, and a lease not refreshed for LEASE_TTL_S has lapsed: a web
+# process that dies (SIGKILL included) leaves its jobs unfollowed within LEASE_TTL_S.
+LEASE_INTERVAL_S = 1.0
+LEASE_TTL_S = 4.0
 
 TERMINAL = ("done", "error")
 
@@ -56,6 +70,10 @@ def events_key(job_id: str) -> str:
 
 def cancel_key(job_id: str) -> str:
     return f"{PREFIX}cancel:{job_id}"
+
+
+def followers_key(job_id: str) -> str:
+    return f"{PREFIX}followers:{job_id}"
 
 
 def worker_key(worker_id: str) -> str:
@@ -149,6 +167,23 @@ def _entry(event_type: str, data: dict) -> dict:
     return {"type": event_type, "data": json.dumps(data)}
 
 
+# Lua that the scripts looking at leases start with: the time is Redis' own (no host's clock is compared
+# with another's), and a job is orphaned when it has a grace (it was submitted with a lease) and its
+# last lease lapsed longer ago than that grace (a missing followers set counts as lapsed long ago).
+_LEASE_LUA = """
+local function now()
+    local t = redis.call('TIME')
+    return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+local function orphaned(job, followers)
+    local grace = redis.call('HGET', job, 'grace')
+    if not grace then return false end
+    local last = redis.call('ZREVRANGE', followers, 0, 0, 'WITHSCORES')
+    return now() > tonumber(last[2] or 0) + tonumber(grace)
+end
+"""
+
+
 # ---- the worker's side (sync redis client) -----------------------------------------------------
 
 
@@ -165,7 +200,8 @@ class WorkerChannel:
     end
     return redis.call('XADD', KEYS[1], '*', 'type', ARGV[1], 'data', ARGV[2])
     """
-    # The same for the terminal event, which also marks the job; ARGV: type, data, status, now, ttl.
+    # The same for the terminal event, which also marks the job and drops its leases (KEYS: events, job,
+    # followers); ARGV: type, data, status, now, ttl.
     _FINISH = """
     if redis.call('EXISTS', KEYS[2]) == 0 or redis.call('HEXISTS', KEYS[2], 'finished') == 1 then
         return 0
@@ -174,24 +210,46 @@ class WorkerChannel:
     redis.call('HSET', KEYS[2], 'status', ARGV[3], 'finished', ARGV[4])
     redis.call('EXPIRE', KEYS[1], ARGV[5])
     redis.call('EXPIRE', KEYS[2], ARGV[5])
+    redis.call('DEL', KEYS[3])
     return 1
     """
 
     # A popped job is claimed only while it is still queued: a reader may have failed it as lost, or
-    # a cancel ended it, between the pop and the claim. KEYS: job; ARGV: worker id, now. Returns the spec.
+    # a cancel ended it, between the pop and the claim. One nobody has followed for longer than its grace
+    # (its web process died, its page closed) is ended as cancelled instead of started.
+    # KEYS: job, followers, events; ARGV: worker id, now, the cancelled end's data, ttl.
+    # Returns {'claimed', spec}, {'orphaned'}, or false.
     _CLAIM = """
     if redis.call('HGET', KEYS[1], 'status') ~= 'queued' then return false end
+    if orphaned(KEYS[1], KEYS[2]) then
+        redis.call('XADD', KEYS[3], '*', 'type', 'done', 'data', ARGV[3])
+        redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished', ARGV[2])
+        redis.call('EXPIRE', KEYS[3], ARGV[4])
+        redis.call('EXPIRE', KEYS[1], ARGV[4])
+        redis.call('DEL', KEYS[2])
+        return {'orphaned'}
+    end
     redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[1], 'started', ARGV[2])
-    return redis.call('HGET', KEYS[1], 'spec')
+    return {'claimed', redis.call('HGET', KEYS[1], 'spec')}
+    """
+
+    # Why the job in progress should stop, or false: KEYS: cancel, job, followers.
+    _CANCELLED = """
+    if redis.call('EXISTS', KEYS[1]) == 1 then return 'cancel' end
+    if redis.call('EXISTS', KEYS[2]) == 0 then return 'gone' end
+    if redis.call('HEXISTS', KEYS[2], 'finished') == 1 then return 'ended' end
+    if orphaned(KEYS[2], KEYS[3]) then return 'orphaned' end
+    return false
     """
 
     def __init__(self, r, worker_id: str, models: list[str]):
         self.r = r
         self.worker_id = worker_id
         self.models = models
-        self._claim = r.register_script(self._CLAIM)
+        self._claim = r.register_script(_LEASE_LUA + self._CLAIM)
         self._publish = r.register_script(self._PUBLISH)
         self._finish = r.register_script(self._FINISH)
+        self._cancelled = r.register_script(_LEASE_LUA + self._CANCELLED)
 
     def heartbeat(self, info: dict) -> None:
         now = time.time()
@@ -213,11 +271,18 @@ class WorkerChannel:
         return None if popped is None else self.claim(popped[1])
 
     def claim(self, job_id: str) -> JobSpec | None:
-        """Mark a popped job running on this worker and announce it; None when it is no longer queued."""
+        """Mark a popped job running on this worker and announce it; None when it is no longer queued, or
+        when nobody has followed it for longer than its grace (it is then ended as cancelled)."""
         now = time.time()
-        spec_json = self._claim(keys=[job_key(job_id)], args=[self.worker_id, now])
-        if spec_json is None:  # expired, deleted, cancelled or failed by a reader while queued
+        keys = [job_key(job_id), followers_key(job_id), events_key(job_id)]
+        args = [self.worker_id, now, json.dumps(_cancelled_before_start()), EVENTS_TTL_S]
+        claimed = self._claim(keys=keys, args=args)
+        if not claimed:  # expired, deleted, cancelled or failed by a reader while queued
             return None
+        if claimed[0] == "orphaned":
+            log.info("skipped job %s: nobody follows it any more", job_id, extra={"job_id": job_id})
+            return None
+        spec_json = claimed[1]
         try:
             spec = JobSpec.from_json(spec_json)
         except (ValueError, TypeError) as exc:  # not a web process's job: end it, serve the next
@@ -230,15 +295,11 @@ class WorkerChannel:
         """Append an event; returns its entry id, or None when the job no longer exists."""
         return self._publish(keys=[events_key(job_id), job_key(job_id)], args=[event_type, json.dumps(data)])
 
-    def cancelled(self, job_id: str) -> bool:
-        """Someone asked to stop the job, the job is gone (a Redis restart emptied it), or a reader has
-        ended it (its worker looked lost): stop in every case."""
-        pipe = self.r.pipeline(transaction=False)
-        pipe.exists(cancel_key(job_id))
-        pipe.exists(job_key(job_id))
-        pipe.hexists(job_key(job_id), "finished")
-        cancel, job, ended = pipe.execute()
-        return bool(cancel) or not job or bool(ended)
+    def cancelled(self, job_id: str) -> str | None:
+        """Why the job should stop, or None: someone asked to stop it ("cancel"), the job is gone (a Redis
+        restart emptied it: "gone"), a reader has ended it (its worker looked lost: "ended"), or nobody has
+        followed it for longer than its grace ("orphaned"). Stop in every case. One round trip."""
+        return self._cancelled(keys=[cancel_key(job_id), job_key(job_id), followers_key(job_id)]) or None
 
     def finish(self, job_id: str, event_type: str, data: dict) -> bool:
         """Publish the terminal event (done or error) and mark the job, in one round trip.
@@ -247,7 +308,8 @@ class WorkerChannel:
         if data.get("finish_reason") == "cancelled":
             status = "cancelled"
         args = [event_type, json.dumps(data), status, time.time(), EVENTS_TTL_S]
-        return bool(self._finish(keys=[events_key(job_id), job_key(job_id)], args=args))
+        keys = [events_key(job_id), job_key(job_id), followers_key(job_id)]
+        return bool(self._finish(keys=keys, args=args))
 
 
 # ---- the web's side (redis.asyncio client) -----------------------------------------------------
@@ -256,12 +318,48 @@ class WorkerChannel:
 class JobClient:
     """What a web process does to Redis. `r` is a `redis.asyncio.Redis(decode_responses=True)`."""
 
-    # Atomic "push unless the queue is full": KEYS[1]=queue, KEYS[2]=job hash; ARGV: id, spec, max, now.
+    # Atomic "push unless the queue is full", with the submitter's lease taken before any worker can pop
+    # the job: KEYS: queue, job hash, followers; ARGV: id, spec, max, now, model, ttl, then the follower
+    # ('' for none: the job is never orphaned), its grace and the lease's lifetime.
     _SUBMIT = """
     if tonumber(ARGV[3]) > 0 and redis.call('LLEN', KEYS[1]) >= tonumber(ARGV[3]) then return -1 end
     redis.call('HSET', KEYS[2], 'spec', ARGV[2], 'status', 'queued', 'created', ARGV[4], 'model', ARGV[5])
     redis.call('EXPIRE', KEYS[2], ARGV[6])
+    if ARGV[7] ~= '' then
+        redis.call('HSET', KEYS[2], 'grace', ARGV[8])
+        redis.call('ZADD', KEYS[3], now() + tonumber(ARGV[9]), ARGV[7])
+        redis.call('EXPIRE', KEYS[3], ARGV[6])
+    end
     return redis.call('RPUSH', KEYS[1], ARGV[1])
+    """
+
+    # A follower's lease renewed, while the job has not ended: KEYS: job, followers; ARGV: follower, the
+    # lease's lifetime, the set's ttl. Leases lapsed a minute ago go (the renewed one keeps the set's last
+    # expiry). Returns 0 once the job has ended or is gone (nothing is written then), else 1.
+    _LEASE = """
+    if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HEXISTS', KEYS[1], 'finished') == 1 then
+        return 0
+    end
+    local t = now()
+    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', t - 60)
+    redis.call('ZADD', KEYS[2], t + tonumber(ARGV[2]), ARGV[1])
+    redis.call('EXPIRE', KEYS[2], ARGV[3])
+    return 1
+    """
+
+    # A follower that leaves on purpose lets its lease lapse now (KEYS: followers; ARGV: follower); the
+    # member stays, so that the job's grace counts from this moment.
+    _RELEASE = """
+    local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
+    local t = now()
+    if expiry and tonumber(expiry) > t then redis.call('ZADD', KEYS[1], t, ARGV[1]) end
+    """
+
+    # 1 while some follower's lease is live. KEYS: followers.
+    _FOLLOWED = """
+    local last = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+    if last[2] and tonumber(last[2]) > now() then return 1 end
+    return 0
     """
 
     # The live workers' heartbeats, forgetting in the same step the registered ids whose heartbeat key has expired:
@@ -288,14 +386,22 @@ class JobClient:
     def __init__(self, r, max_queue: int = 0):
         self.r = r
         self.max_queue = max_queue  # 0: unbounded
-        self._submit = r.register_script(self._SUBMIT)
+        self._submit = r.register_script(_LEASE_LUA + self._SUBMIT)
         self._live_workers = r.register_script(self._LIVE_WORKERS)
         self._mark_lost = r.register_script(self._MARK_LOST)
+        self._lease = r.register_script(_LEASE_LUA + self._LEASE)
+        self._release = r.register_script(_LEASE_LUA + self._RELEASE)
+        self._followed = r.register_script(_LEASE_LUA + self._FOLLOWED)
 
-    async def submit(self, spec: JobSpec) -> str:
-        """Queue a job; returns its id. Raises QueueFull when the model's queue is at `max_queue`."""
+    async def submit(self, spec: JobSpec, follower: str | None = None, grace_s: float = 0.0) -> str:
+        """Queue a job; returns its id. Raises QueueFull when the model's queue is at `max_queue`.
+
+        With a `follower` id, that follower's lease is taken in the same step, and the job is cancelled by
+        its worker once no lease has been live for `grace_s` (see `lease`); without one it never is."""
         args = [spec.id, spec.to_json(), self.max_queue, spec.created, spec.model, EVENTS_TTL_S * 24]
-        length = await self._submit(keys=[queue_key(spec.model), job_key(spec.id)], args=args)
+        args += [follower or "", grace_s, LEASE_TTL_S]
+        keys = [queue_key(spec.model), job_key(spec.id), followers_key(spec.id)]
+        length = await self._submit(keys=keys, args=args)
         if length == -1:
             raise QueueFull(
                 f"the queue for {spec.model} is full ({self.max_queue} waiting); try again shortly"
@@ -304,6 +410,20 @@ class JobClient:
 
     async def status(self, job_id: str) -> dict:
         return await self.r.hgetall(job_key(job_id))
+
+    async def lease(self, job_id: str, follower: str) -> bool:
+        """Take or renew `follower`'s lease on the job for LEASE_TTL_S; every follower does so every
+        LEASE_INTERVAL_S. False once the job has ended or is gone: there is nothing left to hold."""
+        args = [follower, LEASE_TTL_S, EVENTS_TTL_S * 24]
+        return bool(await self._lease(keys=[job_key(job_id), followers_key(job_id)], args=args))
+
+    async def release(self, job_id: str, follower: str) -> None:
+        """`follower` stops following the job: its lease lapses now rather than LEASE_TTL_S later."""
+        await self._release(keys=[followers_key(job_id)], args=[follower])
+
+    async def followed(self, job_id: str) -> bool:
+        """Whether some follower's lease on the job is live."""
+        return bool(await self._followed(keys=[followers_key(job_id)]))
 
     async def position(self, job_id: str, model: str) -> int | None:
         """Jobs ahead of this one in its queue; None once a worker has taken it."""
@@ -316,10 +436,10 @@ class JobClient:
         if job.get("status") == "queued" and await self.r.lrem(queue_key(job["model"]), 0, job_id):
             await self._fail_terminal(job_id, "done", _cancelled_before_start())
 
-    async def outcome(self, job_id: str, block_ms: int = 250) -> tuple[str, dict]:
+    async def outcome(self, job_id: str, block_ms: int = 250, known: bool = False) -> tuple[str, dict]:
         """The job's terminal event, (type, data), once it comes: where events() ends."""
         kind, data = "", {}
-        async for _, kind, data in self.events(job_id, block_ms=block_ms):  # noqa: B007 - the last one
+        async for _, kind, data in self.events(job_id, block_ms=block_ms, known=known):  # noqa: B007
             pass
         return kind, data
 
@@ -329,15 +449,17 @@ class JobClient:
         return [json.loads(beat) for beat in beats]
 
     async def events(
-        self, job_id: str, after: str = "0-0", block_ms: int = 250
+        self, job_id: str, after: str = "0-0", block_ms: int = 250, known: bool = False
     ) -> AsyncIterator[tuple[str, str, dict]]:
         """Yield (entry_id, type, data) from entry `after` on, until done or error.
 
         While waiting it also yields ("", "queue", {"position", "workers"}) when the position changes,
         and turns a dead worker or a lost job into an error event that every reader then sees.
+        `known`: the caller knows the job existed (it submitted it, or saw its record), so a job missing
+        from Redis was lost to a restart (queue_restarted), never an unknown id, even before its first event.
         """
         watch = _Watch()
-        seen_job = after != "0-0"  # a resumed reader knows the job existed
+        seen_job = known or after != "0-0"  # a resumed reader knows the job existed
         while True:
             reply = await self.r.xread({events_key(job_id): after}, block=block_ms, count=512)
             for _, entries in reply or []:
@@ -412,9 +534,20 @@ class JobClient:
             pipe = self.r.pipeline()
             pipe.xadd(events_key(job_id), _entry(event_type, data))
             pipe.hset(job_key(job_id), "status", status)
+            pipe.delete(followers_key(job_id))
             pipe.expire(events_key(job_id), EVENTS_TTL_S)
             pipe.expire(job_key(job_id), EVENTS_TTL_S)  # hsetnx made a stub when the job was unknown
             await pipe.execute()
+
+
+def release_leases(r, leases: list[tuple[str, str]]) -> None:
+    """Let (job id, follower) leases lapse now, in one round trip, from a sync client `r`: for a web process
+    that exits (daphne asked to stop), so that its jobs' grace starts at once rather than LEASE_TTL_S later."""
+    script = r.register_script(_LEASE_LUA + JobClient._RELEASE)
+    pipe = r.pipeline(transaction=False)
+    for job_id, follower in leases:
+        script(keys=[followers_key(job_id)], args=[follower], client=pipe)
+    pipe.execute()
 
 
 @dataclass

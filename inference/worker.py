@@ -9,9 +9,11 @@ With $KOG_HEALTH_FILE set, each heartbeat also touches that file (a container he
 
 Faults it survives: a job that raises (the client gets an error event; GPU out of memory says so
 and frees the cache), Redis going away (it retries and serves again once Redis is back; a job
-whose Redis state vanished is stopped), and a token stall: when no token comes for
-KOG_STALL_TIMEOUT_S seconds (default 60) a watchdog thread ends the job with a `stalled` error,
-and the generation loop stops at its next token. If the loop is still stuck KOG_STALL_EXIT_S
+whose Redis state vanished is stopped), a job that nobody follows any more (every lease on it lapsed
+past its grace: its page closed, its API client or its whole web process gone; it is stopped at its
+next flush, or ended unstarted), and a token stall: when no token comes for KOG_STALL_TIMEOUT_S
+seconds (default 60) a watchdog thread ends the job with a `stalled` error, and the generation loop
+stops at its next token. If the loop is still stuck KOG_STALL_EXIT_S
 seconds later (default 60; 0: never) the process exits, for its supervisor to restart it.
 KOG_MAX_PROMPT_TOKENS caps prompts below the context (default 0: no cap but the context).
 A model it cannot load (a checkpoint it does not support, a broken file, no GPU for --device cuda) ends it at
@@ -86,7 +88,9 @@ class DeltaCoalescer:
         return False
 
     def flush(self, now: float | None = None) -> None:
-        if not self.token_ids:
+        # A delta without tokens still carries text: what the engine held back (for a stop string, or an
+        # unfinished character) until the end.
+        if not self.token_ids and not any(self.text):
             return
         self.publish(
             "delta",
@@ -285,15 +289,23 @@ class Worker:
         def should_stop() -> bool:
             return cancelled or job.stalled or job.gone
 
+        def asked_to_stop() -> bool:
+            # A cancel, a job gone or ended elsewhere, or nobody following it past its grace (the page
+            # closed, the API client or its whole web process gone): see WorkerChannel.cancelled.
+            reason = self.channel.cancelled(spec.id)
+            if reason == "orphaned":
+                log.info("nobody follows the job any more: cancelling it")
+            return bool(reason)
+
         job.progress_at = time.monotonic()
         for event in engine.generate(prompt_ids, params, should_stop=should_stop):
             job.progress_at = time.monotonic()
             if isinstance(event, TextDelta):
                 if coalescer.add(event):
-                    cancelled = cancelled or self.channel.cancelled(spec.id)
+                    cancelled = cancelled or asked_to_stop()
             elif isinstance(event, Prefilled):
                 publish("prefilled", asdict(event))
-                cancelled = self.channel.cancelled(spec.id)
+                cancelled = asked_to_stop()
             elif isinstance(event, Done):
                 if job.finished:
                     return

@@ -37,8 +37,10 @@ tokens per minute per client IP (playground/limits.py), a bounded queue, samplin
 to their ranges (playground/jobs.py). If Redis goes away mid-run, the socket waits up to
 PLAYGROUND_REDIS_RETRY_S for it and then tells the client what became of the job.
 
-A job outlives its socket so that a reconnect can resume it; when the last socket following it
-closes and none resumes it within PLAYGROUND_ORPHAN_GRACE_S, it is cancelled.
+A job outlives its socket so that a reconnect can resume it. Every socket following a job holds a
+lease on it in Redis (playground.jobs.Lease), renewed every second; when no lease has been live for
+PLAYGROUND_ORPHAN_GRACE_S (the page closed and no reload resumed it, or the web process died, SIGKILL
+included), the job's worker cancels it.
 """
 
 from __future__ import annotations
@@ -54,9 +56,9 @@ from django.conf import settings
 
 from inference.events import InvalidRequest
 from inference.logs import job_context
-from inference.protocol import EVENTS_TTL_S, PREFIX, JobClient, JobSpec, QueueFull
+from inference.protocol import JobClient, JobSpec, QueueFull
 from playground import limits, metrics
-from playground.jobs import job_client, served_models, spec_from_frame, worker_summary
+from playground.jobs import Lease, job_client, redis_back, served_models, spec_from_frame, worker_summary
 from playground.store import save_generation
 
 log = logging.getLogger("playground.consumers")
@@ -66,15 +68,12 @@ JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _orphan_checks: set[asyncio.Task] = set()  # strong references, so pending checks are not collected
 
 
-def watchers_key(job_id: str) -> str:
-    return f"{PREFIX}web:watchers:{job_id}"
-
-
 class GenerateConsumer(AsyncWebsocketConsumer):
     # Jobs travel through their Redis streams, not the channel layer: a layer subscription would
     # only be one more Redis connection whose loss (a Redis restart) kills the socket.
     channel_layer_alias = "unused"
     spec: JobSpec | None = None  # the job this socket follows
+    lease: Lease | None = None  # this socket's lease on that job
     follower: asyncio.Task | None = None  # streams that job's events to the socket
     status_task: asyncio.Task | None = None  # sends worker status changes
 
@@ -89,7 +88,7 @@ class GenerateConsumer(AsyncWebsocketConsumer):
             self.status_task.cancel()
         if self.following():
             self.follower.cancel()
-            await self.detach(self.spec.id)
+            await self.detach()
 
     async def receive(self, text_data=None, bytes_data=None):
         limit = settings.PLAYGROUND_MAX_FRAME_BYTES
@@ -129,8 +128,13 @@ class GenerateConsumer(AsyncWebsocketConsumer):
         verdict = await limits.limiter().admit(self.client_ip)
         if not verdict.allowed:
             return await self.send_error("rate_limited", verdict.message, retry_after_s=verdict.retry_after_s)
-        await self.jobs.submit(spec)
-        await self.attach(spec)
+        lease = Lease(self.jobs, spec.id)
+        try:  # the job's first lease is this socket's, taken with the job: no worker sees it unfollowed
+            await self.jobs.submit(spec, follower=lease.follower, grace_s=settings.PLAYGROUND_ORPHAN_GRACE_S)
+        except QueueFull:
+            await limits.limiter().refund(verdict)  # turned away: the request does not count
+            raise
+        self.attach(spec, lease)
         position = await self.jobs.position(spec.id, spec.model)
         await self.send_frame(
             spec.id, "", "queue", {"position": position, "workers": models[spec.model]["workers"]}
@@ -153,7 +157,9 @@ class GenerateConsumer(AsyncWebsocketConsumer):
         job = await self.jobs.status(job_id)
         if "spec" not in job:  # none, or a late status write that outlived an expired job's record
             return await self.send_error("unknown_job", f"job_id: no job {job_id}; finished jobs expire")
-        await self.attach(JobSpec.from_json(job["spec"]))
+        lease = Lease(self.jobs, job_id)
+        await lease.take()  # False for a job that has ended: it is replayed, with nothing to hold
+        self.attach(JobSpec.from_json(job["spec"]), lease)
         self.follow(after=after)
 
     # ---- following a job --------------------------------------------------------------------------
@@ -171,12 +177,16 @@ class GenerateConsumer(AsyncWebsocketConsumer):
             except Exception:  # a bug here must not leave the page waiting forever
                 log.exception("streaming failed")
                 await self.send_error("internal_error", "the server failed while streaming", job_id=spec.id)
+            finally:
+                self.lease.stop()  # the job has ended (or this socket gave up on it): nothing to hold
 
     async def _stream(self, spec: JobSpec, after: str) -> None:
         queue_ms = None
         while True:
             try:
-                async for entry_id, kind, data in self.jobs.events(spec.id, after=after):
+                # known: this socket submitted the job or read its record, so a job missing after a Redis
+                # restart was lost to it (queue_restarted), even one still queued, with no event yet
+                async for entry_id, kind, data in self.jobs.events(spec.id, after=after, known=True):
                     if entry_id:
                         after = entry_id
                     if kind == "started":
@@ -199,20 +209,12 @@ class GenerateConsumer(AsyncWebsocketConsumer):
                 # Lost Redis: wait for it (it may be restarting), then carry on from the last entry
                 # sent; a job that did not survive the restart is reported by the protocol.
                 log.warning("lost redis while streaming: %s", exc)
-                if not await self.wait_for_redis():
-                    metrics.count_error("unavailable")
-                    message = "lost the job queue; reconnect to resume"
+                deadline = asyncio.get_running_loop().time() + settings.PLAYGROUND_REDIS_RETRY_S
+                if not await redis_back(self.jobs, deadline):
+                    # Nothing to resume: the job's state was out of reach, and its worker stops a job that
+                    # nobody follows, so the page must run it again. (send_error counts the error.)
+                    message = "the job queue was unreachable; run it again"
                     return await self.send_error("unavailable", message, job_id=spec.id)
-
-    async def wait_for_redis(self) -> bool:
-        deadline = asyncio.get_running_loop().time() + settings.PLAYGROUND_REDIS_RETRY_S
-        while asyncio.get_running_loop().time() < deadline:
-            try:
-                await self.jobs.r.ping()
-                return True
-            except redis.RedisError:
-                await asyncio.sleep(0.5)
-        return False
 
     async def finished(self, spec: JobSpec, done: dict, queue_ms: float | None) -> dict:
         stats = done.get("stats")
@@ -249,21 +251,18 @@ class GenerateConsumer(AsyncWebsocketConsumer):
         except (KeyError, ValueError, redis.RedisError):
             return None  # the run is over either way: its stats go without it
 
-    async def attach(self, spec: JobSpec) -> None:
-        self.spec = spec
-        pipe = self.jobs.r.pipeline()
-        pipe.incr(watchers_key(spec.id))
-        pipe.expire(watchers_key(spec.id), EVENTS_TTL_S)
-        await pipe.execute()
+    def attach(self, spec: JobSpec, lease: Lease) -> None:
+        """Follow `spec`'s job, holding `lease` (taken already) for as long as this socket follows it."""
+        self.spec, self.lease = spec, lease
+        lease.keep()
 
-    async def detach(self, job_id: str) -> None:
-        try:
-            if await self.jobs.r.decr(watchers_key(job_id)) <= 0:
-                task = asyncio.create_task(cancel_if_orphaned(self.jobs, job_id, self.client_ip))
-                _orphan_checks.add(task)
-                task.add_done_callback(_orphan_checks.discard)
-        except redis.RedisError as exc:
-            log.warning("could not detach from %s: %s", job_id, exc)
+    async def detach(self) -> None:
+        """The socket closed while following its job: let the lease lapse now, so that the job's grace for
+        a reload starts here, and see to the job once the grace is over."""
+        await self.lease.release()
+        task = asyncio.create_task(cancel_if_orphaned(self.jobs, self.spec.id, self.client_ip))
+        _orphan_checks.add(task)
+        task.add_done_callback(_orphan_checks.discard)
 
     # ---- worker status ----------------------------------------------------------------------------
 
@@ -290,10 +289,12 @@ class GenerateConsumer(AsyncWebsocketConsumer):
 
 
 async def cancel_if_orphaned(jobs: JobClient, job_id: str, client_ip: str) -> None:
-    """Cancel a job nobody watches any more, unless a client resumes it within the grace period."""
+    """After a page closed: unless a client resumed the job within the grace period, cancel it (its worker
+    would, at its next flush, but a queued job leaves the queue only this way) and charge its tokens.
+    A web process that dies never gets here: then the worker alone ends the job."""
     await asyncio.sleep(settings.PLAYGROUND_ORPHAN_GRACE_S)
     try:
-        if int(await jobs.r.get(watchers_key(job_id)) or 0) > 0:
+        if await jobs.followed(job_id):
             return  # the socket that resumed it charges its tokens when it ends
         if (await jobs.status(job_id)).get("status") in ("queued", "running"):
             log.info("cancelling %s: its page closed", job_id)
@@ -306,7 +307,7 @@ async def cancel_if_orphaned(jobs: JobClient, job_id: str, client_ip: str) -> No
 async def charge_when_ended(jobs: JobClient, job_id: str, client_ip: str) -> None:
     """Charge the tokens of a job no socket saw end: a page that closes right after asking must not
     generate outside its client's token budget."""
-    kind, data = await jobs.outcome(job_id)
+    kind, data = await jobs.outcome(job_id, known=True)
     if kind == "done" and data.get("stats"):
         tokens = data["stats"]["completion_tokens"]
         await limits.limiter().charge_tokens(client_ip, None, tokens, job_id)

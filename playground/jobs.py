@@ -1,16 +1,24 @@
-"""The web process's side of the job queue: a JobClient per event loop, the live workers in a form
-the page shows, and the page's request turned into a JobSpec (validated once, here)."""
+"""The web process's side of the job queue: a JobClient per event loop, a follower's lease on its job,
+the live workers in a form the page shows, and the page's request turned into a JobSpec (validated once,
+here)."""
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import logging
 import math
+import uuid
 import weakref
 
 from django.conf import settings
+from redis import Redis
+from redis.exceptions import RedisError
 
 from inference.events import InvalidRequest, SamplingParams, unicode_text
-from inference.protocol import JobClient, JobSpec, connect
+from inference.protocol import LEASE_INTERVAL_S, JobClient, JobSpec, connect, release_leases
+
+log = logging.getLogger("playground.jobs")
 
 # redis.asyncio connections belong to the loop that opened them: daphne runs one loop, the tests
 # one per test, so the client is cached per loop (and per URL, which tests change).
@@ -40,6 +48,85 @@ def job_client() -> JobClient:
         )
         per_loop[url] = JobClient(r, max_queue=settings.PLAYGROUND_MAX_QUEUE)
     return per_loop[url]
+
+
+class Lease:
+    """One follower's hold on a job (a page's socket following it, an API request streaming or waiting for
+    it): renewed every LEASE_INTERVAL_S in the background until released or the job has ended. A job whose
+    leases have all lapsed for longer than its grace is cancelled by its worker, so a web process that dies,
+    SIGKILL included, stops the jobs it alone followed (inference/protocol.py: followers)."""
+
+    def __init__(self, jobs: JobClient, job_id: str):
+        self.jobs, self.job_id = jobs, job_id
+        self.follower = uuid.uuid4().hex
+        self.redis_url = settings.REDIS_URL  # for the release at exit, which has no event loop left
+        self._task: asyncio.Task | None = None
+
+    async def take(self) -> bool:
+        """Take the lease on a job submitted by someone else; False when the job has ended already."""
+        return await self.jobs.lease(self.job_id, self.follower)
+
+    def keep(self) -> None:
+        """Renew the lease from now on (submit() or take() took it)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._renew())
+            _held.add(self)
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(LEASE_INTERVAL_S)
+            try:
+                if not await self.jobs.lease(self.job_id, self.follower):
+                    _held.discard(self)
+                    return  # the job has ended: nothing left to hold
+            except RedisError:
+                pass  # the follower itself waits for Redis and says what became of the job
+
+    def stop(self) -> None:
+        """Stop renewing: the lease lapses by itself within LEASE_TTL_S."""
+        if self._task is not None:
+            self._task.cancel()
+        _held.discard(self)
+
+    async def release(self) -> None:
+        """Stop following: the lease lapses now, and the job's grace counts from here."""
+        self.stop()
+        try:
+            await self.jobs.release(self.job_id, self.follower)
+        except RedisError as exc:  # it lapses by itself within LEASE_TTL_S
+            log.warning("could not release the lease on %s: %s", self.job_id, exc)
+
+
+_held: weakref.WeakSet[Lease] = weakref.WeakSet()  # the leases this process renews
+
+
+@atexit.register
+def _release_held_leases() -> None:
+    """daphne asked to stop (SIGTERM) exits without closing its sockets' and requests' handlers: their
+    leases lapse here, at once, so that the jobs' grace starts now (a SIGKILL leaves them to lapse within
+    LEASE_TTL_S). Best effort, and quick: an unreachable Redis does not hold the exit up."""
+    by_url: dict[str, list[tuple[str, str]]] = {}
+    for lease in list(_held):
+        by_url.setdefault(lease.redis_url, []).append((lease.job_id, lease.follower))
+    for url, leases in by_url.items():
+        try:
+            r = Redis.from_url(url, decode_responses=True, socket_connect_timeout=1, socket_timeout=1)
+            release_leases(r, leases)
+            r.close()
+        except Exception as exc:  # noqa: BLE001 - the process is on its way out either way
+            log.warning("could not release %d leases at exit: %s", len(leases), exc)
+
+
+async def redis_back(jobs: JobClient, deadline: float) -> bool:
+    """Wait until Redis answers again, or until `deadline` (the loop's clock): whether it came back."""
+    loop = asyncio.get_running_loop()
+    while loop.time() < deadline:
+        try:
+            await jobs.r.ping()
+            return True
+        except RedisError:
+            await asyncio.sleep(0.5)
+    return False
 
 
 def served_models(workers: list[dict]) -> dict[str, dict]:

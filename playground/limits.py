@@ -1,8 +1,9 @@
 """Rate limits shared by every web process through Redis: per client IP and per API key.
 
 Two budgets per identity, each over a sliding window (`window_s`, a minute by default):
-requests (counted when a job is admitted) and generated tokens (charged when a job finishes,
-checked before the next one starts). A budget of 0 switches that limit off.
+requests (counted when a job is admitted, and given back when the full queue turns the job away) and
+generated tokens (charged when a job finishes, checked before the next one starts). A budget of 0
+switches that limit off.
 
     PLAYGROUND_IP_REQUESTS_PER_MIN     requests per client IP (default 30)
     PLAYGROUND_IP_TOKENS_PER_MIN       generated tokens per client IP (default 50000)
@@ -87,6 +88,8 @@ class Verdict:
     retry_after_s: int = 0  # whole seconds, as Retry-After wants; 0 when allowed
     limit: str = ""  # which budget refused: "ip_requests", "key_tokens", ...
     message: str = ""  # one line for the person: what the limit is and when to come back
+    # where an admitted request was counted (the request budgets' keys, and its member in them): refund()
+    counted: tuple[tuple[str, ...], str] | None = None
 
 
 # ---- who is asking ---------------------------------------------------------------------------------
@@ -229,10 +232,12 @@ class RateLimiter:
         args: list = [now, self.config.window_s]
         for name, _, limit in budgets:
             args += ["r" if name.endswith("requests") else "t", limit]
-        args.append(f"{now}:{uuid.uuid4().hex}")
+        member = f"{now}:{uuid.uuid4().hex}"
+        args.append(member)
         refused, wait = await self._admit(keys=[key for _, key, _ in budgets], args=args)
         if not refused:
-            return Verdict(True)
+            request_keys = tuple(key for name, key, _ in budgets if name.endswith("requests"))
+            return Verdict(True, counted=(request_keys, member))
         name, _, limit = budgets[int(refused) - 1]
         retry_after = max(1, math.ceil(float(wait)))
         what, per = LIMIT_WORDS[name]
@@ -240,6 +245,17 @@ class RateLimiter:
         message = f"Rate limit reached: {limit} {what} per {window} {per}; try again in {retry_after} s"
         metrics.RATE_LIMITED.labels(limit=name).inc()
         return Verdict(False, retry_after, name, message)
+
+    async def refund(self, verdict: Verdict) -> None:
+        """Give back an admitted request that was not served after all (the model's queue was full): a
+        client that honours the queue's Retry-After must not run out of requests for being turned away."""
+        if verdict.counted is None:
+            return
+        keys, member = verdict.counted
+        pipe = self.r.pipeline(transaction=False)
+        for key in keys:
+            pipe.zrem(key, member)
+        await pipe.execute()
 
     async def charge_tokens(
         self, ip: str, api_key: str | None, tokens: int, job_id: str, now: float | None = None

@@ -18,6 +18,8 @@ PLAYGROUND_MAX_FRAME_BYTES  the largest websocket frame the page may send (defau
                         prompt at 4 UTF-8 bytes a character, plus 64 KiB for the rest of the frame)
 PLAYGROUND_REDIS_CONNECTIONS  pooled Redis connections per web process (default 500; each socket
                         following a job holds one while it waits for events)
+PLAYGROUND_RETENTION_DAYS   when set (whole days, 1 or more), saved generations older than this are deleted
+                        (a web process prunes at most once an hour, after saving one); unset: kept
 Rate limits (PLAYGROUND_IP_*, PLAYGROUND_KEY_*, PLAYGROUND_TRUSTED_PROXIES): see playground/limits.py.
 LOG_FORMAT, LOG_LEVEL   json (default) or plain log lines; see inference/logs.py
 PLAYGROUND_READY_TIMEOUT_S, PLAYGROUND_READY_CACHE_S, PLAYGROUND_METRICS_TOKEN: see health.py, metrics.py
@@ -31,6 +33,7 @@ import secrets
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from inference.logs import logging_config
 from inference.names import configured_models, served_name
@@ -133,12 +136,32 @@ PLAYGROUND_MAX_FRAME_BYTES = int(
 )
 PLAYGROUND_API_CORS_ORIGINS = env_list("PLAYGROUND_API_CORS_ORIGINS")  # see playground/api/cors.py
 PLAYGROUND_REDIS_CONNECTIONS = int(os.environ.get("PLAYGROUND_REDIS_CONNECTIONS", "500"))
+
+
+def retention_days() -> int | None:
+    value = os.environ.get("PLAYGROUND_RETENTION_DAYS", "").strip()
+    if not value:
+        return None  # keep every generation
+    try:
+        days = int(value)
+    except ValueError:
+        days = 0
+    if days < 1:
+        raise ImproperlyConfigured(
+            f"PLAYGROUND_RETENTION_DAYS must be a whole number of days, 1 or more (or unset), got {value!r}"
+        )
+    return days
+
+
+# Saved generations older than this many days are pruned (playground/store.py); None keeps them all.
+PLAYGROUND_RETENTION_DAYS = retention_days()
 # A playground.limits.LimitConfig, or None to read the PLAYGROUND_IP_* / _KEY_* variables.
 PLAYGROUND_LIMITS = None
 # How long a socket following a job waits for a lost Redis to come back before giving up.
 PLAYGROUND_REDIS_RETRY_S = float(os.environ.get("PLAYGROUND_REDIS_RETRY_S", "15"))
 PLAYGROUND_STATUS_INTERVAL_S = float(os.environ.get("PLAYGROUND_STATUS_INTERVAL_S", "1.0"))
-# A job whose every watcher left (tab closed) is cancelled after this long unless a client resumes it.
+# A page's job that no socket follows (the tab closed, or its web process died) is cancelled by its worker
+# after this long unless a client resumes it (API jobs get no grace: see inference/protocol.py, followers).
 PLAYGROUND_ORPHAN_GRACE_S = float(os.environ.get("PLAYGROUND_ORPHAN_GRACE_S", "15"))
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -8,6 +8,7 @@ import time
 
 import pytest
 import redis.asyncio as aioredis
+from channels.testing import WebsocketCommunicator
 
 from playground.limits import (
     LimitConfig,
@@ -267,3 +268,72 @@ def test_an_api_client_that_hangs_up_before_the_end_is_charged_its_tokens(start_
     assert refused.status_code == 429 and refused.reason_phrase == "Too Many Requests"  # daphne's status line
     assert refused.json()["error"]["message"].startswith("Rate limit reached: 10 generated tokens per minute")
     assert len(refused.headers["x-request-id"]) == 32  # a refusal is named too
+
+
+async def test_a_refunded_request_gives_its_place_in_the_budget_back(r):
+    rl = limiter(r, ip_requests=2, ip_tokens=10)
+    first = await rl.admit("203.0.113.9", now=T0)
+    assert first.allowed
+    await rl.refund(first)  # the full queue turned it away after all
+    assert (await rl.admit("203.0.113.9", now=T0 + 1)).allowed
+    assert (await rl.admit("203.0.113.9", now=T0 + 2)).allowed
+    assert not (await rl.admit("203.0.113.9", now=T0 + 3)).allowed
+    await rl.refund(await rl.admit("203.0.113.9", now=T0 + 4))  # a refusal has nothing to refund
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_full_queue_turns_a_request_away_without_spending_its_budget(
+    settings, redis_url, start_worker
+):
+    # A client that honours the queue's Retry-After (1 s) must not run out of requests for asking again.
+    from django.test import AsyncClient
+
+    from inference.protocol import JobSpec
+    from playground import jobs
+    from playground.asgi import application
+
+    settings.REDIS_URL = redis_url
+    settings.PLAYGROUND_MAX_QUEUE = 1
+    settings.PLAYGROUND_LIMITS = LimitConfig(ip_requests=2, ip_tokens=0, key_requests=0, key_tokens=0)
+    model = "standin:20"
+    start_worker([model])
+    client = jobs.job_client()
+    # one job running and one waiting: the queue is full
+    running = await client.submit(JobSpec(model=model, prompt="r", params={"max_new_tokens": 2000}))
+    for _ in range(100):
+        if (await client.status(running)).get("status") == "running":
+            break
+        await asyncio.sleep(0.05)
+    waiting = await client.submit(JobSpec(model=model, prompt="w", params={"max_new_tokens": 2000}))
+
+    body = {"model": model, "prompt": "hi", "max_tokens": 2}
+    api = AsyncClient()
+    for _ in range(3):  # more than the budget's 2
+        refused = await api.post("/v1/completions", body, content_type="application/json")
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "queue_full"
+    page = WebsocketCommunicator(application, "/ws/generate/", headers=SAME_ORIGIN)
+    assert (await page.connect())[0]
+
+    async def ask() -> dict:
+        await page.send_json_to({"type": "generate", "model": model, "prompt": "hi", "max_tokens": 2})
+        while (frame := await page.receive_json_from(timeout=20))["type"] not in ("queue", "error"):
+            pass
+        return frame
+
+    for _ in range(3):
+        assert (await ask())["code"] == "queue_full"
+
+    for job_id in (waiting, running):
+        await client.cancel(job_id)
+    for _ in range(2):  # the whole budget is still there
+        answer = await api.post("/v1/completions", body, content_type="application/json")
+        assert answer.status_code == 200, answer.json()
+    refused = await api.post("/v1/completions", body, content_type="application/json")
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    for _ in range(2):
+        assert (await ask())["type"] == "queue"
+        while (await page.receive_json_from(timeout=20))["type"] not in ("done", "error"):
+            pass
+    assert (await ask())["code"] == "rate_limited"
+    await page.disconnect()
+    await client.r.aclose()

@@ -40,9 +40,11 @@ def channel(redis_url):
     r.close()
 
 
-async def collect(client: JobClient, job_id: str, after: str = "0-0", limit: int = 100) -> list:
+async def collect(
+    client: JobClient, job_id: str, after: str = "0-0", limit: int = 100, known: bool = False
+) -> list:
     out = []
-    async for item in client.events(job_id, after=after, block_ms=50):
+    async for item in client.events(job_id, after=after, block_ms=50, known=known):
         out.append(item)
         if len(out) >= limit:
             break
@@ -256,3 +258,76 @@ def test_sampling_params_roundtrip_through_spec():
     spec = JobSpec(model="m", prompt="x", params={"temperature": 0.5, "stop": ["\n\n"], "seed": 3})
     params = JobSpec.from_json(spec.to_json()).sampling_params()
     assert params.temperature == 0.5 and params.stop == ("\n\n",) and params.seed == 3
+
+
+# ---- leases: a job nobody follows is ended by its worker -------------------------------------------
+
+
+async def test_a_running_job_whose_leases_lapsed_past_its_grace_is_stopped_by_the_worker_check(
+    client, channel, monkeypatch
+):
+    monkeypatch.setattr(protocol, "LEASE_TTL_S", 0.3)
+    job_id = await client.submit(JobSpec(model="m", prompt="x"), follower="page", grace_s=0.4)
+    channel.heartbeat({})
+    assert channel.next_job(timeout_s=0.1).id == job_id
+    for _ in range(6):  # renewed: followed for as long as the follower says so, past TTL and grace
+        await asyncio.sleep(0.2)
+        assert await client.lease(job_id, "page")
+        assert channel.cancelled(job_id) is None
+    await asyncio.sleep(0.5)  # lapsed (0.3 s), within the grace (0.4 s more): a reload may still come
+    assert not await client.followed(job_id) and channel.cancelled(job_id) is None
+    await asyncio.sleep(0.4)
+    assert channel.cancelled(job_id) == "orphaned"
+    # the worker ends it as cancelled, like any stopped job; the lease is gone with it
+    assert channel.finish(job_id, "done", {"finish_reason": "cancelled", "text": "", "stats": None})
+    assert (await client.status(job_id))["status"] == "cancelled"
+    assert not await client.lease(job_id, "late")  # a job that has ended holds no lease
+
+
+async def test_a_follower_that_leaves_starts_the_grace_at_once_and_another_keeps_the_job(
+    client, channel, monkeypatch
+):
+    monkeypatch.setattr(protocol, "LEASE_TTL_S", 5.0)
+    job_id = await client.submit(JobSpec(model="m", prompt="x"), follower="a", grace_s=0.3)
+    channel.heartbeat({})
+    channel.next_job(timeout_s=0.1)
+    assert await client.lease(job_id, "b")  # a second follower (a page on another web process)
+    await client.release(job_id, "a")
+    await asyncio.sleep(0.5)
+    assert await client.followed(job_id) and channel.cancelled(job_id) is None  # b's lease holds it
+    await client.release(job_id, "b")
+    assert not await client.followed(job_id)
+    assert channel.cancelled(job_id) is None  # within the grace
+    await asyncio.sleep(0.4)
+    assert channel.cancelled(job_id) == "orphaned"
+
+
+async def test_a_queued_job_nobody_follows_any_more_is_ended_cancelled_instead_of_started(
+    client, channel, monkeypatch
+):
+    monkeypatch.setattr(protocol, "LEASE_TTL_S", 0.2)
+    orphan = await client.submit(JobSpec(model="m", prompt="x"), follower="api", grace_s=0)
+    kept = await client.submit(JobSpec(model="m", prompt="y"), follower="page", grace_s=0)
+    untracked = await client.submit(JobSpec(model="m", prompt="z"))  # no lease: never orphaned
+    await asyncio.sleep(0.4)
+    assert await client.lease(kept, "page")
+    channel.heartbeat({})
+    assert channel.next_job(timeout_s=0.1) is None  # the orphan, ended unstarted
+    assert channel.next_job(timeout_s=0.1).id == kept
+    assert channel.next_job(timeout_s=0.1).id == untracked
+    events = await collect(client, orphan)
+    assert [(t, d["finish_reason"]) for _, t, d in events] == [("done", "cancelled")]
+    assert (await client.status(orphan))["status"] == "cancelled"
+    assert channel.cancelled(untracked) is None
+
+
+async def test_a_reader_that_knows_its_job_reports_it_lost_to_a_restart_not_unknown(client):
+    # A queued job has no event yet: after a Redis restart emptied it, a reader that submitted it (or saw
+    # its record) must say the queue restarted, and write nothing into the new Redis.
+    job_id = "0123456789abcdef0123456789abcdef"
+    events = await asyncio.wait_for(collect(client, job_id, known=True), timeout=5)
+    assert [(t, d["code"]) for _, t, d in events] == [("error", "queue_restarted")]
+    assert not await client.r.exists(job_key(job_id), events_key(job_id))
+    # an id nobody vouches for is still an unknown job
+    events = await asyncio.wait_for(collect(client, job_id), timeout=5)
+    assert events[-1][2]["code"] == "unknown_job"

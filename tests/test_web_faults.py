@@ -4,46 +4,18 @@ Redis restart. The client is told clearly and at once, and the same socket is se
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 import pytest
-import websockets
 
 from inference.protocol import HEARTBEAT_TTL_S
 from inference.redis_server import free_port, start_redis
 from tests.conftest import WebServer, WorkerProcess
+from tests.socket_testing import PageSocket
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 SLOW = "standin:50"  # 50 tokens/s: a 400-token run lasts 8 s, long enough to break something under it
-
-
-class Client:
-    """One websocket of the page's protocol, keeping every job frame it receives."""
-
-    def __init__(self, ws):
-        self.ws = ws
-        self.frames: list[dict] = []
-
-    @classmethod
-    async def open(cls, web_url: str) -> Client:
-        ws_url = web_url.replace("http://", "ws://") + "/ws/generate/"
-        return cls(await websockets.connect(ws_url, origin=web_url, open_timeout=20))
-
-    async def generate(self, prompt: str, max_tokens: int, model: str = SLOW) -> None:
-        await self.ws.send(
-            json.dumps({"type": "generate", "prompt": prompt, "model": model, "max_tokens": max_tokens})
-        )
-
-    async def until(self, kinds: tuple[str, ...], timeout_s: float) -> dict:
-        async with asyncio.timeout(timeout_s):
-            while True:
-                frame = json.loads(await self.ws.recv())
-                if frame["type"] != "workers":
-                    self.frames.append(frame)
-                if frame["type"] in kinds:
-                    return frame
 
 
 async def test_a_worker_killed_mid_run_is_a_clear_error_and_a_restarted_worker_serves_the_queue(
@@ -51,10 +23,10 @@ async def test_a_worker_killed_mid_run_is_a_clear_error_and_a_restarted_worker_s
 ):
     worker = start_worker([SLOW])
     web = start_web()
-    running, waiting = await Client.open(web.url), await Client.open(web.url)
-    await running.generate("abc", max_tokens=400)
+    running, waiting = await PageSocket.open(web.url), await PageSocket.open(web.url)
+    await running.generate("abc", max_tokens=400, model=SLOW)
     await running.until(("delta",), timeout_s=20)
-    await waiting.generate("xyz", max_tokens=6)
+    await waiting.generate("xyz", max_tokens=6, model=SLOW)
     assert (await waiting.until(("queue",), timeout_s=10))["position"] == 0
 
     worker.kill()
@@ -68,7 +40,7 @@ async def test_a_worker_killed_mid_run_is_a_clear_error_and_a_restarted_worker_s
     done = await waiting.until(("done", "error"), timeout_s=30)
     assert done["type"] == "done" and done["text"] == "xyzxyz"
     # and the socket that saw the failure is served again
-    await running.generate("again", max_tokens=5)
+    await running.generate("again", max_tokens=5, model=SLOW)
     done = await running.until(("done", "error"), timeout_s=30)
     assert done["type"] == "done" and done["text"] == "again"
     await running.ws.close()
@@ -83,8 +55,8 @@ async def test_after_a_redis_restart_clients_are_told_and_the_web_serves_again(t
     try:
         worker.wait_ready(timeout_s=30)
         web = WebServer(url, tmp_path)
-        client = await Client.open(web.url)
-        await client.generate("abc", max_tokens=400)
+        client = await PageSocket.open(web.url)
+        await client.generate("abc", max_tokens=400, model=SLOW)
         await client.until(("delta",), timeout_s=20)
 
         redis_process.kill()
@@ -97,7 +69,7 @@ async def test_after_a_redis_restart_clients_are_told_and_the_web_serves_again(t
         assert "run it again" in error["message"]
 
         worker.wait_ready(timeout_s=20)  # the worker is back in the new Redis
-        await client.generate("fresh", max_tokens=5)
+        await client.generate("fresh", max_tokens=5, model=SLOW)
         done = await client.until(("done", "error"), timeout_s=30)
         assert done["type"] == "done" and done["text"] == "fresh", done
         await client.ws.close()

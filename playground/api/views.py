@@ -4,7 +4,9 @@ Async views in daphne's event loop: an open stream is a coroutine reading its jo
 never a thread. Jobs take the same queue and workers as the page. Every error before the first byte
 is an OpenAI-shaped JSON body with its HTTP status; a failure mid-stream is an error chunk, then
 `data: [DONE]`. A client that goes away cancels its job: Django cancels the view (or closes the
-stream's generator) on http.disconnect, and the cleanup below tells the worker to stop.
+stream's generator) on http.disconnect, and the cleanup below tells the worker to stop. A request holds
+a lease on its job while it streams or waits for it (playground.jobs.Lease): if the web process dies,
+SIGKILL included, the lease lapses and the job's worker cancels it within seconds.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from playground import metrics
 from playground.api.auth import authenticate
 from playground.api.errors import ApiError, body_too_large
 from playground.api.params import ApiRequest, parse_request
-from playground.jobs import job_client, served_models
+from playground.jobs import Lease, job_client, redis_back, served_models
 from playground.limits import configured as limit_config
 from playground.limits import ip_from_request, limiter
 from playground.store import save_generation
@@ -36,6 +38,14 @@ log = logging.getLogger("playground.api")
 INTERNAL_ERROR = "Internal server error (the details are in the server's log)"
 STREAM_START_GRACE_S = 5.0
 _background: set[asyncio.Task] = set()
+
+
+def error_code(response) -> str | None:
+    """The `code` of an error answer in OpenAI's shape (None for another body)."""
+    try:
+        return json.loads(response.content)["error"]["code"]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def endpoint(*methods: str):
@@ -51,6 +61,14 @@ def endpoint(*methods: str):
             request.request_id = uuid.uuid4().hex
             response = await answer(request, *args, **kwargs)
             response["x-request-id"] = request.request_id
+            if response.status_code >= 400:
+                # One line of ours, naming the refusal's code and the request, instead of Django's generic
+                # "Service Unavailable: /v1/..." (an ERROR for every 5xx, though a 503 is an expected answer
+                # while no worker is up or the queue is away; a bug's 500 was logged above, with its traceback).
+                code = error_code(response)
+                log.warning("api: %s %s answered %d %s (request %s)", request.method, request.path,
+                            response.status_code, code, request.request_id)  # fmt: skip
+                response._has_been_logged = True  # read by django.utils.log.log_response
             return response
 
         async def answer(request, *args, **kwargs):
@@ -169,15 +187,16 @@ async def complete(request, chat: bool):
     if not verdict.allowed:
         raise ApiError(429, verdict.message, type="rate_limit_error", code="rate_limit_exceeded",
                        headers={"Retry-After": str(verdict.retry_after_s)})  # fmt: skip
+    run = JobRun(spec, ip, key_id)
     try:
-        await job_client().submit(spec)
+        await run.submit()
     except QueueFull as exc:
+        await limiter().refund(verdict)  # turned away: a client that honours Retry-After is not charged
         # A queue drains as fast as its workers generate: a second is a fair first retry.
         raise ApiError(
             429, str(exc), type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"}
         ) from None
 
-    run = JobRun(spec, ip, key_id)
     try:
         # Wait for the job's first real event before any status line goes out, so that a refusal
         # from the worker (a prompt over the context) is still a plain 400, streaming or not.
@@ -224,14 +243,38 @@ class JobRun:
         self.spec = spec
         self.ip, self.key_id = ip, key_id  # whose budget the generated tokens are charged to
         self.jobs = job_client()
-        self.events = self.jobs.events(spec.id)
+        self.lease = Lease(self.jobs, spec.id)
+        self.after = "0-0"  # the last event read: where reading starts again after losing Redis
+        # known: this request submitted the job, so one missing after a Redis restart was lost to it
+        self.events = self.jobs.events(spec.id, known=True)
         self.queue_ms = 0.0
         self.finished = False
         self.streaming = False
 
+    async def submit(self) -> None:
+        """Queue the job with this request's lease on it (no grace: an API client does not come back)."""
+        await self.jobs.submit(self.spec, follower=self.lease.follower, grace_s=0.0)
+        self.lease.keep()
+
     async def next(self) -> tuple[str, dict]:
+        lost_redis_at = None
         while True:
-            _, kind, data = await anext(self.events)
+            try:
+                entry_id, kind, data = await anext(self.events)
+            except RedisError as exc:
+                # Redis went away (it may be restarting): read on from the last event once it answers, as
+                # the page does; a job that did not survive a restart is then reported by the protocol.
+                if lost_redis_at is None:
+                    lost_redis_at = asyncio.get_running_loop().time()
+                    log.warning("api job %s: lost redis, waiting for it: %s", self.spec.id, exc,
+                                extra={"job_id": self.spec.id})  # fmt: skip
+                if await redis_back(self.jobs, lost_redis_at + settings.PLAYGROUND_REDIS_RETRY_S):
+                    self.events = self.jobs.events(self.spec.id, after=self.after, known=True)
+                    continue
+                return self.queue_unreachable()
+            lost_redis_at = None
+            if entry_id:
+                self.after = entry_id
             # On Python 3.11 asyncio.wait_for (redis-py wraps every send in it) can swallow a cancel
             # that lands as the send completes (CPython gh-86296, fixed in 3.12). The task still
             # counts the request, so honour it here: a client that left must not keep a worker busy.
@@ -242,8 +285,23 @@ class JobRun:
             elif kind != "queue":
                 self.finished = kind in TERMINAL
                 if self.finished:
+                    self.lease.stop()
                     await self.account(kind, data)
                 return kind, data
+
+    def queue_unreachable(self) -> tuple[str, dict]:
+        """The job's end when Redis stayed away past PLAYGROUND_REDIS_RETRY_S: a retryable error (503). Its
+        worker, should it run on, stops the job once this request's lease has lapsed."""
+        self.finished = True
+        self.lease.stop()
+        wait = settings.PLAYGROUND_REDIS_RETRY_S
+        log.warning("api job %s: redis did not come back within %g s; giving up", self.spec.id, wait,
+                    extra={"job_id": self.spec.id})  # fmt: skip
+        metrics.count_error("queue_down")  # here: the job's end is not in Redis for account() to observe
+        message = (
+            f"The job queue was unreachable for {wait:g} s, so this generation is lost; please run it again"
+        )
+        return "error", {"code": "queue_down", "message": message}
 
     async def account(self, kind: str, data: dict) -> None:
         """Metrics and the token budget, once the job has ended; neither may fail the reply."""
@@ -262,6 +320,7 @@ class JobRun:
     async def cancel_unless_finished(self) -> None:
         if not self.finished:
             self.finished = True
+            self.lease.stop()
             await self.jobs.cancel(self.spec.id)
             log.info(
                 "api job %s cancelled: the client went away", self.spec.id, extra={"job_id": self.spec.id}
@@ -272,7 +331,7 @@ class JobRun:
 
     async def account_when_ended(self) -> None:
         try:
-            await self.account(*await self.jobs.outcome(self.spec.id))
+            await self.account(*await self.jobs.outcome(self.spec.id, known=True))
         except RedisError as exc:
             log.warning(
                 "could not account for api job %s: %s", self.spec.id, exc, extra={"job_id": self.spec.id}
@@ -411,7 +470,7 @@ def timings(stats: dict, queue_ms: float) -> dict:
 
 # A worker, the queue or the job's record went away, or the machine ran short: the same request can pass later.
 RETRYABLE = frozenset(
-    {"worker_lost", "out_of_memory", "cancelled", "no_workers", "unavailable"}
+    {"worker_lost", "out_of_memory", "cancelled", "no_workers", "unavailable", "queue_down"}
     | {"queue_restarted", "stalled", "unknown_job"}  # lost to a restart, a stuck worker, a vanished record
 )
 

@@ -277,38 +277,33 @@ def _plain_tokenizer(serialized: str) -> HFTokenizer:
     return tok
 
 
+def _components(node) -> Iterator[dict]:
+    """Every component ({"type": ...} object) in a part of tokenizer.json, nested ones (a Sequence's) too."""
+    if isinstance(node, dict):
+        yield node
+        for value in node.values():
+            yield from _components(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _components(value)
+
+
 def _mid_text_spec(spec: dict) -> dict | None:
     """The tokenizer for a piece of a longer input that is not its start, where a Metaspace pre-tokenizer that
     puts "▁" before the first word only (prepend_scheme "first") puts none, as tokenizers does past the start
     of an input; None where no pre-tokenizer does so (the tokenizer is then the same)."""
     pre_tokenizer = copy.deepcopy(spec.get("pre_tokenizer"))
     changed = False
-
-    def never(node) -> None:
-        nonlocal changed
-        if isinstance(node, dict):
-            if node.get("type") == "Metaspace" and node.get("prepend_scheme") == "first":
-                node["prepend_scheme"] = "never"
-                changed = True
-            for value in node.values():
-                never(value)
-        elif isinstance(node, list):
-            for value in node:
-                never(value)
-
-    never(pre_tokenizer)
+    for component in _components(pre_tokenizer):
+        if component.get("type") == "Metaspace" and component.get("prepend_scheme") == "first":
+            component["prepend_scheme"] = "never"
+            changed = True
     return {**spec, "pre_tokenizer": pre_tokenizer} if changed else None
 
 
 def _byte_fallback_ids(tok: HFTokenizer, spec: dict) -> frozenset[int]:
     """The ids a ByteFallback decoder reads as bytes ("<0x41>"); none without one."""
-
-    def has_byte_fallback(node) -> bool:
-        if isinstance(node, dict):
-            return node.get("type") == "ByteFallback" or any(map(has_byte_fallback, node.values()))
-        return isinstance(node, list) and any(map(has_byte_fallback, node))
-
-    if not has_byte_fallback(spec.get("decoder")):
+    if not any(c.get("type") == "ByteFallback" for c in _components(spec.get("decoder"))):
         return frozenset()
     vocab = tok.get_vocab(with_added_tokens=True)
     return frozenset(i for token, i in vocab.items() if _BYTE_TOKEN.fullmatch(token))

@@ -168,7 +168,8 @@ def param_rows(generation: Generation) -> list[tuple[str, str]]:
 
 def left_out(generation: Generation) -> list[str]:
     """The run's settings that "Try it yourself" cannot bring (the playground has no field for them)."""
-    return [words for key, words in NOT_ON_THE_PAGE.items() if key in set_params(generation)]
+    asked = set_params(generation)
+    return [words for key, words in NOT_ON_THE_PAGE.items() if key in asked]
 
 
 def in_words(items: list[str]) -> str:

@@ -16,6 +16,7 @@ class ApiError(Exception):
 
     def response(self) -> JsonResponse:
         response = JsonResponse(self.body, status=self.status)
+        response.error_code = self.body["error"]["code"]  # for the API's log line (api/views.py endpoint)
         if self.status == 401:
             response["WWW-Authenticate"] = "Bearer"
         for name, value in self.headers.items():

@@ -40,14 +40,6 @@ STREAM_START_GRACE_S = 5.0
 _background: set[asyncio.Task] = set()
 
 
-def error_code(response) -> str | None:
-    """The `code` of an error answer in OpenAI's shape (None for another body)."""
-    try:
-        return json.loads(response.content)["error"]["code"]
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
-
-
 def endpoint(*methods: str):
     """An API view: CSRF-exempt (bearer keys, not cookies), method and key checked, ApiError -> JSON, and
     every answer, refusals included, named by its `x-request-id` (a job's id when it makes one)."""
@@ -65,7 +57,7 @@ def endpoint(*methods: str):
                 # One line of ours, naming the refusal's code and the request, instead of Django's generic
                 # "Service Unavailable: /v1/..." (an ERROR for every 5xx, though a 503 is an expected answer
                 # while no worker is up or the queue is away; a bug's 500 was logged above, with its traceback).
-                code = error_code(response)
+                code = getattr(response, "error_code", None)
                 log.warning("api: %s %s answered %d %s (request %s)", request.method, request.path,
                             response.status_code, code, request.request_id)  # fmt: skip
                 response._has_been_logged = True  # read by django.utils.log.log_response

@@ -78,7 +78,7 @@ async def form_values(generation_id: str | None) -> dict:
         return form
     form.update(prompt=row.prompt, system_prompt=row.system_prompt, model=row.model, prefilled="true")
     history = follow_up_history(*conversation_parts(row))
-    form["history"] = json.dumps(history) if history else ""  # the form's data-history, read by playground.js
+    form["history"] = json.dumps(history) if history else ""  # the form's data-history, read by store.js
     for param, field in PAGE_FIELDS.items():
         if row.params.get(param) is not None and field in form:
             form[field] = str(row.params[param])

@@ -4,7 +4,7 @@ import pytest
 import torch
 from kernel_testing import DEVICE, ON_GPU
 
-import inference.fast.runner as fast_runner
+import inference.fast.settings as fast_settings
 from inference.config import ModelConfig
 from inference.events import SamplingParams
 from inference.fast.head_choice import MIN_STEPS
@@ -181,7 +181,7 @@ def test_the_head_screen_generates_the_whole_heads_tokens(preset):
 def test_the_head_screen_is_on_by_default_on_a_gpu_and_set_by_the_environment(monkeypatch):
     model = make_model("tiny-llama")
     assert FastRunner(model, 32).head_screen is None  # a head under SCREEN_MIN_HEAD_BYTES
-    monkeypatch.setattr(fast_runner, "SCREEN_MIN_HEAD_BYTES", 0)
+    monkeypatch.setattr(fast_settings, "SCREEN_MIN_HEAD_BYTES", 0)
     assert (FastRunner(model, 32).head_screen is not None) == ON_GPU
     monkeypatch.setenv("KOG_HEAD_SCREEN", "1")
     assert FastRunner(model, 32).head_screen is not None

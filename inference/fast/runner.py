@@ -25,13 +25,14 @@ products, Triton flash attention with RoPE and the KV-cache write, one kernel pe
 short prompts.
 On the CPU (tests) the same kernels run eagerly under Triton's interpreter.
 
-The runner's settings (the measured defaults, and the parsers of the KOG_* environment variables and of the
-arguments that override them for sweeps) live in inference/fast/settings.py.
+The runner's settings (the measured defaults, the KOG_* environment variables and the constructor's arguments
+that override them for sweeps) are resolved and checked by inference/fast/settings.py's RunnerSettings.resolve;
+the runner keeps the result as `settings` (and the values its launches read as attributes: attn_block_t,
+head_blocks, prefetch, early, ...) and builds the weights, buffers, scratch and graphs.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -41,27 +42,9 @@ import torch
 
 from inference.config import ModelConfig
 from inference.events import SamplingParams
-from inference.fast.head_choice import BREAK_EVEN_SHARE, ScreenWatch
-from inference.fast.prefill import block_overrides, forward_prompt
-from inference.fast.settings import (
-    ATTENTION_KEYS,
-    ATTENTION_SWITCHES,
-    DEFAULT_PREFETCH,
-    EARLY_KINDS,
-    GROUPED_PREFETCH,
-    HEAD_KEYS,
-    LANE_GROUP_KEYS,
-    ONE_LANE_EARLY,
-    ONE_LANE_PREFETCH,
-    ROW_BLOCK_KINDS,
-    SAMPLED_SCREEN_TEMPERATURE,
-    SCREEN_MIN_HEAD_BYTES,
-    SWITCH_ENV,
-    block_spec,
-    env_number,
-    env_then_argument,
-    kind_overrides,
-)
+from inference.fast.head_choice import ScreenWatch
+from inference.fast.prefill import forward_prompt
+from inference.fast.settings import RunnerSettings
 from inference.model import KVCache, Transformer
 from kernels import hopper_features
 from kernels.decode_attention import (
@@ -159,9 +142,6 @@ class FastRunner:
             raise ValueError(f"max_context: must be in (1, {cfg.max_position_embeddings}], got {max_context}")
         device = model.tok_embeddings.device
         self.model, self.cfg, self.device, self.max_context = model, cfg, device, max_context
-        # PDL and clusters: Hopper and later (not meta tensors, which scripts/kernel_report.py builds on)
-        sm90 = device.type == "cuda" and hopper_features(device)
-        self.use_pdl = use_pdl and sm90
         # Ids past the tokenizer's vocabulary (padded embedding rows) are never chosen: nothing decodes them.
         self.vocab_limit = min(vocab_limit or cfg.vocab_size, cfg.vocab_size)
         self.last_prefill_ms = 0.0
@@ -197,101 +177,38 @@ class FastRunner:
         self.host_candidates = torch.zeros(RING, dtype=torch.int32, pin_memory=device.type == "cuda")
         self.screen_left_at: int | None = None  # generate_tokens' last request, for tests and the benchmark
         self.cache = KVCache(cfg, max_context, 1, device, dtype)
+        # Every setting, from the environment and the arguments, checked (inference/fast/settings.py): what the
+        # device can do decides some. PDL and clusters: Hopper and later (not meta tensors, which
+        # scripts/kernel_report.py builds on); the L2 prefetch asks about the cache's rows too.
+        self.settings = settings = RunnerSettings.resolve(
+            lanes=lanes, device_type=device.type, sm90=device.type == "cuda" and hopper_features(device),
+            head_bytes=self.head_weight.numel() * self.head_weight.element_size(),
+            prefetch_next_possible=prefetch_next_possible(self.cache.k), use_pdl=use_pdl, prefetch=prefetch,
+            row_blocks=row_blocks, blocks=blocks, head_blocks=head_blocks, attention=attention,
+            lane_groups=lane_groups, early=early, head_screen=head_screen)  # fmt: skip
+        # The settings the step reads (scripts/decode_variants.py and the tests read them too).
+        self.use_pdl = settings.use_pdl
+        at = settings.attention
+        self.attn_block_t, self.attn_warps, self.attn_maxnreg = at.block_t, at.num_warps, at.maxnreg
+        self.attn_kv_evict_first, self.attn_prefetch_next = at.kv_evict_first, at.prefetch_next
+        self.attn_cluster, self.attn_push = at.cluster, at.push
+        self.head_blocks, self.prefill_blocks = settings.head_blocks, settings.prefill_blocks
+        self.row_blocks, self.blocks, self.early = settings.row_blocks, settings.blocks, set(settings.early)
+        self.sampled_screen_temperature = settings.screen.sampled_temperature
+        self.screen_leave_share = settings.screen.leave_share
+        splits = at.splits or default_splits(cfg.num_kv_heads, device)
         group = cfg.num_heads // cfg.num_kv_heads
-        # KOG_ATTN_SPLITS / KOG_ATTN_BLOCK_T / KOG_ATTN_WARPS (or the `attention` argument's splits, block_t,
-        # num_warps) override the attention's split count, key block and warps, and KOG_ATTN_CLUSTER /
-        # KOG_ATTN_PREFETCH_NEXT=0|1 (or the `cluster` / `prefetch_next` keys) its switches, below (for sweeps).
-        env_switches = ",".join(
-            f"{key}={os.environ[name]}" for name, key in SWITCH_ENV if os.environ.get(name)
-        )
-        attention = {"splits": int(os.environ.get("KOG_ATTN_SPLITS", "0")),
-                     "block_t": int(os.environ.get("KOG_ATTN_BLOCK_T", "64")),
-                     "num_warps": int(os.environ.get("KOG_ATTN_WARPS", "0")),
-                     **kind_overrides(env_switches, ATTENTION_KEYS, "KOG_ATTN_*", ATTENTION_SWITCHES),
-                     **kind_overrides(attention or {}, ATTENTION_KEYS, "attention", ATTENTION_SWITCHES)}  # fmt: skip
-        splits = attention["splits"] or default_splits(cfg.num_kv_heads, device)
-        self.attn_block_t, self.attn_warps = attention["block_t"], attention["num_warps"] or None
-        self.attn_maxnreg = attention.get("maxnreg")  # a register cap (sweeps)
-        # the cache read with the weights' evict-first hint (decode_attention's kv_evict_first)
-        self.attn_kv_evict_first = bool(attention.get("kv_evict_first", True))
-        # Each layer's attention asks L2 for the next layer's first block of keys and values (decode_attention's
-        # next_layer; the measurements are in kernels/decode_attention.py).
-        possible = prefetch_next_possible(self.cache.k)
-        self.attn_prefetch_next = bool(attention.get("prefetch_next", possible))
-        if self.attn_prefetch_next and not possible:
-            raise ValueError("prefetch_next: the L2 prefetch needs a Hopper GPU and cache rows of a multiple of "
-                             "16 bytes (set it to 0 or leave it unset)")  # fmt: skip
-        # KOG_ATTN_CLUSTER=1|0 (or the `cluster` key) forces the attention's split merge through a thread-block
-        # cluster or through the arrival counter (unset: the kernel's choice, clusters on a GPU).
-        self.attn_cluster = bool(attention["cluster"]) if "cluster" in attention else None
-        if self.attn_cluster and not sm90:
-            raise ValueError(
-                "cluster: thread-block clusters need a Hopper GPU (set it to 0 or leave it unset)"
-            )
-        # KOG_ATTN_PUSH=1|0 (or the `push` key): the cluster merge pushes the partials into the owners' shared
-        # memory or sends them through global memory and a cluster barrier (decode_attention's push; unset: the
-        # kernel's choice, the push wherever the cluster merge runs).
-        self.attn_push = bool(attention["push"]) if "push" in attention else None
-        if self.attn_push and (self.attn_cluster is False or not sm90):
-            raise ValueError(
-                "push: the push merge runs in thread-block clusters (a Hopper GPU, cluster not 0)"
-            )
-        # KOG_HEAD_BLOCK_N / KOG_HEAD_ROW_BLOCKS / KOG_HEAD_WARPS override the head's blocks (0: its own choice).
-        self.head_blocks = {
-            "block_n": int(os.environ.get("KOG_HEAD_BLOCK_N", "0")) or None,
-            "row_blocks": int(os.environ.get("KOG_HEAD_ROW_BLOCKS", "0")) or None,
-            "num_warps": int(os.environ.get("KOG_HEAD_WARPS", "0")) or None,
-        }
-        self.head_blocks.update(kind_overrides(head_blocks or {}, HEAD_KEYS, "head_blocks"))
-        # KOG_PREFILL_ATTN / KOG_PREFILL_NORM override the prefill kernels' blocks (prefill.block_overrides).
-        self.prefill_blocks = (
-            block_overrides("KOG_PREFILL_ATTN", ("block_m", "block_n", "num_warps", "num_stages")),
-            block_overrides("KOG_PREFILL_NORM", ("block_d", "num_warps", "stages")),
-        )
-        # KOG_PREFETCH=o=4,gate_up=2 overrides the weight tiles loaded before each kind's wait (for sweeps), and
-        # KOG_ROW_BLOCKS=gate_up=8 rmsnorm_gemv's row blocks a program (unset: its own choice); the arguments
-        # override both.
-        env = os.environ.get
-        prefetch = env_then_argument("KOG_PREFETCH", prefetch, DEFAULT_PREFETCH, "prefetch")
-        self.row_blocks = env_then_argument("KOG_ROW_BLOCKS", row_blocks, ROW_BLOCK_KINDS, "row_blocks")
-        # KOG_BLOCKS=down=2/1024/8 overrides the matrix-vector kinds' block sizes (block_spec; for sweeps).
-        self.blocks = {**block_spec(env("KOG_BLOCKS", "")), **block_spec(blocks)}
         self.attn_scratch = AttentionScratch(cfg.num_kv_heads, group, hd, splits, device)
         self.head_scratch = HeadScratch(cfg.vocab_size, device)
-        # Greedy steps find the head's argmax through an int8 copy of it and read only the candidate rows again
-        # in bf16 (kernels/lm_head_screen.py: the same token, about half the head's bytes). On by default on a GPU
-        # for heads of SCREEN_MIN_HEAD_BYTES or more; KOG_HEAD_SCREEN=0|1 or the argument override (the
-        # interpreter gains nothing by it).
-        if head_screen is None:
-            setting = os.environ.get("KOG_HEAD_SCREEN", "")
-            if setting not in ("", "0", "1"):
-                raise ValueError(f"KOG_HEAD_SCREEN: expected 0 or 1 (or unset), got {setting!r}")
-            head_bytes = self.head_weight.numel() * self.head_weight.element_size()
-            head_screen = (
-                setting == "1" if setting else device.type == "cuda" and head_bytes >= SCREEN_MIN_HEAD_BYTES
-            )
-        self.head_screen = HeadScreen.build(self.head_weight) if head_screen else None
-        self.screen_scratch = ScreenScratch(cfg.vocab_size, device) if head_screen else None
-        # Sampled steps go through the screen up to this temperature (uses_screen); KOG_HEAD_SCREEN_SAMPLED=T
-        # overrides it (-1: never). A sampled request leaves the screen once its steps read again more than
-        # a share of the vocabulary (head_choice.ScreenWatch; KOG_HEAD_SCREEN_LEAVE=share, 1: never).
-        self.sampled_screen_temperature = env_number(
-            "KOG_HEAD_SCREEN_SAMPLED", SAMPLED_SCREEN_TEMPERATURE, "a temperature"
-        )
-        self.screen_leave_share = env_number("KOG_HEAD_SCREEN_LEAVE", BREAK_EVEN_SHARE, "a share", 0, 1)
+        # Greedy steps (and sampled ones at low temperatures) read the head through its int8 screen
+        # (kernels/lm_head_screen.py; settings.ScreenSettings says when the runner has one).
+        self.head_screen = HeadScreen.build(self.head_weight) if settings.screen.on else None
+        self.screen_scratch = ScreenScratch(cfg.vocab_size, device) if settings.screen.on else None
         self.whole = LaneGroup(0, lanes, self.layers, self.x, self.qkv, self.attn, self.h, slice(None),
                                cfg.num_heads, self.attn_scratch)  # fmt: skip
-        # KOG_LANE_GROUPS=groups=2 (or the `lane_groups` argument): see the module docstring.
-        lane_groups = env_then_argument("KOG_LANE_GROUPS", lane_groups, LANE_GROUP_KEYS, "lane_groups")
-        self.groups, self.split_from = self._lane_groups(lane_groups.get("groups"), splits)
-        # KOG_EARLY=o=1,qkv=0 (or the `early` argument) overrides the kinds whose next kernel may launch before
-        # their wait (sweeps).
-        one_lane = lanes == 1
-        early = {**(ONE_LANE_EARLY if one_lane else {}),
-                 **env_then_argument("KOG_EARLY", early, EARLY_KINDS, "early", EARLY_KINDS)}  # fmt: skip
-        self.early = {kind for kind, on in early.items() if on}
-        self.prefetch = {**DEFAULT_PREFETCH, **(GROUPED_PREFETCH if self.groups else {}),
-                         **(ONE_LANE_PREFETCH if one_lane else {}), **prefetch}  # fmt: skip
+        # Lane groups: see the module docstring.
+        self.groups, self.split_from = self._lane_groups(settings.lane_groups, splits)
+        self.prefetch = settings.prefetch_tiles(grouped=bool(self.groups))
         self.streams = [torch.cuda.Stream(device) for _ in self.groups] if device.type == "cuda" else None
         self.group_events: dict[tuple[int, int, int], torch.cuda.Event] = {}  # (group, layer, kernel) -> done
 

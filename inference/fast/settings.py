@@ -1,11 +1,17 @@
 """The fast runner's settings: the defaults measured on an H200 (weight tiles before each kernel's wait, the
-kinds that let the next kernel launch early, when the head screen is on), and the parsers that turn the KOG_*
-environment variables and FastRunner's arguments into checked overrides (for sweeps: scripts/decode_variants.py).
-FastRunner (inference/fast/runner.py) reads them once, when it is built."""
+kinds that let the next kernel launch early, when the head screen is on), the parsers that turn the KOG_*
+environment variables and FastRunner's arguments into checked overrides (for sweeps: scripts/decode_variants.py),
+and RunnerSettings.resolve, which FastRunner (inference/fast/runner.py) calls once, when it is built: every
+setting from the environment, then the constructor's argument over it, checked against what the device can do.
+The resolution needs facts about the device and the model, not the model itself (tests/test_runner_settings.py)."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+
+from inference.fast.head_choice import BREAK_EVEN_SHARE
+from inference.fast.prefill import block_overrides
 
 # Weight tiles each matrix-vector kind loads before it waits on the previous kernel (kernels' `prefetch`;
 # more than a row has means all). The o-proj takes all of its tiles: attention before it reads little, so
@@ -56,6 +62,21 @@ def env_number(
         raise ValueError(f"{env_name}: expected {what}, got {setting!r}") from None
     if not low <= value <= high:
         raise ValueError(f"{env_name}: expected {what} in [{low:g}, {high:g}], got {setting!r}")
+    return value
+
+
+def env_count(env_name: str, default: int = 0) -> int:
+    """A non-negative integer from the environment (unset or empty: default), refused with the variable's name
+    otherwise (int()'s own message names neither the variable nor what it expects)."""
+    setting = os.environ.get(env_name, "")
+    if not setting:
+        return default
+    try:
+        value = int(setting)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{env_name}: expected a non-negative integer, got {setting!r}")
     return value
 
 
@@ -114,3 +135,154 @@ def block_spec(spec: str | dict[str, dict[str, int]]) -> dict[str, dict[str, int
                              f"{', '.join(DEFAULT_PREFETCH)}, got {item!r}")  # fmt: skip
         blocks[kind] = {key: int(v) for key, v in zip(BLOCK_KEYS, parts, strict=True) if int(v)}
     return blocks
+
+
+@dataclass(frozen=True)
+class AttentionSettings:
+    """decode_attention's settings: KOG_ATTN_SPLITS / KOG_ATTN_BLOCK_T / KOG_ATTN_WARPS and the switches of
+    SWITCH_ENV (0|1), then the `attention` argument's keys over them (ATTENTION_KEYS; for sweeps)."""
+
+    splits: int | None  # of each KV head's keys (None: default_splits, the KV heads filling the GPU once)
+    block_t: int  # keys a program takes at a time
+    num_warps: int | None  # None: the kernel's choice
+    maxnreg: int | None  # a register cap (sweeps)
+    kv_evict_first: bool  # the cache read with the weights' evict-first hint (decode_attention's)
+    prefetch_next: bool  # the L2 prefetch of the next layer's first keys and values
+    cluster: bool | None  # the split merge through a thread-block cluster (None: the kernel's choice)
+    push: bool | None  # the cluster merge's partials pushed into shared memory (None: the kernel's choice)
+
+    @classmethod
+    def resolve(cls, argument: dict[str, int] | None, *, sm90: bool,
+                prefetch_possible: bool) -> AttentionSettings:  # fmt: skip
+        """sm90: the device is a Hopper GPU or later (clusters); prefetch_possible: decode_attention can prefetch
+        the next layer for this cache (kernels/decode_attention.py's prefetch_next_possible)."""
+        env_switches = ",".join(
+            f"{key}={os.environ[name]}" for name, key in SWITCH_ENV if os.environ.get(name)
+        )
+        attention = {"splits": env_count("KOG_ATTN_SPLITS"),
+                     "block_t": env_count("KOG_ATTN_BLOCK_T", 64),
+                     "num_warps": env_count("KOG_ATTN_WARPS"),
+                     **kind_overrides(env_switches, ATTENTION_KEYS, "KOG_ATTN_*", ATTENTION_SWITCHES),
+                     **kind_overrides(argument or {}, ATTENTION_KEYS, "attention", ATTENTION_SWITCHES)}  # fmt: skip
+        # Each layer's attention asks L2 for the next layer's first block of keys and values (decode_attention's
+        # next_layer; the measurements are in kernels/decode_attention.py): on wherever it can run;
+        # KOG_ATTN_PREFETCH_NEXT=0|1 (or the `prefetch_next` key) overrides it.
+        prefetch_next = bool(attention.get("prefetch_next", prefetch_possible))
+        if prefetch_next and not prefetch_possible:
+            raise ValueError("prefetch_next: the L2 prefetch needs a Hopper GPU and cache rows of a multiple of "
+                             "16 bytes (set it to 0 or leave it unset)")  # fmt: skip
+        # KOG_ATTN_CLUSTER=1|0 (or the `cluster` key) forces the split merge through a thread-block cluster or
+        # through the arrival counter (unset: the kernel's choice, clusters on a GPU).
+        cluster = bool(attention["cluster"]) if "cluster" in attention else None
+        if cluster and not sm90:
+            raise ValueError(
+                "cluster: thread-block clusters need a Hopper GPU (set it to 0 or leave it unset)"
+            )
+        # KOG_ATTN_PUSH=1|0 (or the `push` key): the cluster merge pushes the partials into the owners' shared
+        # memory or sends them through global memory and a cluster barrier (decode_attention's push; unset: the
+        # kernel's choice, the push wherever the cluster merge runs).
+        push = bool(attention["push"]) if "push" in attention else None
+        if push and (cluster is False or not sm90):
+            raise ValueError(
+                "push: the push merge runs in thread-block clusters (a Hopper GPU, cluster not 0)"
+            )
+        return cls(splits=attention["splits"] or None, block_t=attention["block_t"],
+                   num_warps=attention["num_warps"] or None, maxnreg=attention.get("maxnreg"),
+                   kv_evict_first=bool(attention.get("kv_evict_first", True)), prefetch_next=prefetch_next,
+                   cluster=cluster, push=push)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ScreenSettings:
+    """The head screen (kernels/lm_head_screen.py): whether the runner builds one, and which requests read it."""
+
+    on: bool
+    sampled_temperature: float  # sampled steps go through the screen up to this temperature (uses_screen)
+    leave_share: float  # of the vocabulary read again a step, above which a sampled request leaves it
+
+    @classmethod
+    def resolve(cls, argument: bool | None, *, device_type: str, head_bytes: int) -> ScreenSettings:
+        """argument: FastRunner's head_screen (None: KOG_HEAD_SCREEN=0|1, unset: the default below);
+        head_bytes: the bytes of the head's weight."""
+        # Greedy steps find the head's argmax through an int8 copy of it and read only the candidate rows again in
+        # bf16 (kernels/lm_head_screen.py: the same token, about half the head's bytes). On by default on a GPU
+        # for heads of SCREEN_MIN_HEAD_BYTES or more; KOG_HEAD_SCREEN=0|1 or the argument override (the
+        # interpreter gains nothing by it).
+        if argument is None:
+            setting = os.environ.get("KOG_HEAD_SCREEN", "")
+            if setting not in ("", "0", "1"):
+                raise ValueError(f"KOG_HEAD_SCREEN: expected 0 or 1 (or unset), got {setting!r}")
+            large = device_type == "cuda" and head_bytes >= SCREEN_MIN_HEAD_BYTES
+            argument = setting == "1" if setting else large
+        # KOG_HEAD_SCREEN_SAMPLED=T overrides the temperature (-1: never); KOG_HEAD_SCREEN_LEAVE=share the share
+        # that sends a request to the whole head (head_choice.ScreenWatch; 1: never).
+        return cls(on=bool(argument),
+                   sampled_temperature=env_number("KOG_HEAD_SCREEN_SAMPLED", SAMPLED_SCREEN_TEMPERATURE,
+                                                  "a temperature"),
+                   leave_share=env_number("KOG_HEAD_SCREEN_LEAVE", BREAK_EVEN_SHARE, "a share", 0, 1))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """Every setting of a FastRunner, resolved and checked before it builds anything."""
+
+    use_pdl: bool  # programmatic dependent launch (asked for, and a Hopper GPU)
+    attention: AttentionSettings
+    head_blocks: dict[str, int | None]  # lm_head's block_n, row_blocks, num_warps (None: its own choice)
+    prefill_blocks: tuple[dict[str, int], dict[str, int]]  # the prefill attention's and norm kernels' blocks
+    prefetch: dict[str, int]  # tiles before the wait, the overrides only (prefetch_tiles: with the defaults)
+    row_blocks: dict[str, int]  # rmsnorm_gemv's row blocks a program, by kind (unset: its own choice)
+    blocks: dict[str, dict[str, int]]  # the matrix-vector kinds' block sizes (block_spec)
+    screen: ScreenSettings
+    lane_groups: int | None  # how many (None: FastRunner._lane_groups' choice, by the layers' size)
+    early: frozenset[str]  # the kinds whose next kernel may launch before their wait
+    one_lane: bool
+
+    def prefetch_tiles(self, grouped: bool) -> dict[str, int]:
+        """Weight tiles before each kind's wait, for a runner with lane groups (grouped) or without."""
+        return {**DEFAULT_PREFETCH, **(GROUPED_PREFETCH if grouped else {}),
+                **(ONE_LANE_PREFETCH if self.one_lane else {}), **self.prefetch}  # fmt: skip
+
+    @classmethod
+    def resolve(cls, *, lanes: int, device_type: str, sm90: bool, head_bytes: int, prefetch_next_possible: bool,
+                use_pdl: bool = True, prefetch: dict[str, int] | None = None,
+                row_blocks: dict[str, int] | None = None, blocks: str | dict[str, dict[str, int]] = "",
+                head_blocks: dict[str, int] | None = None, attention: dict[str, int] | None = None,
+                lane_groups: dict[str, int] | None = None, early: dict[str, int] | None = None,
+                head_screen: bool | None = None) -> RunnerSettings:  # fmt: skip
+        """FastRunner's keyword arguments (the same names and defaults) over the KOG_* environment, given what the
+        device and the model are: lanes (the model's), device_type ('cuda', 'cpu', 'meta'), sm90 (a Hopper GPU or
+        later), head_bytes (the head weight's), prefetch_next_possible (decode_attention can prefetch the next
+        layer for the runner's cache). ValueError names the variable or the argument that is wrong."""
+        attention_settings = AttentionSettings.resolve(
+            attention, sm90=sm90, prefetch_possible=prefetch_next_possible
+        )
+        # KOG_HEAD_BLOCK_N / KOG_HEAD_ROW_BLOCKS / KOG_HEAD_WARPS override the head's blocks (0: its own choice).
+        head = {"block_n": env_count("KOG_HEAD_BLOCK_N") or None,
+                "row_blocks": env_count("KOG_HEAD_ROW_BLOCKS") or None,
+                "num_warps": env_count("KOG_HEAD_WARPS") or None,
+                **kind_overrides(head_blocks or {}, HEAD_KEYS, "head_blocks")}  # fmt: skip
+        # KOG_PREFILL_ATTN / KOG_PREFILL_NORM override the prefill kernels' blocks (prefill.block_overrides).
+        prefill_blocks = (
+            block_overrides("KOG_PREFILL_ATTN", ("block_m", "block_n", "num_warps", "num_stages")),
+            block_overrides("KOG_PREFILL_NORM", ("block_d", "num_warps", "stages")),
+        )
+        # KOG_PREFETCH=o=4,gate_up=2 overrides the weight tiles loaded before each kind's wait (for sweeps), and
+        # KOG_ROW_BLOCKS=gate_up=8 rmsnorm_gemv's row blocks a program (unset: its own choice); the arguments
+        # override both.
+        prefetch = env_then_argument("KOG_PREFETCH", prefetch, DEFAULT_PREFETCH, "prefetch")
+        row_blocks = env_then_argument("KOG_ROW_BLOCKS", row_blocks, ROW_BLOCK_KINDS, "row_blocks")
+        # KOG_BLOCKS=down=2/1024/8 overrides the matrix-vector kinds' block sizes (block_spec; for sweeps).
+        blocks = {**block_spec(os.environ.get("KOG_BLOCKS", "")), **block_spec(blocks)}
+        screen = ScreenSettings.resolve(head_screen, device_type=device_type, head_bytes=head_bytes)
+        # KOG_LANE_GROUPS=groups=2 (or the `lane_groups` argument): runner.py's module docstring.
+        groups = env_then_argument("KOG_LANE_GROUPS", lane_groups, LANE_GROUP_KEYS, "lane_groups")
+        # KOG_EARLY=o=1,qkv=0 (or the `early` argument) overrides the kinds whose next kernel may launch before
+        # their wait (sweeps).
+        one_lane = lanes == 1
+        early = {**(ONE_LANE_EARLY if one_lane else {}),
+                 **env_then_argument("KOG_EARLY", early, EARLY_KINDS, "early", EARLY_KINDS)}  # fmt: skip
+        return cls(use_pdl=bool(use_pdl and sm90), attention=attention_settings, head_blocks=head,
+                   prefill_blocks=prefill_blocks, prefetch=prefetch, row_blocks=row_blocks, blocks=blocks,
+                   screen=screen, lane_groups=groups.get("groups"),
+                   early=frozenset(kind for kind, on in early.items() if on), one_lane=one_lane)  # fmt: skip

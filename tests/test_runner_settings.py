@@ -1,0 +1,196 @@
+"""FastRunner's settings resolved without a model or a GPU (inference/fast/settings.py): the KOG_* environment, the
+constructor's arguments over it, and what the device can do (told, not asked: these run anywhere)."""
+
+import os
+
+import pytest
+
+from inference.fast.head_choice import BREAK_EVEN_SHARE
+from inference.fast.settings import (
+    DEFAULT_PREFETCH,
+    SAMPLED_SCREEN_TEMPERATURE,
+    SCREEN_MIN_HEAD_BYTES,
+    RunnerSettings,
+    env_count,
+)
+
+# A CPU under the interpreter, a Hopper GPU, and the meta tensors scripts/kernel_report.py builds on (no PDL or
+# clusters there, but its cache rows pass prefetch_next_possible).
+CPU = {"device_type": "cpu", "sm90": False, "prefetch_next_possible": False}
+H200 = {"device_type": "cuda", "sm90": True, "prefetch_next_possible": True}
+META = {"device_type": "meta", "sm90": False, "prefetch_next_possible": True}
+SMALL_HEAD, LARGE_HEAD = 1 << 20, SCREEN_MIN_HEAD_BYTES
+INTEGER_ENV = (
+    "KOG_ATTN_SPLITS", "KOG_ATTN_BLOCK_T", "KOG_ATTN_WARPS", "KOG_HEAD_BLOCK_N", "KOG_HEAD_ROW_BLOCKS",
+    "KOG_HEAD_WARPS",
+)  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def no_kog_environment(monkeypatch):
+    """Each test sets the variables it reads; none leaks in from the shell that runs the suite."""
+    for name in [name for name in os.environ if name.startswith("KOG_")]:
+        monkeypatch.delenv(name)
+
+
+def resolve(device=CPU, lanes=1, head_bytes=SMALL_HEAD, **arguments) -> RunnerSettings:
+    return RunnerSettings.resolve(lanes=lanes, head_bytes=head_bytes, **device, **arguments)
+
+
+def test_the_defaults_on_the_cpu():
+    settings = resolve()
+    attention = settings.attention
+    assert (attention.splits, attention.block_t, attention.num_warps) == (None, 64, None)
+    assert attention.maxnreg is None
+    assert attention.kv_evict_first and not attention.prefetch_next
+    assert attention.cluster is None and attention.push is None  # the kernel's choice
+    assert not settings.use_pdl and not settings.screen.on and settings.lane_groups is None
+    assert settings.head_blocks == {"block_n": None, "row_blocks": None, "num_warps": None}
+    assert settings.prefill_blocks == ({}, {}) and settings.row_blocks == {} and settings.blocks == {}
+    assert settings.screen.sampled_temperature == SAMPLED_SCREEN_TEMPERATURE
+    assert settings.screen.leave_share == BREAK_EVEN_SHARE
+
+
+def test_the_defaults_by_device():
+    h200 = resolve(H200)
+    assert h200.use_pdl and h200.attention.prefetch_next and h200.attention.cluster is None
+    assert not resolve(H200, use_pdl=False).use_pdl
+    meta = resolve(META)
+    assert not meta.use_pdl and meta.attention.prefetch_next
+
+
+def test_one_lane_models_and_lane_groups_change_the_defaults():
+    one = resolve(lanes=1)
+    assert one.early == {"qkv", "o"} and one.prefetch_tiles(grouped=False)["gate_up"] == 3
+    lanes = resolve(lanes=4)
+    assert lanes.early == set()
+    assert lanes.prefetch_tiles(grouped=False) == DEFAULT_PREFETCH
+    assert lanes.prefetch_tiles(grouped=True) == {**DEFAULT_PREFETCH, "gate_up": 2}
+    assert resolve(lanes=4, prefetch={"gate_up": 5}).prefetch_tiles(grouped=True)["gate_up"] == 5
+
+
+def test_the_attention_argument_wins_over_the_environment(monkeypatch):
+    monkeypatch.setenv("KOG_ATTN_SPLITS", "8")
+    monkeypatch.setenv("KOG_ATTN_BLOCK_T", "32")
+    monkeypatch.setenv("KOG_ATTN_CLUSTER", "1")
+    attention = resolve(H200).attention
+    assert (attention.splits, attention.block_t, attention.cluster) == (8, 32, True)
+    attention = resolve(H200, attention={"splits": 16, "cluster": 0}).attention
+    assert (attention.splits, attention.block_t, attention.cluster) == (16, 32, False)
+
+
+def test_the_block_arguments_win_over_the_environment(monkeypatch):
+    monkeypatch.setenv("KOG_HEAD_BLOCK_N", "4")
+    monkeypatch.setenv("KOG_HEAD_WARPS", "8")
+    head = resolve(head_blocks={"block_n": 2}).head_blocks
+    assert head == {"block_n": 2, "row_blocks": None, "num_warps": 8}
+    monkeypatch.setenv("KOG_PREFETCH", "o=4,qkv=2")
+    tiles = resolve(lanes=4, prefetch={"o": 8}).prefetch_tiles(grouped=False)
+    assert tiles == {**DEFAULT_PREFETCH, "o": 8, "qkv": 2}
+    monkeypatch.setenv("KOG_ROW_BLOCKS", "gate_up=4")
+    assert resolve(row_blocks={"qkv": 2}).row_blocks == {"gate_up": 4, "qkv": 2}
+    monkeypatch.setenv("KOG_BLOCKS", "down=2/1024/8,o=4/512/4")
+    blocks = resolve(blocks="down=1/2048/4").blocks
+    assert blocks == {"down": {"block_n": 1, "block_k": 2048, "num_warps": 4},
+                      "o": {"block_n": 4, "block_k": 512, "num_warps": 4}}  # fmt: skip
+    monkeypatch.setenv("KOG_PREFILL_ATTN", "128,64")  # the prefill's: the environment's only
+    monkeypatch.setenv("KOG_PREFILL_NORM", "0,8")
+    assert resolve().prefill_blocks == ({"block_m": 128, "block_n": 64}, {"num_warps": 8})
+
+
+def test_lane_groups_and_early_kinds_from_the_environment_then_the_argument(monkeypatch):
+    monkeypatch.setenv("KOG_LANE_GROUPS", "groups=2")
+    assert resolve(lanes=4).lane_groups == 2
+    assert resolve(lanes=4, lane_groups={"groups": 1}).lane_groups == 1
+    monkeypatch.setenv("KOG_EARLY", "qkv=0,down=1")
+    assert resolve().early == {"o", "down"}
+    assert resolve(early={"qkv": 1, "o": 0}).early == {"qkv", "down"}
+
+
+def test_the_head_screen_is_on_by_default_for_large_heads_on_a_gpu(monkeypatch):
+    assert not resolve(CPU, head_bytes=LARGE_HEAD).screen.on  # the interpreter gains nothing by it
+    assert resolve(H200, head_bytes=LARGE_HEAD).screen.on
+    assert not resolve(H200, head_bytes=LARGE_HEAD - 1).screen.on
+    assert resolve(CPU, head_screen=True).screen.on
+    assert not resolve(H200, head_bytes=LARGE_HEAD, head_screen=False).screen.on
+    monkeypatch.setenv("KOG_HEAD_SCREEN", "1")
+    assert resolve(CPU).screen.on
+    assert not resolve(CPU, head_screen=False).screen.on  # the argument wins
+    monkeypatch.setenv("KOG_HEAD_SCREEN", "0")
+    assert not resolve(H200, head_bytes=LARGE_HEAD).screen.on
+    monkeypatch.setenv("KOG_HEAD_SCREEN", "yes")
+    with pytest.raises(ValueError, match="KOG_HEAD_SCREEN: expected 0 or 1"):
+        resolve()
+
+
+def test_which_requests_read_the_screen(monkeypatch):
+    monkeypatch.setenv("KOG_HEAD_SCREEN_SAMPLED", "-1")
+    monkeypatch.setenv("KOG_HEAD_SCREEN_LEAVE", "0.5")
+    screen = resolve().screen
+    assert (screen.sampled_temperature, screen.leave_share) == (-1, 0.5)
+    for name, bad in (("KOG_HEAD_SCREEN_SAMPLED", "warm"), ("KOG_HEAD_SCREEN_LEAVE", "1.5")):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ValueError, match=name):
+            resolve()
+        monkeypatch.delenv(name)
+
+
+@pytest.mark.parametrize("name", INTEGER_ENV)
+@pytest.mark.parametrize("bad", ["x", "1.5", "-1", " "])
+def test_integer_variables_name_themselves_when_refused(monkeypatch, name, bad):
+    monkeypatch.setenv(name, bad)
+    with pytest.raises(ValueError, match=f"^{name}: expected a non-negative integer, got {bad!r}$"):
+        resolve()
+
+
+def test_integer_variables_read_whole_numbers(monkeypatch):
+    for name in INTEGER_ENV:
+        monkeypatch.setenv(name, "0")
+    settings = resolve()
+    attention = settings.attention
+    assert attention.splits is None and attention.num_warps is None  # 0: the kernel's choice
+    assert attention.block_t == 0 and set(settings.head_blocks.values()) == {None}
+    monkeypatch.setenv("KOG_ATTN_BLOCK_T", "")  # empty: unset
+    assert resolve().attention.block_t == 64
+    monkeypatch.setenv("KOG_ATTN_WARPS", " 8")
+    assert resolve().attention.num_warps == 8
+    assert env_count("KOG_UNSET_FOR_THIS_TEST", 7) == 7
+
+
+@pytest.mark.parametrize(
+    "device,attention,what",
+    [(CPU, {"cluster": 1}, "cluster: thread-block clusters need a Hopper GPU"),
+     (META, {"cluster": 1}, "cluster: thread-block clusters need a Hopper GPU"),
+     (CPU, {"push": 1}, "push: the push merge runs in thread-block clusters"),
+     (H200, {"cluster": 0, "push": 1}, "push: the push merge runs in thread-block clusters"),
+     (CPU, {"prefetch_next": 1}, "prefetch_next: the L2 prefetch needs a Hopper GPU"),
+     (H200, {"warps": 2}, "attention:"), (H200, {"cluster": 2}, "attention:")],
+)  # fmt: skip
+def test_attention_settings_the_device_cannot_run_are_refused(device, attention, what):
+    with pytest.raises(ValueError, match=what):
+        resolve(device, attention=attention)
+
+
+def test_attention_switches_on_a_hopper_gpu(monkeypatch):
+    switches = {"cluster": 1, "push": 1, "prefetch_next": 0, "kv_evict_first": 0}
+    attention = resolve(H200, attention=switches).attention
+    assert attention.cluster and attention.push
+    assert not attention.prefetch_next and not attention.kv_evict_first
+    assert resolve(H200, attention={"push": 1}).attention.push  # cluster unset: the kernel's choice, clusters
+    monkeypatch.setenv("KOG_ATTN_PUSH", "1")
+    with pytest.raises(ValueError, match="push: the push merge"):
+        resolve(CPU)
+    monkeypatch.setenv("KOG_ATTN_PUSH", "2")
+    with pytest.raises(ValueError, match="KOG_ATTN_"):
+        resolve(H200)
+
+
+@pytest.mark.parametrize(
+    "arguments,what",
+    [({"head_blocks": {"rows": 2}}, "head_blocks:"), ({"prefetch": {"head": 2}}, "prefetch:"),
+     ({"row_blocks": {"o": 2}}, "row_blocks:"), ({"blocks": {"down": {"block_n": -1}}}, "blocks.down:"),
+     ({"lane_groups": {"streams": 2}}, "lane_groups:"), ({"early": {"o": 2}}, "early:")],
+)  # fmt: skip
+def test_unknown_arguments_are_refused(arguments, what):
+    with pytest.raises(ValueError, match=what):
+        resolve(**arguments)

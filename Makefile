@@ -7,8 +7,15 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-10)
 
 .PHONY: run test setup system-deps lint format gpu-check clean
 
+# `make run MODEL=/path/to/checkpoint` serves that folder instead of the default model (several: separated by
+# spaces or commas; preset names too), passed on as playground.run's --model; MODEL counts only on make's command
+# line, not from the environment, where the name may mean something else. RUN_ARGS takes playground.run's other
+# options: make run RUN_ARGS='--port 8080 --host 0.0.0.0'.
+comma := ,
+RUN_MODELS := $(if $(filter command line,$(origin MODEL)),$(subst $(comma), ,$(MODEL)))
+
 run: setup
-	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(PY) -m playground.run
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(PY) -m playground.run $(strip $(foreach m,$(RUN_MODELS),--model '$(m)') $(RUN_ARGS))
 
 test: setup system-deps
 	$(PY) -m ruff check .

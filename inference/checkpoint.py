@@ -15,13 +15,21 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from inference.config import ModelConfig
+from inference.config import CheckpointError, ModelConfig, check_link
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
-class CheckpointError(Exception):
-    """A checkpoint directory the engine cannot load; the message is one line."""
+def is_memory_error(exc: BaseException) -> bool:
+    """An allocation the machine refused: torch.OutOfMemoryError (CUDA), the CPU allocator's RuntimeError,
+    Python's MemoryError."""
+    text = str(exc).lower()
+    return (
+        isinstance(exc, MemoryError)
+        or type(exc).__name__ == "OutOfMemoryError"
+        or "out of memory" in text
+        or "can't allocate memory" in text
+    )
 
 
 @dataclass(frozen=True)
@@ -112,6 +120,8 @@ def load_weights(
         ):
             _check_tied_head(embedding, located, read)
     except (SafetensorError, OSError, RuntimeError) as err:
+        if is_memory_error(err):  # the device's memory, not the file: the caller says what did not fit
+            raise
         raise CheckpointError(f"{path}: could not read tensor data ({_one_line(err)})") from None
     finally:
         handles.clear()
@@ -152,23 +162,34 @@ def _one_line(e: Exception) -> str:
 
 
 def _safetensors_files(path: Path) -> list[Path]:
+    """The weight files of the checkpoint in `path`, in transformers' order of preference: model.safetensors
+    first, then the shards model.safetensors.index.json lists (a re-save without sharding leaves the old index
+    behind, which transformers ignores beside the single file), then any other *.safetensors."""
+    check_link(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a checkpoint directory")
+    single = path / "model.safetensors"
+    check_link(single)
+    if single.is_file():
+        return [single]
     index = path / "model.safetensors.index.json"
+    check_link(index)
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
             names = sorted(set(weight_map.values()))
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
             raise CheckpointError(f"{index}: not a valid safetensors index ({_one_line(e)})") from None
+        for name in names:
+            check_link(path / name)
         missing = [n for n in names if not (path / n).is_file()]
         if missing:
             raise CheckpointError(f"{index}: lists shard files that are not there: {', '.join(missing)}")
         return [path / n for n in names]
-    if (path / "model.safetensors").is_file():
-        return [path / "model.safetensors"]
     # A LoRA adapter's weights are not the model's: left beside a merged model, they must not be read as shards.
     shards = sorted(p for p in path.glob("*.safetensors") if p.name != "adapter_model.safetensors")
+    for shard in shards:
+        check_link(shard)
     if shards:
         return shards
     if (path / "adapter_model.safetensors").is_file():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,61 @@ from typing import Any
 MODEL_TYPES = ("laneformer_tp", "llama", "qwen2", "qwen3")
 LM_HEAD_TYPES = ("replicate", "lane", "vocab_parallel")
 QWEN3_HEAD_DIM = 128  # transformers' Qwen3Config default, for a config.json that leaves head_dim out
+
+
+class CheckpointError(Exception):
+    """A checkpoint directory the engine cannot load; the message is one line. (Defined here, torch-free, so
+    that config.json's reader raises it too; inference.checkpoint exports it.)"""
+
+
+def check_link(path: Path) -> None:
+    """A checkpoint file that is a symbolic link to nothing is said so, not reported as missing: an HF cache
+    snapshot (`models--Org--Name/snapshots/<hash>/`) holds only links into the cache's blobs/ folder, and a
+    snapshot copied or mounted without it loses every file. One check for config, tokenizer and weights."""
+    if path.is_symlink() and not path.exists():
+        target = os.readlink(path)
+        hint = (
+            "; an HF cache snapshot's files live in its cache's blobs/ folder: mount the whole "
+            "models--<org>--<name> folder, or copy the snapshot with its files (cp -rL)"
+            if "blobs" in Path(target).parts
+            else ""
+        )
+        raise CheckpointError(f"{path} is a broken symbolic link (to {target}){hint}")
+
+
+class EnvError(ValueError):
+    """A setting in the environment that cannot be used; the message names the variable and what it takes."""
+
+
+def env_number(name: str, default: float, expects: str, integer: bool = False, minimum: float = 0) -> float:
+    """The number in environment variable `name` (unset or blank: `default`); EnvError names the variable,
+    what it takes (`expects`) and what it holds when that is no finite number >= `minimum`."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw) if integer else float(raw)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or value < minimum:
+        raise EnvError(f"{name}: must be {expects}, got {raw!r}")
+    return value
+
+
+DEFAULT_MAX_CONTEXT = 4096  # tokens; KOG_MAX_CONTEXT caps the KV cache of long-context models
+
+
+def env_max_context() -> int:
+    """KOG_MAX_CONTEXT (default 4096), checked as the engine's max_context argument is: an integer >= 2."""
+    return int(
+        env_number(
+            "KOG_MAX_CONTEXT",
+            DEFAULT_MAX_CONTEXT,
+            "an integer >= 2 (tokens: a prompt token and a new one at least)",
+            integer=True,
+            minimum=2,
+        )
+    )
 
 
 class ConfigError(ValueError):
@@ -176,6 +232,7 @@ class ModelConfig:
             path = Path(source)
             if path.is_dir():
                 path = path / "config.json"
+            check_link(path)
             if not path.is_file():
                 hint = ""
                 if (path.parent / "adapter_config.json").is_file():

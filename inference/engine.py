@@ -11,7 +11,9 @@ turns them into text, applies EOS and stop strings, honours cancellation and kee
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import os
 import shutil
 import time
@@ -21,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from inference.checkpoint import CheckpointError, load_weights
-from inference.config import ModelConfig
+from inference.checkpoint import CheckpointError, checkpoint_shapes, is_memory_error, load_weights
+from inference.config import ModelConfig, check_link, env_max_context, env_number
 from inference.events import (
     Done,
     Event,
@@ -35,7 +37,7 @@ from inference.events import (
     unicode_text,
 )
 from inference.model import Transformer
-from inference.names import default_model, served_name
+from inference.names import default_model, model_source, served_name
 from inference.presets import PRESETS
 from inference.runner import ReferenceRunner
 from inference.tokenizer import Tokenizer
@@ -43,9 +45,8 @@ from inference.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DEFAULT_MAX_CONTEXT = int(
-    os.environ.get("KOG_MAX_CONTEXT", "4096")
-)  # caps the KV cache of long-context models
+# KOG_MAX_CONTEXT (default config.DEFAULT_MAX_CONTEXT, 4096 tokens) caps the KV cache of long-context models:
+# read at each load (config.env_max_context), an integer >= 2 as the max_context argument is.
 # CPU threads for a decode step: one below this many weight bytes. Measured on the 2-core dev box: a
 # second thread makes a 10M-parameter model 1.4x faster on an idle machine but 20x slower when other
 # processes (web server, browser, tests) compete for the cores; KOG_CPU_THREADS overrides.
@@ -53,6 +54,23 @@ SMALL_MODEL_BYTES = 200 * 1024**2
 
 
 DEFAULT_MODEL = default_model()
+
+
+class LoadOutOfMemory(RuntimeError):
+    """The model does not fit the device's memory at load (its weights, its RoPE tables or its KV cache): the
+    message says which, how big, and what to lower; one line."""
+
+
+def cpu_threads_from_env() -> int | None:
+    """KOG_CPU_THREADS: the CPU threads of a decode step (unset: chosen by the model's size)."""
+    threads = env_number("KOG_CPU_THREADS", 0, "an integer >= 1 (CPU threads)", integer=True, minimum=1)
+    return int(threads) or None
+
+
+def peak_bandwidth_from_env() -> float | None:
+    """KOG_PEAK_BANDWIDTH_GBS: the GPU's peak memory bandwidth, for the share of it a decode step reaches."""
+    peak = env_number("KOG_PEAK_BANDWIDTH_GBS", 0.0, "a number of GB/s > 0", minimum=1e-9)
+    return peak or None
 
 
 def check_tokenizer_fits(path: Path, tokenizer: Tokenizer, vocab_size: int) -> None:
@@ -81,6 +99,7 @@ def resolve_model(model: str | Path) -> Path:
     path = Path(model).expanduser()
     if path.is_dir():
         return path
+    check_link(path)  # a folder that was linked in and is gone: said so, not "no such preset"
     name = str(model)
     if name not in PRESETS:
         if path.is_file():  # e.g. the config.json or a .safetensors file instead of their folder
@@ -158,8 +177,8 @@ class Engine:
         self.name, self.path, self.config, self.tokenizer = name, path, config, tokenizer
         self.model, self.runner, self.max_context = model, runner, max_context
         self.device, self.dtype = model.tok_embeddings.device, model.tok_embeddings.dtype
-        env_peak = os.environ.get("KOG_PEAK_BANDWIDTH_GBS")
-        self.peak_bandwidth_gbs = float(env_peak) if env_peak and self.device.type == "cuda" else None
+        peak = peak_bandwidth_from_env()
+        self.peak_bandwidth_gbs = peak if self.device.type == "cuda" else None
         item = self.dtype.itemsize
         # A decode step reads every weight once, except the embedding: one row (all of it when it is the head).
         embedding_rows = config.vocab_size if config.tie_word_embeddings else 1
@@ -176,9 +195,10 @@ class Engine:
         dtype: str | None = None,
         max_context: int | None = None,
     ) -> Engine:
+        # `model`: a checkpoint folder, a preset, or either as `name=...` (served under that name)
         model = model or DEFAULT_MODEL
-        path = resolve_model(model)
         name = served_name(model)
+        path = resolve_model(model_source(model))
         config = ModelConfig.from_hf(path)
         tokenizer = Tokenizer.from_dir(path)
         check_tokenizer_fits(path, tokenizer, config.vocab_size)
@@ -186,18 +206,24 @@ class Engine:
         torch_dtype = parse_dtype(dtype, torch_device)
         if max_context is not None and max_context < 2:
             raise ValueError(f"max_context: must be >= 2 (a prompt token and a new one), got {max_context}")
-        context = min(config.max_position_embeddings, max_context or DEFAULT_MAX_CONTEXT)
-        weights = load_weights(path, config, torch_device, torch_dtype)
+        # The settings in the environment are checked before anything big is read or allocated.
+        context = min(
+            config.max_position_embeddings, env_max_context() if max_context is None else max_context
+        )
+        threads = cpu_threads_from_env()
+        peak_bandwidth_from_env()
+        fits = _MemoryStages(name, config, torch_device, torch_dtype, context)
+        with fits.stage("weights"):
+            weights = load_weights(path, config, torch_device, torch_dtype)
         if torch_device.type == "cpu":
             size = sum(w.numel() * w.element_size() for w in weights.values())
-            threads = os.environ.get("KOG_CPU_THREADS")
-            torch.set_num_threads(
-                int(threads) if threads else 1 if size < SMALL_MODEL_BYTES else os.cpu_count()
-            )
-        transformer = Transformer.from_weights(config, weights)
+            torch.set_num_threads(threads or (1 if size < SMALL_MODEL_BYTES else os.cpu_count()))
+        with fits.stage("model"):
+            transformer = Transformer.from_weights(config, weights)
         # every id the tokenizer has may be written, its end tokens too: the limit is past the largest id, not the
         # count of ids, which is smaller where ids leave gaps
-        runner = _make_runner(transformer, context, tokenizer.max_id + 1)
+        with fits.stage("cache"):
+            runner = _make_runner(transformer, context, tokenizer.max_id + 1)
         log.info(
             "loaded %s from %s on %s (%s, %s)", name, path, torch_device, torch_dtype, type(runner).__name__
         )
@@ -320,6 +346,42 @@ class Engine:
             peak_bandwidth_gbs=self.peak_bandwidth_gbs,
         )
         yield Done(finish_reason=finish, text="".join(shown), stats=stats)
+
+
+class _MemoryStages:
+    """Turns an allocation the device refuses while loading into one LoadOutOfMemory line: what was being
+    allocated (the weights, the model's RoPE tables, the KV cache), its size, and what to lower."""
+
+    def __init__(
+        self, name: str, config: ModelConfig, device: torch.device, dtype: torch.dtype, context: int
+    ):
+        self.name, self.config, self.device, self.dtype, self.context = name, config, device, dtype, context
+
+    @contextlib.contextmanager
+    def stage(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except Exception as exc:
+            if not is_memory_error(exc):
+                raise
+            raise LoadOutOfMemory(self.message(what, exc)) from None
+
+    def message(self, what: str, exc: Exception) -> str:
+        cfg, item = self.config, self.dtype.itemsize
+        dtype = str(self.dtype).removeprefix("torch.")
+        weights_gib = sum(math.prod(s) for s in checkpoint_shapes(cfg).values()) * item / 2**30
+        cache_gib = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * self.context * item / 2**30
+        if what == "weights":
+            doing = f"loading the weights ({weights_gib:.2f} GiB in {dtype})"
+            fix = "load it in a smaller dtype (KOG_DTYPE=bfloat16) or on a device with more memory"
+        elif what == "model":
+            doing = f"building its RoPE tables for max_position_embeddings={cfg.max_position_embeddings} positions"
+            fix = "check max_position_embeddings in its config.json"
+        else:
+            doing = f"allocating the KV cache for {self.context} tokens ({cache_gib:.2f} GiB in {dtype})"
+            fix = "lower KOG_MAX_CONTEXT (the KV cache is sized for it) or use a device with more memory"
+        cause = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return f"{self.name}: out of {self.device.type} memory while {doing}: {fix} ({cause})"
 
 
 def _make_runner(model: Transformer, max_context: int, vocab_limit: int):

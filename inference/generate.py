@@ -2,8 +2,8 @@
 
     python -m inference.generate --model tiny-laneformer --prompt "def fib(n):" --max-new-tokens 64
 
---model takes a checkpoint directory or a synthetic preset name. With --json, one JSON object is
-printed at the end instead. Errors are one line on stderr and a non-zero exit status.
+--model takes a checkpoint directory or a synthetic preset name (NAME=DIR names it NAME). With --json, one
+JSON object is printed at the end instead. Errors are one line on stderr and a non-zero exit status.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ class OneLineParser(argparse.ArgumentParser):
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = OneLineParser(prog="python -m inference.generate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="checkpoint directory or preset (default: the shipped model)")
+    parser.add_argument(
+        "--model", help="checkpoint directory or preset (default: the shipped model); NAME=... names it NAME"
+    )
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     parser.add_argument("--max-new-tokens", type=int, default=256)

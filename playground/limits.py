@@ -13,6 +13,9 @@ switches that limit off.
     PLAYGROUND_TRUSTED_PROXIES         comma-separated IPs or networks (10.0.0.0/8) whose
                                        X-Forwarded-For is believed; empty: the peer is the client
 
+They are read once, when the web process starts (check_environment, from the app's ready()): a value that
+is not what its variable takes stops it there, naming the variable.
+
 A request with an API key is limited by the key, not by the IP: a team behind one NAT address
 with its own key is not throttled as one stranger. Each budget is a sorted set of
 (member, time) entries that only ever holds one window's worth, so it stays as small as its limit:
@@ -40,9 +43,20 @@ def _env_int(name: str, default: int) -> int:
     try:
         value = int(raw) if raw else default
     except ValueError:
-        raise ValueError(f"{name}: must be an integer, got {raw!r}") from None
+        value = -1
     if value < 0:
-        raise ValueError(f"{name}: must be >= 0 (0 switches the limit off), got {value}")
+        raise ValueError(f"{name}: must be a whole number, 0 or more (0 switches the limit off); got {raw!r}")
+    return value
+
+
+def _env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}: must be a number of seconds, greater than 0; got {raw!r}")
     return value
 
 
@@ -69,15 +83,13 @@ class LimitConfig:
 
     @classmethod
     def from_env(cls) -> LimitConfig:
-        window = float(os.environ.get("PLAYGROUND_RATE_WINDOW_S", "60") or 60)
-        if not window > 0:
-            raise ValueError(f"PLAYGROUND_RATE_WINDOW_S: must be > 0, got {window}")
+        """Raises ValueError naming the variable and what it takes (check_environment: at the process's start)."""
         return cls(
             ip_requests=_env_int("PLAYGROUND_IP_REQUESTS_PER_MIN", cls.ip_requests),
             ip_tokens=_env_int("PLAYGROUND_IP_TOKENS_PER_MIN", cls.ip_tokens),
             key_requests=_env_int("PLAYGROUND_KEY_REQUESTS_PER_MIN", cls.key_requests),
             key_tokens=_env_int("PLAYGROUND_KEY_TOKENS_PER_MIN", cls.key_tokens),
-            window_s=window,
+            window_s=_env_seconds("PLAYGROUND_RATE_WINDOW_S", cls.window_s),
             trusted_proxies=parse_networks(os.environ.get("PLAYGROUND_TRUSTED_PROXIES", "")),
         )
 
@@ -274,6 +286,18 @@ def configured() -> LimitConfig:
     from django.conf import settings
 
     return getattr(settings, "PLAYGROUND_LIMITS", None) or _from_env_once()
+
+
+def check_environment() -> None:
+    """Read the variables above now, at the process's start (the app's ready()): a bad one stops daphne and
+    manage.py with one line naming it, instead of a web process that answers /healthz and fails every
+    generation with a 500."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    try:
+        configured()
+    except ValueError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
 
 
 @functools.cache

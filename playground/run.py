@@ -21,8 +21,9 @@ from pathlib import Path
 
 import redis
 
+from inference.names import ModelNameError, served_names, split_entry
 from inference.protocol import worker_key
-from inference.redis_server import start_redis
+from inference.redis_server import redacted_url, start_redis
 from inference.worker import STALL_EXIT_CODE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,8 +88,25 @@ def check_redis(url: str) -> None:
     """An operator's REDIS_URL that answers nothing ends the launch in one line, not a client's traceback."""
     try:
         redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5).ping()
+    except ValueError:  # no redis://, rediss:// or unix:// scheme
+        raise SystemExit(
+            f"REDIS_URL={redacted_url(url)} is not a Redis URL; e.g. redis://127.0.0.1:6379/0"
+        ) from None
     except redis.RedisError as exc:
-        raise SystemExit(f"cannot reach Redis at REDIS_URL={url}: {exc}") from None
+        raise SystemExit(f"cannot reach Redis at REDIS_URL={redacted_url(url)}: {exc}") from None
+
+
+def absolute_entries(entries: list[str]) -> list[str]:
+    """MODELS / --model entries with each relative folder that exists made absolute against this process's
+    directory: the worker and daphne run in the repository's (spawn), where `./my-ft` is another folder or none.
+    Presets, stand-ins and names (`name=./my-ft` keeps its name) are left as they are."""
+    absolute = []
+    for entry in entries:
+        name, source = split_entry(entry)
+        if source and not os.path.isabs(source) and not source.startswith("~") and Path(source).exists():
+            source = os.path.abspath(source)
+        absolute.append(source if name is None else f"{name}={source}")
+    return absolute
 
 
 def local_secret_key() -> str:
@@ -116,7 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     processes: dict[str, subprocess.Popen] = {}
     redis_process = None
     if args.model:  # the web offers (and /readyz probes) the models this worker serves, not the default
-        env["MODELS"] = ",".join(args.model)
+        args.model = absolute_entries(args.model)
+    models = args.model or absolute_entries([m for m in env.get("MODELS", "").split(",") if m.strip()])
+    if models:
+        try:
+            served_names(models)  # two models served under one name: said now, not after a load
+        except ModelNameError as exc:
+            raise SystemExit(str(exc)) from None
+        env["MODELS"] = ",".join(models)
     if not env.get("REDIS_URL"):
         # its own session too, so that Ctrl-C stops it last, after the worker (see finally below)
         redis_process, env["REDIS_URL"] = start_redis(ROOT / "var" / "redis", start_new_session=True)

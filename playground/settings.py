@@ -9,9 +9,10 @@ DJANGO_BEHIND_HTTPS_PROXY    1 when a TLS-terminating proxy sets X-Forwarded-Pro
                              and plain-HTTP requests redirected to HTTPS
 DJANGO_HSTS_SECONDS     Strict-Transport-Security max-age behind TLS (default 31536000; 0: no header)
 DATABASE_URL            sqlite:///path or postgres://user:pass@host/db (default var/db.sqlite3)
-REDIS_URL               the job queue and the channel layer (default redis://127.0.0.1:6379/0)
+REDIS_URL               the job queue and the channel layer: redis://host:port/db, redis://:password@host:port/db
+                        with a password (default redis://127.0.0.1:6379/0)
 MODELS                  the models to offer, as the workers' MODELS (comma-separated; empty: the shipped default)
-PLAYGROUND_MAX_QUEUE    jobs that may wait per model before new ones are refused (default 32)
+PLAYGROUND_MAX_QUEUE    jobs that may wait per model before new ones are refused (default 32; 0: no bound)
 PLAYGROUND_MAX_NEW_TOKENS   the largest max_tokens the page may ask for (default 8192; larger is clamped)
 PLAYGROUND_MAX_PROMPT_CHARS the longest prompt, in characters (default 100000)
 PLAYGROUND_MAX_FRAME_BYTES  the largest websocket frame the page may send (default: room for the longest
@@ -21,6 +22,8 @@ PLAYGROUND_REDIS_CONNECTIONS  pooled Redis connections per web process (default 
 PLAYGROUND_RETENTION_DAYS   when set (whole days, 1 or more), saved generations older than this are deleted
                         (a web process prunes at most once an hour, after saving one); unset: kept
 Rate limits (PLAYGROUND_IP_*, PLAYGROUND_KEY_*, PLAYGROUND_TRUSTED_PROXIES): see playground/limits.py.
+A value that is not what its variable takes stops the process at its start (settings, or the app's ready() for
+the rate limits) with one line naming the variable, rather than failing requests once it serves.
 LOG_FORMAT, LOG_LEVEL   json (default) or plain log lines; see inference/logs.py
 PLAYGROUND_READY_TIMEOUT_S, PLAYGROUND_READY_CACHE_S, PLAYGROUND_METRICS_TOKEN: see health.py, metrics.py
 PLAYGROUND_API_CORS_ORIGINS: see playground/api/cors.py
@@ -28,15 +31,18 @@ PLAYGROUND_API_CORS_ORIGINS: see playground/api/cors.py
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+from redis.connection import parse_url
 
 from inference.logs import logging_config
 from inference.names import configured_models, served_name
+from inference.redis_server import redacted_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -47,6 +53,51 @@ def env_bool(name: str, default: bool = False) -> bool:
 
 def env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+def env_number(
+    name: str, default, kind: type = int, low: float = 0, above: bool = False, unit: str = "", note: str = ""
+):
+    """The variable `name` as an int (or a float: kind=float), `default` when unset or empty. A value that is no
+    such number, or below `low` (at `low` too with `above`), stops the process here, at its start, with one
+    line naming the variable and what it takes, instead of a bare int() error or a failure at the first request."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or value < low or (above and value == low):
+        what = ("a whole number" if kind is int else "a number") + (f" of {unit}" if unit else "")
+        bound = f"greater than {low:g}" if above else f"{low:g} or more"
+        raise ImproperlyConfigured(
+            f"{name} must be {what}, {bound}{f' ({note})' if note else ''}; got {raw!r}"
+        )
+    return value
+
+
+def redis_url() -> str:
+    """REDIS_URL (default redis://127.0.0.1:6379/0), checked as redis-py reads it for the job queue and the
+    channel layer alike: `127.0.0.1:6379` without its scheme would otherwise pass here and fail every request."""
+    url = os.environ.get("REDIS_URL", "").strip() or "redis://127.0.0.1:6379/0"
+    try:
+        parse_url(url)
+    except ValueError as exc:
+        # never a password in the log: not in the URL shown, nor in redis-py's reason, which may quote a piece
+        shown, why = (
+            (
+                redacted_url(url),
+                ": check the host and port, and percent-encode / @ : % in the password",
+            )
+            if "@" in url
+            else (url, f": {exc}")
+        )
+        raise ImproperlyConfigured(
+            "REDIS_URL must look like redis://host:port/db (redis://:password@host:port/db with a password, "
+            f"rediss:// for TLS, unix:///path/to/redis.sock), got {shown!r}{why}"
+        ) from None
+    return url
 
 
 DEBUG = env_bool("DJANGO_DEBUG")
@@ -63,7 +114,7 @@ if env_bool("DJANGO_BEHIND_HTTPS_PROXY"):
     SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
     SECURE_SSL_REDIRECT = True
     SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]  # probes come over plain HTTP
-    SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_HSTS_SECONDS", "31536000"))
+    SECURE_HSTS_SECONDS = env_number("DJANGO_HSTS_SECONDS", 31536000, unit="seconds")
     SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS")
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Lax"
@@ -120,7 +171,7 @@ if "DATABASE_URL" not in os.environ:
 DATABASES = {"default": dj_database_url.config(default=f"sqlite:///{DEFAULT_SQLITE}", conn_max_age=0)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_URL = redis_url()
 CHANNEL_LAYERS = {
     "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}},
 }
@@ -128,41 +179,37 @@ CHANNEL_LAYERS = {
 # The names the workers serve MODELS under (the shipped default when MODELS is empty, as for the worker):
 # the models the page and the API offer, and /readyz checks, even while no worker is up.
 PLAYGROUND_MODELS = [served_name(model) for model in configured_models()]
-PLAYGROUND_MAX_QUEUE = int(os.environ.get("PLAYGROUND_MAX_QUEUE", "32"))
-PLAYGROUND_MAX_NEW_TOKENS = int(os.environ.get("PLAYGROUND_MAX_NEW_TOKENS", "8192"))
-PLAYGROUND_MAX_PROMPT_CHARS = int(os.environ.get("PLAYGROUND_MAX_PROMPT_CHARS", "100000"))
-PLAYGROUND_MAX_FRAME_BYTES = int(
-    os.environ.get("PLAYGROUND_MAX_FRAME_BYTES", str(4 * PLAYGROUND_MAX_PROMPT_CHARS + 64 * 1024))
+PLAYGROUND_MAX_QUEUE = env_number("PLAYGROUND_MAX_QUEUE", 32, unit="jobs", note="0: no bound")
+PLAYGROUND_MAX_NEW_TOKENS = env_number("PLAYGROUND_MAX_NEW_TOKENS", 8192, low=1, unit="tokens")
+PLAYGROUND_MAX_PROMPT_CHARS = env_number("PLAYGROUND_MAX_PROMPT_CHARS", 100000, low=1, unit="characters")
+PLAYGROUND_MAX_FRAME_BYTES = env_number(
+    "PLAYGROUND_MAX_FRAME_BYTES", 4 * PLAYGROUND_MAX_PROMPT_CHARS + 64 * 1024, low=1, unit="bytes"
 )
 PLAYGROUND_API_CORS_ORIGINS = env_list("PLAYGROUND_API_CORS_ORIGINS")  # see playground/api/cors.py
-PLAYGROUND_REDIS_CONNECTIONS = int(os.environ.get("PLAYGROUND_REDIS_CONNECTIONS", "500"))
+PLAYGROUND_REDIS_CONNECTIONS = env_number("PLAYGROUND_REDIS_CONNECTIONS", 500, low=1, unit="connections")
 
 
 def retention_days() -> int | None:
-    value = os.environ.get("PLAYGROUND_RETENTION_DAYS", "").strip()
-    if not value:
-        return None  # keep every generation
-    try:
-        days = int(value)
-    except ValueError:
-        days = 0
-    if days < 1:
-        raise ImproperlyConfigured(
-            f"PLAYGROUND_RETENTION_DAYS must be a whole number of days, 1 or more (or unset), got {value!r}"
-        )
-    return days
+    """None (unset: keep every generation) or a whole number of days, 1 or more."""
+    return env_number("PLAYGROUND_RETENTION_DAYS", None, low=1, unit="days", note="or unset")
 
 
 # Saved generations older than this many days are pruned (playground/store.py); None keeps them all.
 PLAYGROUND_RETENTION_DAYS = retention_days()
 # A playground.limits.LimitConfig, or None to read the PLAYGROUND_IP_* / _KEY_* variables.
 PLAYGROUND_LIMITS = None
+# Read by playground/health.py (/readyz) itself; checked here, so that a bad value stops the process at its
+# start instead of failing every request once the URLs are first loaded.
+PLAYGROUND_READY_TIMEOUT_S = env_number("PLAYGROUND_READY_TIMEOUT_S", 10.0, float, above=True, unit="seconds")
+PLAYGROUND_READY_CACHE_S = env_number("PLAYGROUND_READY_CACHE_S", 5.0, float, unit="seconds")
 # How long a socket following a job waits for a lost Redis to come back before giving up.
-PLAYGROUND_REDIS_RETRY_S = float(os.environ.get("PLAYGROUND_REDIS_RETRY_S", "15"))
-PLAYGROUND_STATUS_INTERVAL_S = float(os.environ.get("PLAYGROUND_STATUS_INTERVAL_S", "1.0"))
+PLAYGROUND_REDIS_RETRY_S = env_number("PLAYGROUND_REDIS_RETRY_S", 15.0, float, unit="seconds")
+PLAYGROUND_STATUS_INTERVAL_S = env_number(
+    "PLAYGROUND_STATUS_INTERVAL_S", 1.0, float, above=True, unit="seconds"
+)
 # A page's job that no socket follows (the tab closed, or its web process died) is cancelled by its worker
 # after this long unless a client resumes it (API jobs get no grace: see inference/protocol.py, followers).
-PLAYGROUND_ORPHAN_GRACE_S = float(os.environ.get("PLAYGROUND_ORPHAN_GRACE_S", "15"))
+PLAYGROUND_ORPHAN_GRACE_S = env_number("PLAYGROUND_ORPHAN_GRACE_S", 15.0, float, unit="seconds")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -235,6 +235,38 @@ def test_bad_requests_are_openai_errors_and_the_server_stays_up(stack):
     assert reply.usage.completion_tokens >= 1
 
 
+def test_fields_that_would_change_the_reply_are_400s_naming_them_and_neutral_ones_pass(stack):
+    # what a client written for vLLM or llama.cpp sends through the official client's extra_body
+    client = api(stack.web)
+    chat = {"model": stack.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    refused = [
+        {"chat_template_kwargs": {"enable_thinking": False}},
+        {"add_generation_prompt": False},
+        {"continue_final_message": True},
+        {"n_probs": 3},
+        {"dry_multiplier": 0.8},
+        {"top_n_sigma": 1.0},
+        {"max_token": 5},  # unknown (misspelt): refused as OpenAI refuses it, not dropped
+    ]
+    for extra in refused:
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(**chat, extra_body=extra)
+        name = next(iter(extra))
+        assert info.value.body["param"] == name and name in info.value.body["message"], extra
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(
+            model=stack.model, prompt="a", max_tokens=1, extra_body={"add_special_tokens": False}
+        )
+    assert info.value.body["param"] == "add_special_tokens"
+
+    neutral = {"chat_template_kwargs": {}, "add_generation_prompt": True, "continue_final_message": False,
+               "dry_multiplier": 0, "dry_base": 1.75, "xtc_probability": 0, "top_n_sigma": -1, "cache_prompt": True}  # fmt: skip
+    plain = client.chat.completions.create(**chat, temperature=0)
+    reply = client.chat.completions.create(**chat, temperature=0, user="me", store=False, extra_body=neutral)
+    assert reply.choices[0].message.content == plain.choices[0].message.content
+    assert reply.usage.prompt_tokens == plain.usage.prompt_tokens  # the same prompt: the template as it is
+
+
 def test_head_answers_where_get_does_and_only_there(stack):
     with httpx.Client(base_url=f"{stack.web.url}/v1", timeout=10) as http:  # one kept-alive connection
         head = http.head("/models")

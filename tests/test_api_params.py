@@ -135,9 +135,38 @@ def test_body_must_be_an_object():
     assert refused_field([CHAT]) == "body"
 
 
-def test_unknown_and_default_valued_fields_are_accepted():
+def test_fields_that_change_nothing_and_default_values_are_accepted():
     body = {**CHAT, "user": "me", "n": 1, "presence_penalty": 0, "logprobs": False, "metadata": {}}
     assert parse(body, chat=True).spec.model == "m"
+    # what the official client and the common ones send beside the parameters (all change nothing)
+    sent_by_clients = {"store": True, "service_tier": "auto", "parallel_tool_calls": True, "prompt_cache_key": "k",
+                       "prediction": {"type": "content", "content": "x"}, "safety_identifier": "h",
+                       "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    assert parse({**CHAT, **sent_by_clients}, chat=True).include_usage
+
+
+@pytest.mark.parametrize(
+    "body, chat",
+    [
+        ({**CHAT, "max_token": 5}, True),  # misspelt: dropped, it would leave the reply at the server's cap
+        ({**CHAT, "max_output_tokens": 5}, True),  # the Responses API's name
+        ({**CHAT, "samplers": ["top_k", "temperature"]}, True),  # llama.cpp's sampler order
+        ({**CHAT, "logits_processors": ["x"]}, True),
+        ({"model": "m", "prompt": "x", "top_a": 0.2}, False),
+    ],
+)
+def test_an_unknown_field_is_refused_naming_it_as_openai_refuses_it(body, chat):
+    field = refused_field(body, chat)
+    assert field not in CHAT and field not in {"model", "prompt"}
+
+
+def test_a_null_field_is_absent_whatever_its_name_and_each_endpoint_takes_its_own_input():
+    nulls = {"frequency_penalty": None, "logit_bias": None, "some_future_field": None, "prompt": None}
+    assert parse({**CHAT, **nulls}, chat=True).spec.messages == CHAT["messages"]
+    assert refused_field({**CHAT, "prompt": "hi"}) == "prompt"  # a completion's, on the chat endpoint
+    assert (
+        refused_field({"model": "m", "prompt": "x", "messages": CHAT["messages"]}, chat=False) == "messages"
+    )
 
 
 def test_prompts_over_the_servers_character_cap_are_refused():
@@ -204,10 +233,66 @@ def test_the_defaults_of_fields_we_cannot_honour_are_accepted():
         {"use_beam_search": True},
         {"prompt_logprobs": 0},  # vLLM: still the prompt tokens' own log-probabilities
         {"ignore_eos": 1},  # not JSON's false
+        # vLLM's chat template switches: another prompt than the checkpoint's template renders
+        {"chat_template_kwargs": {"enable_thinking": False}},
+        {"add_generation_prompt": False},
+        {"continue_final_message": True},
+        {"chat_template": "{{ messages[0].content }}"},
+        {"documents": [{"title": "t", "text": "x"}]},
+        {"add_special_tokens": True},  # chat's default is false: the template writes BOS itself
+        {"mm_processor_kwargs": {"num_crops": 4}},
+        {"return_token_ids": True},
+        # llama.cpp's samplers
+        {"n_probs": 3},
+        {"dry_multiplier": 0.8},
+        {"xtc_probability": 0.5},
+        {"top_n_sigma": 1.0},
+        {"dynatemp_range": 0.5},
+        {"typical_p": 0.9},
+        {"mirostat": 2},
+        {"tfs_z": 0.95},
+        {"repeat_penalty": 1.1},
+        {"min_keep": 5},
+        {"n_predict": 64},
     ],
 )
 def test_fields_that_would_change_the_reply_are_refused_not_dropped(change):
     assert refused_field({**CHAT, **change}) == next(iter(change))
+
+
+def test_a_refusal_says_which_value_would_be_taken_or_what_to_use_instead():
+    with pytest.raises(
+        InvalidRequest, match=r"dry_multiplier: is not supported \(only 0, which changes nothing\)"
+    ):
+        parse({**CHAT, "dry_multiplier": 0.8}, chat=True)
+    with pytest.raises(InvalidRequest, match="repeat_penalty: is not supported; use repetition_penalty"):
+        parse({**CHAT, "repeat_penalty": 1.1}, chat=True)
+    with pytest.raises(InvalidRequest, match="add_special_tokens: only false"):
+        parse({**CHAT, "add_special_tokens": True}, chat=True)
+
+
+def test_top_k_minus_one_is_vllms_off_as_our_zero():
+    assert parse({**CHAT, "top_k": -1}, chat=True).spec.sampling_params().top_k == 0
+    assert parse({**CHAT, "top_k": 40}, chat=True).spec.sampling_params().top_k == 40
+    assert refused_field({**CHAT, "top_k": -2}) == "top_k"
+
+
+def test_add_special_tokens_is_taken_at_each_endpoints_own_default_as_vllms():
+    assert parse({**CHAT, "add_special_tokens": False}, chat=True).spec.messages == CHAT["messages"]
+    completion = {"model": "m", "prompt": "def f():"}
+    assert parse({**completion, "add_special_tokens": True}, chat=False).spec.prompt == "def f():"
+    assert refused_field({**completion, "add_special_tokens": False}, chat=False) == "add_special_tokens"
+
+
+def test_a_penalty_window_is_refused_only_where_a_penalty_would_use_it():
+    # llama.cpp's repeat_last_n (penalty_last_n): here repetition_penalty covers the whole context, its -1
+    assert parse({**CHAT, "repeat_last_n": 64}, chat=True).spec.model == "m"  # no penalty: changes nothing
+    assert parse({**CHAT, "repetition_penalty": 1.1, "penalty_last_n": -1}, chat=True).spec.model == "m"
+    for name in ("repeat_last_n", "penalty_last_n"):
+        assert refused_field({**CHAT, "repetition_penalty": 1.1, name: 64}) == name
+        assert (
+            refused_field({**CHAT, "repetition_penalty": 1.1, name: 0}) == name
+        )  # llama.cpp: 0 is no penalty
 
 
 def test_their_neutral_values_are_accepted():
@@ -215,6 +300,17 @@ def test_their_neutral_values_are_accepted():
                "stop_token_ids": [], "include_stop_str_in_output": False, "skip_special_tokens": True,
                "typical_p": 1.0, "user": "someone", "metadata": {"k": "v"}, "store": False}  # fmt: skip
     assert parse({**CHAT, **neutral}, chat=True).spec.messages == CHAT["messages"]
+    # vLLM's template switches at their defaults, llama.cpp's samplers switched off: what such clients send
+    vllm = {"chat_template_kwargs": {}, "add_generation_prompt": True, "continue_final_message": False,
+            "add_special_tokens": False, "mm_processor_kwargs": {}, "documents": None, "chat_template": None}  # fmt: skip
+    assert parse({**CHAT, **vllm}, chat=True).spec.messages == CHAT["messages"]
+    llama_cpp = {"n_probs": 0, "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2,
+                 "dry_penalty_last_n": -1, "dry_sequence_breakers": ["\n", ":"], "xtc_probability": 0,
+                 "xtc_threshold": 0.1, "top_n_sigma": -1, "typical_p": 1, "mirostat": 0, "mirostat_tau": 5,
+                 "mirostat_eta": 0.1, "tfs_z": 1, "dynatemp_range": 0, "dynatemp_exponent": 1,
+                 "repeat_penalty": 1.0, "repeat_last_n": 64, "penalize_nl": False, "min_keep": 0,
+                 "cache_prompt": True, "id_slot": -1}  # fmt: skip
+    assert parse({**CHAT, **llama_cpp}, chat=True).spec.messages == CHAT["messages"]
     completion = parse(
         {"model": "m", "prompt": "def f():", "suffix": ""}, chat=False
     )  # an empty suffix asks nothing

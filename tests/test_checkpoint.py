@@ -1,4 +1,5 @@
 import ctypes
+import hashlib
 import json
 import os
 import shutil
@@ -293,3 +294,77 @@ def test_tied_weights_saved_under_the_head_name_only(tmp_path):
     save_file(tensors, ckpt / "model.safetensors")
     weights = load_weights(ckpt, cfg)
     assert weights.keys() == expected.keys() and all(torch.equal(weights[k], expected[k]) for k in weights)
+
+
+def test_model_safetensors_wins_over_an_index_as_in_transformers(tmp_path, monkeypatch):
+    # A re-save without sharding writes model.safetensors and leaves the old index (and maybe its shards):
+    # transformers loads the single file, and so do we, whether or not the shards are still there.
+    single, cfg, expected = hf_checkpoint(tmp_path)
+    monkeypatch.setattr(synth, "SHARD_BYTES", 100_000)
+    sharded = synth.synth("tiny-llama", tmp_path / "sharded", seed=1)  # other weights
+    assert not (sharded / "model.safetensors").exists() and len(list(sharded.glob("model-*.safetensors"))) > 1
+    shutil.copy(single / "model.safetensors", sharded / "model.safetensors")
+
+    def same(weights):
+        return weights.keys() == expected.keys() and all(
+            torch.equal(weights[k], expected[k]) for k in weights
+        )
+
+    assert same(load_weights(sharded, cfg))  # index, its shards and the single file: the single file
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(sharded, dtype=torch.float32)
+    assert torch.equal(theirs.model.embed_tokens.weight.detach(), expected["tok_embeddings"])
+    for shard in sharded.glob("model-*.safetensors"):  # a stale index whose shards are gone
+        shard.unlink()
+    assert same(load_weights(sharded, cfg))
+
+
+def hf_snapshot(tmp_path, source, with_files=()):
+    """`source` as an HF cache holds it, models--acme--tiny/snapshots/<hash>/: each file a link to
+    ../../blobs/<hash>; only the blobs of `with_files` there (a snapshot mounted without its blobs/ has none)."""
+    repo = tmp_path / "hub" / "models--acme--tiny"
+    snapshot = repo / "snapshots" / "0123456789abcdef"
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    for file in sorted(source.iterdir()):
+        blob = hashlib.sha256(file.name.encode()).hexdigest()
+        if file.name in with_files:
+            shutil.copy(file, repo / "blobs" / blob)
+        (snapshot / file.name).symlink_to(f"../../blobs/{blob}")
+    return snapshot
+
+
+def test_a_snapshot_without_its_blobs_says_which_file_is_a_broken_link(tmp_path):
+    from inference.engine import Engine
+    from inference.tokenizer import Tokenizer
+
+    source, cfg, _ = hf_checkpoint(tmp_path)
+
+    def broken(snapshot, name):
+        link = snapshot / name
+        return (
+            f"{link} is a broken symbolic link (to ../../blobs/{hashlib.sha256(name.encode()).hexdigest()})"
+        )
+
+    bare = hf_snapshot(tmp_path / "bare", source)
+    for load, name in ((ModelConfig.from_hf, "config.json"), (Tokenizer.from_dir, "tokenizer.json")):
+        with pytest.raises(CheckpointError) as info:
+            load(bare)
+        message = str(info.value)
+        assert message.startswith(broken(bare, name)) and "blobs/ folder" in message and "\n" not in message
+    with pytest.raises(CheckpointError) as info:
+        load_weights(bare, cfg)
+    assert str(info.value).startswith(broken(bare, "model.safetensors"))
+    # a file that is read only when there (tokenizer_config.json) is no less broken: not silently skipped
+    no_tokenizer_config = hf_snapshot(tmp_path / "half", source, {"config.json", "tokenizer.json"})
+    with pytest.raises(CheckpointError) as info:
+        Tokenizer.from_dir(no_tokenizer_config)
+    assert str(info.value).startswith(broken(no_tokenizer_config, "tokenizer_config.json"))
+    # all but the weights: the engine says so of the weights
+    no_weights = hf_snapshot(tmp_path / "weights", source, {p.name for p in source.glob("*.json")})
+    with pytest.raises(CheckpointError) as info:
+        Engine.load(no_weights, device="cpu")
+    assert str(info.value).startswith(broken(no_weights, "model.safetensors"))
+    # the whole cache: it loads, under the repo's id
+    whole = hf_snapshot(tmp_path / "whole", source, {p.name for p in source.iterdir()})
+    assert Engine.load(whole, device="cpu").name == "acme/tiny"

@@ -23,8 +23,13 @@ def tiny(tmp_path_factory):
     return synth("tiny-laneformer", tmp_path_factory.mktemp("cli") / "tiny", seed=0)
 
 
-def generate(*args, tmp_path=None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "KOG_CACHE_DIR": str(tmp_path or ROOT / "var"), "PYTHONUNBUFFERED": "1"}
+def generate(*args, tmp_path=None, env=None) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "KOG_CACHE_DIR": str(tmp_path or ROOT / "var"),
+        "PYTHONUNBUFFERED": "1",
+        **(env or {}),
+    }
     return subprocess.run(
         [sys.executable, "-m", "inference.generate", *map(str, args)],
         cwd=ROOT,
@@ -96,6 +101,9 @@ def broken(tiny: Path, tmp_path: Path, damage: str) -> Path:
         (path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "model_type"}))
     elif damage == "gptq-config":  # AutoGPTQ's own file, config.json none the wiser
         (path / "quantize_config.json").write_text(json.dumps({"bits": 4, "group_size": 128}))
+    elif damage == "snapshot-without-blobs":  # an HF cache snapshot mounted without the cache's blobs/
+        weights.unlink()
+        weights.symlink_to("../../blobs/0b1e5a7e")
     elif damage == "gptq-tensors":
         tensors = load_file(weights)
         tensors["model.layers.0.attention.wq.qweight"] = torch.zeros(8, 64, dtype=torch.int32)
@@ -116,6 +124,7 @@ def broken(tiny: Path, tmp_path: Path, damage: str) -> Path:
         ("no-model-type", "'model_type': is required: one of"),
         ("gptq-config", "quantize_config.json: the folder holds a quantized (GPTQ) checkpoint"),
         ("gptq-tensors", "holds quantized weights (model.layers.0.attention.wq.qweight)"),
+        ("snapshot-without-blobs", "model.safetensors is a broken symbolic link (to ../../blobs/0b1e5a7e)"),
     ],
 )
 def test_bad_checkpoints_fail_in_one_line(tiny, tmp_path, damage, words):
@@ -146,6 +155,32 @@ def test_bad_requests_fail_in_one_line(tiny, tmp_path, flags, words):
     assert result.returncode != 0
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
     assert words in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "words"),
+    [
+        (
+            "KOG_MAX_CONTEXT",
+            "0",
+            "KOG_MAX_CONTEXT: must be an integer >= 2 (tokens: a prompt token and a new one",
+        ),
+        ("KOG_MAX_CONTEXT", "-5", "KOG_MAX_CONTEXT: must be an integer >= 2"),
+        ("KOG_MAX_CONTEXT", "8k", "KOG_MAX_CONTEXT: must be an integer >= 2"),
+        ("KOG_CPU_THREADS", "all", "KOG_CPU_THREADS: must be an integer >= 1 (CPU threads), got 'all'"),
+    ],
+)
+def test_bad_settings_in_the_environment_fail_in_one_line(tiny, variable, value, words):
+    result = generate("--model", tiny, "--prompt", "x", "--device", "cpu", env={variable: value})
+    assert result.returncode != 0
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert words in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_model_given_as_name_equals_path_is_named_so(tiny):
+    result = generate("--model", f"my-ft={tiny}", "--prompt", "def f(", "--max-new-tokens", 2, "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["model"] == "my-ft"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal without a GPU")

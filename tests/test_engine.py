@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from inference.checkpoint import CheckpointError, checkpoint_shapes
-from inference.engine import Engine, StopStrings, resolve_model
+from inference.engine import Engine, LoadOutOfMemory, StopStrings, resolve_model
 from inference.events import Done, InvalidRequest, Prefilled, SamplingParams, TextDelta, decode_tok_s
 from inference.synth import synth
 from tests.chosen_ids import ChosenIds
@@ -248,3 +248,53 @@ def test_bad_device_dtype_and_backend(checkpoints, monkeypatch):
     monkeypatch.setenv("KOG_BACKEND", "turbo")
     with pytest.raises(ValueError, match="KOG_BACKEND"):
         Engine.load(path, device="cpu")
+
+
+@pytest.mark.parametrize("value", ["0", "1", "-5", "8k", "2.5", "1e4"])
+def test_kog_max_context_is_checked_as_the_argument_is(checkpoints, monkeypatch, value):
+    # 0 and 1 used to start an engine that refused every prompt, -5 died in torch.zeros, 8k in int()
+    monkeypatch.setenv("KOG_MAX_CONTEXT", value)
+    with pytest.raises(ValueError) as info:
+        Engine.load(checkpoints["tiny-llama"], device="cpu")
+    assert str(info.value) == (
+        f"KOG_MAX_CONTEXT: must be an integer >= 2 (tokens: a prompt token and a new one at least), got {value!r}"
+    )
+
+
+def test_kog_max_context_caps_the_context_and_the_argument_wins(checkpoints, monkeypatch):
+    monkeypatch.setenv("KOG_MAX_CONTEXT", " 48 ")
+    assert Engine.load(checkpoints["tiny-llama"], device="cpu").max_context == 48
+    assert Engine.load(checkpoints["tiny-llama"], device="cpu", max_context=40).max_context == 40
+    monkeypatch.setenv("KOG_MAX_CONTEXT", "100000")  # past the model's own: the model's
+    assert Engine.load(checkpoints["tiny-llama"], device="cpu").max_context == 1024
+
+
+@pytest.mark.parametrize(
+    "variable, value, expects",
+    [
+        ("KOG_CPU_THREADS", "many", "an integer >= 1 (CPU threads)"),
+        ("KOG_CPU_THREADS", "0", "an integer >= 1 (CPU threads)"),
+        ("KOG_PEAK_BANDWIDTH_GBS", "4.8TB/s", "a number of GB/s > 0"),
+    ],
+)
+def test_the_engines_other_settings_name_their_variable(checkpoints, monkeypatch, variable, value, expects):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValueError) as info:
+        Engine.load(checkpoints["tiny-llama"], device="cpu")
+    assert str(info.value) == f"{variable}: must be {expects}, got {value!r}"
+
+
+def test_a_model_the_memory_cannot_hold_is_one_line_saying_what_did_not_fit(tmp_path, checkpoints):
+    # RoPE tables for 2**48 positions: a petabyte, which no machine's address space holds (whatever its
+    # overcommit), so the allocator refuses it at once, as a real one refuses an oversized model.
+    path = shutil.copytree(checkpoints["tiny-llama"], tmp_path / "huge-context")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2**48}))
+    with pytest.raises(LoadOutOfMemory) as info:
+        Engine.load(path, device="cpu")
+    message = str(info.value)
+    assert message.startswith(
+        "huge-context: out of cpu memory while building its RoPE tables for "
+        f"max_position_embeddings={2**48} positions: check max_position_embeddings in its config.json ("
+    )
+    assert "can't allocate memory" in message and "\n" not in message

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import os
+import subprocess
+import sys
 import time
 
 import pytest
 import redis.asyncio as aioredis
 from channels.testing import WebsocketCommunicator
 
+from inference.redis_server import free_port
 from playground.limits import (
     LimitConfig,
     RateLimiter,
@@ -19,7 +23,7 @@ from playground.limits import (
     rate_identity,
 )
 from playground.metrics import REGISTRY
-from tests.conftest import SAME_ORIGIN
+from tests.conftest import ROOT, SAME_ORIGIN
 
 T0 = 1_700_000_000.0
 
@@ -167,6 +171,41 @@ def test_settings_from_the_environment_are_validated_naming_the_variable(monkeyp
     monkeypatch.setenv("PLAYGROUND_TRUSTED_PROXIES", "10.0.0.0/33")
     with pytest.raises(ValueError, match="PLAYGROUND_TRUSTED_PROXIES: '10.0.0.0/33'"):
         LimitConfig.from_env()
+    monkeypatch.setenv("PLAYGROUND_TRUSTED_PROXIES", "")
+    for window in ("1m", "0", "-5", "nan", "inf"):
+        monkeypatch.setenv("PLAYGROUND_RATE_WINDOW_S", window)
+        with pytest.raises(
+            ValueError, match=f"PLAYGROUND_RATE_WINDOW_S: must be a number of seconds.*'{window}'"
+        ):
+            LimitConfig.from_env()
+    monkeypatch.setenv("PLAYGROUND_RATE_WINDOW_S", "0.5")
+    assert LimitConfig.from_env().window_s == 0.5
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("PLAYGROUND_IP_REQUESTS_PER_MIN", "ten"),
+        ("PLAYGROUND_KEY_TOKENS_PER_MIN", "-1"),
+        ("PLAYGROUND_RATE_WINDOW_S", "1m"),
+        ("PLAYGROUND_TRUSTED_PROXIES", "10.0.0.1,proxy.local"),
+    ],
+)
+def test_a_bad_limit_stops_the_web_process_at_its_start_instead_of_every_generation(name, value, tmp_path):
+    # before: daphne started, /healthz said 200, and every generation was a 500 naming the variable in the log
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "DJANGO_DEBUG": "0",
+           "DJANGO_SECRET_KEY": "test-secret-key-not-for-production", name: value}  # fmt: skip
+    args = [sys.executable, "-m", "playground.serve", "-b", "127.0.0.1", "-p", str(port)]
+    served = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert served.returncode != 0 and "Listening on" not in served.stderr
+    last = served.stderr.strip().splitlines()[-1]
+    assert name in last and repr(value.split(",")[-1]) in last, served.stderr[-2000:]
+    # manage.py too (the image migrates first): the same line, before anything is done
+    migrate = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert migrate.returncode != 0 and migrate.stderr.strip().splitlines()[-1] == last
+    assert not (tmp_path / "db.sqlite3").exists()
 
 
 # ---- where the limits are applied --------------------------------------------------------------

@@ -14,7 +14,7 @@ from conftest import ROOT
 
 from inference import names
 from inference.engine import Engine
-from inference.names import configured_models, served_name
+from inference.names import ModelNameError, configured_models, model_source, served_name, served_names
 from inference.synth import synth
 
 
@@ -44,6 +44,18 @@ def test_configured_models_the_arguments_then_models_then_the_default(monkeypatc
         ("/models/my-finetune/./", "my-finetune"),
         ("~/ckpt/v2", "v2"),
         (str(ROOT / "models" / "default"), "default"),
+        # name=path, as vLLM's --served-model-name (a name may hold a "/", as the Hub's ids do)
+        ("my-ft=/runs/a/checkpoint-500", "my-ft"),
+        (" acme/coder = /runs/b/checkpoint-500/ ", "acme/coder"),
+        ("fast=standin:500", "fast"),
+        ("small=tiny-qwen3", "small"),
+        # an entry that starts as a path does is one, whatever "=" it holds
+        ("/runs/lr=3e-4/final", "final"),
+        ("./lr=3e-4", "lr=3e-4"),
+        # an HF cache snapshot: its repo's id, not its revision's hash
+        ("/root/.cache/huggingface/hub/models--Qwen--Qwen2.5-0.5B/snapshots/8f2b1c0d/", "Qwen/Qwen2.5-0.5B"),
+        ("/hub/models--gpt2/snapshots/607a30d7", "gpt2"),
+        ("/models/snapshots/v3", "v3"),  # no models--<repo> folder above: a folder like any other
     ],
 )
 def test_served_name_from_the_text_alone(model, name):
@@ -111,3 +123,50 @@ def test_the_model_list_holds_still_however_the_heartbeats_fall(settings):
     assert models["idle-ft"]["workers"] == 0
     assert spec_from_frame({"prompt": "def f("}, models).model == "default"  # a frame without a model
     assert spec_from_frame({"prompt": "def f("}, served_models(beats[:1])).model == "my-coder-ft"
+
+
+def test_two_entries_of_one_name_are_refused_naming_both_and_a_name_tells_them_apart():
+    runs = ["/runs/a/checkpoint-500", "/runs/b/checkpoint-500/"]
+    with pytest.raises(ModelNameError) as clash:
+        served_names(runs)
+    assert str(clash.value) == (
+        "'/runs/a/checkpoint-500' and '/runs/b/checkpoint-500/' would both be served as 'checkpoint-500': give "
+        "one another name with name=path (e.g. checkpoint-500-2=/runs/b/checkpoint-500/), or rename a folder"
+    )
+    snapshots = [f"/hub/models--acme--coder/snapshots/{revision}" for revision in ("1111", "2222")]
+    with pytest.raises(ModelNameError, match="would both be served as 'acme/coder'"):
+        served_names(snapshots)
+    assert served_names(["a500=" + runs[0], "b500=" + runs[1]]) == {
+        "a500": "a500=" + runs[0],
+        "b500": "b500=" + runs[1],
+    }
+    assert [model_source(e) for e in ("b500=" + runs[1], runs[0])] == [runs[1], runs[0]]
+    for empty in ("=/runs/a", "name=", " = "):
+        with pytest.raises(ModelNameError, match="expected name=path with neither empty"):
+            served_names([empty])
+
+
+def test_a_named_entry_loads_its_path_under_its_name(tmp_path):
+    path = synth("tiny-llama", tmp_path / "checkpoint-500", seed=0)
+    engine = Engine.load(f"run-a={path}", device="cpu")
+    assert engine.name == served_name(f"run-a={path}") == "run-a" and engine.path == path
+    assert Engine.load("small=tiny-llama", device="cpu").name == "small"
+
+
+def test_named_entries_and_a_snapshot_are_served_by_the_names_the_web_expects(
+    start_web, start_worker, tmp_path
+):
+    run = synth("tiny-llama", tmp_path / "runs" / "a" / "checkpoint-500", seed=0)
+    # as the Hub's cache lays a repo out (the files themselves here, where the cache links them to blobs/)
+    snapshot = synth("tiny-qwen3", tmp_path / "hub" / "models--acme--tiny" / "snapshots" / "0123abcd", seed=0)
+    models = [f"acme/coder={run}", str(snapshot), "fast=standin:500"]
+    web = start_web({"MODELS": ",".join(models)})
+    assert models_of(web) == {"acme/coder": 0, "acme/tiny": 0, "fast": 0}
+    worker = start_worker(models)
+    assert models_of(web) == {"acme/coder": 1, "acme/tiny": 1, "fast": 1}
+    client = openai.OpenAI(base_url=f"{web.url}/v1", api_key="none", max_retries=0, timeout=60)
+    for name in ("acme/coder", "acme/tiny", "fast"):
+        assert client.models.retrieve(name).id == name
+        done = client.completions.create(model=name, prompt="def f(", max_tokens=2, temperature=0)
+        assert done.model == name and done.usage.completion_tokens >= 1
+    assert "acme/coder, acme/tiny, fast" in worker.log_path.read_text()  # "worker ... serving ..."

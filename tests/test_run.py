@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from inference.redis_server import free_port
+from inference.synth import synth
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,16 +34,17 @@ def alive(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def launched(tmp_path: Path, *args: str, env: dict | None = None):
+def launched(tmp_path: Path, *args: str, env: dict | None = None, cwd: Path = ROOT):
     """`python -m playground.run` in its own session, as a terminal runs it (Ctrl-C reaches its whole group),
-    with a Redis of its own unless `env` names one: (launcher, port), killed at the end if still running."""
+    from `cwd`, with a Redis of its own unless `env` names one: (launcher, port), killed at the end if still
+    running."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"} | {
         "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
         "LOG_FORMAT": "plain",
         **(env or {}),
     }
-    launcher = subprocess.Popen([sys.executable, "-m", "playground.run", "--port", str(port), *args], cwd=ROOT,
+    launcher = subprocess.Popen([sys.executable, "-m", "playground.run", "--port", str(port), *args], cwd=cwd,
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)  # fmt: skip
     try:
@@ -129,3 +131,44 @@ def test_a_redis_url_that_answers_nothing_ends_the_launch_in_one_line(tmp_path):
     assert launcher.returncode != 0
     assert output.strip().startswith("cannot reach Redis at REDIS_URL=redis://127.0.0.1:"), output
     assert "Traceback" not in output and output.strip().count("\n") == 0, output
+
+
+def test_relative_models_are_the_callers_folders_by_the_names_they_give(tmp_path):
+    # The worker and daphne run in the repository: `./my-ft` must be the caller's folder, not one there.
+    here = tmp_path / "checkpoints"
+    synth("tiny-llama", here / "my-ft", seed=0)
+    env = {"MODELS": "./my-ft, alias=./my-ft"}
+    with launched(tmp_path, env=env, cwd=here) as (launcher, port):
+        lines: list[str] = []
+        read_until(launcher, "Playground: http://", lines)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30) as reply:
+            served = {m["id"]: m["workers"] for m in json.load(reply)["data"]}
+        assert served == {"my-ft": 1, "alias": 1}, "".join(lines)
+        rest = ctrl_c(launcher)
+    assert launcher.returncode == 0, "".join(lines) + rest
+
+
+def test_two_models_of_one_name_end_the_launch_in_one_line_naming_both(tmp_path):
+    for run in ("a", "b"):
+        (tmp_path / run / "checkpoint-500").mkdir(parents=True)
+    args = ["--model", "./a/checkpoint-500", "--model", "./b/checkpoint-500"]
+    with launched(tmp_path, *args, cwd=tmp_path) as (launcher, _):
+        output, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode != 0
+    assert output.strip() == (
+        f"'{tmp_path}/a/checkpoint-500' and '{tmp_path}/b/checkpoint-500' would both be served as "
+        f"'checkpoint-500': give one another name with name=path (e.g. checkpoint-500-2={tmp_path}/b/checkpoint-500),"
+        " or rename a folder"
+    ), output
+
+
+def test_relative_entries_are_made_absolute_and_the_rest_left_alone(tmp_path, monkeypatch):
+    from playground.run import absolute_entries
+
+    (tmp_path / "my-ft").mkdir()
+    monkeypatch.chdir(tmp_path)
+    entries = ["./my-ft", "my-ft", "ft=my-ft", "tiny-llama", "standin:5", "~/x", "/abs/y", "./not-here"]
+    assert absolute_entries(entries) == [
+        f"{tmp_path}/my-ft", f"{tmp_path}/my-ft", f"ft={tmp_path}/my-ft", "tiny-llama", "standin:5", "~/x",
+        "/abs/y", "./not-here",
+    ]  # fmt: skip

@@ -4,11 +4,18 @@ allows, so a long prompt the playground accepts reaches the consumer instead of 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import websockets
+from django.core.exceptions import ImproperlyConfigured
 
+from inference.redis_server import free_port
 from playground.serve import APPLICATION, DAPHNE_DEFAULT_MESSAGE_BYTES, daphne_args
+from playground.settings import env_number, redis_url
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -47,3 +54,70 @@ async def test_a_prompt_past_a_mebibyte_reaches_the_consumer(start_web):
         assert got["type"] == "error" and got["code"] == "frame_too_large", got
         await ws.send("[]")
         assert (await answer(ws))["code"] == "bad_frame"
+
+
+def launch(env: dict, tmp_path) -> subprocess.CompletedProcess:
+    """`python -m playground.serve` as the image and `make run` start it, with `env` on top of a sound one."""
+    port = free_port()
+    full = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "DJANGO_DEBUG": "0",
+            "DJANGO_SECRET_KEY": "test-secret-key-not-for-production", **env}  # fmt: skip
+    args = [sys.executable, "-m", "playground.serve", "-b", "127.0.0.1", "-p", str(port)]
+    return subprocess.run(args, cwd=ROOT, env=full, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    "name, value, takes",
+    [
+        ("PLAYGROUND_MAX_QUEUE", "lots", "a whole number of jobs, 0 or more"),
+        ("PLAYGROUND_MAX_NEW_TOKENS", "8k", "a whole number of tokens, 1 or more"),
+        ("PLAYGROUND_MAX_PROMPT_CHARS", "0", "a whole number of characters, 1 or more"),
+        ("PLAYGROUND_MAX_FRAME_BYTES", "1e6", "a whole number of bytes, 1 or more"),
+        ("PLAYGROUND_REDIS_CONNECTIONS", "-5", "a whole number of connections, 1 or more"),
+        ("PLAYGROUND_ORPHAN_GRACE_S", "15s", "a number of seconds, 0 or more"),
+        ("PLAYGROUND_RETENTION_DAYS", "a month", "a whole number of days, 1 or more"),
+        (
+            "PLAYGROUND_READY_TIMEOUT_S",
+            "10s",
+            "a number of seconds, greater than 0",
+        ),  # was: every request a 500
+        ("REDIS_URL", "127.0.0.1:6379", "redis://host:port/db"),
+    ],
+)
+def test_a_bad_setting_stops_the_web_process_at_its_start_with_one_line_naming_it(
+    name, value, takes, tmp_path
+):
+    result = launch({name: value}, tmp_path)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert name in last and takes in last and repr(value) in last, result.stderr[-2000:]
+    assert "Listening on" not in result.stderr + result.stdout  # daphne never served
+
+
+def test_a_bad_redis_urls_password_never_reaches_the_log(monkeypatch):
+    monkeypatch.setenv("REDIS_URL", "redis://:hunter2/x@redis:6379/0")  # a "/" in the password, not encoded
+    with pytest.raises(ImproperlyConfigured) as info:
+        redis_url()
+    assert (
+        "REDIS_URL" in str(info.value)
+        and "hunter2" not in str(info.value)
+        and "percent-encode" in str(info.value)
+    )
+    for good in ("redis://:s3cret@redis:6379/0", "rediss://u:p@host:6380/1", "unix:///run/redis.sock"):
+        monkeypatch.setenv("REDIS_URL", good)
+        assert redis_url() == good
+    monkeypatch.setenv("REDIS_URL", "")
+    assert redis_url() == "redis://127.0.0.1:6379/0"  # empty, as unset (make run starts its own then)
+
+
+def test_numbers_from_the_environment_take_their_defaults_and_bounds(monkeypatch):
+    monkeypatch.delenv("PLAYGROUND_TEST_N", raising=False)
+    assert env_number("PLAYGROUND_TEST_N", 7) == 7
+    monkeypatch.setenv("PLAYGROUND_TEST_N", " 12 ")
+    assert env_number("PLAYGROUND_TEST_N", 7) == 12
+    monkeypatch.setenv("PLAYGROUND_TEST_N", "0.5")
+    assert env_number("PLAYGROUND_TEST_N", 1.0, float, above=True) == 0.5
+    for wrong, kwargs in [("0", {"kind": float, "above": True}), ("nan", {"kind": float}), ("inf", {"kind": float}),
+                          ("1.5", {}), ("-1", {}), ("3", {"low": 4})]:  # fmt: skip
+        monkeypatch.setenv("PLAYGROUND_TEST_N", wrong)
+        with pytest.raises(ImproperlyConfigured, match=f"PLAYGROUND_TEST_N must be .*; got '{wrong}'"):
+            env_number("PLAYGROUND_TEST_N", 1, **kwargs)

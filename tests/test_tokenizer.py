@@ -3,6 +3,7 @@ import random
 from pathlib import Path
 
 import pytest
+from tokenizers import Tokenizer as HFTokenizer
 
 from inference.events import InvalidRequest
 from inference.tokenizer import CheckpointError, Tokenizer
@@ -540,3 +541,73 @@ def test_the_tokenizers_eos_token_stops_beside_generation_configs(tmp_path):
     (tmp_path / "config.json").unlink()
     tok = Tokenizer.from_dir(tmp_path)
     assert tok.eos_ids == tok.stop_ids == {im_end}
+
+
+@pytest.mark.parametrize("chat_format", ["llama3", "llama2"])
+@pytest.mark.parametrize("add_bos_token", [True, None])
+def test_the_bos_the_tokenizer_adds_wins_over_config_bos_token_id(
+    tmp_path, chat_format, add_bos_token, caplog
+):
+    # LlamaConfig's default bos_token_id is 1, which save_pretrained writes into config.json and
+    # generation_config.json whatever the tokenizer: transformers' tokenizer still starts prompts with its own BOS.
+    ids = write_synthetic_tokenizer(tmp_path, chat_format, 1000)
+    own = ids["bos_token_id"]
+    other = next(i for i in range(1, 10) if i != own)
+    (tmp_path / "config.json").write_text(
+        json.dumps({"bos_token_id": other, "eos_token_id": ids["eos_token_id"]})
+    )
+    (tmp_path / "generation_config.json").write_text(json.dumps({"bos_token_id": other}))
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    if add_bos_token is None:  # the post-processor alone says it adds one (before: no BOS at all)
+        del config["add_bos_token"]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    with caplog.at_level("WARNING", logger="inference.tokenizer"):
+        tok = Tokenizer.from_dir(tmp_path)
+    assert tok.bos_id == own and tok.add_bos and tok.encode_text(PLAIN_TEXT)[:2].count(own) == 1
+    assert f"generation_config.json names BOS id {other}, but the tokenizer adds" in caplog.text
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    for text in (PLAIN_TEXT, WIDE_TEXT, "x"):
+        assert tok.encode_text(text) == theirs(text)["input_ids"]
+    messages = [{"role": "user", "content": "Write fizzbuzz."}]
+    chat = theirs.apply_chat_template(messages, add_generation_prompt=True)
+    assert tok.encode_chat(messages) == list(chat["input_ids"] if hasattr(chat, "keys") else chat)
+
+
+def test_a_slow_tokenizer_alone_says_how_to_write_tokenizer_json_and_that_works(tmp_path):
+    # A checkpoint saved with its slow tokenizer only: transformers converts it on load, and save_pretrained
+    # writes the tokenizer.json that is read here.
+    ids = write_synthetic_tokenizer(tmp_path, "chatml", 1000)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": ids["eos_token_id"]}))
+    before = Tokenizer.from_dir(tmp_path)
+    HFTokenizer.from_file(str(tmp_path / "tokenizer.json")).model.save(
+        str(tmp_path)
+    )  # vocab.json, merges.txt
+    (tmp_path / "tokenizer.json").unlink()
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({**config, "tokenizer_class": "Qwen2Tokenizer"})
+    )
+    fix = f"AutoTokenizer.from_pretrained({str(tmp_path)!r}).save_pretrained({str(tmp_path)!r})"
+    with pytest.raises(CheckpointError) as info:
+        Tokenizer.from_dir(tmp_path)
+    assert str(info.value) == (
+        f"{tmp_path / 'tokenizer.json'}: missing; the folder has only a slow tokenizer's vocab.json + merges.txt, "
+        f"and only tokenizer.json is read here: write it with transformers, {fix}"
+    )
+    transformers = pytest.importorskip("transformers")
+    transformers.AutoTokenizer.from_pretrained(str(tmp_path)).save_pretrained(str(tmp_path))  # `fix`, run
+    after = Tokenizer.from_dir(tmp_path)
+    messages = [{"role": "user", "content": "Write fizzbuzz."}]
+    assert [after.encode_text(t) for t in (PLAIN_TEXT, WIDE_TEXT)] == [
+        before.encode_text(t) for t in (PLAIN_TEXT, WIDE_TEXT)
+    ]
+    assert after.encode_chat(messages) == before.encode_chat(messages) and after.stop_ids == before.stop_ids
+    # SentencePiece's file alone: the same advice (converting it needs the sentencepiece package)
+    sentencepiece = tmp_path / "sp"
+    sentencepiece.mkdir()
+    (sentencepiece / "tokenizer.model").write_bytes(b"\x0a\x05<unk>")
+    with pytest.raises(
+        CheckpointError, match=r"only a slow tokenizer's tokenizer.model, .*\.save_pretrained\("
+    ):
+        Tokenizer.from_dir(sentencepiece)

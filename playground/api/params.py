@@ -1,13 +1,18 @@
 """OpenAI request bodies -> a JobSpec, validated once at the edge; every refusal names its field.
 
-Fields that change nothing in the reply (user, metadata, store, service_tier, ...) are ignored, as are
-unknown ones (clients send many optional ones). Fields we cannot honour with a value that would change the
-reply (n, logprobs, tools, penalties, other modalities, and the constraints of vLLM's and llama.cpp's servers
-that a client written for them sends) are refused, naming the field, rather than silently dropped.
+Every field a request may carry is one of four kinds here:
+- honoured: read below (model, messages / prompt, max_tokens, temperature, top_p, top_k, stop, seed, ...);
+- refused unless given the value that changes nothing (n, logprobs, tools, penalties, other modalities, and
+  the template switches and samplers of vLLM's and llama.cpp's servers that a client written for them sends):
+  a 400 naming the field, never a silent drop;
+- ignored, because it changes nothing in the reply (user, metadata, store, service_tier, caching hints, and
+  the settings of a sampler that is switched off): IGNORED below;
+- anything else: refused as an unrecognized argument, as OpenAI's own API refuses it (see UNKNOWN FIELDS).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass, replace
 
@@ -41,16 +46,80 @@ EXTENSION_NEUTRAL = {
     "guided_choice": (),
     "guided_grammar": (),
     "structured_outputs": (),
-    "grammar": (),  # llama.cpp's
+    "structural_tag": (),
+    "return_token_ids": (False,),  # vLLM: the reply's token ids, which this server does not return
+    # vLLM's chat template switches: the prompt is the checkpoint's own template, rendered as transformers
+    # renders it with a generation prompt, and nothing else (add_special_tokens: below, per endpoint)
+    "chat_template": (),
+    "chat_template_kwargs": ({},),  # {"enable_thinking": false} and the like render another prompt
+    "add_generation_prompt": (True,),
+    "continue_final_message": (False,),
+    "documents": (),
+    "mm_processor_kwargs": ({},),
+    "media_io_kwargs": ({},),
+    # llama.cpp's samplers, each at the value that switches it off (their own settings: IGNORED)
+    "grammar": (),
     "json_schema": (),
     "typical_p": (1, 1.0),
     "mirostat": (0,),
+    "tfs_z": (1, 1.0),
+    "top_n_sigma": (-1, -1.0),
+    "xtc_probability": (0, 0.0),
+    "dry_multiplier": (0, 0.0),
+    "dynatemp_range": (0, 0.0),
+    "repeat_penalty": (1, 1.0),
+    "n_probs": (0,),
+    "min_keep": (0, 1),  # 1 is what top_k and top_p keep at least anyway
+    "n_predict": (),
     # OpenAI's own, for models that reason or speak
     "reasoning_effort": (),
     "verbosity": (),
     "audio": (),
     "web_search_options": (),
 }
+# What a refusal adds for a field that has a counterpart here.
+INSTEAD = {
+    "repeat_penalty": "use repetition_penalty (here it covers the whole context)",
+    "n_predict": "use max_tokens",
+    "frequency_penalty": "use repetition_penalty (> 1 discourages repeats)",
+    "presence_penalty": "use repetition_penalty (> 1 discourages repeats)",
+}
+# llama.cpp's window of the penalties: here repetition_penalty looks at the whole context, llama.cpp's -1.
+PENALTY_WINDOWS = ("repeat_last_n", "penalty_last_n")
+# The fields read by parse_request and _refuse_unsupported; `messages` and `prompt` each on its endpoint.
+HONOURED = frozenset(
+    {
+        "model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+        "top_k", "repetition_penalty", "seed", "stop", "n", "best_of", "frequency_penalty", "presence_penalty",
+        "logprobs", "top_logprobs", "tools", "functions", "tool_choice", "function_call", "echo", "suffix",
+        "logit_bias", "response_format", "modalities", "add_special_tokens", *PENALTY_WINDOWS,
+    }
+)  # fmt: skip
+# Fields that change nothing in the reply, whatever their value: accepted and not used.
+IGNORED = frozenset(
+    {
+        # OpenAI's: who asks, what to keep, billing and caching hints; a prediction only speeds a reply up,
+        # and parallel_tool_calls only means something with tools (refused)
+        "user", "metadata", "store", "service_tier", "prediction", "parallel_tool_calls", "prompt_cache_key",
+        "prompt_cache_retention", "safety_identifier",
+        # vLLM's: scheduling and caching, and the settings of refused features (beam search, guided decoding)
+        "request_id", "priority", "cache_salt", "length_penalty", "guided_decoding_backend",
+        "guided_whitespace_pattern",
+        # llama.cpp's: caching and timing, and the settings of samplers that are off unless the switch
+        # above (refused unless off) turns them on
+        "cache_prompt", "id_slot", "timings_per_token", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+        "dry_sequence_breakers", "xtc_threshold", "mirostat_tau", "mirostat_eta", "dynatemp_exponent",
+        "penalize_nl", "post_sampling_probs",
+    }
+)  # fmt: skip
+# UNKNOWN FIELDS. Any other field is refused, naming it, as OpenAI's API refuses it ("Unrecognized request
+# argument supplied"): this server cannot tell whether a field it does not know would change the reply, and a
+# client that sent one meant something by it (a misspelt `max_token`, a newer server's sampler, the Responses
+# API's `max_output_tokens`). vLLM (with a warning in its log) and llama.cpp ignore such fields, which is how a
+# request silently gets another reply than the one asked for. A field set to null is taken as absent, whatever its name: clients in typed
+# languages send every optional field they know, most as null. The ones that the official openai client and the
+# common clients send (stream_options, user, metadata, store, service_tier, prediction, parallel_tool_calls,
+# prompt_cache_key, ...) are in IGNORED or honoured above.
 
 
 @dataclass
@@ -116,7 +185,8 @@ def _sampling_params(body: dict, max_new_tokens: int, chat: bool) -> dict:
         "max_new_tokens": body.get(tokens_field),
         "temperature": body.get("temperature"),
         "top_p": None if top_p_zero else top_p,
-        "top_k": body.get("top_k"),  # vLLM / llama.cpp extensions (extra_body in the openai client)
+        # vLLM / llama.cpp extensions (extra_body in the openai client); vLLM's -1 is its "off", our 0
+        "top_k": None if _same_value(body.get("top_k"), -1) else body.get("top_k"),
         "repetition_penalty": body.get("repetition_penalty"),
         "seed": body.get("seed"),
         "stop": _stop(body.get("stop")),
@@ -217,7 +287,7 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
         raise InvalidRequest("best_of", f"only best_of=1 is supported, got {body['best_of']!r}")
     for name in ("frequency_penalty", "presence_penalty"):
         if body.get(name) not in (None, 0, 0.0):
-            raise InvalidRequest(name, "is not supported; use repetition_penalty (> 1 discourages repeats)")
+            raise InvalidRequest(name, _not_supported(name))
     # Chat's logprobs is a switch (false: off); the completions API's is a count, where 0 still asks for the
     # chosen tokens' log-probabilities.
     logprobs = body.get("logprobs")
@@ -244,7 +314,41 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
     for name, neutral in EXTENSION_NEUTRAL.items():
         value = body.get(name)
         if value is not None and not any(_same_value(value, each) for each in neutral):
-            raise InvalidRequest(name, "is not supported")
+            raise InvalidRequest(name, _not_supported(name))
+    # vLLM's defaults: a chat template writes BOS itself (no special tokens added), a completion's prompt gets them
+    add_special_tokens = body.get("add_special_tokens")
+    if add_special_tokens is not None and not _same_value(add_special_tokens, not chat):
+        raise InvalidRequest(
+            "add_special_tokens", f"only {str(not chat).lower()} is supported on this endpoint"
+        )
+    penalized = body.get("repetition_penalty") not in (None, 1, 1.0)
+    for name in PENALTY_WINDOWS:  # a window changes nothing while no penalty applies
+        value = body.get(name)
+        if value is not None and penalized and not _same_value(value, -1):
+            raise InvalidRequest(
+                name, "only -1 (the whole context, where repetition_penalty applies) is supported"
+            )
+    endpoint, own = ("/v1/chat/completions", "messages") if chat else ("/v1/completions", "prompt")
+    for name, value in body.items():
+        if value is None or name == own or name in HONOURED or name in IGNORED or name in EXTENSION_NEUTRAL:
+            continue
+        if name in ("messages", "prompt"):
+            raise InvalidRequest(name, f"is not a field of {endpoint}, which takes {own}")
+        raise InvalidRequest(
+            name,
+            "unrecognized request argument: refused rather than ignored, as this server cannot tell "
+            "whether it would change the reply",
+        )
+
+
+def _not_supported(name: str) -> str:
+    """`name` is not supported: with the values that are (those that change nothing), or what to use instead."""
+    if name in INSTEAD:
+        return f"is not supported; {INSTEAD[name]}"
+    neutral = EXTENSION_NEUTRAL.get(name, ())
+    if neutral:
+        return f"is not supported (only {json.dumps(neutral[0])}, which changes nothing)"
+    return "is not supported"
 
 
 def _same_value(value, neutral) -> bool:

@@ -16,20 +16,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from inference.config import CheckpointError, ModelConfig, check_link
+from inference.failures import is_memory_error
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-
-
-def is_memory_error(exc: BaseException) -> bool:
-    """An allocation the machine refused: torch.OutOfMemoryError (CUDA), the CPU allocator's RuntimeError,
-    Python's MemoryError."""
-    text = str(exc).lower()
-    return (
-        isinstance(exc, MemoryError)
-        or type(exc).__name__ == "OutOfMemoryError"
-        or "out of memory" in text
-        or "can't allocate memory" in text
-    )
 
 
 @dataclass(frozen=True)

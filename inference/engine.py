@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from inference.checkpoint import CheckpointError, checkpoint_shapes, is_memory_error, load_weights
+from inference.checkpoint import CheckpointError, checkpoint_shapes, load_weights
 from inference.config import ModelConfig, check_link, env_max_context, env_number
 from inference.events import (
     Done,
@@ -36,6 +36,7 @@ from inference.events import (
     decode_tok_s,
     unicode_text,
 )
+from inference.failures import is_memory_error
 from inference.model import Transformer
 from inference.names import default_model, model_source, served_name
 from inference.presets import PRESETS
@@ -378,7 +379,11 @@ class _MemoryStages:
             doing = f"building its RoPE tables for max_position_embeddings={cfg.max_position_embeddings} positions"
             fix = "check max_position_embeddings in its config.json"
         else:
-            doing = f"allocating the KV cache for {self.context} tokens ({cache_gib:.2f} GiB in {dtype})"
+            # the runner: its KV cache, and on a GPU the fused weight copies, the head's int8 screen, the graphs
+            doing = (
+                f"building the decode runner: its KV cache for {self.context} tokens ({cache_gib:.2f} GiB in "
+                f"{dtype}), fused weight copies and CUDA graphs"
+            )
             fix = "lower KOG_MAX_CONTEXT (the KV cache is sized for it) or use a device with more memory"
         cause = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return f"{self.name}: out of {self.device.type} memory while {doing}: {fix} ({cause})"

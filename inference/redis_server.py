@@ -16,13 +16,20 @@ import time
 from pathlib import Path
 
 # redis://user:password@host: everything from the first ':' of the user part to the last '@' (a password may
-# hold an unencoded '/' or '@', which a URL parser would split elsewhere)
+# hold an unencoded '/' or '@', which a URL parser would split elsewhere); unix:///path?password=...: the query's
 _PASSWORD = re.compile(r"(?<=://)([^:@/]*):.*@")
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*")
 
 
 def redacted_url(url: str) -> str:
     """`url` with its password shown as ***, for log lines and error messages."""
-    return _PASSWORD.sub(r"\1:***@", url)
+    return _QUERY_PASSWORD.sub(r"\1***", _PASSWORD.sub(r"\1:***@", url))
+
+
+def holds_password(url: str) -> bool:
+    """Whether `url` may carry a password: then a parser's reason for refusing it, which may quote a piece of
+    the password (redis-py: "Port could not be cast to integer value as 'secr3t'"), is not shown."""
+    return redacted_url(url) != url or "@" in url
 
 
 def redis_binary() -> str:

@@ -30,6 +30,7 @@ import contextlib
 import gc
 import logging
 import os
+import re
 import signal
 import socket
 import threading
@@ -42,10 +43,11 @@ import redis
 
 from inference.config import EnvError, env_max_context, env_number
 from inference.events import Done, InvalidRequest, Prefilled, TextDelta
+from inference.failures import is_device_error, is_memory_error
 from inference.logs import configure_logging, job_context
 from inference.names import ModelNameError, configured_models, model_source, served_name, served_names
 from inference.protocol import HEARTBEAT_INTERVAL_S, JobSpec, WorkerChannel, connect
-from inference.redis_server import redacted_url
+from inference.redis_server import holds_password, redacted_url
 from inference.standin import PREFIX as STANDIN_PREFIX
 from inference.standin import StandinEngine
 
@@ -56,7 +58,7 @@ LOAD_EXIT_CODE = 78  # EX_CONFIG: what it was told to serve cannot be served
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 USAGE_EXIT_CODE = 2  # a setting it cannot use, found before anything loads
 REDIS_EXIT_CODE = 69  # EX_UNAVAILABLE: the Redis it was given does not answer
-DEVICES = ("cpu", "cuda")
+DEVICES = ("cpu", "cuda", "cuda:N")  # cuda:N: the Nth GPU (one worker per GPU), as torch names it
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # engine.DTYPES' names, known here without torch
 BACKENDS = ("reference", "fast")  # KOG_BACKEND, read by engine._make_runner
 
@@ -266,7 +268,7 @@ class Worker:
                 log.warning("lost redis during the job; dropping it: %s", exc)
                 self._finish(job, "error", _queue_failed())
             except Exception as exc:  # the worker outlives any one job
-                out_of_memory = is_out_of_memory(exc)
+                out_of_memory = is_memory_error(exc)
                 if out_of_memory:
                     log.error("out of memory: %s", str(exc))  # not exc: a kept record would keep its frames
                     error = {"code": "out_of_memory", "message": out_of_memory_message(job)}
@@ -358,11 +360,6 @@ def _queue_failed() -> dict:
     return {"code": "unavailable", "message": "The job queue failed while this job ran; please try again."}
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
-    """torch.cuda.OutOfMemoryError, or an allocator's error that says so (CPU, Triton, cuBLAS)."""
-    return type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower()
-
-
 def out_of_memory_message(job: RunningJob) -> str:
     size = f" ({job.prompt_tokens} prompt tokens)" if job.prompt_tokens else ""
     return (
@@ -397,14 +394,14 @@ def load_engine(model: str, device: str | None, dtype: str | None):
 def load_failure(exc: Exception) -> tuple[str, bool]:
     """What a failed load says in its one log line, and whether that is all (True) or a bug's traceback must go
     with it. The loaders' own errors say what is wrong, and so does the machine the worker runs on: a file it
-    cannot read (OSError), an allocation it refuses or a CUDA error (RuntimeError; a LoadOutOfMemory already
-    says what did not fit)."""
+    cannot read (OSError), an allocation it refuses or a CUDA error (a LoadOutOfMemory already says what did
+    not fit). Any other RuntimeError (a shape mismatch, NotImplementedError, RecursionError) is a bug."""
     lines = str(exc).strip().splitlines()
     text = lines[0] if lines else type(exc).__name__
     if type(exc).__module__.startswith("inference.") or isinstance(exc, ValueError | OSError):
         return text, True
-    if isinstance(exc, RuntimeError | MemoryError):  # torch's: out of memory, CUDA errors
-        return f"{type(exc).__name__}: {text}", True
+    if is_memory_error(exc) or is_device_error(exc):
+        return (f"{type(exc).__name__}: {text}" if lines else text), True
     return text, False
 
 
@@ -413,9 +410,24 @@ def _setting(flag_value: str | None, variable: str, choices: tuple[str, ...]) ->
     if flag_value is not None:
         return flag_value
     value = os.environ.get(variable, "").strip()
-    if value and value not in choices:
+    if value and not is_choice(value, choices):
         raise EnvError(f"{variable}: must be one of {', '.join(choices)}, got {value!r}")
     return value or None
+
+
+def is_choice(value: str, choices: tuple[str, ...]) -> bool:
+    """`value` is one of `choices`, where a choice ending in ":N" stands for any index (cuda:0, cuda:1, ...)."""
+    return any(
+        value == choice or (choice.endswith(":N") and re.fullmatch(re.escape(choice[:-1]) + r"\d+", value))
+        for choice in choices
+    )
+
+
+def device_name(value: str) -> str:
+    """--device's type: one of DEVICES (argparse's choices cannot take cuda:N)."""
+    if not is_choice(value, DEVICES):
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(DEVICES)}, got {value!r}")
+    return value
 
 
 def reach_redis(url: str, given_as: str | None) -> redis.Redis:
@@ -426,7 +438,12 @@ def reach_redis(url: str, given_as: str | None) -> redis.Redis:
     try:
         client = connect(url)
     except ValueError as exc:  # no redis://, rediss:// or unix:// scheme, a port that is no number, ...
-        log.error("%s is not a Redis URL (%s); e.g. %s", shown, exc, DEFAULT_REDIS_URL)
+        why = (
+            "check the host and port, and percent-encode / @ : % ? # in the password"
+            if holds_password(url)
+            else exc
+        )
+        log.error("%s is not a Redis URL (%s); e.g. %s", shown, why, DEFAULT_REDIS_URL)
         raise SystemExit(USAGE_EXIT_CODE) from None
     try:
         client.ping()
@@ -445,7 +462,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--redis-url", help=f"default: $REDIS_URL, else {DEFAULT_REDIS_URL}")
     parser.add_argument(
-        "--device", choices=DEVICES, help="default: $KOG_DEVICE, else cuda when there is a GPU"
+        "--device",
+        type=device_name,
+        metavar="{" + ",".join(DEVICES) + "}",
+        help="default: $KOG_DEVICE, else cuda when there is a GPU",
     )
     parser.add_argument("--dtype", choices=DTYPE_NAMES, help="default: $KOG_DTYPE, else bfloat16 on cuda")
     parser.add_argument("--worker-id", default=os.environ.get("WORKER_ID"))

@@ -32,6 +32,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from inference.config import env_number
 from inference.protocol import PREFIX
 from playground import metrics
 
@@ -39,25 +40,13 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    try:
-        value = int(raw) if raw else default
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(f"{name}: must be a whole number, 0 or more (0 switches the limit off); got {raw!r}")
-    return value
+    return int(
+        env_number(name, default, "a whole number, 0 or more (0 switches the limit off)", integer=True)
+    )
 
 
 def _env_seconds(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    try:
-        value = float(raw) if raw else default
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name}: must be a number of seconds, greater than 0; got {raw!r}")
-    return value
+    return env_number(name, default, "a number of seconds, greater than 0", above=True)
 
 
 def parse_networks(text: str, name: str = "PLAYGROUND_TRUSTED_PROXIES") -> tuple[IPNetwork, ...]:

@@ -31,7 +31,6 @@ PLAYGROUND_API_CORS_ORIGINS: see playground/api/cors.py
 
 from __future__ import annotations
 
-import math
 import os
 import secrets
 from pathlib import Path
@@ -40,9 +39,11 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from redis.connection import parse_url
 
+from inference.config import EnvError
+from inference.config import env_number as config_env_number
 from inference.logs import logging_config
-from inference.names import configured_models, served_name
-from inference.redis_server import redacted_url
+from inference.names import ModelNameError, configured_models, served_names
+from inference.redis_server import holds_password, redacted_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -61,20 +62,14 @@ def env_number(
     """The variable `name` as an int (or a float: kind=float), `default` when unset or empty. A value that is no
     such number, or below `low` (at `low` too with `above`), stops the process here, at its start, with one
     line naming the variable and what it takes, instead of a bare int() error or a failure at the first request."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
+    what = ("a whole number" if kind is int else "a number") + (f" of {unit}" if unit else "")
+    bound = f"greater than {low:g}" if above else f"{low:g} or more"
+    expects = f"{what}, {bound}{f' ({note})' if note else ''}"
     try:
-        value = kind(raw)
-    except ValueError:
-        value = None
-    if value is None or not math.isfinite(value) or value < low or (above and value == low):
-        what = ("a whole number" if kind is int else "a number") + (f" of {unit}" if unit else "")
-        bound = f"greater than {low:g}" if above else f"{low:g} or more"
-        raise ImproperlyConfigured(
-            f"{name} must be {what}, {bound}{f' ({note})' if note else ''}; got {raw!r}"
-        )
-    return value
+        value = config_env_number(name, default, expects, integer=kind is int, minimum=low, above=above)
+    except EnvError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
+    return value if value is default else kind(value)
 
 
 def redis_url() -> str:
@@ -85,14 +80,12 @@ def redis_url() -> str:
         parse_url(url)
     except ValueError as exc:
         # never a password in the log: not in the URL shown, nor in redis-py's reason, which may quote a piece
-        shown, why = (
-            (
-                redacted_url(url),
-                ": check the host and port, and percent-encode / @ : % in the password",
-            )
-            if "@" in url
-            else (url, f": {exc}")
+        why = (
+            ": check the host and port, and percent-encode / @ : % ? # in the password"
+            if holds_password(url)
+            else f": {exc}"
         )
+        shown = redacted_url(url)
         raise ImproperlyConfigured(
             "REDIS_URL must look like redis://host:port/db (redis://:password@host:port/db with a password, "
             f"rediss:// for TLS, unix:///path/to/redis.sock), got {shown!r}{why}"
@@ -178,7 +171,10 @@ CHANNEL_LAYERS = {
 
 # The names the workers serve MODELS under (the shipped default when MODELS is empty, as for the worker):
 # the models the page and the API offer, and /readyz checks, even while no worker is up.
-PLAYGROUND_MODELS = [served_name(model) for model in configured_models()]
+try:  # refused here as a worker refuses them: an empty name or path, two entries of one name
+    PLAYGROUND_MODELS = list(served_names(configured_models()))
+except ModelNameError as exc:
+    raise ImproperlyConfigured(f"MODELS: {exc}") from None
 PLAYGROUND_MAX_QUEUE = env_number("PLAYGROUND_MAX_QUEUE", 32, unit="jobs", note="0: no bound")
 PLAYGROUND_MAX_NEW_TOKENS = env_number("PLAYGROUND_MAX_NEW_TOKENS", 8192, low=1, unit="tokens")
 PLAYGROUND_MAX_PROMPT_CHARS = env_number("PLAYGROUND_MAX_PROMPT_CHARS", 100000, low=1, unit="characters")

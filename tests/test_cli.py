@@ -217,7 +217,7 @@ def test_worker_takes_every_device_its_help_lists():
                               capture_output=True, text=True, timeout=60)  # fmt: skip
 
     listed = re.search(r"--device \{([^}]*)\}", worker("--help").stdout).group(1).split(",")
-    assert "cpu" in listed and "cuda" in listed
+    assert "cpu" in listed and "cuda" in listed and "cuda:N" in listed
     for device in listed:  # --help after --device: exit 0 once the value is taken, before any model loads
-        done = worker("--device", device, "--help")
+        done = worker("--device", device.replace(":N", ":1"), "--help")
         assert done.returncode == 0, done.stderr

@@ -2,6 +2,7 @@
 constructor's arguments over it, and what the device can do (told, not asked: these run anywhere)."""
 
 import os
+import re
 
 import pytest
 
@@ -136,20 +137,24 @@ def test_which_requests_read_the_screen(monkeypatch):
 
 
 @pytest.mark.parametrize("name", INTEGER_ENV)
-@pytest.mark.parametrize("bad", ["x", "1.5", "-1", " "])
+@pytest.mark.parametrize("bad", ["x", "1.5", "-1", "8k"])
 def test_integer_variables_name_themselves_when_refused(monkeypatch, name, bad):
     monkeypatch.setenv(name, bad)
-    with pytest.raises(ValueError, match=f"^{name}: expected a non-negative integer, got {bad!r}$"):
+    expected = "an integer >= 1" if name == "KOG_ATTN_BLOCK_T" else "a non-negative integer"
+    with pytest.raises(ValueError, match=f"^{name}: must be {expected}, got {re.escape(repr(bad))}$"):
         resolve()
 
 
 def test_integer_variables_read_whole_numbers(monkeypatch):
     for name in INTEGER_ENV:
         monkeypatch.setenv(name, "0")
+    with pytest.raises(ValueError, match=r"KOG_ATTN_BLOCK_T: must be an integer >= 1, got '0'"):
+        resolve()  # a key block of no keys: no "kernel's choice" there
+    monkeypatch.setenv("KOG_ATTN_BLOCK_T", "32")
     settings = resolve()
     attention = settings.attention
     assert attention.splits is None and attention.num_warps is None  # 0: the kernel's choice
-    assert attention.block_t == 0 and set(settings.head_blocks.values()) == {None}
+    assert attention.block_t == 32 and set(settings.head_blocks.values()) == {None}
     monkeypatch.setenv("KOG_ATTN_BLOCK_T", "")  # empty: unset
     assert resolve().attention.block_t == 64
     monkeypatch.setenv("KOG_ATTN_WARPS", " 8")
@@ -194,3 +199,10 @@ def test_attention_switches_on_a_hopper_gpu(monkeypatch):
 def test_unknown_arguments_are_refused(arguments, what):
     with pytest.raises(ValueError, match=what):
         resolve(**arguments)
+
+
+@pytest.mark.parametrize("bad", ["128,x", "128,64,8,3,2", "-1", "1.5"])
+def test_the_prefill_blocks_name_their_variable_when_refused(monkeypatch, bad):
+    monkeypatch.setenv("KOG_PREFILL_ATTN", bad)
+    with pytest.raises(ValueError, match=r"^KOG_PREFILL_ATTN: expected up to 4 non-negative integers \("):
+        resolve()

@@ -93,6 +93,19 @@ def test_a_bad_setting_stops_the_web_process_at_its_start_with_one_line_naming_i
     assert "Listening on" not in result.stderr + result.stdout  # daphne never served
 
 
+def test_models_the_workers_would_refuse_stop_the_web_process_too(tmp_path):
+    # two folders the page would offer as one model, and a worker would refuse: refused at the web's start too
+    result = launch({"MODELS": "/runs/a/checkpoint-500,/runs/b/checkpoint-500"}, tmp_path)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.endswith(
+        "MODELS: '/runs/a/checkpoint-500' and '/runs/b/checkpoint-500' would both be served as "
+        "'checkpoint-500': give one another name with name=path (e.g. checkpoint-500-2=/runs/b/checkpoint-500), "
+        "or rename a folder"
+    ), result.stderr[-2000:]
+    assert "Listening on" not in result.stderr + result.stdout
+
+
 def test_a_bad_redis_urls_password_never_reaches_the_log(monkeypatch):
     monkeypatch.setenv("REDIS_URL", "redis://:hunter2/x@redis:6379/0")  # a "/" in the password, not encoded
     with pytest.raises(ImproperlyConfigured) as info:
@@ -119,5 +132,5 @@ def test_numbers_from_the_environment_take_their_defaults_and_bounds(monkeypatch
     for wrong, kwargs in [("0", {"kind": float, "above": True}), ("nan", {"kind": float}), ("inf", {"kind": float}),
                           ("1.5", {}), ("-1", {}), ("3", {"low": 4})]:  # fmt: skip
         monkeypatch.setenv("PLAYGROUND_TEST_N", wrong)
-        with pytest.raises(ImproperlyConfigured, match=f"PLAYGROUND_TEST_N must be .*; got '{wrong}'"):
+        with pytest.raises(ImproperlyConfigured, match=f"PLAYGROUND_TEST_N: must be .*, got '{wrong}'"):
             env_number("PLAYGROUND_TEST_N", 1, **kwargs)

@@ -87,7 +87,8 @@ def run_worker(*args: str, env: dict | None = None) -> tuple[int, list[dict], st
         ("KOG_MAX_CONTEXT", "8k", "an integer >= 2 (tokens: a prompt token and a new one at least)"),
         ("KOG_MAX_CONTEXT", "1", "an integer >= 2 (tokens: a prompt token and a new one at least)"),
         ("KOG_DTYPE", "fp16", "one of float32, bfloat16, float16"),
-        ("KOG_DEVICE", "gpu", "one of cpu, cuda"),
+        ("KOG_DEVICE", "gpu", "one of cpu, cuda, cuda:N"),
+        ("KOG_DEVICE", "cuda:x", "one of cpu, cuda, cuda:N"),
         ("KOG_BACKEND", "turbo", "one of reference, fast"),
     ],
 )
@@ -103,6 +104,15 @@ def test_a_setting_it_cannot_use_ends_it_in_one_line_naming_the_variable(redis_u
     assert "Traceback" not in output
 
 
+def test_a_gpu_of_several_is_a_device_it_takes(redis_url):
+    # KOG_DEVICE=cuda:1 (a worker per GPU) passes the settings' check: what ends this one is the missing folder
+    status, lines, output = run_worker(
+        "--model", "/nowhere/my-ft", "--redis-url", redis_url, env={"KOG_DEVICE": "cuda:1"}
+    )
+    assert status == worker_module.LOAD_EXIT_CODE, output
+    assert "KOG_DEVICE" not in output and "/nowhere/my-ft" in lines[-1]["msg"], output
+
+
 def test_the_dtypes_the_worker_takes_are_the_engines():
     assert tuple(DTYPES) == worker_module.DTYPE_NAMES
 
@@ -115,6 +125,12 @@ def test_the_dtypes_the_worker_takes_are_the_engines():
             "redis://:s3cret@127.0.0.1:{port}/0",
             69,
             "cannot reach Redis at REDIS_URL=redis://:***@127.0.0.1:{port}/0: ",
+        ),
+        (  # redis-py's reason would quote a piece of this password: "Port could not be cast ... 's3cret'"
+            "redis://:s3cret?x@127.0.0.1:{port}/0",
+            2,
+            "REDIS_URL=redis://:***@127.0.0.1:{port}/0 is not a Redis URL (check the host and port, and "
+            "percent-encode",
         ),
     ],
 )
@@ -171,3 +187,16 @@ def test_a_kv_cache_the_gpu_cannot_hold_is_one_line_saying_to_lower_kog_max_cont
     ), line
     assert "lower KOG_MAX_CONTEXT" in line["msg"] and "CUDA out of memory" in line["msg"], line
     assert "Traceback" not in output
+
+
+def test_a_load_failure_of_the_machine_is_one_line_and_a_bugs_keeps_its_traceback():
+    load_failure = worker_module.load_failure
+    assert load_failure(MemoryError()) == ("MemoryError", True)
+    assert load_failure(RuntimeError("CUDA error: an illegal memory access was encountered\nmore")) == (
+        "RuntimeError: CUDA error: an illegal memory access was encountered",
+        True,
+    )
+    assert load_failure(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried 9 GB"))[1]
+    # a shape mismatch, a missing feature: bugs, logged with their traceback
+    for bug in (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), NotImplementedError("no")):
+        assert load_failure(bug)[1] is False

@@ -126,7 +126,11 @@ def block_overrides(name: str, keys: tuple[str, ...]) -> dict[str, int]:
     """Block sizes from the environment for sweeps on the device (read once, by the runner), e.g. KOG_PREFILL_ATTN=128,64,8,3 (block_m,
     block_n, num_warps, num_stages) or KOG_PREFILL_NORM=256,4,4 (block_d, num_warps, stages); unset or 0
     keeps the kernel's own choice."""
-    values = [int(v) for v in os.environ.get(name, "").split(",") if v.strip()]
-    if len(values) > len(keys):
-        raise ValueError(f"{name}: at most {len(keys)} values ({', '.join(keys)}), got {len(values)}")
+    parts = [v.strip() for v in os.environ.get(name, "").split(",") if v.strip()]
+    if len(parts) > len(keys) or not all(part.isdigit() for part in parts):
+        raise ValueError(
+            f"{name}: expected up to {len(keys)} non-negative integers ({','.join(keys)}; 0: the kernel's "
+            f"choice), got {os.environ[name]!r}"
+        )
+    values = [int(part) for part in parts]
     return {key: value for key, value in zip(keys, values, strict=False) if value}

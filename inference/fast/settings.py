@@ -7,9 +7,11 @@ The resolution needs facts about the device and the model, not the model itself 
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
+from inference.config import env_number
 from inference.fast.head_choice import BREAK_EVEN_SHARE
 from inference.fast.prefill import block_overrides
 
@@ -51,33 +53,10 @@ def env_then_argument(env_name: str, argument: dict[str, int] | None, kinds, wha
             **kind_overrides(argument or {}, kinds, what, switches)}  # fmt: skip
 
 
-def env_number(
-    env_name: str, default: float, what: str, low: float = float("-inf"), high: float = float("inf")
-) -> float:
-    """A number from the environment (unset: default), refused unless it is one in [low, high]."""
-    setting = os.environ.get(env_name, "")
-    try:
-        value = float(setting) if setting else default
-    except ValueError:
-        raise ValueError(f"{env_name}: expected {what}, got {setting!r}") from None
-    if not low <= value <= high:
-        raise ValueError(f"{env_name}: expected {what} in [{low:g}, {high:g}], got {setting!r}")
-    return value
-
-
-def env_count(env_name: str, default: int = 0) -> int:
-    """A non-negative integer from the environment (unset or empty: default), refused with the variable's name
-    otherwise (int()'s own message names neither the variable nor what it expects)."""
-    setting = os.environ.get(env_name, "")
-    if not setting:
-        return default
-    try:
-        value = int(setting)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(f"{env_name}: expected a non-negative integer, got {setting!r}")
-    return value
+def env_count(env_name: str, default: int = 0, minimum: int = 0) -> int:
+    """An integer >= minimum from the environment (unset or blank: default), refused naming the variable."""
+    what = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
+    return int(env_number(env_name, default, what, integer=True, minimum=minimum))
 
 
 def prefetch_overrides(spec: str | dict[str, int]) -> dict[str, int]:
@@ -160,7 +139,7 @@ class AttentionSettings:
             f"{key}={os.environ[name]}" for name, key in SWITCH_ENV if os.environ.get(name)
         )
         attention = {"splits": env_count("KOG_ATTN_SPLITS"),
-                     "block_t": env_count("KOG_ATTN_BLOCK_T", 64),
+                     "block_t": env_count("KOG_ATTN_BLOCK_T", 64, minimum=1),  # no "0: the kernel's choice" here
                      "num_warps": env_count("KOG_ATTN_WARPS"),
                      **kind_overrides(env_switches, ATTENTION_KEYS, "KOG_ATTN_*", ATTENTION_SWITCHES),
                      **kind_overrides(argument or {}, ATTENTION_KEYS, "attention", ATTENTION_SWITCHES)}  # fmt: skip
@@ -218,13 +197,15 @@ class ScreenSettings:
         # that sends a request to the whole head (head_choice.ScreenWatch; 1: never).
         return cls(on=bool(argument),
                    sampled_temperature=env_number("KOG_HEAD_SCREEN_SAMPLED", SAMPLED_SCREEN_TEMPERATURE,
-                                                  "a temperature"),
-                   leave_share=env_number("KOG_HEAD_SCREEN_LEAVE", BREAK_EVEN_SHARE, "a share", 0, 1))  # fmt: skip
+                                                  "a temperature (-1: never)", minimum=-math.inf),
+                   leave_share=env_number("KOG_HEAD_SCREEN_LEAVE", BREAK_EVEN_SHARE, "a share in [0, 1]",
+                                          maximum=1))  # fmt: skip
 
 
 @dataclass(frozen=True)
 class RunnerSettings:
-    """Every setting of a FastRunner, resolved and checked before it builds anything."""
+    """Every setting of a FastRunner, resolved and checked in one place (FastRunner resolves them once its KV
+    cache exists, which the L2 prefetch's check reads; a bad one ends the build there)."""
 
     use_pdl: bool  # programmatic dependent launch (asked for, and a Hopper GPU)
     attention: AttentionSettings

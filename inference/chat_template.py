@@ -1,5 +1,7 @@
 """Chat templates rendered as transformers renders them: its sandboxed jinja2 environment, its globals
-(raise_exception, strftime_now), its tojson, and TRL's `{% generation %}` marks read as plain text."""
+(raise_exception, strftime_now), its tojson, and TRL's `{% generation %}` marks read as plain text; and the
+check of a client's further template variables (the API's chat_template_kwargs), which the web and the
+worker both make."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from jinja2 import nodes
 from jinja2.exceptions import TemplateError
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from inference.events import InvalidRequest
 
 
 class _GenerationMarks(Extension):
@@ -26,6 +30,34 @@ class _GenerationMarks(Extension):
 
     def _contents(self, caller):
         return caller()
+
+
+# The variables and functions a template gets from its renderer (Tokenizer.apply_chat_template, the environment
+# below): an API client's chat_template_kwargs may add others (Qwen3's enable_thinking), never replace these.
+RESERVED_NAMES = frozenset(
+    {
+        "messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token", "unk_token",
+        "pad_token", "raise_exception", "strftime_now",
+    }
+)  # fmt: skip
+
+
+def check_template_kwargs(template_kwargs: dict | None, field: str = "chat_template_kwargs") -> None:
+    """Further template variables: an object whose keys are names a template can read, none of the renderer's
+    own (InvalidRequest naming `field` if not)."""
+    if template_kwargs is None:
+        return
+    if not isinstance(template_kwargs, dict):
+        raise InvalidRequest(
+            field, 'must be an object of the chat template\'s variables, e.g. {"enable_thinking": false}'
+        )
+    for key in template_kwargs:
+        if not isinstance(key, str) or not key.isidentifier():
+            raise InvalidRequest(field, f"{key!r} is not a name a template can read")
+        if key in RESERVED_NAMES:
+            raise InvalidRequest(
+                field, f"{key!r} is set by the server (the messages, the special tokens, ...)"
+            )
 
 
 @lru_cache(maxsize=16)

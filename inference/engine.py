@@ -238,8 +238,14 @@ class Engine:
         return self._weight_bytes_per_token + kv_row * positions
 
     def encode_prompt(
-        self, prompt: str | None = None, messages: list[dict] | None = None, chat: bool = False
+        self,
+        prompt: str | None = None,
+        messages: list[dict] | None = None,
+        chat: bool = False,
+        template_kwargs: dict | None = None,
     ) -> list[int]:
+        """The prompt's ids: `prompt` as text, or (`messages`, or `chat`) rendered through the chat template,
+        with `template_kwargs` as its further variables."""
         field = "prompt" if messages is None else "messages"  # what the client sent, for its errors
         if messages is not None or chat:
             if messages is None:
@@ -252,7 +258,7 @@ class Engine:
                 unicode_text(message["content"], f"messages[{i}].content" if field == "messages" else field)
             # The template writes BOS itself where the model expects one; the contents are text, never tokens.
             try:
-                ids = self.tokenizer.encode_chat(messages)
+                ids = self.tokenizer.encode_chat(messages, template_kwargs=template_kwargs)
             except InvalidRequest as e:
                 if field == "messages":
                     raise

@@ -129,6 +129,9 @@ class JobSpec:
     prompt: str | None = None
     messages: list[dict] | None = None  # chat: [{"role": ..., "content": ...}]
     chat: bool = False  # render `prompt` (or `messages`) through the model's chat template
+    template_kwargs: dict | None = (
+        None  # the chat template's further variables (the API's chat_template_kwargs)
+    )
     params: dict = field(default_factory=dict)  # SamplingParams fields
     source: str = "web"  # web | api: for metrics and logs
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -157,6 +160,8 @@ class JobSpec:
             raise ValueError(f"created must be a number (unix seconds), got {spec.created!r}")
         if not isinstance(spec.params, dict):
             raise ValueError("params must be an object")
+        if spec.template_kwargs is not None and not isinstance(spec.template_kwargs, dict):
+            raise ValueError("template_kwargs must be an object")
         return spec
 
 

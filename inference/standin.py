@@ -57,7 +57,11 @@ class StandinEngine:
         return 0
 
     def encode_prompt(
-        self, prompt: str | None = None, messages: list[dict] | None = None, chat: bool = False
+        self,
+        prompt: str | None = None,
+        messages: list[dict] | None = None,
+        chat: bool = False,
+        template_kwargs: dict | None = None,  # no template here
     ) -> list[int]:
         if messages:  # echo the last user turn
             prompt = next((m.get("content", "") for m in reversed(messages) if m.get("role") == "user"), "")

@@ -21,7 +21,7 @@ from pathlib import Path
 from jinja2.exceptions import TemplateError
 from tokenizers import Tokenizer as HFTokenizer
 
-from inference.chat_template import compile_template
+from inference.chat_template import check_template_kwargs, compile_template
 from inference.checkpoint import CheckpointError
 from inference.config import check_link
 from inference.events import InvalidRequest
@@ -193,13 +193,18 @@ class Tokenizer:
             ids.insert(0, self.bos_id)
         return ids
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        """The rendered chat template's tokens (its own BOS included), the messages' contents as text."""
-        text = self.apply_chat_template(messages, add_generation_prompt)
+    def encode_chat(
+        self, messages: list[dict], add_generation_prompt: bool = True, template_kwargs: dict | None = None
+    ) -> list[int]:
+        """The rendered chat template's tokens (its own BOS included), the messages' contents as text.
+        `template_kwargs`: the template's own switches (vLLM's chat_template_kwargs: Qwen3's enable_thinking)."""
+        text = self.apply_chat_template(messages, add_generation_prompt, template_kwargs)
         literal = [i for i, m in enumerate(messages) if self._has_special_spelling(m["content"])]
         if not literal:  # the common case: nothing in the contents could be read as a token
             return self.encode(text, add_special=False)
-        rendered, restore = self._render_marked(messages, literal, text, add_generation_prompt)
+        rendered, restore = self._render_marked(
+            messages, literal, text, add_generation_prompt, template_kwargs
+        )
         # The rendered text cut where tokenizers would cut it, at the template's own special tokens (the only
         # spellings left once the contents' are placeholders); each piece between them, the contents' spellings
         # put back, encoded as text, as tokenizers encodes the pieces between special tokens.
@@ -215,7 +220,12 @@ class Tokenizer:
         return self._special_spelling is not None and self._special_spelling.search(content) is not None
 
     def _render_marked(
-        self, messages: list[dict], literal: list[int], text: str, add_generation_prompt: bool
+        self,
+        messages: list[dict],
+        literal: list[int],
+        text: str,
+        add_generation_prompt: bool,
+        template_kwargs: dict | None = None,
     ) -> tuple[str, Callable[[str], str]]:
         """The template rendered with every special token's spelling in the contents of messages `literal`
         replaced by a placeholder of this call (private-use characters no content holds), and the function that
@@ -237,7 +247,7 @@ class Tokenizer:
             dict(m, content=self._special_spelling.sub(mark, m["content"])) if i in literal else m
             for i, m in enumerate(messages)
         ]
-        rendered = self.apply_chat_template(marked, add_generation_prompt)
+        rendered = self.apply_chat_template(marked, add_generation_prompt, template_kwargs)
         placeholder = re.compile(f"{_OPEN}{nonce}([{chr(_DIGIT_BASE)}-{chr(_DIGIT_BASE + 9)}]+){_CLOSE}")
 
         def spelling(found: re.Match) -> str:
@@ -284,7 +294,12 @@ class Tokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, template_kwargs: dict | None = None
+    ) -> str:
+        """The template rendered as transformers renders it; `template_kwargs` are further variables for it (as
+        transformers' apply_chat_template(**kwargs)), under the ones set here: they can switch a template's
+        feature (enable_thinking), never replace the messages, the special tokens or the generation prompt."""
         if self.chat_template is None:
             raise InvalidRequest("messages", "this model has no chat template")
         for i, m in enumerate(messages):
@@ -294,17 +309,20 @@ class Tokenizer:
                 or not isinstance(m.get("content"), str)
             ):
                 raise InvalidRequest("messages", f"message {i} must have a string 'role' and 'content'")
+        check_template_kwargs(template_kwargs)
+        variables = {
+            **(template_kwargs or {}),
+            "messages": messages,
+            # Passed as transformers passes them: templates test `tools is not none` without `is defined`.
+            "tools": None,
+            "documents": None,
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": self.bos_token or "",
+            "eos_token": self.eos_token or "",
+            **self.template_tokens,
+        }
         try:
-            return compile_template(self.chat_template).render(
-                messages=messages,
-                # Passed as transformers passes them: templates test `tools is not none` without `is defined`.
-                tools=None,
-                documents=None,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token or "",
-                eos_token=self.eos_token or "",
-                **self.template_tokens,
-            )
+            return compile_template(self.chat_template).render(**variables)
         except TemplateError as e:
             raise InvalidRequest("messages", f"chat template: {e}") from None
 

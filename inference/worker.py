@@ -307,7 +307,9 @@ class Worker:
                 "model", f"unknown model {spec.model!r}; this worker serves {list(self.engines)}"
             )
         params = spec.sampling_params()
-        prompt_ids = engine.encode_prompt(prompt=spec.prompt, messages=spec.messages, chat=spec.chat)
+        prompt_ids = engine.encode_prompt(
+            prompt=spec.prompt, messages=spec.messages, chat=spec.chat, template_kwargs=spec.template_kwargs
+        )
         job.prompt_tokens = len(prompt_ids)
         if 0 < MAX_PROMPT_TOKENS < len(prompt_ids):
             raise InvalidRequest(

@@ -240,7 +240,7 @@ def test_fields_that_would_change_the_reply_are_400s_naming_them_and_neutral_one
     client = api(stack.web)
     chat = {"model": stack.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     refused = [
-        {"chat_template_kwargs": {"enable_thinking": False}},
+        {"chat_template_kwargs": {"messages": []}},  # the server's own variable
         {"add_generation_prompt": False},
         {"continue_final_message": True},
         {"n_probs": 3},
@@ -438,3 +438,29 @@ def test_with_a_key_configured_only_that_key_gets_in(stack, tmp_path):
         assert reply.usage.completion_tokens == 1
     finally:
         web.stop()
+
+
+def test_a_chats_template_variables_reach_the_workers_template(start_web, start_worker, tmp_path):
+    """vLLM's chat_template_kwargs through the official client: Qwen3's enable_thinking, read by a template."""
+    from inference.synth import synth
+
+    model = synth("tiny-qwen3", tmp_path / "thinker", seed=0)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n"
+        "{% if enable_thinking is defined and enable_thinking is false %}no thinking here\n{% endif %}{% endif %}"
+    )
+    (model / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    web = start_web({"MODELS": str(model)})
+    start_worker([str(model)])
+    client = api(web)
+    chat = {"model": "thinker", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    plain = client.chat.completions.create(**chat)
+    on = client.chat.completions.create(
+        **chat, extra_body={"chat_template_kwargs": {"enable_thinking": True}}
+    )
+    off = client.chat.completions.create(
+        **chat, extra_body={"chat_template_kwargs": {"enable_thinking": False}}
+    )
+    assert on.usage.prompt_tokens == plain.usage.prompt_tokens < off.usage.prompt_tokens

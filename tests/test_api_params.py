@@ -3,6 +3,7 @@
 import pytest
 
 from inference.events import InvalidRequest
+from inference.protocol import JobSpec
 from playground.api.params import parse_request
 
 CAP = 100
@@ -234,7 +235,6 @@ def test_the_defaults_of_fields_we_cannot_honour_are_accepted():
         {"prompt_logprobs": 0},  # vLLM: still the prompt tokens' own log-probabilities
         {"ignore_eos": 1},  # not JSON's false
         # vLLM's chat template switches: another prompt than the checkpoint's template renders
-        {"chat_template_kwargs": {"enable_thinking": False}},
         {"add_generation_prompt": False},
         {"continue_final_message": True},
         {"chat_template": "{{ messages[0].content }}"},
@@ -340,3 +340,27 @@ def test_the_request_id_becomes_the_jobs():
     request = parse_request(CHAT, True, max_new_tokens=CAP, max_prompt_chars=MAX_CHARS, job_id="abc123")
     assert request.spec.id == "abc123"
     assert parse(CHAT, chat=True).spec.id != parse(CHAT, chat=True).spec.id
+
+
+def test_a_chats_template_variables_go_with_its_job_and_bad_ones_are_refused():
+    spec = parse({**CHAT, "chat_template_kwargs": {"enable_thinking": False}}, chat=True).spec
+    assert spec.template_kwargs == {"enable_thinking": False}
+    assert JobSpec.from_json(spec.to_json()).template_kwargs == {
+        "enable_thinking": False
+    }  # as the worker reads it
+    assert parse({**CHAT, "chat_template_kwargs": {}}, chat=True).spec.template_kwargs is None
+    for bad, says in [
+        ("thinking", "must be an object"),
+        ({"messages": []}, "'messages' is set by the server"),
+        ({"eos_token": "x"}, "'eos_token' is set by the server"),
+        ({"not a name": 1}, "'not a name' is not a name a template can read"),
+    ]:
+        with pytest.raises(InvalidRequest, match=says) as info:
+            parse({**CHAT, "chat_template_kwargs": bad}, chat=True)
+        assert info.value.field == "chat_template_kwargs"
+    with pytest.raises(InvalidRequest, match="goes through no template") as info:
+        parse(
+            {"model": "m", "prompt": "def f():", "chat_template_kwargs": {"enable_thinking": False}},
+            chat=False,
+        )
+    assert info.value.field == "chat_template_kwargs"

@@ -611,3 +611,33 @@ def test_a_slow_tokenizer_alone_says_how_to_write_tokenizer_json_and_that_works(
         CheckpointError, match=r"only a slow tokenizer's tokenizer.model, .*\.save_pretrained\("
     ):
         Tokenizer.from_dir(sentencepiece)
+
+
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+
+def test_a_templates_own_switch_is_rendered_as_transformers_renders_it(tmp_path):
+    """The API's chat_template_kwargs (Qwen3's enable_thinking): further variables, as transformers'
+    apply_chat_template(**kwargs) passes them; never over the renderer's own."""
+    tok = _with_template(tmp_path, THINKING_TEMPLATE)
+    messages = [{"role": "user", "content": "Sort a list."}]
+    thinking_off = tok.apply_chat_template(messages, template_kwargs={"enable_thinking": False})
+    assert thinking_off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert tok.apply_chat_template(
+        messages, template_kwargs={"enable_thinking": True}
+    ) == tok.apply_chat_template(messages)
+    assert tok.encode_chat(messages, template_kwargs={"enable_thinking": False}) == tok.encode(
+        thinking_off, add_special=False
+    )
+    for reserved in ("messages", "bos_token", "add_generation_prompt", "raise_exception"):
+        with pytest.raises(InvalidRequest, match=f"chat_template_kwargs: '{reserved}' is set by the server"):
+            tok.apply_chat_template(messages, template_kwargs={reserved: "x"})
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    assert thinking_off == theirs.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
+    )

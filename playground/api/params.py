@@ -16,6 +16,7 @@ import json
 import re
 from dataclasses import asdict, dataclass, replace
 
+from inference.chat_template import check_template_kwargs
 from inference.events import InvalidRequest, SamplingParams, unicode_text
 from inference.protocol import JobSpec
 
@@ -51,7 +52,6 @@ EXTENSION_NEUTRAL = {
     # vLLM's chat template switches: the prompt is the checkpoint's own template, rendered as transformers
     # renders it with a generation prompt, and nothing else (add_special_tokens: below, per endpoint)
     "chat_template": (),
-    "chat_template_kwargs": ({},),  # {"enable_thinking": false} and the like render another prompt
     "add_generation_prompt": (True,),
     "continue_final_message": (False,),
     "documents": (),
@@ -92,7 +92,8 @@ HONOURED = frozenset(
         "model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature", "top_p",
         "top_k", "repetition_penalty", "seed", "stop", "n", "best_of", "frequency_penalty", "presence_penalty",
         "logprobs", "top_logprobs", "tools", "functions", "tool_choice", "function_call", "echo", "suffix",
-        "logit_bias", "response_format", "modalities", "add_special_tokens", *PENALTY_WINDOWS,
+        "logit_bias", "response_format", "modalities", "add_special_tokens", "chat_template_kwargs",
+        *PENALTY_WINDOWS,
     }
 )  # fmt: skip
 # Fields that change nothing in the reply, whatever their value: accepted and not used.
@@ -162,7 +163,8 @@ def parse_request(
     named = {"id": job_id} if job_id is not None else {}
     if chat:
         messages = _messages(body.get("messages"))
-        spec = JobSpec(model, messages=messages, chat=True, params=params, source="api", **named)
+        spec = JobSpec(model, messages=messages, chat=True, params=params, source="api",
+                       template_kwargs=_template_kwargs(body.get("chat_template_kwargs")), **named)  # fmt: skip
         prompt_field, chars = "messages", sum(len(m["content"]) for m in messages)
     else:
         spec = JobSpec(model, prompt=_prompt(body.get("prompt")), params=params, source="api", **named)
@@ -220,6 +222,13 @@ def _stop(stop) -> tuple | None:
     if isinstance(stop, str):
         return (stop,)
     raise InvalidRequest("stop", "must be a string or a list of strings")
+
+
+def _template_kwargs(value) -> dict | None:
+    """vLLM's chat_template_kwargs: further variables for the model's chat template (Qwen3's
+    {"enable_thinking": false}), checked here as the worker checks them; {} or absent: none."""
+    check_template_kwargs(value)
+    return value or None
 
 
 def _messages(messages) -> list[dict]:
@@ -316,6 +325,11 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
         if value is not None and not any(_same_value(value, each) for each in neutral):
             raise InvalidRequest(name, _not_supported(name))
     # vLLM's defaults: a chat template writes BOS itself (no special tokens added), a completion's prompt gets them
+    if not chat and body.get("chat_template_kwargs") not in (None, {}):
+        raise InvalidRequest(
+            "chat_template_kwargs",
+            "is for /v1/chat/completions: a completion's prompt goes through no template",
+        )
     add_special_tokens = body.get("add_special_tokens")
     if add_special_tokens is not None and not _same_value(add_special_tokens, not chat):
         raise InvalidRequest(

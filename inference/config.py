@@ -39,6 +39,21 @@ def check_link(path: Path) -> None:
         raise CheckpointError(f"{path} is a broken symbolic link (to {target}){hint}")
 
 
+def read_json_file(path: Path) -> dict:
+    """A checkpoint's optional JSON file (tokenizer_config.json, generation_config.json, ...) as a dict, {} when
+    absent; a broken link is no absent file (a snapshot that lost its blobs must not load half-read)."""
+    check_link(path)
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
 class EnvError(ValueError):
     """A setting in the environment that cannot be used; the message names the variable and what it takes."""
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from inference.checkpoint import CheckpointError, checkpoint_shapes, load_weights
-from inference.config import ModelConfig, check_link, env_max_context, env_number
+from inference.config import ModelConfig, check_link, env_max_context, env_number, read_json_file
 from inference.events import (
     Done,
     Event,
@@ -172,10 +172,35 @@ class StopStrings:
         return 0
 
 
+# generation_config.json's keys that are a request's sampling defaults (as vLLM reads them, do_sample aside)
+GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty")
+
+
+def sampling_defaults(path: Path | None) -> dict:
+    """The sampling settings the checkpoint's generation_config.json recommends (Qwen3's temperature 0.6,
+    top_k 20, top_p 0.95): the API's defaults for a request that leaves them out, as vLLM's. A value no request
+    could give (a top_p of 0, a negative top_k) is left out, with a warning."""
+    if path is None:
+        return {}
+    generation = read_json_file(Path(path) / "generation_config.json")
+    defaults = {}
+    for key in GENERATION_DEFAULT_KEYS:
+        if generation.get(key) is None:
+            continue
+        try:
+            SamplingParams(**{key: generation[key]})
+        except InvalidRequest as exc:
+            log.warning("%s: generation_config.json's %s left out: %s", path, key, exc.message)
+            continue
+        defaults[key] = generation[key]
+    return defaults
+
+
 class Engine:
     def __init__(self, name: str, path: Path, config: ModelConfig, tokenizer: Tokenizer, model: Transformer,
                  runner, max_context: int):  # fmt: skip
         self.name, self.path, self.config, self.tokenizer = name, path, config, tokenizer
+        self.sampling_defaults = sampling_defaults(path)
         self.model, self.runner, self.max_context = model, runner, max_context
         self.device, self.dtype = model.tok_embeddings.device, model.tok_embeddings.dtype
         peak = peak_bandwidth_from_env()

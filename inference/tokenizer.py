@@ -22,8 +22,7 @@ from jinja2.exceptions import TemplateError
 from tokenizers import Tokenizer as HFTokenizer
 
 from inference.chat_template import check_template_kwargs, compile_template
-from inference.checkpoint import CheckpointError
-from inference.config import check_link
+from inference.config import CheckpointError, check_link, read_json_file
 from inference.events import InvalidRequest
 from inference.stream_decoder import StreamDecoder
 
@@ -137,11 +136,11 @@ class Tokenizer:
             tok = HFTokenizer.from_file(str(tok_file))
         except Exception as e:  # the Rust parser's errors are one-line already
             raise CheckpointError(f"{tok_file}: cannot be parsed: {e}") from None
-        config = _read_json(path / "tokenizer_config.json")
+        config = read_json_file(path / "tokenizer_config.json")
         # The legacy layout (a tokenizer_config.json without added_tokens_decoder) names the special tokens in
         # special_tokens_map.json, whose names then win, as transformers reads them; later exports ignore it.
         if "added_tokens_decoder" not in config:
-            special_map = _read_json(path / "special_tokens_map.json")
+            special_map = read_json_file(path / "special_tokens_map.json")
             config.update({key: value for key, value in special_map.items() if key in SPECIAL_TOKEN_KEYS})
         # transformers >= 4.50 saves the template as chat_template.jinja (no longer in tokenizer_config.json);
         # where both exist, the file wins, as in transformers.
@@ -154,8 +153,8 @@ class Tokenizer:
             except (OSError, UnicodeDecodeError) as e:
                 raise CheckpointError(f"{template_file}: cannot be read ({e})") from None
             template_source = template_file
-        model_config = _read_json(path / "config.json")
-        generation = _read_json(path / "generation_config.json")
+        model_config = read_json_file(path / "config.json")
+        generation = read_json_file(path / "generation_config.json")
 
         def special(key: str) -> tuple[list[int], str]:
             # generation_config.json wins over config.json, which wins over tokenizer_config.json
@@ -369,21 +368,6 @@ def _byte_fallback_ids(tok: HFTokenizer, spec: dict) -> frozenset[int]:
         return frozenset()
     vocab = tok.get_vocab(with_added_tokens=True)
     return frozenset(i for token, i in vocab.items() if _BYTE_TOKEN.fullmatch(token))
-
-
-def _read_json(path: Path) -> dict:
-    check_link(
-        path
-    )  # a broken link is no absent file: a snapshot that lost its blobs must not load half-read
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return data
 
 
 def _token_text(value) -> str | None:

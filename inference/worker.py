@@ -179,11 +179,13 @@ class Worker:
             "job": self.current_job,
             "jobs_done": self.jobs_done,
             "peak_bandwidth_gbs": getattr(any_engine, "peak_bandwidth_gbs", None),
-            # what a client needs to build a request: whether to send chat messages, how long a prompt fits
+            # what a client needs to build a request: whether to send chat messages, how long a prompt fits, the
+            # sampling the checkpoint recommends (its generation_config.json: the API's defaults)
             "model_info": {
                 name: {
                     "chat": bool(getattr(engine.tokenizer, "has_chat_template", False)),
                     "max_context": engine.max_context,
+                    "sampling_defaults": getattr(engine, "sampling_defaults", {}),
                 }
                 for name, engine in self.engines.items()
             },

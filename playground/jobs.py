@@ -129,18 +129,26 @@ async def redis_back(jobs: JobClient, deadline: float) -> bool:
     return False
 
 
+# What a worker's heartbeat says of each model it serves that the web uses
+MODEL_INFO_KEYS = ("chat", "max_context", "sampling_defaults")
+
+
 def served_models(workers: list[dict]) -> dict[str, dict]:
-    """Model name -> {chat, max_context, workers}: the configured models (MODELS) and any other model a
+    """Model name -> {chat, max_context, sampling_defaults, workers}: the configured models (MODELS) and any other model a
     live worker serves; a configured one is listed while no worker is up for it (its jobs queue until
     one starts). Models with a live worker come first (the first one is the page's default), then in
     MODELS' order, then by name: never in heartbeat order, so the page's picker holds still."""
     configured = {name: i for i, name in enumerate(settings.PLAYGROUND_MODELS)}
-    models = {name: {"chat": False, "max_context": None, "workers": 0} for name in configured}
+
+    def unknown() -> dict:  # until a worker says
+        return {"chat": False, "max_context": None, "sampling_defaults": {}, "workers": 0}
+
+    models = {name: unknown() for name in configured}
     for worker in workers:
         info = worker.get("model_info", {})
         for name in worker.get("models", []):
-            entry = models.setdefault(name, {"chat": False, "max_context": None, "workers": 0})
-            entry.update({k: v for k, v in info.get(name, {}).items() if k in ("chat", "max_context")})
+            entry = models.setdefault(name, unknown())
+            entry.update({k: v for k, v in info.get(name, {}).items() if k in MODEL_INFO_KEYS})
             entry["workers"] += 1
 
     def order(name: str) -> tuple:

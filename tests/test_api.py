@@ -440,11 +440,19 @@ def test_with_a_key_configured_only_that_key_gets_in(stack, tmp_path):
         web.stop()
 
 
-def test_a_chats_template_variables_reach_the_workers_template(start_web, start_worker, tmp_path):
-    """vLLM's chat_template_kwargs through the official client: Qwen3's enable_thinking, read by a template."""
+def test_a_hosted_checkpoints_own_template_switches_and_sampling_are_honoured(
+    start_web, start_worker, tmp_path
+):
+    """A fine-tune as Qwen3 ships: vLLM's chat_template_kwargs (enable_thinking) reach its template, and its
+    generation_config.json's sampling is the default of a request that leaves it out (as vLLM's)."""
     from inference.synth import synth
 
     model = synth("tiny-qwen3", tmp_path / "thinker", seed=0)
+    generation = json.loads((model / "generation_config.json").read_text())
+    recommended = {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "repetition_penalty": 1.05}
+    (model / "generation_config.json").write_text(
+        json.dumps({**generation, "do_sample": True, **recommended})
+    )
     config = json.loads((model / "tokenizer_config.json").read_text())
     template = (
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -464,3 +472,18 @@ def test_a_chats_template_variables_reach_the_workers_template(start_web, start_
         **chat, extra_body={"chat_template_kwargs": {"enable_thinking": False}}
     )
     assert on.usage.prompt_tokens == plain.usage.prompt_tokens < off.usage.prompt_tokens
+
+    database = sqlite3.connect(web.env["DATABASE_URL"].removeprefix("sqlite:///"))
+    saved = "SELECT params FROM playground_generation WHERE job_id = ?"
+
+    def params_of(reply) -> dict:
+        (row,) = database.execute(saved, [reply.id.removeprefix("chatcmpl-")]).fetchall()
+        return json.loads(row[0])
+
+    assert {key: params_of(plain)[key] for key in recommended} == recommended
+    chosen = client.chat.completions.create(**chat, temperature=0.2, extra_body={"top_k": 0})
+    assert {key: params_of(chosen)[key] for key in recommended} == {
+        **recommended,
+        "temperature": 0.2,
+        "top_k": 0,
+    }

@@ -364,3 +364,22 @@ def test_a_chats_template_variables_go_with_its_job_and_bad_ones_are_refused():
             chat=False,
         )
     assert info.value.field == "chat_template_kwargs"
+
+
+def test_a_models_recommended_sampling_fills_what_the_request_leaves_out():
+    recommended = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "repetition_penalty": 1.05}
+
+    def params(body: dict, chat: bool = True, defaults: dict | None = recommended) -> dict:
+        return parse_request(body, chat, 512, 10_000, model_defaults=defaults).spec.params
+
+    assert {key: params(CHAT)[key] for key in recommended} == recommended
+    assert params({**CHAT, "temperature": 0.2, "top_k": -1})["temperature"] == 0.2  # the request's own win
+    assert params({**CHAT, "top_k": -1})["top_k"] == 0  # vLLM's "off", over the model's 20
+    assert (
+        params({**CHAT, "top_p": 0})["temperature"] == 0.0
+    )  # OpenAI's top_p=0: greedy, whatever the default
+    assert params({"model": "m", "prompt": "def f():"}, chat=False)["top_k"] == 20  # completions too
+    assert params(CHAT, defaults=None)["temperature"] == 1.0  # none: OpenAI's
+    assert (
+        params(CHAT, defaults={"max_new_tokens": 3, "seed": 1})["max_new_tokens"] == 512
+    )  # sampling keys only

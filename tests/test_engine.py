@@ -298,3 +298,18 @@ def test_a_model_the_memory_cannot_hold_is_one_line_saying_what_did_not_fit(tmp_
         f"max_position_embeddings={2**48} positions: check max_position_embeddings in its config.json ("
     )
     assert "can't allocate memory" in message and "\n" not in message
+
+
+def test_a_checkpoints_recommended_sampling_is_read_and_a_bad_value_left_out(tmp_path, caplog):
+    from inference.engine import sampling_defaults
+
+    assert sampling_defaults(None) == {} and sampling_defaults(tmp_path) == {}  # no generation_config.json
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({"do_sample": True, "temperature": 0.7, "top_p": 0, "top_k": 20, "max_new_tokens": 9})
+    )
+    with caplog.at_level("WARNING", logger="inference.engine"):
+        assert sampling_defaults(tmp_path) == {"temperature": 0.7, "top_k": 20}  # sampling keys only
+    assert "generation_config.json's top_p left out: must be in (0, 1], got 0" in caplog.text
+    model = synth("tiny-llama", tmp_path / "ft", seed=0)
+    (model / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.95}))
+    assert Engine.load(str(model), device="cpu").sampling_defaults == {"temperature": 0.6, "top_p": 0.95}

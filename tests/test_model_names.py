@@ -111,7 +111,12 @@ def test_the_model_list_holds_still_however_the_heartbeats_fall(settings):
 
     settings.PLAYGROUND_MODELS = ["default", "my-coder-ft", "idle-ft"]
     beats = [
-        {"models": ["my-coder-ft"], "model_info": {"my-coder-ft": {"chat": True, "max_context": 4096}}},
+        {
+            "models": ["my-coder-ft"],
+            "model_info": {
+                "my-coder-ft": {"chat": True, "max_context": 4096, "sampling_defaults": {"temperature": 0.7}}
+            },
+        },
         {"models": ["default"]},
         {"models": ["zeta-extra", "alpha-extra"]},
     ]
@@ -119,7 +124,10 @@ def test_the_model_list_holds_still_however_the_heartbeats_fall(settings):
     # live ones first in MODELS' order, then live extras by name, then configured ones no worker serves
     assert listed == [["default", "my-coder-ft", "alpha-extra", "zeta-extra", "idle-ft"]] * 3
     models = served_models(beats)
-    assert models["my-coder-ft"] == {"chat": True, "max_context": 4096, "workers": 1}
+    assert models["my-coder-ft"] == {
+        "chat": True, "max_context": 4096, "sampling_defaults": {"temperature": 0.7}, "workers": 1
+    }  # fmt: skip
+    assert models["default"]["sampling_defaults"] == {}  # a worker that says none
     assert models["idle-ft"]["workers"] == 0
     assert spec_from_frame({"prompt": "def f("}, models).model == "default"  # a frame without a model
     assert spec_from_frame({"prompt": "def f("}, served_models(beats[:1])).model == "my-coder-ft"

@@ -77,6 +77,8 @@ EXTENSION_NEUTRAL = {
     "audio": (),
     "web_search_options": (),
 }
+# The sampling a model's generation_config.json may recommend (inference/engine.py's GENERATION_DEFAULT_KEYS)
+MODEL_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty")
 # What a refusal adds for a field that has a counterpart here.
 INSTEAD = {
     "repeat_penalty": "use repetition_penalty (here it covers the whole context)",
@@ -131,10 +133,17 @@ class ApiRequest:
 
 
 def parse_request(
-    body: dict, chat: bool, max_new_tokens: int, max_prompt_chars: int, job_id: str | None = None
+    body: dict,
+    chat: bool,
+    max_new_tokens: int,
+    max_prompt_chars: int,
+    job_id: str | None = None,
+    model_defaults: dict | None = None,
 ) -> ApiRequest:
     """Raises InvalidRequest(field, message) with the client's own field name. `job_id`: the request's id,
-    which the job takes (a new one when None).
+    which the job takes (a new one when None). `model_defaults`: the model's recommended sampling (its
+    generation_config.json's temperature, top_p, top_k, repetition_penalty, from its worker), taken for what
+    the request leaves out, over OpenAI's defaults (as vLLM takes them).
 
     Without max_tokens a chat reply may run to `max_new_tokens` (the server's cap, which also clips larger
     requests): like OpenAI's chat API and llama.cpp's server it ends at a stop token, the cap, or the
@@ -159,7 +168,7 @@ def parse_request(
             raise InvalidRequest("stream_options", "must be an object")
         include_usage = _optional(options, "include_usage", bool, False, "stream_options.include_usage")
 
-    params = _sampling_params(body, max_new_tokens, chat)
+    params = _sampling_params(body, max_new_tokens, chat, model_defaults or {})
     named = {"id": job_id} if job_id is not None else {}
     if chat:
         messages = _messages(body.get("messages"))
@@ -176,7 +185,7 @@ def parse_request(
     return ApiRequest(spec=spec, stream=stream, include_usage=include_usage)
 
 
-def _sampling_params(body: dict, max_new_tokens: int, chat: bool) -> dict:
+def _sampling_params(body: dict, max_new_tokens: int, chat: bool, model_defaults: dict) -> dict:
     # max_completion_tokens is the newer name of max_tokens; when both are sent it wins.
     tokens_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     # OpenAI takes top_p=0 (clients send it for determinism): the smallest nucleus is the one most
@@ -188,14 +197,15 @@ def _sampling_params(body: dict, max_new_tokens: int, chat: bool) -> dict:
         "temperature": body.get("temperature"),
         "top_p": None if top_p_zero else top_p,
         # vLLM / llama.cpp extensions (extra_body in the openai client); vLLM's -1 is its "off", our 0
-        "top_k": None if _same_value(body.get("top_k"), -1) else body.get("top_k"),
+        "top_k": 0 if _same_value(body.get("top_k"), -1) else body.get("top_k"),
         "repetition_penalty": body.get("repetition_penalty"),
         "seed": body.get("seed"),
         "stop": _stop(body.get("stop")),
     }
-    defaults = {  # OpenAI's
+    defaults = {  # OpenAI's, then the model's own (only the keys SamplingParams knows: a worker's word)
         "max_new_tokens": max_new_tokens if chat else min(COMPLETIONS_MAX_TOKENS, max_new_tokens),
         "temperature": 1.0,
+        **{key: value for key, value in model_defaults.items() if key in MODEL_DEFAULT_KEYS},
     }
     given = {name: value for name, value in fields.items() if value is not None}
     try:

@@ -94,7 +94,11 @@ def endpoint(*methods: str):
 
 async def known_models() -> dict[str, dict]:
     """id -> its /v1/models entry: what the live workers serve, then the configured MODELS."""
-    models = served_models(await job_client().workers())
+    return model_entries(served_models(await job_client().workers()))
+
+
+def model_entries(models: dict[str, dict]) -> dict[str, dict]:
+    """served_models' answer as /v1/models entries, by id."""
     return {
         name: {
             "id": name,
@@ -159,13 +163,26 @@ def json_body(request):
 
 async def complete(request, chat: bool):
     body = json_body(request)
+    served = served_models(await job_client().workers())
+    # the checkpoint's recommended sampling (its generation_config.json) for what the request leaves out, as vLLM
+    named = (
+        served.get(body.get("model"))
+        if isinstance(body, dict) and isinstance(body.get("model"), str)
+        else None
+    )
     try:
         limits = settings.PLAYGROUND_MAX_NEW_TOKENS, settings.PLAYGROUND_MAX_PROMPT_CHARS
-        api_request = parse_request(body, chat, *limits, job_id=request.request_id)
+        api_request = parse_request(
+            body,
+            chat,
+            *limits,
+            job_id=request.request_id,
+            model_defaults=(named or {}).get("sampling_defaults"),
+        )
     except InvalidRequest as exc:
         raise ApiError(400, str(exc), param=exc.field, code="invalid_value") from None
+    models = model_entries(served)
     spec = api_request.spec
-    models = await known_models()
     if spec.model not in models:
         message = f"The model {spec.model!r} does not exist; served: {', '.join(models) or 'none'}"
         # OpenAI's status for it (the client raises NotFoundError), as GET /v1/models/<id> answers

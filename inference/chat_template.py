@@ -10,11 +10,12 @@ from datetime import datetime
 from functools import lru_cache
 
 from jinja2 import nodes
+from jinja2.defaults import DEFAULT_NAMESPACE
 from jinja2.exceptions import TemplateError
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from inference.events import InvalidRequest
+from inference.events import InvalidRequest, unicode_text
 
 
 class _GenerationMarks(Extension):
@@ -37,7 +38,7 @@ class _GenerationMarks(Extension):
 RESERVED_NAMES = frozenset(
     {
         "messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token", "unk_token",
-        "pad_token", "raise_exception", "strftime_now",
+        "pad_token", "raise_exception", "strftime_now", *DEFAULT_NAMESPACE,  # jinja's range, namespace, ...
     }
 )  # fmt: skip
 
@@ -51,13 +52,28 @@ def check_template_kwargs(template_kwargs: dict | None, field: str = "chat_templ
         raise InvalidRequest(
             field, 'must be an object of the chat template\'s variables, e.g. {"enable_thinking": false}'
         )
-    for key in template_kwargs:
+    for key, value in template_kwargs.items():
         if not isinstance(key, str) or not key.isidentifier():
             raise InvalidRequest(field, f"{key!r} is not a name a template can read")
         if key in RESERVED_NAMES:
             raise InvalidRequest(
                 field, f"{key!r} is set by the server (the messages, the special tokens, ...)"
             )
+        for text in json_strings(value):  # printed by a template: text the tokenizer can take, as a message's
+            unicode_text(text, f"{field}.{key}")
+
+
+def json_strings(value):
+    """Every string in a JSON value, the keys of its objects included."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list):
+        for item in value:
+            yield from json_strings(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from json_strings(key)
+            yield from json_strings(item)
 
 
 @lru_cache(maxsize=16)

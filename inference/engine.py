@@ -26,6 +26,7 @@ import torch
 from inference.checkpoint import CheckpointError, checkpoint_shapes, load_weights
 from inference.config import ModelConfig, check_link, env_max_context, env_number, read_json_file
 from inference.events import (
+    MAX_API_TEMPERATURE,
     Done,
     Event,
     InvalidRequest,
@@ -189,6 +190,8 @@ def sampling_defaults(path: Path | None) -> dict:
             continue
         try:
             SamplingParams(**{key: generation[key]})
+            if key == "temperature" and generation[key] > MAX_API_TEMPERATURE:
+                raise InvalidRequest(key, f"must be in [0, {MAX_API_TEMPERATURE:g}] (the API's range)")
         except InvalidRequest as exc:
             log.warning("%s: generation_config.json's %s left out: %s", path, key, exc.message)
             continue

@@ -41,6 +41,10 @@ REPETITION_PENALTY_RANGE = (1e-3, 1e3)
 SEED_RANGE = (-(2**63), 2**63 - 1)  # an int64, as OpenAI takes it: one seed, one stream of draws
 
 
+# OpenAI's temperature range, which the API holds requests (and a model's recommended default) to
+MAX_API_TEMPERATURE = 2.0
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int = 256

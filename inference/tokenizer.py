@@ -21,7 +21,7 @@ from pathlib import Path
 from jinja2.exceptions import TemplateError
 from tokenizers import Tokenizer as HFTokenizer
 
-from inference.chat_template import check_template_kwargs, compile_template
+from inference.chat_template import check_template_kwargs, compile_template, json_strings
 from inference.config import CheckpointError, check_link, read_json_file
 from inference.events import InvalidRequest
 from inference.stream_decoder import StreamDecoder
@@ -309,6 +309,14 @@ class Tokenizer:
             ):
                 raise InvalidRequest("messages", f"message {i} must have a string 'role' and 'content'")
         check_template_kwargs(template_kwargs)
+        for key, value in (template_kwargs or {}).items():
+            # A template prints its variables outside any message: a special token's spelling there would be
+            # read as the token (a turn the client wrote itself), as in a participant's name.
+            if any(self._has_special_spelling(text) for text in json_strings(value)):
+                raise InvalidRequest(
+                    "chat_template_kwargs",
+                    f"{key}: holds a special token's spelling, which a template prints as one",
+                )
         variables = {
             **(template_kwargs or {}),
             "messages": messages,
@@ -324,6 +332,11 @@ class Tokenizer:
             return compile_template(self.chat_template).render(**variables)
         except TemplateError as e:
             raise InvalidRequest("messages", f"chat template: {e}") from None
+        except (TypeError, ValueError, ArithmeticError, LookupError) as e:
+            if not template_kwargs:
+                raise  # the template on the server's own variables: a bug, logged with its traceback
+            # a client's variable of a type the template does not expect (a string compared with a number)
+            raise InvalidRequest("chat_template_kwargs", f"chat template: {type(e).__name__}: {e}") from None
 
     def stream_decoder(self, context_ids: Sequence[int] = ()) -> StreamDecoder:
         """`context_ids`: tokens already shown (the end of the prompt), so that the first new token

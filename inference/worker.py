@@ -186,6 +186,7 @@ class Worker:
                     "chat": bool(getattr(engine.tokenizer, "has_chat_template", False)),
                     "max_context": engine.max_context,
                     "sampling_defaults": getattr(engine, "sampling_defaults", {}),
+                    "template_kwargs": True,  # it renders a job's template_kwargs (the web asks before sending)
                 }
                 for name, engine in self.engines.items()
             },

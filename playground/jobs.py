@@ -130,7 +130,7 @@ async def redis_back(jobs: JobClient, deadline: float) -> bool:
 
 
 # What a worker's heartbeat says of each model it serves that the web uses
-MODEL_INFO_KEYS = ("chat", "max_context", "sampling_defaults")
+MODEL_INFO_KEYS = ("chat", "max_context", "sampling_defaults", "template_kwargs")
 
 
 def served_models(workers: list[dict]) -> dict[str, dict]:
@@ -141,7 +141,13 @@ def served_models(workers: list[dict]) -> dict[str, dict]:
     configured = {name: i for i, name in enumerate(settings.PLAYGROUND_MODELS)}
 
     def unknown() -> dict:  # until a worker says
-        return {"chat": False, "max_context": None, "sampling_defaults": {}, "workers": 0}
+        return {
+            "chat": False,
+            "max_context": None,
+            "sampling_defaults": {},
+            "template_kwargs": False,
+            "workers": 0,
+        }
 
     models = {name: unknown() for name in configured}
     for worker in workers:

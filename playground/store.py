@@ -43,7 +43,11 @@ def row_fields(spec: JobSpec, done: dict) -> dict:
         "prompt": prompt,
         "system_prompt": system_prompt,
         "messages": spec.messages,
-        "params": spec.params,
+        # the chat template's further variables beside the sampling: what the share page shows of the run
+        "params": {
+            **spec.params,
+            **({"chat_template_kwargs": spec.template_kwargs} if spec.template_kwargs else {}),
+        },
         "output": done.get("text", ""),
         "finish_reason": done.get("finish_reason", ""),
         "source": spec.source if spec.source in Generation.Source.values else Generation.Source.WEB,

@@ -37,12 +37,13 @@ PARAM_LABELS = {
     "repetition_penalty": "Repetition penalty",
     "seed": "Seed",
     "stop": "Stop",
+    "chat_template_kwargs": "Chat template variables",
 }
 # Values that change nothing (no top-k cut, no penalty, no nucleus cut, no stop string): not shown
 NEUTRAL = {"top_k": 0, "repetition_penalty": 1.0, "top_p": 1.0, "seed": None, "stop": []}
 # Settings the playground has no field for: "Try it yourself" cannot bring them, and says so
 NOT_ON_THE_PAGE = {"seed": "the seed", "top_k": "top-k", "repetition_penalty": "the repetition penalty",
-                   "stop": "the stop strings"}  # fmt: skip
+                   "stop": "the stop strings", "chat_template_kwargs": "the chat template variables"}  # fmt: skip
 # Unicode's text-direction controls: shown as their code points, never obeyed (as highlight.js does on the page)
 BIDI_CONTROLS = re.compile(r"[\u202a-\u202e\u2066-\u2069]")
 # What a link preview's title and description leave out: control characters and direction controls
@@ -138,10 +139,10 @@ def stat_rows(generation: Generation) -> list[tuple[str, str]]:
     return rows
 
 
-def quoted(text: str) -> str:
-    """A string as a Python or JSON literal spells it, so that newlines and spaces show; a direction
+def quoted(value) -> str:
+    """A string (or any JSON value) as a JSON literal spells it, so that newlines and spaces show; a direction
     control as its code point (written \\u202e, it is not obeyed)."""
-    return BIDI_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(text, ensure_ascii=False))
+    return BIDI_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(value, ensure_ascii=False))
 
 
 def set_params(generation: Generation) -> dict:
@@ -162,6 +163,8 @@ def param_rows(generation: Generation) -> list[tuple[str, str]]:
             value = (
                 " ".join(quoted(text) for text in value) if isinstance(value, list) else quoted(str(value))
             )
+        elif key == "chat_template_kwargs":  # as the client sent them
+            value = quoted(value)
         rows.append((PARAM_LABELS[key], str(value)))
     return rows
 

@@ -101,3 +101,24 @@ async def test_a_full_queue_is_a_429_with_a_retry_after(queue, settings, redis_u
     assert response.status_code == 429 and response.headers["Retry-After"] == "1"
     assert json.loads(response.content)["error"]["code"] == "queue_full"
     sync.close()
+
+
+@pytest.mark.django_db
+async def test_template_variables_go_only_to_a_worker_that_renders_them(queue, settings, redis_url):
+    import redis
+
+    from inference.protocol import WorkerChannel
+    from playground.limits import LimitConfig
+
+    settings.PLAYGROUND_MODELS = ["m"]
+    settings.PLAYGROUND_LIMITS = LimitConfig(ip_requests=0, ip_tokens=0, key_requests=0, key_tokens=0)
+    sync = redis.Redis.from_url(redis_url, decode_responses=True)
+    # a worker from before chat_template_kwargs: its heartbeat does not say it renders them (it would drop them)
+    WorkerChannel(sync, "older-worker", ["m"]).heartbeat({"model_info": {"m": {"chat": True}}})
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                       "chat_template_kwargs": {"enable_thinking": False}})  # fmt: skip
+    response = await AsyncClient().post("/v1/chat/completions", data=body, content_type="application/json")
+    error = json.loads(response.content)["error"]
+    assert response.status_code == 400 and error["param"] == "chat_template_kwargs", error
+    assert "no worker of this model renders them" in error["message"]
+    sync.close()

@@ -125,8 +125,12 @@ def test_the_model_list_holds_still_however_the_heartbeats_fall(settings):
     assert listed == [["default", "my-coder-ft", "alpha-extra", "zeta-extra", "idle-ft"]] * 3
     models = served_models(beats)
     assert models["my-coder-ft"] == {
-        "chat": True, "max_context": 4096, "sampling_defaults": {"temperature": 0.7}, "workers": 1
-    }  # fmt: skip
+        "chat": True,
+        "max_context": 4096,
+        "sampling_defaults": {"temperature": 0.7},
+        "template_kwargs": False,
+        "workers": 1,
+    }  # fmt: skip (a heartbeat that does not say it renders template variables: it is taken not to)
     assert models["default"]["sampling_defaults"] == {}  # a worker that says none
     assert models["idle-ft"]["workers"] == 0
     assert spec_from_frame({"prompt": "def f("}, models).model == "default"  # a frame without a model

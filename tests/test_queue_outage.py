@@ -189,3 +189,19 @@ async def test_a_page_whose_redis_stays_away_is_told_to_run_it_again(page_settin
     finally:
         worker.stop()
         start_redis_again()  # for the fixture to stop
+
+
+def test_a_bad_request_is_a_400_at_once_while_the_queue_is_down(own_redis, tmp_path):
+    url, stop_redis, _ = own_redis
+    web = WebServer(url, tmp_path)
+    try:
+        stop_redis()
+        started = time.monotonic()
+        bad = httpx.post(f"{web.url}/v1/completions", json={"model": "m", "prompt": "a", "temperature": "hot"},
+                         timeout=30)  # fmt: skip
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "temperature", bad.text
+        assert time.monotonic() - started < 2  # not after the Redis client's retries
+        good = httpx.post(f"{web.url}/v1/completions", json={"model": "m", "prompt": "a"}, timeout=60)
+        assert good.status_code == 503 and good.json()["error"]["code"] == "queue_down", good.text
+    finally:
+        web.stop()

@@ -251,3 +251,24 @@ def test_a_chat_stopped_before_any_output_says_so_not_the_playgrounds_placeholde
 
     page.goto(server.url)  # the playground's empty box still says what it is for
     assert page.evaluate(PLACEHOLDERS) == ['"Output streams here."']
+
+
+@pytest.mark.django_db
+def test_a_chats_template_variables_are_stored_and_shown_as_sent(client):
+    from inference.protocol import JobSpec
+    from playground.store import row_fields
+
+    spec = JobSpec("coder", messages=[{"role": "user", "content": "hi"}], chat=True, params=API_PARAMS,
+                   template_kwargs={"enable_thinking": False, "note": "a\u202eb <i>"})  # fmt: skip
+    row = make_generation(**{**row_fields(spec, {"text": "o", "finish_reason": "stop"}), "job_id": spec.id})
+    page = client.get(f"/g/{row.id}").content.decode()
+    assert (
+        shown_params(page)["Chat template variables"] == '{"enable_thinking": false, "note": "a\\u202eb <i>"}'
+    )
+    assert "<i>" not in page and "\u202e" not in page  # escaped, the direction control named
+    note = re.search(r'<p class="muted" id="left-out">(.*?)</p>', page).group(1)
+    assert "the chat template variables" in note
+    assert (
+        "chat_template_kwargs"
+        not in row_fields(JobSpec("coder", prompt="p", params=API_PARAMS), {})["params"]
+    )

@@ -17,7 +17,7 @@ import re
 from dataclasses import asdict, dataclass, replace
 
 from inference.chat_template import check_template_kwargs
-from inference.events import InvalidRequest, SamplingParams, unicode_text
+from inference.events import MAX_API_TEMPERATURE, InvalidRequest, SamplingParams, unicode_text
 from inference.protocol import JobSpec
 
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -213,8 +213,10 @@ def _sampling_params(body: dict, max_new_tokens: int, chat: bool, model_defaults
     except InvalidRequest as exc:
         field = tokens_field if exc.field == "max_new_tokens" else exc.field
         raise InvalidRequest(field, exc.message) from None
-    if params.temperature > 2:
-        raise InvalidRequest("temperature", f"must be in [0, 2], got {params.temperature}")
+    if params.temperature > MAX_API_TEMPERATURE:
+        raise InvalidRequest(
+            "temperature", f"must be in [0, {MAX_API_TEMPERATURE:g}], got {params.temperature}"
+        )
     if top_p_zero:
         params = replace(params, temperature=0.0)
     return {

@@ -163,22 +163,18 @@ def json_body(request):
 
 async def complete(request, chat: bool):
     body = json_body(request)
-    served = served_models(await job_client().workers())
-    # the checkpoint's recommended sampling (its generation_config.json) for what the request leaves out, as vLLM
-    named = (
-        served.get(body.get("model"))
-        if isinstance(body, dict) and isinstance(body.get("model"), str)
-        else None
-    )
+    limits = settings.PLAYGROUND_MAX_NEW_TOKENS, settings.PLAYGROUND_MAX_PROMPT_CHARS
     try:
-        limits = settings.PLAYGROUND_MAX_NEW_TOKENS, settings.PLAYGROUND_MAX_PROMPT_CHARS
-        api_request = parse_request(
-            body,
-            chat,
-            *limits,
-            job_id=request.request_id,
-            model_defaults=(named or {}).get("sampling_defaults"),
-        )
+        # checked before the queue is asked anything: a bad request is a 400 at once, the queue up or down
+        api_request = parse_request(body, chat, *limits, job_id=request.request_id)
+        served = served_models(await job_client().workers())
+        # the checkpoint's recommended sampling (its generation_config.json) for what the request left out,
+        # as vLLM takes it
+        defaults = served.get(api_request.spec.model, {}).get("sampling_defaults")
+        if defaults:
+            api_request = parse_request(
+                body, chat, *limits, job_id=request.request_id, model_defaults=defaults
+            )
     except InvalidRequest as exc:
         raise ApiError(400, str(exc), param=exc.field, code="invalid_value") from None
     models = model_entries(served)
@@ -189,6 +185,10 @@ async def complete(request, chat: bool):
         raise ApiError(404, message, param="model", code="model_not_found")
     if not models[spec.model]["workers"]:
         raise ApiError(503, f"No worker serves {spec.model!r} right now", "server_error", code="no_workers")
+    if spec.template_kwargs and not served[spec.model].get("template_kwargs"):
+        # a worker from before chat_template_kwargs would drop them (JobSpec.from_json leaves unknown fields out)
+        raise ApiError(400, "chat_template_kwargs: no worker of this model renders them yet; send the request "
+                       "without them", param="chat_template_kwargs", code="invalid_value")  # fmt: skip
     # A key has its own budget; without one, the client's address has (see playground/limits.py).
     ip = ip_from_request(request, limit_config().trusted_proxies)
     key_id = str(request.api_key.pk) if request.api_key is not None else None

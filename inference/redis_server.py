@@ -26,10 +26,12 @@ def redacted_url(url: str) -> str:
     return _QUERY_PASSWORD.sub(r"\1***", _PASSWORD.sub(r"\1:***@", url))
 
 
-def holds_password(url: str) -> bool:
-    """Whether `url` may carry a password: then a parser's reason for refusing it, which may quote a piece of
-    the password (redis-py: "Port could not be cast to integer value as 'secr3t'"), is not shown."""
-    return redacted_url(url) != url or "@" in url
+def url_problem(url: str, exc: ValueError) -> str:
+    """Why redis-py refused `url`, safe to show: its own reason, unless the URL may carry a password, which
+    that reason may quote a piece of (redis-py: "Port could not be cast to integer value as 'secr3t'")."""
+    if redacted_url(url) != url or "@" in url:
+        return "check the host and port, and percent-encode / @ : % ? # in the password"
+    return str(exc)
 
 
 def redis_binary() -> str:

@@ -47,7 +47,7 @@ from inference.failures import is_device_error, is_memory_error
 from inference.logs import configure_logging, job_context
 from inference.names import ModelNameError, configured_models, model_source, served_name, served_names
 from inference.protocol import HEARTBEAT_INTERVAL_S, JobSpec, WorkerChannel, connect
-from inference.redis_server import holds_password, redacted_url
+from inference.redis_server import redacted_url, url_problem
 from inference.standin import PREFIX as STANDIN_PREFIX
 from inference.standin import StandinEngine
 
@@ -443,12 +443,7 @@ def reach_redis(url: str, given_as: str | None) -> redis.Redis:
     try:
         client = connect(url)
     except ValueError as exc:  # no redis://, rediss:// or unix:// scheme, a port that is no number, ...
-        why = (
-            "check the host and port, and percent-encode / @ : % ? # in the password"
-            if holds_password(url)
-            else exc
-        )
-        log.error("%s is not a Redis URL (%s); e.g. %s", shown, why, DEFAULT_REDIS_URL)
+        log.error("%s is not a Redis URL (%s); e.g. %s", shown, url_problem(url, exc), DEFAULT_REDIS_URL)
         raise SystemExit(USAGE_EXIT_CODE) from None
     try:
         client.ping()

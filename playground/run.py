@@ -23,7 +23,7 @@ import redis
 
 from inference.names import ModelNameError, served_names, split_entry
 from inference.protocol import worker_key
-from inference.redis_server import holds_password, redacted_url, start_redis
+from inference.redis_server import redacted_url, start_redis, url_problem
 from inference.worker import STALL_EXIT_CODE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,16 +88,10 @@ def check_redis(url: str) -> None:
     """An operator's REDIS_URL that answers nothing ends the launch in one line, not a client's traceback."""
     try:
         redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5).ping()
-    except (
-        ValueError
-    ) as exc:  # no redis://, rediss:// or unix:// scheme; a reason that may quote the password
-        why = (
-            "check the host and port, and percent-encode / @ : % ? # in the password"
-            if holds_password(url)
-            else exc
-        )
+    except ValueError as exc:  # no redis://, rediss:// or unix:// scheme, a port that is no number, ...
         raise SystemExit(
-            f"REDIS_URL={redacted_url(url)} is not a Redis URL ({why}); e.g. redis://127.0.0.1:6379/0"
+            f"REDIS_URL={redacted_url(url)} is not a Redis URL ({url_problem(url, exc)}); "
+            "e.g. redis://127.0.0.1:6379/0"
         ) from None
     except redis.RedisError as exc:
         raise SystemExit(f"cannot reach Redis at REDIS_URL={redacted_url(url)}: {exc}") from None

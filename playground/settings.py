@@ -43,7 +43,7 @@ from inference.config import EnvError
 from inference.config import env_number as config_env_number
 from inference.logs import logging_config
 from inference.names import ModelNameError, configured_models, served_names
-from inference.redis_server import holds_password, redacted_url
+from inference.redis_server import redacted_url, url_problem
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -79,16 +79,10 @@ def redis_url() -> str:
     try:
         parse_url(url)
     except ValueError as exc:
-        # never a password in the log: not in the URL shown, nor in redis-py's reason, which may quote a piece
-        why = (
-            ": check the host and port, and percent-encode / @ : % ? # in the password"
-            if holds_password(url)
-            else f": {exc}"
-        )
-        shown = redacted_url(url)
+        # never a password in the log: not in the URL shown, nor in redis-py's reason
         raise ImproperlyConfigured(
             "REDIS_URL must look like redis://host:port/db (redis://:password@host:port/db with a password, "
-            f"rediss:// for TLS, unix:///path/to/redis.sock), got {shown!r}{why}"
+            f"rediss:// for TLS, unix:///path/to/redis.sock), got {redacted_url(url)!r}: {url_problem(url, exc)}"
         ) from None
     return url
 

@@ -233,3 +233,14 @@ def browser():
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield browser
         browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A page of its own context (tests/page_testing.py's new_page), closed after the test; a module with its
+    own needs (test_browser.py's dialogs, test_security_browser.py's console) defines its own."""
+    from tests.page_testing import new_page  # page_testing imports this module
+
+    page = new_page(browser)
+    yield page
+    page.context.close()

@@ -58,13 +58,6 @@ def default_model(redis_server, tmp_path_factory):
     worker.stop()
 
 
-@pytest.fixture
-def page(browser):
-    page = new_page(browser)
-    yield page
-    page.context.close()
-
-
 def wait_for_state(page, state: str, timeout: int = 15_000) -> None:
     page.wait_for_selector(f"#state[data-state={state}]", timeout=timeout)
 

@@ -157,13 +157,6 @@ def server(redis_server, tmp_path_factory):
     web.stop()
 
 
-@pytest.fixture
-def page(browser):
-    page = new_page(browser)
-    yield page
-    page.context.close()
-
-
 PHONE = {
     "viewport": {"width": 390, "height": 844},
     "device_scale_factor": 3,

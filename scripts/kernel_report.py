@@ -88,6 +88,7 @@ def compile_report(fn: JITFunction, args: tuple, kwargs: dict, num_warps: int) -
                               options={"num_warps": num_warps})  # fmt: skip
     ptx_path = Path("/tmp") / f"kernel_report_{fn.__name__}.ptx"
     ptx_path.write_text(compiled.asm["ptx"])
+    ptx_path.with_suffix(".ttgir").write_text(compiled.asm["ttgir"])
     out = subprocess.run([str(PTXAS), "-arch=sm_90a", "-v", str(ptx_path), "-o", "/dev/null"],
                          capture_output=True, text=True).stderr  # fmt: skip
     regs = next(

@@ -1,17 +1,23 @@
-"""Whether the 12-bit packed weights of kernels/packed_gemv.py stream faster when the products run on the tensor
-cores: a plain matrix-vector product (bf16 input, no norm, no exceptions) whose decoded bf16 pairs go straight into
-`mma.sync.m16n8k16` as A fragments, so the fp32 split of each pair and the FFMA per weight are gone.
+"""The 12-bit packed weights of kernels/packed_gemv.py with the products on the tensor cores: each thread's
+decoded bf16 pairs go straight into `mma.sync.m16n8k16` as A fragments, so the fp32 split of each pair and the
+FFMA per weight are gone (~2.3 instructions a weight where kernels/packed_gemv.py needs ~8). A decode layer of
+qwen3-1.7b's shapes (q|k|v, o-proj, gate/up, down-proj; attention left out, a fixed bf16 vector in its place), 28
+layers in one CUDA graph: first one layer checked against the runner's bf16 kernels, then each kind alone in a
+few settings, then the chain all packed, half packed (o-proj and down-proj) and all bf16, in turns.
 
-    python scripts/packed_mma_probe.py [--json out.json]      # GPU: check, then us a call against the bf16 kernel
-    python scripts/packed_mma_probe.py --compile              # no GPU: registers and the TTGIR layouts, sm_90a
+    python scripts/packed_mma_probe.py [--json out.json]     # GPU
+    python scripts/packed_mma_probe.py --compile             # no GPU: registers and layout conversions, sm_90a
 
-The layout is the one the kernel's tensors have: a program's [BM, 128] int32 tiles put 4 consecutive words in a
-thread and 32 threads along a row (Triton's blocked layout for 16-byte loads), so word c of a row sits in lane
-c // 4, slot c % 4. The packer puts in that word the 8 weights of lane c // 4's A fragment for M-tile (row) r and
-K-part 4 i + c % 4 of chunk i; an inline asm over the 4 slots of a thread chains the 4 K-parts' mma. B holds the
-input in column 0 only (lanes 0-3), so D's column 0 is the product: lanes with c // 4 % 4 == 0 store rows g and
-g + 8 of the tile. Exceptions (weights under the 16-binade window, ~1e-4) are decoded to the window's floor here:
-the check compares with that matrix, and the timing leaves their correction out.
+Layout. A program's [BM, 128] int32 tiles put 4 consecutive words in a thread and 32 threads along a row
+(Triton's blocked layout for 16-byte loads; the kernel keeps every operand of the asm in it), so word c of row r
+sits in lane c // 4, slot c % 4 of warp r. pack_mma puts in that word (two words of low bytes, one of codes) the 8
+weights of lane c // 4's A fragment for M-tile r (16 rows) and K-part 4 i + c % 4 of chunk i (64 columns); one
+inline asm over a thread's 4 slots chains their 4 mma. B holds the input in column 0 only (lanes 0-3), so D's
+column 0 is the product: lanes with c // 4 % 4 == 0 hold rows g and g + 8 of the tile in slots 0 and 2. A
+kernel takes 1 / SPLIT of K and adds into an fp32 output with atomics when SPLIT > 1. A normed kind builds B from
+the fp32 x * g in a bf16 hi and lo part (two mma a K-part). Exceptions (weights under the 16-binade window,
+~1e-4) are decoded to the window's floor here: the check compares with that matrix, both paths run on it, and
+the timing leaves their correction out.
 """
 
 import argparse
@@ -29,8 +35,6 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402
 
-from kernels import pdl_kwargs  # noqa: E402
-
 WINDOW = 7
 _MMA4 = tl.constexpr(
     "{\n"
@@ -43,6 +47,19 @@ _MMA4 = tl.constexpr(
     "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, {$7, $11, $15, $19}, {$23, $27}, "
     "{$0, $1, $2, $3};\n"
     "}"
+)
+# the same with B in two bf16 parts (hi, then lo: the fp32 x * g of a normed input) for each K-part
+_MMA4_SPLIT_B = tl.constexpr(
+    "{\n"
+    + "".join(
+        f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{$0, $1, $2, $3}}, {{${4 + j}, ${8 + j}, ${12 + j}, "
+        f"${16 + j}}}, {{${20 + j + 8 * part}, ${24 + j + 8 * part}}}, "
+        + ("{$36, $37, $38, $39}" if j == 0 and part == 0 else "{$0, $1, $2, $3}")
+        + ";\n"
+        for j in range(4)
+        for part in range(2)
+    )
+    + "}"
 )
 _PRMT_PAIR_0 = tl.constexpr("prmt.b32 $0, $1, $2, 0x5140;")
 _PRMT_PAIR_1 = tl.constexpr("prmt.b32 $0, $1, $2, 0x7362;")
@@ -62,22 +79,24 @@ def fragment_index(device) -> tuple[torch.Tensor, torch.Tensor]:
     return rows, cols
 
 
-def chunk_columns(k: int, device) -> torch.Tensor:
+def chunk_columns(k: int, device, normed: bool = False) -> torch.Tensor:
     """[K] long: the weight column at each position of the fragments' order, where position (4 i + j) * 16 + kk
     is column kk of K-part j of chunk i. Column 2t + e + 8h of K-part j (lane t's B pair h, element e) is
-    64 i + 32 h + 8 t + 2 j + e, so that a lane's B pairs for its 4 K-parts are 16 contiguous bytes."""
+    64 i + 32 h + 8 t + 2 j + e, so that a lane's B pairs for its 4 K-parts are 16 contiguous bytes of a bf16
+    input; for a normed input, whose pairs the kernel builds from fp32 x * g, 64 i + 32 h + 8 t + 4 e + j, so
+    that each element's x and g for the 4 K-parts are contiguous."""
     pos = torch.arange(k, device=device)
     i, j, kk = pos // 64, (pos // 16) % 4, pos % 16
     h, t, e = kk // 8, (kk % 8) // 2, kk % 2
-    return 64 * i + 32 * h + 8 * t + 2 * j + e
+    return 64 * i + 32 * h + 8 * t + (4 * e + j if normed else 2 * j + e)
 
 
-def pack_mma(weight: torch.Tensor) -> dict:
+def pack_mma(weight: torch.Tensor, normed: bool = False) -> dict:
     """weight [N, K] bf16 (N % 16 == 0, K % 64 == 0) -> lo [N/16, K/64, 2, 128], codes [N/16, K/64, 128] and base
     [N/16, 8] int32, and the matrix they decode to (exceptions at their row's floor)."""
     n, k = weight.shape
     original = weight.view(torch.int16).to(torch.int32) & 0xFFFF
-    weight = weight[:, chunk_columns(k, weight.device)].contiguous()
+    weight = weight[:, chunk_columns(k, weight.device, normed)].contiguous()
     bits = weight.view(torch.int16).to(torch.int32) & 0xFFFF
     low, top, sign = bits & 0xFF, (bits >> 8) & 0x7F, bits >> 15
     base = top.amax(dim=1).clamp(min=WINDOW)
@@ -122,95 +141,316 @@ def _pair(lo, hi, PAIR: tl.constexpr):
 
 
 @triton.jit
-def _mma_gemv_kernel(act_ptr, lo_ptr, code_ptr, base_ptr, out_ptr, K: tl.constexpr, BM: tl.constexpr,
-                     AHEAD: tl.constexpr, SPLIT: tl.constexpr, ACCUMULATE: tl.constexpr,
-                     USE_PDL: tl.constexpr):  # fmt: skip
-    CHUNKS: tl.constexpr = K // 64 // SPLIT  # this program's share of K, from chunk k0 on
+def _chunk_loads(lo_ptr, code_ptr, tile, code_tile, i: tl.constexpr):
+    return (tl.load(lo_ptr + tile + i * 256, eviction_policy="evict_first"),
+            tl.load(lo_ptr + tile + i * 256 + 128, eviction_policy="evict_first"),
+            tl.load(code_ptr + code_tile + i * 128, eviction_policy="evict_first"))  # fmt: skip
+
+
+@triton.jit
+def _mma_chunk(words, base, bh0, bh1, bl0, bl1, acc, SPLIT_B: tl.constexpr):
+    """acc after chunk `words` (lo0, lo1, codes: 4 K-parts a thread) against B (hi and, with SPLIT_B, lo)."""
+    lo0, lo1, codes = words
+    c0 = codes & 0x0F0F0F0F
+    c1 = (codes >> 4) & 0x0F0F0F0F
+    h0 = (c0 & 0x08080808) * 17 + (base - c0)
+    h1 = (c1 & 0x08080808) * 17 + (base - c1)
+    a = [_pair(lo0, h0, 0), _pair(lo0, h0, 1), _pair(lo1, h1, 0), _pair(lo1, h1, 1)]
+    if SPLIT_B:
+        return tl.inline_asm_elementwise(_MMA4_SPLIT_B, "=&f,=&f,=&f,=&f," + "r," * 32 + "f,f,f,f",
+                                         a + [bh0, bh1, bl0, bl1, acc], dtype=tl.float32, is_pure=True,
+                                         pack=4)  # fmt: skip
+    return tl.inline_asm_elementwise(_MMA4, "=&f,=&f,=&f,=&f," + "r," * 24 + "f,f,f,f", a + [bh0, bh1, acc],
+                                     dtype=tl.float32, is_pure=True, pack=4)  # fmt: skip
+
+
+@triton.jit
+def _bf16_bits(v):
+    return v.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+
+
+@triton.jit
+def _normed_b(x_ptr, norm_ptr, col, mask):
+    """B pairs (hi part, lo part) of x * g at columns col and col + 4 (chunk_columns' normed order): each an
+    int32 of two bf16."""
+    first = tl.load(x_ptr + col, mask=mask, other=0.0) * tl.load(norm_ptr + col, mask=mask, other=0.0).to(
+        tl.float32
+    )
+    second = tl.load(x_ptr + col + 4, mask=mask, other=0.0) * tl.load(
+        norm_ptr + col + 4, mask=mask, other=0.0
+    ).to(tl.float32)
+    first_hi = _bf16_bits(first)
+    second_hi = _bf16_bits(second)
+    first_lo = _bf16_bits(first - (first_hi << 16).to(tl.float32, bitcast=True))
+    second_lo = _bf16_bits(second - (second_hi << 16).to(tl.float32, bitcast=True))
+    return first_hi | (second_hi << 16), first_lo | (second_lo << 16)
+
+
+@triton.jit
+def _mma_split_kernel(act_ptr, x_ptr, norm_ptr, lo_ptr, code_ptr, base_ptr, lo_u_ptr, code_u_ptr, base_u_ptr,
+                      out_ptr, zero_ptr, eps, K: tl.constexpr, BM: tl.constexpr, AHEAD: tl.constexpr,
+                      SPLIT: tl.constexpr, NORMED: tl.constexpr, GATED: tl.constexpr, ACCUMULATE: tl.constexpr,
+                      ZERO: tl.constexpr, USE_PDL: tl.constexpr, TRIGGER_EARLY: tl.constexpr):  # fmt: skip
+    """BM M-tiles a program (a warp each), 1 / SPLIT of K; SPLIT > 1 adds into an fp32 out with atomics. NORMED:
+    B is x * g in a bf16 hi and lo part, computed here from the fp32 x, and rstd scales the sums. ZERO: each
+    program also clears its ZERO floats of zero_ptr (a buffer the next launches add into)."""
+    CHUNKS: tl.constexpr = K // 64 // SPLIT
     k0 = tl.program_id(1) * CHUNKS
-    m = tl.program_id(0) * BM + tl.arange(0, BM)  # [BM] M-tiles (16 rows each)
+    m = tl.program_id(0) * BM + tl.arange(0, BM)
     c = tl.arange(0, 128)
     lane = c // 4
     g = lane // 4
     t = lane % 4
     j = c % 4
-    tile = (m[:, None] * (K // 64) + k0) * 256 + c[None, :]  # [BM, 128] word offsets of chunk k0's lo words
+    tile = (m[:, None] * (K // 64) + k0) * 256 + c[None, :]
     code_tile = (m[:, None] * (K // 64) + k0) * 128 + c[None, :]
-    base = tl.load(base_ptr + m[:, None] * 8 + g[None, :])  # [BM, 128]: rows g, g + 8 in bytes 0-1, 2-3
-    if USE_PDL:
+    base = tl.load(base_ptr + m[:, None] * 8 + g[None, :])
+    base_u = base
+    if GATED:
+        base_u = tl.load(base_u_ptr + m[:, None] * 8 + g[None, :])
+    if USE_PDL and TRIGGER_EARLY:
         gdc_launch_dependents()
-    # AHEAD chunks' words in flight before the wait (the weights do not depend on the previous kernel)
     ring = ()
+    ring_u = ()
     for i in tl.static_range(AHEAD):
-        ring = ring + ((tl.load(lo_ptr + tile + i * 256, eviction_policy="evict_first"),
-                        tl.load(lo_ptr + tile + i * 256 + 128, eviction_policy="evict_first"),
-                        tl.load(code_ptr + code_tile + i * 128, eviction_policy="evict_first")),)  # fmt: skip
+        ring = ring + (_chunk_loads(lo_ptr, code_ptr, tile, code_tile, i),)
+        if GATED:
+            ring_u = ring_u + (_chunk_loads(lo_u_ptr, code_u_ptr, tile, code_tile, i),)
     if USE_PDL:
         gdc_wait()
-    acc = tl.zeros([BM, 128], dtype=tl.float32) + (base * 0).to(tl.float32)  # the tiles' layout
+        if not TRIGGER_EARLY:
+            gdc_launch_dependents()
+    if ZERO > 0:
+        pid = tl.program_id(0) * SPLIT + tl.program_id(1)
+        tl.store(zero_ptr + pid * ZERO + tl.arange(0, ZERO), tl.zeros([ZERO], tl.float32))
+    rstd = 1.0
+    if NORMED:
+        xs = tl.load(x_ptr + tl.arange(0, K))
+        rstd = 1.0 / tl.sqrt(tl.sum(xs * xs, axis=0) / K + eps)
+    acc = tl.zeros([BM, 128], dtype=tl.float32) + (base * 0).to(tl.float32)
+    acc_u = acc
+    column_0 = (g == 0)[None, :] & (m >= 0)[:, None]
     for i in tl.static_range(CHUNKS):
-        lo0, lo1, codes = ring[0]
+        words = ring[0]
+        ring = ring[1:]
         if i + AHEAD < CHUNKS:
-            nxt = i + AHEAD
-            ring = ring[1:] + ((tl.load(lo_ptr + tile + nxt * 256, eviction_policy="evict_first"),
-                                tl.load(lo_ptr + tile + nxt * 256 + 128, eviction_policy="evict_first"),
-                                tl.load(code_ptr + code_tile + nxt * 128, eviction_policy="evict_first")),)  # fmt: skip
+            ring = ring + (_chunk_loads(lo_ptr, code_ptr, tile, code_tile, i + AHEAD),)
+        if GATED:
+            words_u = ring_u[0]
+            ring_u = ring_u[1:]
+            if i + AHEAD < CHUNKS:
+                ring_u = ring_u + (_chunk_loads(lo_u_ptr, code_u_ptr, tile, code_tile, i + AHEAD),)
+        if NORMED:
+            col = ((k0 + i) * 64 + 8 * t + j)[None, :] + (m * 0)[:, None]
+            bh0, bl0 = _normed_b(x_ptr, norm_ptr, col, column_0)
+            bh1, bl1 = _normed_b(x_ptr, norm_ptr, col + 32, column_0)
         else:
-            ring = ring[1:]
-        # B: the input's bf16 pairs at columns 2t, 2t + 1 (and + 8) of K-part 4 i + j, in lanes of column 0 only
-        # (loaded [BM, 128] in the tiles' layout, a thread's 4 slots 16 contiguous bytes: see chunk_columns)
-        pair = ((k0 + i) * 32 + 4 * t + j)[None, :] + (m * 0)[:, None]  # [BM, 128] bf16-pair index
-        column_0 = (g == 0)[None, :] & (m >= 0)[:, None]
-        b0 = tl.load(act_ptr + pair, mask=column_0, other=0)
-        b1 = tl.load(act_ptr + pair + 16, mask=column_0, other=0)
-        c0 = codes & 0x0F0F0F0F
-        c1 = (codes >> 4) & 0x0F0F0F0F
-        h0 = (c0 & 0x08080808) * 17 + (base - c0)
-        h1 = (c1 & 0x08080808) * 17 + (base - c1)
-        acc = tl.inline_asm_elementwise(
-            _MMA4, "=&f,=&f,=&f,=&f," + "r," * 24 + "f,f,f,f",  # early clobber: later mma read inputs
-            [_pair(lo0, h0, 0), _pair(lo0, h0, 1), _pair(lo1, h1, 0), _pair(lo1, h1, 1), b0, b1, acc],
-            dtype=tl.float32, is_pure=True, pack=4,
-        )  # fmt: skip
+            pair = ((k0 + i) * 32 + 4 * t + j)[None, :] + (m * 0)[:, None]
+            bh0 = tl.load(act_ptr + pair, mask=column_0, other=0)
+            bh1 = tl.load(act_ptr + pair + 16, mask=column_0, other=0)
+            bl0 = bh0
+            bl1 = bh1
+        acc = _mma_chunk(words, base, bh0, bh1, bl0, bl1, acc, NORMED)
+        if GATED:
+            acc_u = _mma_chunk(words_u, base_u, bh0, bh1, bl0, bl1, acc_u, NORMED)
     rows = m[:, None] * 16 + g[None, :] + 8 * (j[None, :] // 2)
     keep = ((t == 0) & (j % 2 == 0))[None, :] & (rows >= 0)
-    if SPLIT > 1:  # the programs of a row block add their parts of K into the residual
-        tl.atomic_add(out_ptr + rows, acc, mask=keep, sem="relaxed")
+    y = acc * rstd
+    if GATED:
+        y = y * tl.sigmoid(y) * (acc_u * rstd)
+    if SPLIT > 1:
+        tl.atomic_add(out_ptr + rows, y, mask=keep, sem="relaxed")
     else:
         if ACCUMULATE:
-            acc += tl.load(out_ptr + rows, mask=keep, other=0.0)
-        tl.store(out_ptr + rows, acc, mask=keep)
+            y += tl.load(out_ptr + rows, mask=keep, other=0.0)
+        tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=keep)
 
 
-def mma_gemv(act: torch.Tensor, packed: dict, out: torch.Tensor, block_m: int = 4, ahead: int = 4,
-             accumulate: bool = False, use_pdl: bool = False, num_warps: int = 4, split: int = 1) -> torch.Tensor:  # fmt: skip
-    """out [N] fp32 (+)= W @ act for act [K] bf16; split: programs sharing a row block's K (atomic adds, so
-    accumulate only)."""
+def mma_split_launch(packed: dict, out: torch.Tensor, *, act=None, x=None, norm=None, packed_up=None,
+                     accumulate=False, split=1, block_m=4, ahead=8, zero=None, trigger_early=False,
+                     eps=1e-6) -> None:  # fmt: skip
     n, k = packed["n"], packed["k"]
-    if split > 1 and not accumulate or (k // 64) % split:
-        raise ValueError(f"split {split}: needs accumulate and K / 64 = {k // 64} a multiple of it")
-    grid = (triton.cdiv(n // 16, block_m), split)
-    _mma_gemv_kernel[grid](act.view(torch.int32), packed["lo"], packed["codes"], packed["base"], out, K=k,
-                           BM=block_m, AHEAD=min(ahead, k // 64 // split), SPLIT=split, ACCUMULATE=accumulate,
-                           USE_PDL=use_pdl,
-                           num_warps=num_warps, **pdl_kwargs(use_pdl))  # fmt: skip
-    return out
+    if (k // 64) % split or (n // 16) % block_m or (split > 1 and (out.dtype != torch.float32 or packed_up)):
+        raise ValueError(f"split {split} / block_m {block_m} do not fit [{n} x {k}]")
+    up = packed_up or packed
+    grid = ((n // 16) // block_m, split)
+    zero_each = 0
+    if zero is not None:
+        zero_each = zero.numel() // (grid[0] * grid[1])
+        if zero_each * grid[0] * grid[1] != zero.numel() or zero_each & (zero_each - 1):
+            raise ValueError(f"zero: {zero.numel()} floats over {grid[0] * grid[1]} programs")
+    normed = norm is not None
+    _mma_split_kernel[grid](act.view(torch.int32) if act is not None else out, x if normed else out,
+                            norm if normed else out, packed["lo"], packed["codes"], packed["base"], up["lo"],
+                            up["codes"], up["base"], out, zero if zero is not None else out, eps, K=k, BM=block_m,
+                            AHEAD=min(ahead, k // 64 // split), SPLIT=split, NORMED=normed,
+                            GATED=packed_up is not None, ACCUMULATE=accumulate, ZERO=zero_each, USE_PDL=True,
+                            TRIGGER_EARLY=trigger_early, num_warps=block_m, launch_pdl=True)  # fmt: skip
 
 
-SHAPES = {"qkv": (4096, 2048), "o": (2048, 2048), "gate_up (one matrix)": (12288, 2048), "down": (2048, 6144)}
-# (block_m, ahead, warps, split): block_m >= warps, so that each thread holds 4 consecutive words of a row
-SETTINGS = (
-    (4, 8, 4, 1),
-    (4, 12, 4, 1),
-    (8, 8, 8, 1),
-    (2, 8, 2, 1),
-    (1, 8, 1, 1),
-    (4, 8, 4, 2),
-    (4, 8, 4, 4),
-    (2, 8, 2, 4),
-    (4, 8, 4, 8),
-    (2, 8, 2, 8),
-    (1, 8, 1, 8),
-)
+ALONE_SETTINGS = {  # per kind: (block_m, split, ahead)
+    "qkv": ((1, 8, 4), (1, 16, 2)),
+    "o": ((1, 8, 4), (1, 4, 8), (1, 16, 2), (1, 32, 1)),
+    "gate_up": ((4, 1, 4), (2, 1, 4)),
+    "down": ((1, 8, 8), (1, 16, 4), (1, 32, 2), (2, 16, 4), (1, 12, 8)),
+}
+
+
+def chain(json_path) -> int:
+    """qwen3-1.7b's four matrix kinds, 28 layers, attention left out (the o-proj reads a fixed bf16 vector in
+    its place): the runner's bf16 kernels against the packed tensor-core launches, each kind alone in a few
+    settings, then the layer chain in one CUDA graph, in turns."""
+    from types import SimpleNamespace
+
+    from inference.bench.ceiling import measure_bandwidth
+    from scripts.packed_gemv_probe import bf16_layer, graph_us
+
+    device = torch.device("cuda")
+    read_gbs = measure_bandwidth(device)["read_gbs"]
+    gen = torch.Generator(device).manual_seed(0)
+    d, qkv_rows, inter, layers_n = 2048, 4096, 6144, 28
+    shapes = {"qkv": (qkv_rows, d), "o": (d, d), "gate_up": (inter, d), "up": (inter, d), "down": (d, inter)}
+    layers = []
+    for _ in range(layers_n):
+        raw = {k: (torch.randn(n, kk, device=device, generator=gen) * kk**-0.5).to(torch.bfloat16)
+               for k, (n, kk) in shapes.items()}  # fmt: skip
+        packed = {k: pack_mma(w, normed=k in ("qkv", "gate_up", "up")) for k, w in raw.items()}
+        # the bf16 kernels run on the decoded matrices (exceptions at their floor), so both compute the same sums
+        bf16 = {k: packed[k]["decoded"][None].contiguous() for k in raw}
+        norm = (1 + 0.1 * torch.randn(d, device=device, generator=gen)).to(torch.bfloat16)
+        layers.append(SimpleNamespace(bf16=bf16, packed=packed, norm=norm))
+    eps = 1e-6
+    x0 = torch.randn(d, device=device, generator=gen)
+    attn = torch.randn(d, device=device, generator=gen).to(torch.bfloat16)  # attention's output, stood in
+    buf = SimpleNamespace(x=x0[None].clone(), qkv=torch.zeros(1, qkv_rows, device=device, dtype=torch.bfloat16),
+                          h=torch.zeros(1, inter, device=device, dtype=torch.bfloat16), attn=attn[None])  # fmt: skip
+    x, h = buf.x[0], buf.h[0]  # the residual and the MLP's activation, shared with the bf16 kernels
+    qkv32 = torch.zeros(qkv_rows, device=device)  # q|k|v in fp32, added into by the splits
+
+    def launch(kind: str, layer, setting) -> None:
+        block_m, split, ahead = setting
+        p = layer.packed
+        if kind == "qkv":
+            mma_split_launch(p["qkv"], qkv32, x=x, norm=layer.norm, split=split, block_m=block_m, ahead=ahead,
+                             trigger_early=True, eps=eps)  # fmt: skip
+        elif kind == "o":
+            mma_split_launch(p["o"], x, act=attn, accumulate=True, split=split, block_m=block_m, ahead=ahead,
+                             zero=qkv32, trigger_early=True)  # fmt: skip
+        elif kind == "gate_up":
+            mma_split_launch(p["gate_up"], h, x=x, norm=layer.norm, packed_up=p["up"], block_m=block_m,
+                             ahead=ahead, eps=eps)  # fmt: skip
+        else:
+            mma_split_launch(p["down"], x, act=h, accumulate=True, split=split, block_m=block_m, ahead=ahead)
+
+    def mma_step(settings: dict) -> None:
+        for layer in layers:
+            for kind in ("qkv", "o", "gate_up", "down"):
+                launch(kind, layer, settings[kind])
+
+    # one layer both ways from the same residual: q|k|v and the final residual agree to bf16 rounding
+    first = {"qkv": (1, 8, 4), "o": (1, 8, 4), "gate_up": (4, 1, 4), "down": (1, 8, 8)}
+    for kind in ("qkv", "o", "gate_up", "down"):
+        launch(kind, layers[0], first[kind])
+    packed_x = x.clone()
+    x.copy_(x0)
+    bf16_layer(layers[0], buf, eps)
+    err = ((packed_x - x).norm() / (x - x0).norm()).item()
+    print(
+        f"read {read_gbs:,.0f} GB/s; one layer, packed tensor-core vs the bf16 kernels: |dx| / |update| {err:.1e}"
+    )
+    x.copy_(x0)
+    qkv32.zero_()
+    mma_split_launch(layers[0].packed["qkv"], qkv32, x=x, norm=layers[0].norm, split=8, block_m=1, eps=eps)
+    bf16_layer(layers[0], buf, eps, "qkv")
+    err_qkv = ((qkv32 - buf.qkv[0].float()).norm() / buf.qkv[0].float().norm()).item()
+    print(f"q|k|v alone: {err_qkv:.1e}")
+    result = {"read_gbs": read_gbs, "err": err, "err_qkv": err_qkv, "alone": [], "chain": []}
+    best = {}
+    for kind, candidates in ALONE_SETTINGS.items():
+        line = f"{kind:8s} bf16 {graph_us(lambda kind=kind: [bf16_layer(ly, buf, eps, kind) for ly in layers]) / layers_n:6.2f}"
+        for setting in candidates:
+            try:
+                us = graph_us(lambda kind=kind, setting=setting: [launch(kind, ly, setting) for ly in layers])
+            except Exception as error:
+                line += f"  {setting} failed {str(error)[:60]}"
+                continue
+            us /= layers_n
+            result["alone"].append({"kind": kind, "setting": list(setting), "us": us})
+            line += f"  {setting} {us:6.2f}"
+            if kind not in best or us < best[kind][1]:
+                best[kind] = (setting, us)
+        print(line)
+    fastest = {kind: setting for kind, (setting, _) in best.items()}
+    print(f"fastest alone: {fastest}")
+    bf16_bytes = sum(w.numel() * 2 for w in layers[0].bf16.values())
+    packed_bytes = sum(
+        p[key].numel() * 4 for p in layers[0].packed.values() for key in ("lo", "codes", "base")
+    )
+
+    def hybrid_step() -> None:  # the packed o-proj and down-proj, the bf16 normed kinds
+        for layer in layers:
+            bf16_layer(layer, buf, eps, "qkv")
+            launch("o", layer, fastest["o"])
+            bf16_layer(layer, buf, eps, "gate_up")
+            launch("down", layer, fastest["down"])
+
+    hybrid_bytes = sum(layers[0].bf16[key].numel() * 2 for key in ("qkv", "gate_up", "up")) + sum(
+        layers[0].packed[kind][key].numel() * 4 for kind in ("o", "down") for key in ("lo", "codes", "base")
+    )
+    rows = [("bf16 (the runner's kernels)", lambda: [bf16_layer(layer, buf, eps) for layer in layers], bf16_bytes),
+            (f"packed mma {fastest}", lambda: mma_step(fastest), packed_bytes),
+            ("packed mma o-proj and down-proj, bf16 q|k|v and gate/up", hybrid_step, hybrid_bytes)]  # fmt: skip
+    for rnd in range(3):
+        for name, run, nbytes in rows:
+            us = graph_us(run) / layers_n
+            ideal = nbytes / read_gbs / 1e3
+            result["chain"].append({"variant": name, "round": rnd, "us": us, "ideal_us": ideal})
+            print(f"{name[:100]:100s} {us:6.2f} us a layer (ideal {ideal:5.2f}, {100 * ideal / us:4.1f}%)")
+    if json_path:
+        json_path.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def compile_only() -> None:
+    """Registers, spills and layout conversions of each kind's first setting, compiled for sm_90a here."""
+    from triton.runtime.jit import JITFunction
+
+    from scripts.kernel_report import compile_report
+
+    launches = []
+    JITFunction.run = lambda self, *a, grid, warmup, **kw: launches.append((self, a, kw))
+    meta = torch.device("meta")
+
+    def fake(n: int, k: int) -> dict:
+        i32 = {"dtype": torch.int32, "device": meta}
+        return {"lo": torch.empty(n // 16, k // 64, 2, 128, **i32), "codes": torch.empty(n // 16, k // 64, 128, **i32),
+                "base": torch.empty(n // 16, 8, **i32), "n": n, "k": k}  # fmt: skip
+
+    def bf16(n: int) -> torch.Tensor:
+        return torch.empty(n, dtype=torch.bfloat16, device=meta)
+
+    def fp32(n: int) -> torch.Tensor:
+        return torch.empty(n, device=meta)
+
+    for kind, (block_m, split, ahead) in ((kind, cands[0]) for kind, cands in ALONE_SETTINGS.items()):
+        common = {"split": split, "block_m": block_m, "ahead": ahead}
+        if kind == "qkv":
+            mma_split_launch(fake(4096, 2048), fp32(4096), x=fp32(2048), norm=bf16(2048), **common)
+        elif kind == "o":
+            mma_split_launch(
+                fake(2048, 2048), fp32(2048), act=bf16(2048), accumulate=True, zero=fp32(4096), **common
+            )
+        elif kind == "gate_up":
+            mma_split_launch(fake(6144, 2048), bf16(6144), x=fp32(2048), norm=bf16(2048), packed_up=fake(6144, 2048),
+                             **common)  # fmt: skip
+        else:
+            mma_split_launch(fake(2048, 6144), fp32(2048), act=bf16(6144), accumulate=True, **common)
+        fn, args, kwargs = launches.pop()
+        report = compile_report(fn, args, kwargs, kwargs["num_warps"])
+        converts = Path(f"/tmp/kernel_report_{fn.__name__}.ttgir").read_text().count("convert_layout")
+        print(
+            f"{kind:8s} {(block_m, split, ahead)} regs{report.split('regs')[1].split('{')[0]} converts {converts}"
+        )
 
 
 def main() -> int:
@@ -219,79 +459,13 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.compile:
-        from triton.runtime.jit import JITFunction
-
-        from scripts.kernel_report import compile_report
-
-        launches = []
-        JITFunction.run = lambda self, *a, grid, warmup, **kw: launches.append((self, a, kw))
-        meta = torch.device("meta")
-        for block_m, ahead, warps, _ in SETTINGS[:1]:
-            n, k = SHAPES["down"]
-            packed = {"lo": torch.empty(n // 16, k // 64, 2, 128, dtype=torch.int32, device=meta),
-                      "codes": torch.empty(n // 16, k // 64, 128, dtype=torch.int32, device=meta),
-                      "base": torch.empty(n // 16, 8, dtype=torch.int32, device=meta), "n": n, "k": k}  # fmt: skip
-            mma_gemv(torch.empty(k, dtype=torch.bfloat16, device=meta), packed, torch.empty(n, device=meta), block_m,
-                     ahead, accumulate=True, use_pdl=True, num_warps=warps)  # fmt: skip
-            fn, a, kw = launches.pop()
-            print((block_m, ahead, warps), compile_report(fn, a, kw, warps))
-        ttgir = Path("/tmp/kernel_report__mma_gemv_kernel.ttgir").read_text()
-        print("\n".join(line for line in ttgir.splitlines() if line.startswith("#blocked")))
+        compile_only()
         return 0
-
-    from inference.bench.ceiling import measure_bandwidth
     from inference.bench.model_setup import cuda_missing
-    from kernels.lane_reduce_gemv import lane_reduce_gemv
-    from scripts.packed_gemv_probe import graph_us
 
     if cuda_missing("packed_mma_probe"):
         return 2
-    device = torch.device("cuda")
-    read_gbs = measure_bandwidth(device)["read_gbs"]
-    gen = torch.Generator(device).manual_seed(0)
-    result = {"read_gbs": read_gbs, "rows": []}
-    print(
-        f"read {read_gbs:,.0f} GB/s; us a call, 28 matrices in a graph, each launch waiting on the one before"
-    )
-    for name, (n, k) in SHAPES.items():
-        weights = [
-            (torch.randn(n, k, device=device, generator=gen) * k**-0.5).to(torch.bfloat16) for _ in range(28)
-        ]
-        packs = [pack_mma(w) for w in weights]
-        act = torch.randn(k, device=device, generator=gen).to(torch.bfloat16)
-        out = torch.zeros(n, device=device)
-        mma_gemv(act, packs[0], out)
-        ref = packs[0]["decoded"].float() @ act.float()
-        err = ((out - ref).abs().max() / ref.abs().max()).item()
-        out.zero_()
-        mma_gemv(act, packs[0], out, accumulate=True, split=2)
-        err = max(err, ((out - ref).abs().max() / ref.abs().max()).item())
-        packed_bytes = sum(packs[0][key].numel() * 4 for key in ("lo", "codes", "base"))
-        x = torch.zeros(1, n, device=device)
-        bf16_us = (
-            graph_us(lambda: [lane_reduce_gemv(act[None], w[None], x, use_pdl=True) for w in weights]) / 28
-        )
-        line = f"{name:22s} [{n} x {k}] max rel err {err:.1e}; bf16 lane_reduce_gemv {bf16_us:6.2f} " \
-               f"({100 * n * k * 2 / bf16_us / 1e3 / read_gbs:4.1f}%)"  # fmt: skip
-        row = {"kind": name, "err": err, "bf16_us": bf16_us, "packed": []}
-        for block_m, ahead, warps, split in SETTINGS:
-            if (n // 16) % block_m or (k // 64) % split:
-                continue
-            try:
-                us = graph_us(lambda: [mma_gemv(act, p, out, block_m, ahead, accumulate=True, use_pdl=True,
-                                                num_warps=warps, split=split) for p in packs]) / 28  # fmt: skip
-            except Exception as error:  # a setting that does not build is reported, not fatal
-                line += f"\n    {(block_m, ahead, warps, split)} failed: {str(error)[:80]}"
-                continue
-            row["packed"].append({"settings": [block_m, ahead, warps], "us": us})
-            line += (
-                f"  {(block_m, ahead, warps)} {us:6.2f} ({100 * packed_bytes / us / 1e3 / read_gbs:4.1f}%)"
-            )
-        result["rows"].append(row)
-        print(line)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
-    return 0
+    return chain(args.json)
 
 
 if __name__ == "__main__":

@@ -7,9 +7,9 @@ matrix the exponents crowd below the row's largest. The low byte (the exponent's
 kept as it is; the high byte (the sign and the exponent's top 7 bits) becomes a 4-bit code, the sign and how far
 the top 7 bits lie below the row's largest (0..7, i.e. 16 binades). A weight further down than that (under
 ~2**-14 of the row's largest, zeros included; ~1e-4 of a random matrix's weights) is an exception: its code
-decodes to the window's floor with a zero low byte, and the difference to the true value is kept in a per-row
-list that the kernel adds back, so every row's sum is that of the bf16 row up to fp32 rounding (in another
-order, as any change of block shape gives).
+decodes to the window's floor with a zero low byte, and its true value is kept in a per-row list: the kernel adds
+true value * x and takes away floor * x (a power of two, so that product is exact), and every row's sum is that of
+the bf16 row up to fp32 rounding (in another order, as any change of block shape gives).
 
 Layout (pack_weight): the columns go by tiles of TILE_K; a tile's 8 planes j = 0..7 are its columns
 [j * G, (j + 1) * G) (G = TILE_K / 8), so x is read in contiguous slices. Per row and tile:
@@ -17,10 +17,14 @@ Layout (pack_weight): the columns go by tiles of TILE_K; a tile's 8 planes j = 0
   4a + b);
 - codes: G int32 words; word g holds the 8 codes of group g, plane 4a + b's at nibble 2b + a, so that
   `words >> 4a & 0x0F0F0F0F` lines the codes of lo word a up byte for byte.
-A program decodes 4 weights a word with byte-wise integer arithmetic (no carry crosses a byte) and a byte
-permute that interleaves the low and high bytes into two bf16 numbers (`prmt` on the GPU).
+A program decodes 4 weights a word with integer arithmetic on the whole word (each byte's result lies in 0..255,
+so the word holds them side by side) and a byte permute that interleaves the low and high bytes into two bf16
+numbers (`prmt` on the GPU), then widens each to fp32 for an FFMA. kernels/NOTES.md round 33: ~8-9 instructions a
+weight in all, which keeps it from streaming faster than the bf16 kernels; scripts/packed_mma_probe.py feeds the
+same pairs to the tensor cores instead.
 
-Bytes: 1.5 a weight (bf16: 2) plus 4 a row and the exceptions' 8 each.
+Bytes: 1.5 a weight (bf16: 2) plus 4 a row and 8 for each slot of the exception lists (as many a row as the row
+with the most has).
 """
 
 from dataclasses import dataclass

@@ -1,12 +1,14 @@
 """The matrix-vector kinds of a decode layer over 12-bit packed weights (kernels/packed_gemv.py) against the bf16
 kernels the fast runner uses, on a preset's shapes with random weights: first each packed kind against the bf16
-product (max relative error), then us a layer for 28 (or the preset's) layers of q|k|v -> o-proj -> gate/up ->
-down-proj in one CUDA graph with programmatic dependent launch, attention left out; then each kind alone.
+product (max relative error), then each kind alone in a few launch settings (its launches in one CUDA graph, one
+a layer, each waiting on the one before), then us a layer of q|k|v -> o-proj -> gate/up -> down-proj for all the
+preset's layers in one graph (attention left out), all bf16, all packed with each kind's fastest setting, and
+mixes, in turns.
 
     python scripts/packed_gemv_probe.py --model qwen3-1.7b [--json out.json]
     python scripts/packed_gemv_probe.py --model qwen3-1.7b --compile   # no GPU: registers of each kind, sm_90a
 
-One-lane presets only (Llama, Qwen3, Qwen2 without its q|k|v bias).
+One-lane presets only (Llama, Qwen3, Qwen2 without its q|k|v bias). kernels/NOTES.md round 33 has the figures.
 """
 
 import argparse
@@ -115,7 +117,7 @@ def packed_layer(layer: Layer, buf: Buffers, eps: float, settings: dict, only: s
         launch("down", buf.h[0], p["down"], buf.x[0], accumulate=True)
 
 
-def graph_us(step, calls: int = 0) -> float:
+def graph_us(step) -> float:
     """us of one step() replayed in a CUDA graph."""
     from inference.bench.timing import median_ms
 
@@ -235,7 +237,7 @@ def main() -> int:
     for kind in shapes(cfg):
         line = []
         us = (
-            graph_us(lambda kind=kind: [bf16_layer(layer, buf, eps, kind) for layer in layers], 0)
+            graph_us(lambda kind=kind: [bf16_layer(layer, buf, eps, kind) for layer in layers])
             / cfg.num_layers
         )
         result["alone"].append({"kind": kind, "settings": "bf16", "us": us})
@@ -247,8 +249,7 @@ def main() -> int:
                     graph_us(
                         lambda kind=kind, settings=settings: [
                             packed_layer(layer, buf, eps, settings, kind) for layer in layers
-                        ],
-                        0,
+                        ]
                     )
                     / cfg.num_layers
                 )
@@ -284,7 +285,7 @@ def main() -> int:
           f"{'% bw':>6s}")  # fmt: skip
     for rounds in range(3):  # in turns
         for name, run, nbytes in rows:
-            us = graph_us(lambda run=run: [run(layer) for layer in layers], 0) / cfg.num_layers
+            us = graph_us(lambda run=run: [run(layer) for layer in layers]) / cfg.num_layers
             ideal = nbytes / read_gbs / 1e3
             result["chain"].append({"variant": name, "round": rounds, "us": us, "ideal_us": ideal})
             print(f"{name[:58]:58s} {us:7.2f} {ideal:7.2f} {100 * ideal / us:6.1f}")

@@ -80,6 +80,31 @@ def pick_tile_k(k: int) -> int:
     return tile
 
 
+def encode_rows(weight: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The 12-bit encoding of a [N, K] bf16 matrix, element by element (any column order gives the same codes):
+    its bits, low bytes and 4-bit codes ([N, K] int32, exceptions already at code 7 and low byte 0), the rows'
+    bases ([N], the top 7 exponent bits of each row's largest, at least 7 so that no byte of base - depth goes
+    under 0) and the exceptions' mask ([N, K] bool)."""
+    bits = weight.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+    low, top, sign = bits & 0xFF, (bits >> 8) & 0x7F, bits >> 15
+    base = top.amax(dim=1).clamp(min=WINDOW)
+    depth = base[:, None] - top
+    exception = depth > WINDOW
+    code = torch.where(exception, WINDOW, sign * 8 + depth)
+    return bits, torch.where(exception, 0, low), code, base, exception
+
+
+def row_floors(base: torch.Tensor) -> torch.Tensor:
+    """The bf16 bits an exception decodes to, a row's floor (sign 0, top bits base - 7, low byte 0): a power of
+    two, or 0 when the whole row is (so an all-zero row has no exception)."""
+    return (base - WINDOW) << 8
+
+
+def as_int32_words(words: torch.Tensor) -> torch.Tensor:
+    """32-bit patterns held in int64 as the int32 tensor of the same bits."""
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).contiguous()
+
+
 def pack_weight(weight: torch.Tensor, tile_k: int | None = None) -> PackedWeight:
     """weight: [N, K] bf16 -> its PackedWeight, on the same device. Exact: unpack_weight gives it back."""
     if weight.dim() != 2 or weight.dtype != torch.bfloat16:
@@ -88,16 +113,8 @@ def pack_weight(weight: torch.Tensor, tile_k: int | None = None) -> PackedWeight
     tile_k = tile_k or pick_tile_k(k)
     if tile_k % 64 or k % tile_k:
         raise ValueError(f"tile_k: {tile_k} must be a multiple of 64 dividing K = {k}")
-    bits = weight.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF  # [N, K]
-    low, top, sign = bits & 0xFF, (bits >> 8) & 0x7F, bits >> 15
-    base = top.amax(dim=1).clamp(min=WINDOW)  # [N]; a floor of 7 keeps every byte of base - depth >= 0
-    depth = base[:, None] - top
-    exception = depth > WINDOW
-    code = torch.where(exception, WINDOW, sign * 8 + depth)
-    low = torch.where(exception, 0, low)
-    # An exception decodes to the window's floor (sign 0, top bits base - 7, low byte 0): a power of two, or 0
-    # when the whole row is (so an all-zero row has none).
-    keep = exception & (bits != ((base[:, None] - WINDOW) << 8))
+    bits, low, code, base, exception = encode_rows(weight)
+    keep = exception & (bits != row_floors(base)[:, None])
     rows, cols = keep.nonzero(as_tuple=True)  # row-major: each row's exceptions in a run
     counts = torch.bincount(rows, minlength=n)
     width = triton.next_power_of_2(max(1, int(counts.max())))
@@ -117,7 +134,7 @@ def pack_weight(weight: torch.Tensor, tile_k: int | None = None) -> PackedWeight
     nibbles = nibbles.reshape(n, tiles, groups, 8)
     shifts = torch.arange(0, 32, 4, device=weight.device, dtype=torch.int64)
     words = (nibbles.to(torch.int64) << shifts).sum(-1)  # [N, tiles, G], 32 bits each
-    codes = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).view(n, k // 8)
+    codes = as_int32_words(words).view(n, k // 8)
     return PackedWeight(lo=lo, codes=codes, base=(base * 0x01010101).to(torch.int32), exc_col=exc_col,
                         exc_value=exc_value, tile_k=tile_k)  # fmt: skip
 
@@ -186,17 +203,24 @@ def bf16_pair(lo, hi, PAIR: tl.constexpr, USE_ASM: tl.constexpr):
 
 
 @triton.jit
+def high_bytes(codes, base, A: tl.constexpr):
+    """The high bytes (sign and top exponent bits) of the 4 weights of low-byte word A, from their codes word
+    (nibble 2b + A: weight b's) and the rows' bases (in every byte). high byte = sign << 7 | (base - depth) =
+    base - code + 136 * sign, with code = 8 * sign + depth and 136 * sign = 17 * (code & 8). Each byte's result
+    lies in 0..255, so the word's integer sum is the bytes side by side whatever borrows its terms make on the
+    way: a mask, a subtraction, a multiply-add for 4 weights."""
+    code = (codes >> (4 * A)) & 0x0F0F0F0F
+    return (code & 0x08080808) * 17 + (base - code)
+
+
+@triton.jit
 def packed_row_dots(tiles, base, xs, USE_ASM: tl.constexpr):
     """[BLOCK_N] fp32: each row of the packed tiles against x (per tile, a tuple of its 8 planes' [BLOCK_N, G] or
     [1, G] fp32 slices). base: [BLOCK_N] int32, the rows' top exponent bits in every byte."""
     acc = tl.zeros(tiles[0][0].shape, dtype=tl.float32)
     for t in tl.static_range(len(tiles)):
         for a in tl.static_range(2):
-            codes = (tiles[t][2] >> (4 * a)) & 0x0F0F0F0F  # [BLOCK_N, G]: byte b = plane 4a + b's code
-            # high byte = sign << 7 | (base - depth) = base - code + 136 * sign, with code = 8 * sign + depth and
-            # 136 * sign = 17 * (code & 8). Each byte's result lies in 0..255, so the word's integer sum is the
-            # bytes side by side whatever borrows its terms make on the way: a mask, a subtraction, a multiply-add.
-            hi = (codes & 0x08080808) * 17 + (base[:, None] - codes)
+            hi = high_bytes(tiles[t][2], base[:, None], a)  # [BLOCK_N, G]
             for p in tl.static_range(2):
                 pair = bf16_pair(tiles[t][a], hi, p, USE_ASM)
                 first = (pair << 16).to(tl.float32, bitcast=True)

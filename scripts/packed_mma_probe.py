@@ -30,39 +30,41 @@ if "--compile" in sys.argv:
     os.environ["TRITON_INTERPRET"] = "0"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import kernels  # noqa: E402,F401 - decides the interpreter (no GPU) before triton's own jit functions exist
+
+# isort: split
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402
 
-WINDOW = 7
-_MMA4 = tl.constexpr(
-    "{\n"
-    "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, {$4, $8, $12, $16}, {$20, $24}, "
-    "{$28, $29, $30, $31};\n"
-    "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, {$5, $9, $13, $17}, {$21, $25}, "
-    "{$0, $1, $2, $3};\n"
-    "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, {$6, $10, $14, $18}, {$22, $26}, "
-    "{$0, $1, $2, $3};\n"
-    "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, {$7, $11, $15, $19}, {$23, $27}, "
-    "{$0, $1, $2, $3};\n"
-    "}"
-)
-# the same with B in two bf16 parts (hi, then lo: the fp32 x * g of a normed input) for each K-part
-_MMA4_SPLIT_B = tl.constexpr(
-    "{\n"
-    + "".join(
-        f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{$0, $1, $2, $3}}, {{${4 + j}, ${8 + j}, ${12 + j}, "
-        f"${16 + j}}}, {{${20 + j + 8 * part}, ${24 + j + 8 * part}}}, "
-        + ("{$36, $37, $38, $39}" if j == 0 and part == 0 else "{$0, $1, $2, $3}")
-        + ";\n"
-        for j in range(4)
-        for part in range(2)
-    )
-    + "}"
-)
-_PRMT_PAIR_0 = tl.constexpr("prmt.b32 $0, $1, $2, 0x5140;")
-_PRMT_PAIR_1 = tl.constexpr("prmt.b32 $0, $1, $2, 0x7362;")
+from kernels.packed_gemv import as_int32_words, bf16_pair, encode_rows, high_bytes, row_floors  # noqa: E402
+
+
+def mma_chain(parts: int) -> str:
+    """The asm of 4 chained `mma.sync.m16n8k16` over a thread's 4 slots (K-parts), each against `parts` B
+    operands (2: x * g's bf16 hi and lo parts). Operands: D $0-$3; A's 4 registers, 4 slots each, $4-$19; then
+    per part B's 2 registers, 4 slots each; then C's 4. Outputs are early-clobber in the constraints, since the
+    later mma read inputs after D is written."""
+    lines = []
+    for j in range(4):
+        for part in range(parts):
+            a = ", ".join(f"${4 + 4 * r + j}" for r in range(4))
+            b = f"${20 + 8 * part + j}, ${24 + 8 * part + j}"
+            c_in = 20 + 8 * parts
+            c = (
+                f"${c_in}, ${c_in + 1}, ${c_in + 2}, ${c_in + 3}"
+                if j == 0 and part == 0
+                else "$0, $1, $2, $3"
+            )
+            lines.append(
+                f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{$0, $1, $2, $3}}, {{{a}}}, {{{b}}}, {{{c}}};"
+            )
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+_MMA4 = tl.constexpr(mma_chain(1))
+_MMA4_SPLIT_B = tl.constexpr(mma_chain(2))
 
 
 def fragment_index(device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,17 +97,10 @@ def pack_mma(weight: torch.Tensor, normed: bool = False) -> dict:
     """weight [N, K] bf16 (N % 16 == 0, K % 64 == 0) -> lo [N/16, K/64, 2, 128], codes [N/16, K/64, 128] and base
     [N/16, 8] int32, and the matrix they decode to (exceptions at their row's floor)."""
     n, k = weight.shape
-    original = weight.view(torch.int16).to(torch.int32) & 0xFFFF
-    weight = weight[:, chunk_columns(k, weight.device, normed)].contiguous()
-    bits = weight.view(torch.int16).to(torch.int32) & 0xFFFF
-    low, top, sign = bits & 0xFF, (bits >> 8) & 0x7F, bits >> 15
-    base = top.amax(dim=1).clamp(min=WINDOW)
-    depth = base[:, None] - top
-    exception = depth > WINDOW
-    code = torch.where(exception, WINDOW, sign * 8 + depth)
-    low = torch.where(exception, 0, low)
-    top0 = (original >> 8) & 0x7F  # the decoded matrix in the weight's own column order
-    decoded = torch.where(base[:, None] - top0 > WINDOW, (base[:, None] - WINDOW) << 8, original)
+    bits, low, code, base, exception = encode_rows(weight)
+    decoded = torch.where(exception, row_floors(base)[:, None], bits)
+    order = chunk_columns(k, weight.device, normed)  # the encoding is per weight: the columns move with it
+    low, code = low[:, order], code[:, order]
     rows, cols = fragment_index(weight.device)
     m_tiles, chunks = n // 16, k // 64
     low4 = low.view(m_tiles, 16, k // 16, 16)  # [m, row, kp, col]
@@ -121,23 +116,10 @@ def pack_mma(weight: torch.Tensor, normed: bool = False) -> dict:
     # [m, kp = 4 i + j, a, lane] -> [m, i, a, c = 4 lane + j]
     lo = lo.view(m_tiles, chunks, 4, 2, 32).permute(0, 1, 3, 4, 2).reshape(m_tiles, chunks, 2, 128)
     words = words.view(m_tiles, chunks, 4, 32).permute(0, 1, 3, 2).reshape(m_tiles, chunks, 128)
-
-    def as_i32(t: torch.Tensor) -> torch.Tensor:
-        return torch.where(t >= 2**31, t - 2**32, t).to(torch.int32).contiguous()
-
     b = base.view(m_tiles, 2, 8)  # rows g and g + 8 of each tile
     base_words = b[:, 0] * 0x0101 + b[:, 1] * 0x01010000
-    return {"lo": as_i32(lo), "codes": as_i32(words), "base": as_i32(base_words.to(torch.int64)),
+    return {"lo": as_int32_words(lo), "codes": as_int32_words(words), "base": as_int32_words(base_words.to(torch.int64)),
             "decoded": decoded.to(torch.int16).view(torch.bfloat16), "n": n, "k": k}  # fmt: skip
-
-
-@triton.jit
-def _pair(lo, hi, PAIR: tl.constexpr):
-    if PAIR == 0:
-        return tl.inline_asm_elementwise(
-            _PRMT_PAIR_0, "=r,r,r", [lo, hi], dtype=tl.int32, is_pure=True, pack=1
-        )
-    return tl.inline_asm_elementwise(_PRMT_PAIR_1, "=r,r,r", [lo, hi], dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -151,11 +133,10 @@ def _chunk_loads(lo_ptr, code_ptr, tile, code_tile, i: tl.constexpr):
 def _mma_chunk(words, base, bh0, bh1, bl0, bl1, acc, SPLIT_B: tl.constexpr):
     """acc after chunk `words` (lo0, lo1, codes: 4 K-parts a thread) against B (hi and, with SPLIT_B, lo)."""
     lo0, lo1, codes = words
-    c0 = codes & 0x0F0F0F0F
-    c1 = (codes >> 4) & 0x0F0F0F0F
-    h0 = (c0 & 0x08080808) * 17 + (base - c0)
-    h1 = (c1 & 0x08080808) * 17 + (base - c1)
-    a = [_pair(lo0, h0, 0), _pair(lo0, h0, 1), _pair(lo1, h1, 0), _pair(lo1, h1, 1)]
+    h0 = high_bytes(codes, base, 0)
+    h1 = high_bytes(codes, base, 1)
+    a = [bf16_pair(lo0, h0, 0, True), bf16_pair(lo0, h0, 1, True), bf16_pair(lo1, h1, 0, True),
+         bf16_pair(lo1, h1, 1, True)]  # fmt: skip
     if SPLIT_B:
         return tl.inline_asm_elementwise(_MMA4_SPLIT_B, "=&f,=&f,=&f,=&f," + "r," * 32 + "f,f,f,f",
                                          a + [bh0, bh1, bl0, bl1, acc], dtype=tl.float32, is_pure=True,

@@ -8,13 +8,9 @@ few settings, then the chain all packed, half packed (o-proj and down-proj) and 
     python scripts/packed_mma_probe.py [--json out.json]     # GPU
     python scripts/packed_mma_probe.py --compile             # no GPU: registers and layout conversions, sm_90a
 
-Layout. A program's [BM, 128] int32 tiles put 4 consecutive words in a thread and 32 threads along a row
-(Triton's blocked layout for 16-byte loads; the kernel keeps every operand of the asm in it), so word c of row r
-sits in lane c // 4, slot c % 4 of warp r. pack_mma puts in that word (two words of low bytes, one of codes) the 8
-weights of lane c // 4's A fragment for M-tile r (16 rows) and K-part 4 i + c % 4 of chunk i (64 columns); one
-inline asm over a thread's 4 slots chains their 4 mma. B holds the input in column 0 only (lanes 0-3), so D's
-column 0 is the product: lanes with c // 4 % 4 == 0 hold rows g and g + 8 of the tile in slots 0 and 2. A
-kernel takes 1 / SPLIT of K and adds into an fp32 output with atomics when SPLIT > 1. A normed kind builds B from
+Layout: kernels/packed_mma_gemv.py's (pack_mma; its docstring), which the runner's o-proj and down-proj now run
+on; this probe keeps the kinds the runner does not have yet. Its kernel takes 1 / SPLIT of K and adds into an fp32
+output with atomics when SPLIT > 1. A normed kind builds B from
 the fp32 x * g in a bf16 hi and lo part (two mma a K-part). Exceptions (weights under the 16-binade window,
 ~1e-4) are decoded to the window's floor here: the check compares with that matrix, both paths run on it, and
 the timing leaves their correction out.
@@ -38,95 +34,18 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402
 
-from kernels.packed_gemv import as_int32_words, bf16_pair, encode_rows, high_bytes, row_floors  # noqa: E402
+from kernels.packed_gemv import bf16_pair, encode_rows, high_bytes, row_floors  # noqa: E402
+from kernels.packed_mma_gemv import MMA4, MMA4_SPLIT_B, bf16_bits, chunk_loads, pack_mma  # noqa: E402
 
 
-def mma_chain(parts: int) -> str:
-    """The asm of 4 chained `mma.sync.m16n8k16` over a thread's 4 slots (K-parts), each against `parts` B
-    operands (2: x * g's bf16 hi and lo parts). Operands: D $0-$3; A's 4 registers, 4 slots each, $4-$19; then
-    per part B's 2 registers, 4 slots each; then C's 4. Outputs are early-clobber in the constraints, since the
-    later mma read inputs after D is written."""
-    lines = []
-    for j in range(4):
-        for part in range(parts):
-            a = ", ".join(f"${4 + 4 * r + j}" for r in range(4))
-            b = f"${20 + 8 * part + j}, ${24 + 8 * part + j}"
-            c_in = 20 + 8 * parts
-            c = (
-                f"${c_in}, ${c_in + 1}, ${c_in + 2}, ${c_in + 3}"
-                if j == 0 and part == 0
-                else "$0, $1, $2, $3"
-            )
-            lines.append(
-                f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{$0, $1, $2, $3}}, {{{a}}}, {{{b}}}, {{{c}}};"
-            )
-    return "{\n" + "\n".join(lines) + "\n}"
-
-
-_MMA4 = tl.constexpr(mma_chain(1))
-_MMA4_SPLIT_B = tl.constexpr(mma_chain(2))
-
-
-def fragment_index(device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(row, col) within a 16 x 16 tile of the weight in lane l's A fragment, byte b of word a: [2, 4, 32] each.
-    Word 0 holds a0, a1 (rows g, g + 8 at columns 2t, 2t + 1), word 1 a2, a3 (columns + 8)."""
-    lane = torch.arange(32, device=device)
-    g, t = lane // 4, lane % 4
-    rows = torch.empty(2, 4, 32, dtype=torch.long, device=device)
-    cols = torch.empty_like(rows)
-    for a in range(2):
-        for b in range(4):
-            rows[a, b] = g + 8 * (b // 2)
-            cols[a, b] = 2 * t + (b % 2) + 8 * a
-    return rows, cols
-
-
-def chunk_columns(k: int, device, normed: bool = False) -> torch.Tensor:
-    """[K] long: the weight column at each position of the fragments' order, where position (4 i + j) * 16 + kk
-    is column kk of K-part j of chunk i. Column 2t + e + 8h of K-part j (lane t's B pair h, element e) is
-    64 i + 32 h + 8 t + 2 j + e, so that a lane's B pairs for its 4 K-parts are 16 contiguous bytes of a bf16
-    input; for a normed input, whose pairs the kernel builds from fp32 x * g, 64 i + 32 h + 8 t + 4 e + j, so
-    that each element's x and g for the 4 K-parts are contiguous."""
-    pos = torch.arange(k, device=device)
-    i, j, kk = pos // 64, (pos // 16) % 4, pos % 16
-    h, t, e = kk // 8, (kk % 8) // 2, kk % 2
-    return 64 * i + 32 * h + 8 * t + (4 * e + j if normed else 2 * j + e)
-
-
-def pack_mma(weight: torch.Tensor, normed: bool = False) -> dict:
-    """weight [N, K] bf16 (N % 16 == 0, K % 64 == 0) -> lo [N/16, K/64, 2, 128], codes [N/16, K/64, 128] and base
-    [N/16, 8] int32, and the matrix they decode to (exceptions at their row's floor)."""
-    n, k = weight.shape
-    bits, low, code, base, exception = encode_rows(weight)
+def pack_floored(weight: torch.Tensor, normed: bool = False) -> dict:
+    """kernels/packed_mma_gemv.py's packing as the probe's kernels read it: the words and bases (they leave the
+    exceptions' correction out) and the matrix they decode to, exceptions at their row's floor."""
+    packed = pack_mma(weight, normed=normed)
+    bits, _, _, base, exception = encode_rows(weight)
     decoded = torch.where(exception, row_floors(base)[:, None], bits)
-    order = chunk_columns(k, weight.device, normed)  # the encoding is per weight: the columns move with it
-    low, code = low[:, order], code[:, order]
-    rows, cols = fragment_index(weight.device)
-    m_tiles, chunks = n // 16, k // 64
-    low4 = low.view(m_tiles, 16, k // 16, 16)  # [m, row, kp, col]
-    code4 = code.view(m_tiles, 16, k // 16, 16)
-    lo = torch.zeros(m_tiles, k // 16, 2, 32, dtype=torch.int64, device=weight.device)  # [m, kp, a, lane]
-    words = torch.zeros(m_tiles, k // 16, 32, dtype=torch.int64, device=weight.device)
-    for a in range(2):
-        for b in range(4):
-            part = low4[:, rows[a, b], :, cols[a, b]]  # [32, m, kp]
-            lo[:, :, a] |= part.permute(1, 2, 0).to(torch.int64) << (8 * b)
-            nib = code4[:, rows[a, b], :, cols[a, b]].permute(1, 2, 0).to(torch.int64)
-            words |= nib << (4 * (2 * b + a))
-    # [m, kp = 4 i + j, a, lane] -> [m, i, a, c = 4 lane + j]
-    lo = lo.view(m_tiles, chunks, 4, 2, 32).permute(0, 1, 3, 4, 2).reshape(m_tiles, chunks, 2, 128)
-    words = words.view(m_tiles, chunks, 4, 32).permute(0, 1, 3, 2).reshape(m_tiles, chunks, 128)
-    b = base.view(m_tiles, 2, 8)  # rows g and g + 8 of each tile
-    base_words = b[:, 0] * 0x0101 + b[:, 1] * 0x01010000
-    return {"lo": as_int32_words(lo), "codes": as_int32_words(words), "base": as_int32_words(base_words.to(torch.int64)),
-            "decoded": decoded.to(torch.int16).view(torch.bfloat16), "n": n, "k": k}  # fmt: skip
-
-
-@triton.jit
-def _chunk_loads(lo_ptr, code_ptr, tile, code_tile, i: tl.constexpr):
-    return (tl.load(lo_ptr + tile + i * 256, eviction_policy="evict_first"),
-            tl.load(lo_ptr + tile + i * 256 + 128, eviction_policy="evict_first"),
-            tl.load(code_ptr + code_tile + i * 128, eviction_policy="evict_first"))  # fmt: skip
+    return {"lo": packed.lo, "codes": packed.codes, "base": packed.base, "n": packed.n, "k": packed.k,
+            "decoded": decoded.to(torch.int16).view(torch.bfloat16)}  # fmt: skip
 
 
 @triton.jit
@@ -138,16 +57,11 @@ def _mma_chunk(words, base, bh0, bh1, bl0, bl1, acc, SPLIT_B: tl.constexpr):
     a = [bf16_pair(lo0, h0, 0, True), bf16_pair(lo0, h0, 1, True), bf16_pair(lo1, h1, 0, True),
          bf16_pair(lo1, h1, 1, True)]  # fmt: skip
     if SPLIT_B:
-        return tl.inline_asm_elementwise(_MMA4_SPLIT_B, "=&f,=&f,=&f,=&f," + "r," * 32 + "f,f,f,f",
+        return tl.inline_asm_elementwise(MMA4_SPLIT_B, "=&f,=&f,=&f,=&f," + "r," * 32 + "f,f,f,f",
                                          a + [bh0, bh1, bl0, bl1, acc], dtype=tl.float32, is_pure=True,
                                          pack=4)  # fmt: skip
-    return tl.inline_asm_elementwise(_MMA4, "=&f,=&f,=&f,=&f," + "r," * 24 + "f,f,f,f", a + [bh0, bh1, acc],
+    return tl.inline_asm_elementwise(MMA4, "=&f,=&f,=&f,=&f," + "r," * 24 + "f,f,f,f", a + [bh0, bh1, acc],
                                      dtype=tl.float32, is_pure=True, pack=4)  # fmt: skip
-
-
-@triton.jit
-def _bf16_bits(v):
-    return v.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
 
 
 @triton.jit
@@ -160,10 +74,10 @@ def _normed_b(x_ptr, norm_ptr, col, mask):
     second = tl.load(x_ptr + col + 4, mask=mask, other=0.0) * tl.load(
         norm_ptr + col + 4, mask=mask, other=0.0
     ).to(tl.float32)
-    first_hi = _bf16_bits(first)
-    second_hi = _bf16_bits(second)
-    first_lo = _bf16_bits(first - (first_hi << 16).to(tl.float32, bitcast=True))
-    second_lo = _bf16_bits(second - (second_hi << 16).to(tl.float32, bitcast=True))
+    first_hi = bf16_bits(first)
+    second_hi = bf16_bits(second)
+    first_lo = bf16_bits(first - (first_hi << 16).to(tl.float32, bitcast=True))
+    second_lo = bf16_bits(second - (second_hi << 16).to(tl.float32, bitcast=True))
     return first_hi | (second_hi << 16), first_lo | (second_lo << 16)
 
 
@@ -194,9 +108,9 @@ def _mma_split_kernel(act_ptr, x_ptr, norm_ptr, lo_ptr, code_ptr, base_ptr, lo_u
     ring = ()
     ring_u = ()
     for i in tl.static_range(AHEAD):
-        ring = ring + (_chunk_loads(lo_ptr, code_ptr, tile, code_tile, i),)
+        ring = ring + (chunk_loads(lo_ptr, code_ptr, tile, code_tile, i),)
         if GATED:
-            ring_u = ring_u + (_chunk_loads(lo_u_ptr, code_u_ptr, tile, code_tile, i),)
+            ring_u = ring_u + (chunk_loads(lo_u_ptr, code_u_ptr, tile, code_tile, i),)
     if USE_PDL:
         gdc_wait()
         if not TRIGGER_EARLY:
@@ -215,12 +129,12 @@ def _mma_split_kernel(act_ptr, x_ptr, norm_ptr, lo_ptr, code_ptr, base_ptr, lo_u
         words = ring[0]
         ring = ring[1:]
         if i + AHEAD < CHUNKS:
-            ring = ring + (_chunk_loads(lo_ptr, code_ptr, tile, code_tile, i + AHEAD),)
+            ring = ring + (chunk_loads(lo_ptr, code_ptr, tile, code_tile, i + AHEAD),)
         if GATED:
             words_u = ring_u[0]
             ring_u = ring_u[1:]
             if i + AHEAD < CHUNKS:
-                ring_u = ring_u + (_chunk_loads(lo_u_ptr, code_u_ptr, tile, code_tile, i + AHEAD),)
+                ring_u = ring_u + (chunk_loads(lo_u_ptr, code_u_ptr, tile, code_tile, i + AHEAD),)
         if NORMED:
             col = ((k0 + i) * 64 + 8 * t + j)[None, :] + (m * 0)[:, None]
             bh0, bl0 = _normed_b(x_ptr, norm_ptr, col, column_0)
@@ -295,7 +209,7 @@ def chain(json_path) -> int:
     for _ in range(layers_n):
         raw = {k: (torch.randn(n, kk, device=device, generator=gen) * kk**-0.5).to(torch.bfloat16)
                for k, (n, kk) in shapes.items()}  # fmt: skip
-        packed = {k: pack_mma(w, normed=k in ("qkv", "gate_up", "up")) for k, w in raw.items()}
+        packed = {k: pack_floored(w, normed=k in ("qkv", "gate_up", "up")) for k, w in raw.items()}
         # the bf16 kernels run on the decoded matrices (exceptions at their floor), so both compute the same sums
         bf16 = {k: packed[k]["decoded"][None].contiguous() for k in raw}
         norm = (1 + 0.1 * torch.randn(d, device=device, generator=gen)).to(torch.bfloat16)

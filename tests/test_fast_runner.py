@@ -302,6 +302,58 @@ def test_every_kind_triggering_early_matches_the_reference(preset):
         assert rel_err(fast, ref) < LOGIT_TOL
 
 
+def bf16_valued(model: Transformer) -> Transformer:
+    """The packed layout holds bf16 numbers: an fp32 model's weights rounded to them (a bf16 model's already are)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).to(p.dtype))
+    return model
+
+
+# intermediate_size 192: the down-proj's K in whole 64-column chunks (the presets' 160 is not: that one stays bf16)
+PACKED = {"packed": True, "packed_blocks": {"down": {"split": 3}, "o": {"ahead": 1}}}
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
+def test_packed_o_and_down_projections_match_the_reference(preset):
+    model = bf16_valued(make_model(preset, seed=9, intermediate_size=192))
+    for fast, ref, token in teacher_forced(model, list(range(4, 15)), steps=3, **PACKED):
+        assert rel_err(fast, ref) < LOGIT_TOL
+        assert token == int(fast.argmax())
+
+
+def test_which_projections_are_packed():
+    """Layer 0's o-proj starts the residual from the embedding row (lane_reduce_gemv); a K of no whole chunks
+    stays bf16."""
+    model = bf16_valued(make_model("tiny-qwen3", seed=9, intermediate_size=192))
+
+    def packed(runner: FastRunner) -> list[tuple[bool, bool]]:  # (o-proj, down-proj) by layer
+        return [(w.wo_packed is not None, w.w2_packed is not None) for w in runner.layers]
+
+    assert packed(FastRunner(model, 32, packed=True)) == [(False, True), (True, True)]
+    narrow = bf16_valued(make_model("tiny-qwen3", seed=9))  # intermediate_size 160
+    assert packed(FastRunner(narrow, 32, packed=True)) == [(False, False), (True, False)]
+    assert packed(FastRunner(model, 32, packed=False)) == [(False, False), (False, False)]
+
+
+@fp32_only
+def test_packed_generation_is_the_bf16_kernels_generation():
+    model = bf16_valued(make_model("tiny-llama", seed=10, intermediate_size=192))
+    prompt = list(range(5, 17))
+    params = SamplingParams(max_new_tokens=12, temperature=0.0)
+    packed = list(FastRunner(model, 64, **PACKED).generate_tokens(prompt, params))
+    assert packed == list(FastRunner(model, 64, packed=False).generate_tokens(prompt, params))
+
+
+def test_packing_refuses_weights_bf16_cannot_hold():
+    model = make_model("tiny-llama", seed=11, intermediate_size=192)
+    if model.tok_embeddings.dtype == torch.float32:  # random fp32 weights are not bf16 numbers
+        with pytest.raises(ValueError, match="packed: layer 0 w2"):
+            FastRunner(model, 32, packed=True)
+    with pytest.raises(ValueError, match="one-lane"):
+        FastRunner(make_model("tiny-laneformer"), 32, packed=True)
+
+
 def test_prefetch_overrides():
     assert prefetch_overrides(" o=4, gate_up=2 ") == {"o": 4, "gate_up": 2}
     assert prefetch_overrides("") == {}

@@ -1,5 +1,6 @@
-"""The bookkeeping of scripts/packed_mma_probe.py's tensor-core layout, on the CPU: reading the packed words back
-the way the kernel's lanes do (fragment rows and columns, chunk order, code nibbles, bases) gives the matrix."""
+"""The bookkeeping of kernels/packed_mma_gemv.py's tensor-core layout, on the CPU: reading the packed words back
+the way the kernel's lanes do, one weight at a time (fragment rows and columns, chunk order, code nibbles, bases),
+gives the matrix with its exceptions at their row's floor, as scripts/packed_mma_probe.py's kernels see it."""
 
 import sys
 from pathlib import Path
@@ -9,7 +10,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
-from packed_mma_probe import chunk_columns, fragment_index, pack_mma  # noqa: E402
+from packed_mma_probe import pack_floored  # noqa: E402
+
+from kernels.packed_mma_gemv import chunk_columns, fragment_index  # noqa: E402
 
 
 def read_back(packed: dict, normed: bool) -> torch.Tensor:
@@ -43,7 +46,7 @@ def test_the_lanes_read_back_the_matrix(normed):
     gen = torch.Generator().manual_seed(0)
     w = (torch.randn(32, 128, generator=gen) * 128**-0.5).to(torch.bfloat16)
     w[3, 5] = 1e-12  # an exception: decoded to its row's floor, as the probe's kernels see it
-    packed = pack_mma(w, normed=normed)
+    packed = pack_floored(w, normed=normed)
     assert torch.equal(read_back(packed, normed).view(torch.int16), packed["decoded"].view(torch.int16))
     assert packed["decoded"][3, 5] != w[3, 5]
     keep = torch.ones_like(w, dtype=torch.bool)

@@ -206,3 +206,36 @@ def test_the_prefill_blocks_name_their_variable_when_refused(monkeypatch, bad):
     monkeypatch.setenv("KOG_PREFILL_ATTN", bad)
     with pytest.raises(ValueError, match=r"^KOG_PREFILL_ATTN: expected up to 4 non-negative integers \("):
         resolve()
+
+
+def test_packing_is_the_default_for_one_lane_bf16_models_on_a_gpu(monkeypatch):
+    assert resolve(H200).packed
+    assert not resolve(H200, lanes=8).packed  # a Laneformer's o-proj and down-proj reduce across its lanes
+    assert not resolve(H200, bf16=False).packed  # fp32 weights are not bf16 numbers in general
+    assert not resolve(CPU).packed and not resolve(META).packed
+    assert resolve(CPU, packed=True).packed  # the interpreter's sums stand in for the mma
+    monkeypatch.setenv("KOG_PACKED", "0")
+    assert not resolve(H200).packed
+    assert resolve(H200, packed=True).packed  # the argument over the environment
+    monkeypatch.setenv("KOG_PACKED", "1")
+    assert resolve(CPU).packed
+    monkeypatch.setenv("KOG_PACKED", "yes")
+    with pytest.raises(ValueError, match="KOG_PACKED"):
+        resolve(H200)
+    monkeypatch.delenv("KOG_PACKED")
+    with pytest.raises(ValueError, match="one-lane"):
+        resolve(H200, lanes=8, packed=True)
+
+
+def test_packed_blocks_from_the_environment_then_the_argument(monkeypatch):
+    monkeypatch.setenv("KOG_PACKED_BLOCKS", "o=1/8/4, down=0/16/0")
+    assert resolve(H200).packed_blocks == {"o": {"block_m": 1, "split": 8, "ahead": 4}, "down": {"split": 16}}
+    got = resolve(H200, packed_blocks={"down": {"ahead": 2}}).packed_blocks
+    assert got == {"o": {"block_m": 1, "split": 8, "ahead": 4}, "down": {"ahead": 2}}
+    for bad in ("qkv=1/8/4", "o=1/8", "o=a/8/4"):
+        monkeypatch.setenv("KOG_PACKED_BLOCKS", bad)
+        with pytest.raises(ValueError, match="KOG_PACKED_BLOCKS"):
+            resolve(H200)
+    monkeypatch.delenv("KOG_PACKED_BLOCKS")
+    with pytest.raises(ValueError, match="packed_blocks"):
+        resolve(H200, packed_blocks={"o": {"block_n": 2}})

@@ -23,12 +23,12 @@ def measure_bandwidth(device: torch.device, gib: int = 4) -> dict:
     return result
 
 
-def kernel_bytes(
-    cfg: ModelConfig, itemsize: int, context: int, head_screen: bool = False
-) -> list[tuple[str, int]]:
+def kernel_bytes(cfg: ModelConfig, itemsize: int, context: int, head_screen: bool = False,
+                 packed: dict[tuple[int, str], int] | None = None) -> list[tuple[str, int]]:  # fmt: skip
     """(kind, bytes it must read) for every kernel of one decode step, in launch order; `context` cached keys.
     With head_screen the head is kernels/lm_head_screen.py's two launches: the int8 copy with a scale and two norms
-    a row, then the rows' upper bounds (the candidates' bf16 rows, a few, are not counted)."""
+    a row, then the rows' upper bounds (the candidates' bf16 rows, a few, are not counted). packed: the bytes of
+    the matrices a runner reads in 12 bits, by (layer, kind) (FastRunner.packed_bytes)."""
     D, hd, L = cfg.hidden_size, cfg.head_dim, cfg.num_lanes
     qkv_rows = (cfg.num_heads + 2 * cfg.num_kv_heads) * hd
     out = []
@@ -41,6 +41,9 @@ def kernel_bytes(
             ("gate/up", (2 * cfg.intermediate_size * D + L * D) * itemsize),
             ("down", D * cfg.intermediate_size * itemsize),
         ]
+        for slot, kind in ((-3, "o-proj"), (-1, "down")):
+            if packed and (i, kind) in packed:
+                out[slot] = (kind, packed[i, kind])
     if L > 1:
         out.append(("final norm", L * D * itemsize))
     if head_screen:

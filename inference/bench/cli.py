@@ -117,14 +117,24 @@ def main(argv: list[str] | None = None) -> int:
     # bf16 head: the like-for-like figure against the ceiling) and the other PDL setting, for comparison.
     runner = FastRunner(model, max_context)
     pdl = "PDL" if runner.use_pdl else "no PDL"
+    # What the runner's greedy step reads where it does not read the bf16 weights: the head's int8 screen and the
+    # bounds it writes and reads (not the candidates' few bf16 rows), the o-proj and down-proj in 12 bits.
+    runner_bytes = result["bytes_per_token"]
     if runner.head_screen is not None:
-        # the screen's copy and the bounds it writes and reads, instead of the bf16 head
         head_bytes = runner.head_weight.numel() * runner.head_weight.element_size()
-        result["screened_bytes_per_token"] = (
-            result["bytes_per_token"] - head_bytes + runner.head_screen.nbytes + 8 * cfg.vocab_size
+        runner_bytes += runner.head_screen.nbytes + 8 * cfg.vocab_size - head_bytes
+    packed = runner.packed_bytes()
+    if packed:
+        o_bf16, down_bf16 = (w.numel() * w.element_size() for w in (model.layers[0].wo, model.layers[0].w2))
+        runner_bytes -= sum(
+            (o_bf16 if kind == "o-proj" else down_bf16) - n for (_, kind), n in packed.items()
         )
-    default = f"fast, CUDA graph, {pdl}" + (
-        ", head screen (int8 + bf16 candidates)" if runner.head_screen is not None else ""
+    if runner_bytes != result["bytes_per_token"]:
+        result["runner_bytes_per_token"] = runner_bytes
+    default = (
+        f"fast, CUDA graph, {pdl}"
+        + (", head screen (int8 + bf16 candidates)" if runner.head_screen is not None else "")
+        + (", o/down in 12 bits" if packed else "")
     )
     row(default, lambda: time_fast(runner, prompt, args.new_tokens, args.runs))
     full_head = (
@@ -133,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     if full_head is not runner:
         row(f"fast, CUDA graph, {pdl}, full bf16 head",
             lambda: time_fast(full_head, prompt, args.new_tokens, args.runs))  # fmt: skip
+    if packed:  # the same step with the o-proj and down-proj on lane_reduce_gemv over the bf16 weights
+        row(f"fast, CUDA graph, {pdl}, bf16 o/down (packed off)",
+            lambda: time_fast(FastRunner(model, max_context, packed=False), prompt, args.new_tokens, args.runs))  # fmt: skip
     row(
         "fast, runner contract (engine path)",
         lambda: time_contract(runner, prompt, args.new_tokens, args.runs),

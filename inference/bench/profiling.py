@@ -29,7 +29,7 @@ def breakdown(model: Transformer, runner, prompt: list[int], replays: int, read_
         key=lambda e: e.time_range.start,
     )
     expected = kernel_bytes(cfg, model.tok_embeddings.element_size(), len(prompt) + replays // 2,
-                            runner.head_screen is not None)  # fmt: skip
+                            runner.head_screen is not None, runner.packed_bytes())  # fmt: skip
     per_step = len(expected)
     if len(kernels) < per_step * replays:
         return {"error": f"profiler saw {len(kernels)} kernels, expected {per_step * replays}"}

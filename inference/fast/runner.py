@@ -6,6 +6,8 @@ A decode step is five kernels a layer (model.py's math, fused):
     lane_reduce_gemv   o-proj of every lane + the cross-lane reduction + the residual add
     rmsnorm_gemv       ffn norm + gate/up + SiLU
     lane_reduce_gemv   down-proj + reduction + residual add
+(one-lane models on a GPU: the o-proj from layer 1 on and the down-proj are packed_mma_gemv, the bf16 weights held
+in 12 bits and multiplied on the tensor cores, added into the residual with atomics; settings.packed)
 then the head: final_norm (L > 1 only) and lm_head (norm, logits, argmax, token and position bookkeeping), or for
 greedy steps on a GPU lm_head_screen (the same argmax from an int8 copy of the head and the candidate rows); sampled
 steps at low temperatures read the screen too, until a request's logits turn out flat (inference/fast/head_choice.py).
@@ -57,6 +59,7 @@ from kernels.final_norm import final_norm
 from kernels.lane_reduce_gemv import lane_reduce_gemv
 from kernels.lm_head import HeadScratch, lm_head
 from kernels.lm_head_screen import HeadScreen, ScreenScratch, screened_argmax, screened_logits
+from kernels.packed_mma_gemv import MmaPackedWeight, fits, pack_mma, packed_mma_gemv, placeholder
 from kernels.rmsnorm_gemv import rmsnorm_gemv
 from kernels.sample import SampleScratch, sample_token
 
@@ -89,6 +92,9 @@ class LayerWeights:
     window: int | None
     mode: str  # how the lane partials reach the residual (kernels/lane_reduce_gemv.py)
     history_in: int | None  # the layer whose partials DELAYED mode adds
+    # One-lane models: the o-proj and down-proj in 12 bits a weight for the tensor cores (settings.packed)
+    wo_packed: MmaPackedWeight | None = None
+    w2_packed: MmaPackedWeight | None = None
 
     def lanes(self, start: int, stop: int) -> LayerWeights:
         """The weights of lanes [start, stop) (views; lanes are the outer dimension)."""
@@ -134,7 +140,8 @@ class FastRunner:
                  row_blocks: dict[str, int] | None = None,
                  blocks: str | dict[str, dict[str, int]] = "", head_blocks: dict[str, int] | None = None,
                  attention: dict[str, int] | None = None, lane_groups: dict[str, int] | None = None,
-                 early: dict[str, int] | None = None, head_screen: bool | None = None):  # fmt: skip
+                 early: dict[str, int] | None = None, head_screen: bool | None = None, packed: bool | None = None,
+                 packed_blocks: str | dict[str, dict[str, int]] = ""):  # fmt: skip
         cfg = model.cfg
         if (why := supports(cfg)) is not None:
             raise ValueError(f"model: the fast path does not support {why}")
@@ -185,7 +192,8 @@ class FastRunner:
             head_bytes=self.head_weight.numel() * self.head_weight.element_size(),
             prefetch_next_possible=prefetch_next_possible(self.cache.k), use_pdl=use_pdl, prefetch=prefetch,
             row_blocks=row_blocks, blocks=blocks, head_blocks=head_blocks, attention=attention,
-            lane_groups=lane_groups, early=early, head_screen=head_screen)  # fmt: skip
+            lane_groups=lane_groups, early=early, head_screen=head_screen, packed=packed,
+            bf16=dtype == torch.bfloat16, packed_blocks=packed_blocks)  # fmt: skip
         # The settings the step reads (scripts/decode_variants.py and the tests read them too).
         self.use_pdl = settings.use_pdl
         at = settings.attention
@@ -194,6 +202,9 @@ class FastRunner:
         self.attn_cluster, self.attn_push = at.cluster, at.push
         self.head_blocks, self.prefill_blocks = settings.head_blocks, settings.prefill_blocks
         self.row_blocks, self.blocks, self.early = settings.row_blocks, settings.blocks, set(settings.early)
+        self.packed, self.packed_blocks = settings.packed, settings.packed_blocks
+        if self.packed:
+            self._pack_layers()
         self.sampled_screen_temperature = settings.screen.sampled_temperature
         self.screen_leave_share = settings.screen.leave_share
         splits = at.splits or default_splits(cfg.num_kv_heads, device)
@@ -258,6 +269,37 @@ class FastRunner:
             mode=mode,
             history_in=history_in,
         )
+
+    def _pack_layers(self) -> None:
+        """Every layer's down-proj, and the o-proj of layers 1 on, in kernels/packed_mma_gemv.py's 12-bit layout
+        (the bf16 weights stay: the prefill and the reference read them). Layer 0's o-proj stays on
+        lane_reduce_gemv, which starts the residual from the token's embedding row (the packed kernel adds into a
+        residual that is already there). A matrix not of whole 16-row tiles by 64-column chunks stays bf16."""
+        for i, w in enumerate(self.layers):
+            w.wo_packed = self._packed(w.wo[0], f"layer {i} wo") if i > 0 else None
+            w.w2_packed = self._packed(w.w2[0], f"layer {i} w2")
+
+    def packed_bytes(self) -> dict[tuple[int, str], int]:
+        """What each packed matrix reads a step, by (layer, 'o-proj' or 'down') (the benchmark's bytes)."""
+        out = {}
+        for i, w in enumerate(self.layers):
+            for kind, packed in (("o-proj", w.wo_packed), ("down", w.w2_packed)):
+                if packed is not None:
+                    out[i, kind] = packed.nbytes()
+        return out
+
+    def _packed(self, weight: torch.Tensor, name: str) -> MmaPackedWeight | None:
+        """weight [N, K] packed, or None where its shape does not fit. fp32 weights (tests on the CPU) must be bf16
+        values: the packing holds bf16 numbers, exactly."""
+        n, k = weight.shape
+        if not fits(n, k):
+            return None
+        if weight.device.type == "meta":
+            return placeholder(n, k, weight.device)
+        bf16 = weight.to(torch.bfloat16)
+        if weight.dtype != torch.bfloat16 and not torch.equal(bf16.to(weight.dtype), weight):
+            raise ValueError(f"packed: {name} holds values bf16 cannot (a bf16 model, or packed off)")
+        return pack_mma(bf16)
 
     def _lane_groups(self, count: int | None, splits: int) -> tuple[list[LaneGroup], int]:
         """`count` groups of lanes (None: 2 on a GPU where they can split and pay, else 1) for the layers from
@@ -450,6 +492,12 @@ class FastRunner:
     def _add_partials(self, i: int, w: LayerWeights, block: int, act: torch.Tensor, weight: torch.Tensor,
                       first: bool, group: LaneGroup | None = None) -> None:  # fmt: skip
         group = group or self.whole
+        kind = "down" if block else "o"
+        packed = w.w2_packed if block else w.wo_packed
+        if packed is not None:  # one lane: out += W @ act into the residual, on the tensor cores
+            packed_mma_gemv(act[0], packed, group.x[0], use_pdl=self.use_pdl, trigger_early=kind in self.early,
+                            **self.packed_blocks.get(kind, {}))  # fmt: skip
+            return
         history = self.history
         lane_reduce_gemv(
             act,
@@ -461,11 +509,11 @@ class FastRunner:
             embedding=self.embed if first else None,
             token=self.token if first else None,
             use_pdl=self.use_pdl,
-            trigger_early=("down" if block else "o") in self.early,
-            prefetch=self.prefetch["down" if block else "o"],
+            trigger_early=kind in self.early,
+            prefetch=self.prefetch[kind],
             lane_start=group.start,
             total_lanes=self.cfg.num_lanes,
-            **self.blocks.get("down" if block else "o", {}),
+            **self.blocks.get(kind, {}),
         )
 
     def _sample_next(self, host_ring: torch.Tensor | None = None) -> None:

@@ -85,6 +85,11 @@ EARLY_KINDS = ("qkv", "o", "gate_up", "down")
 # either trigger alone, gained less; an early down-proj lost 8% on qwen3. Laneformer's lane groups: no change.
 ONE_LANE_EARLY = {"qkv": 1, "o": 1}
 ONE_LANE_PREFETCH = {"gate_up": 3}
+# The o-proj and down-proj of one-lane models read their weights in 12 bits on the tensor cores
+# (kernels/packed_mma_gemv.py); KOG_PACKED_BLOCKS=o=1/8/8,down=1/16/4 sets a kind's M-tiles a program, programs
+# along K and chunks ahead (0: the kernel's choice; sweeps).
+PACKED_KINDS = ("o", "down")
+PACKED_KEYS = ("block_m", "split", "ahead")
 # The smallest head the screen is on for by default: below it the head's read is short beside the screen's two
 # launches (H200, models/default's 8,192 x 384 head: 16,140 tok/s whole, 15,426 screened; laneformer-2b's 192 MiB
 # +1%, llama-3.2-1b's 501 MiB +9%).
@@ -93,15 +98,17 @@ SCREEN_MIN_HEAD_BYTES = 32 << 20
 SAMPLED_SCREEN_TEMPERATURE = 0.3
 
 
-def block_spec(spec: str | dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+def block_spec(spec: str | dict[str, dict[str, int]], keys=BLOCK_KEYS, kinds=tuple(DEFAULT_PREFETCH),
+               what: str = "blocks") -> dict[str, dict[str, int]]:  # fmt: skip
     """KOG_BLOCKS's form, 'down=2/1024/8,o=4/512/4' (block_n/block_k/num_warps; 0 keeps the kernel's choice), or
     the dict it stands for, {'down': {'block_n': 2, 'block_k': 1024, 'num_warps': 8}, ...} -> that dict, checked:
-    block sizes of the matrix-vector kinds (sweeps)."""
+    block sizes of the matrix-vector kinds (sweeps). KOG_PACKED_BLOCKS's the same with PACKED_KEYS and kinds."""
+    form = "/".join(keys)
     if isinstance(spec, dict):
         for kind, sizes in spec.items():
-            if kind not in DEFAULT_PREFETCH:
-                raise ValueError(f"blocks: expected kinds in {', '.join(DEFAULT_PREFETCH)}, got {kind!r}")
-            kind_overrides(sizes, BLOCK_KEYS, f"blocks.{kind}")
+            if kind not in kinds:
+                raise ValueError(f"{what}: expected kinds in {', '.join(kinds)}, got {kind!r}")
+            kind_overrides(sizes, keys, f"{what}.{kind}")
         return {kind: dict(sizes) for kind, sizes in spec.items()}
     blocks = {}
     for item in (part.strip() for part in spec.split(",")):
@@ -109,10 +116,9 @@ def block_spec(spec: str | dict[str, dict[str, int]]) -> dict[str, dict[str, int
             continue
         kind, _, values = item.partition("=")
         parts = values.split("/")
-        if kind not in DEFAULT_PREFETCH or len(parts) != 3 or not all(p.isdigit() for p in parts):
-            raise ValueError(f"blocks: expected kind=block_n/block_k/num_warps with kind in "
-                             f"{', '.join(DEFAULT_PREFETCH)}, got {item!r}")  # fmt: skip
-        blocks[kind] = {key: int(v) for key, v in zip(BLOCK_KEYS, parts, strict=True) if int(v)}
+        if kind not in kinds or len(parts) != len(keys) or not all(p.isdigit() for p in parts):
+            raise ValueError(f"{what}: expected kind={form} with kind in {', '.join(kinds)}, got {item!r}")
+        blocks[kind] = {key: int(v) for key, v in zip(keys, parts, strict=True) if int(v)}
     return blocks
 
 
@@ -218,6 +224,8 @@ class RunnerSettings:
     lane_groups: int | None  # how many (None: FastRunner._lane_groups' choice, by the layers' size)
     early: frozenset[str]  # the kinds whose next kernel may launch before their wait
     one_lane: bool
+    packed: bool  # the o-proj and down-proj from 12-bit weights on the tensor cores (one-lane models)
+    packed_blocks: dict[str, dict[str, int]]  # their block_m / split / ahead overrides (block_spec)
 
     def prefetch_tiles(self, grouped: bool) -> dict[str, int]:
         """Weight tiles before each kind's wait, for a runner with lane groups (grouped) or without."""
@@ -230,11 +238,13 @@ class RunnerSettings:
                 row_blocks: dict[str, int] | None = None, blocks: str | dict[str, dict[str, int]] = "",
                 head_blocks: dict[str, int] | None = None, attention: dict[str, int] | None = None,
                 lane_groups: dict[str, int] | None = None, early: dict[str, int] | None = None,
-                head_screen: bool | None = None) -> RunnerSettings:  # fmt: skip
+                head_screen: bool | None = None, packed: bool | None = None, bf16: bool = True,
+                packed_blocks: str | dict[str, dict[str, int]] = "") -> RunnerSettings:  # fmt: skip
         """FastRunner's keyword arguments (the same names and defaults) over the KOG_* environment, given what the
         device and the model are: lanes (the model's), device_type ('cuda', 'cpu', 'meta'), sm90 (a Hopper GPU or
         later), head_bytes (the head weight's), prefetch_next_possible (decode_attention can prefetch the next
-        layer for the runner's cache). ValueError names the variable or the argument that is wrong."""
+        layer for the runner's cache), bf16 (the model's weights are bf16). ValueError names the variable or the
+        argument that is wrong."""
         attention_settings = AttentionSettings.resolve(
             attention, sm90=sm90, prefetch_possible=prefetch_next_possible
         )
@@ -263,7 +273,25 @@ class RunnerSettings:
         one_lane = lanes == 1
         early = {**(ONE_LANE_EARLY if one_lane else {}),
                  **env_then_argument("KOG_EARLY", early, EARLY_KINDS, "early", EARLY_KINDS)}  # fmt: skip
+        # The o-proj and down-proj of one-lane models from 12-bit weights on the tensor cores
+        # (kernels/packed_mma_gemv.py): the default for bf16 models on a Hopper GPU; KOG_PACKED=0|1 or the argument
+        # override (on the CPU the interpreter stands in for the mma; fp32 weights must be bf16 values).
+        if packed is None:
+            setting = os.environ.get("KOG_PACKED", "")
+            if setting not in ("", "0", "1"):
+                raise ValueError(f"KOG_PACKED: expected 0 or 1 (or unset), got {setting!r}")
+            packed = setting == "1" if setting else one_lane and bf16 and device_type == "cuda" and sm90
+        if packed and not one_lane:
+            raise ValueError("packed: the 12-bit o-proj and down-proj serve one-lane models (Llama, Qwen2, Qwen3); "
+                             "a Laneformer's reduce across lanes (set it to 0 or leave it unset)")  # fmt: skip
+        packed_overrides = {
+            **block_spec(
+                os.environ.get("KOG_PACKED_BLOCKS", ""), PACKED_KEYS, PACKED_KINDS, "KOG_PACKED_BLOCKS"
+            ),
+            **block_spec(packed_blocks, PACKED_KEYS, PACKED_KINDS, "packed_blocks"),
+        }
         return cls(use_pdl=bool(use_pdl and sm90), attention=attention_settings, head_blocks=head,
                    prefill_blocks=prefill_blocks, prefetch=prefetch, row_blocks=row_blocks, blocks=blocks,
                    screen=screen, lane_groups=groups.get("groups"),
-                   early=frozenset(kind for kind, on in early.items() if on), one_lane=one_lane)  # fmt: skip
+                   early=frozenset(kind for kind, on in early.items() if on), one_lane=one_lane,
+                   packed=bool(packed), packed_blocks=packed_overrides)  # fmt: skip

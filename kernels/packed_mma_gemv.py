@@ -1,0 +1,447 @@
+"""out += W @ act on the tensor cores, W a bf16 matrix held losslessly in 12 bits a weight: the o-proj and the
+down-proj of one-lane models (Llama, Qwen2, Qwen3), added into the fp32 residual.
+
+    out[n] += sum_k W[n, k] * act[k]        W: [N, K] (N % 16 == 0, K % 64 == 0); act: [K] bf16 (or fp32); out fp32
+
+The encoding is kernels/packed_gemv.py's (the low byte kept, the sign and top exponent bits as a 4-bit depth
+under the row's largest, weights further down kept exactly in a list beside the matrix). What this kernel adds is
+where the decoded weights go: a decoded pair of bf16 numbers is exactly what `mma.sync.m16n8k16` takes in an A
+register, so the decode feeds the tensor cores with no fp32 widening and no FFMA a weight (~2.3 instructions a
+weight where the CUDA-core kernel needs ~8; kernels/NOTES.md, round 33).
+
+Layout (pack_mma). A program holds [BM, 128] int32 tiles, 4 consecutive words a thread and 32 threads along a
+row (Triton's blocked layout for 16-byte loads), so word c of row r lies in lane c // 4, slot c % 4 of warp r.
+Row r is an M-tile (16 rows of W), a chunk is 64 columns (4 K-parts of 16), and word c of a chunk holds lane
+c // 4's A fragment for K-part c % 4: two words of low bytes (lo) and one of codes, per M-tile and chunk
+[2, 128] + [128] words. A thread's 4 slots are its 4 K-parts: one inline asm chains their 4 mma. The columns
+within a chunk are permuted (chunk_columns) so that a lane's B pairs for its 4 K-parts are 16 contiguous bytes
+of act. B holds act in column 0 only (lanes 0-3 load it, the others hold zeros), so D's column 0 is the product:
+lanes 0, 4, ..., 28 hold rows g and g + 8 of the tile (g = lane // 4) in their slots 0 and 2.
+
+A program takes BM M-tiles and 1 / SPLIT of K and adds its sums into out with atomics (the residual already
+holds x; the order of the splits' adds is the only difference from one sum). The exceptions of its M-tiles
+(true weight times act at its column, less the floor each decodes to times the same) are shared out over the SPLIT programs
+of those tiles and added the same way. The next kernel reads out after its griddepcontrol wait, which waits for
+this grid's completion and its memory (atomics included).
+
+Under Triton's interpreter (no inline asm) the kernel decodes the same words the same way and sums each
+lane's products in fp32 in the mma's place (rows g and g + 8 of each tile): the tests check the layout, the
+decode, the splits and the exceptions on the CPU, and the mma itself on the GPU.
+
+Bytes: 1.5 a weight, 32 a M-tile of bases, 12 an exception (~1e-4 of a random matrix's weights).
+"""
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from kernels import interpreted, pdl_kwargs
+from kernels.packed_gemv import as_int32_words, bf16_pair, encode_rows, high_bytes, row_floors
+
+CHUNK = 64  # columns a chunk: 4 K-parts of mma.sync.m16n8k16
+EXC_BLOCK = 16  # exceptions a program adds at a time
+
+
+def mma_chain(parts: int) -> str:
+    """The asm of 4 chained `mma.sync.m16n8k16` over a thread's 4 slots (K-parts), each against `parts` B
+    operands (2: an fp32 input's bf16 hi and lo parts). Operands: D $0-$3; A's 4 registers, 4 slots each,
+    $4-$19; then per part B's 2 registers, 4 slots each; then C's 4. The outputs are early-clobber in the
+    constraints, since the later mma read inputs after D is written."""
+    lines = []
+    for j in range(4):
+        for part in range(parts):
+            a = ", ".join(f"${4 + 4 * r + j}" for r in range(4))
+            b = f"${20 + 8 * part + j}, ${24 + 8 * part + j}"
+            c_in = 20 + 8 * parts
+            c = (
+                f"${c_in}, ${c_in + 1}, ${c_in + 2}, ${c_in + 3}"
+                if j == 0 and part == 0
+                else "$0, $1, $2, $3"
+            )
+            lines.append(
+                f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{$0, $1, $2, $3}}, {{{a}}}, {{{b}}}, {{{c}}};"
+            )
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+MMA4 = tl.constexpr(mma_chain(1))
+MMA4_SPLIT_B = tl.constexpr(mma_chain(2))
+
+
+def fragment_index(device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, col) within a 16 x 16 tile of the weight in lane l's A fragment, byte b of word a: [2, 4, 32] each.
+    Word 0 holds a0, a1 (rows g, g + 8 at columns 2t, 2t + 1), word 1 a2, a3 (columns + 8)."""
+    lane = torch.arange(32, device=device)
+    g, t = lane // 4, lane % 4
+    rows = torch.empty(2, 4, 32, dtype=torch.long, device=device)
+    cols = torch.empty_like(rows)
+    for a in range(2):
+        for b in range(4):
+            rows[a, b] = g + 8 * (b // 2)
+            cols[a, b] = 2 * t + (b % 2) + 8 * a
+    return rows, cols
+
+
+def chunk_columns(k: int, device, normed: bool = False) -> torch.Tensor:
+    """[K] long: the weight column at each position of the fragments' order, where position (4 i + j) * 16 + kk
+    is column kk of K-part j of chunk i. Column 2t + e + 8h of K-part j (lane t's B pair h, element e) is
+    64 i + 32 h + 8 t + 2 j + e, so that a lane's B pairs for its 4 K-parts are 16 contiguous bytes of a bf16
+    input; normed (scripts/packed_mma_probe.py's kinds that build B from fp32 x * g): 64 i + 32 h + 8 t + 4 e + j,
+    so that each element's x and g for the 4 K-parts are contiguous."""
+    pos = torch.arange(k, device=device)
+    i, j, kk = pos // 64, (pos // 16) % 4, pos % 16
+    h, t, e = kk // 8, (kk % 8) // 2, kk % 2
+    return 64 * i + 32 * h + 8 * t + (4 * e + j if normed else 2 * j + e)
+
+
+@dataclass
+class MmaPackedWeight:
+    """A [N, K] bf16 matrix in pack_mma's layout (the module docstring)."""
+
+    lo: torch.Tensor  # [N / 16, K / 64, 2, 128] int32: per M-tile and chunk, the two words of low bytes
+    codes: torch.Tensor  # [N / 16, K / 64, 128] int32: the 8 codes of each lane's fragment words
+    base: torch.Tensor  # [N / 16, 8] int32: rows g (bytes 0-1) and g + 8 (bytes 2-3): their top exponent bits
+    exc_start: torch.Tensor  # [N / 16 + 1] int32: M-tile m's exceptions: entries exc_start[m] .. [m + 1] - 1
+    exc_row: torch.Tensor  # [max(E, 1)] int32: the row of each
+    exc_col: torch.Tensor  # [max(E, 1)] int32: its column (of W, not of the permuted order)
+    exc_value: torch.Tensor  # [max(E, 1)] fp32: its true weight (it decodes to its row's floor)
+    tile_exceptions: list[int]  # each M-tile's count, on the host: the launches' rounds over them (below)
+    n: int
+    k: int
+    normed: bool = False  # columns in chunk_columns' normed order (the probe's kinds)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.n, self.k
+
+    @property
+    def exceptions(self) -> int:
+        return int(self.exc_start[-1])
+
+    def exception_rounds(self, block_m: int, split: int) -> int:
+        """Blocks of EXC_BLOCK exceptions the most loaded program adds, with block_m M-tiles a program and their
+        exceptions shared over `split` programs (a constant of the kernel: a loop over loaded bounds has no
+        interpreter form here, and a fixed count of masked blocks costs nothing where there are none)."""
+        counts = self.tile_exceptions
+        groups = [sum(counts[m : m + block_m]) for m in range(0, len(counts), block_m)]
+        return triton.cdiv(triton.cdiv(max(groups, default=0), split), EXC_BLOCK)
+
+    def nbytes(self) -> int:
+        """What a product reads: the words, the bases and the exception lists."""
+        tensors = (self.lo, self.codes, self.base, self.exc_start, self.exc_row, self.exc_col, self.exc_value)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def fits(n: int, k: int) -> bool:
+    """Whether a [N, K] matrix has pack_mma's shape: whole M-tiles and chunks."""
+    return n > 0 and k > 0 and n % 16 == 0 and k % CHUNK == 0
+
+
+def pack_mma(weight: torch.Tensor, normed: bool = False) -> MmaPackedWeight:
+    """weight [N, K] bf16 (fits) -> its MmaPackedWeight on the same device; unpack_mma gives every bit back."""
+    if weight.dim() != 2 or weight.dtype != torch.bfloat16:
+        raise ValueError(f"weight: expected a [N, K] bf16 matrix, got {weight.dtype} {tuple(weight.shape)}")
+    n, k = weight.shape
+    if not fits(n, k):
+        raise ValueError(f"weight: [{n}, {k}] is not whole 16-row tiles by 64-column chunks")
+    device = weight.device
+    bits, low, code, base, exception = encode_rows(weight)
+    order = chunk_columns(k, device, normed)  # the encoding is per weight: the columns move with it
+    low, code = low[:, order], code[:, order]
+    rows, cols = fragment_index(device)
+    m_tiles, chunks = n // 16, k // CHUNK
+    low4 = low.view(m_tiles, 16, k // 16, 16)  # [m, row, kp, col]
+    code4 = code.view(m_tiles, 16, k // 16, 16)
+    lo = torch.zeros(m_tiles, k // 16, 2, 32, dtype=torch.int64, device=device)  # [m, kp, a, lane]
+    words = torch.zeros(m_tiles, k // 16, 32, dtype=torch.int64, device=device)
+    for a in range(2):
+        for b in range(4):
+            part = low4[:, rows[a, b], :, cols[a, b]]  # [32, m, kp]
+            lo[:, :, a] |= part.permute(1, 2, 0).to(torch.int64) << (8 * b)
+            nib = code4[:, rows[a, b], :, cols[a, b]].permute(1, 2, 0).to(torch.int64)
+            words |= nib << (4 * (2 * b + a))
+    # [m, kp = 4 i + j, a, lane] -> [m, i, a, c = 4 lane + j]
+    lo = lo.view(m_tiles, chunks, 4, 2, 32).permute(0, 1, 3, 4, 2).reshape(m_tiles, chunks, 2, 128)
+    words = words.view(m_tiles, chunks, 4, 32).permute(0, 1, 3, 2).reshape(m_tiles, chunks, 128)
+    b = base.view(m_tiles, 2, 8)  # rows g and g + 8 of each tile
+    base_words = b[:, 0] * 0x0101 + b[:, 1] * 0x01010000
+
+    # The exceptions whose true weight is not the floor they decode to, row-major (so grouped by M-tile).
+    floors = row_floors(base)
+    keep = exception & (bits != floors[:, None])
+    exc_rows, exc_cols = keep.nonzero(as_tuple=True)
+    per_tile = torch.bincount(exc_rows // 16, minlength=m_tiles)
+    exc_start = torch.zeros(m_tiles + 1, dtype=torch.int32, device=device)
+    exc_start[1:] = per_tile.cumsum(0)
+
+    def at_least_one(t: torch.Tensor) -> torch.Tensor:  # a kernel argument needs an allocation
+        return t.contiguous() if t.numel() else torch.zeros(1, dtype=t.dtype, device=device)
+
+    return MmaPackedWeight(
+        lo=as_int32_words(lo), codes=as_int32_words(words), base=as_int32_words(base_words.to(torch.int64)),
+        exc_start=exc_start, exc_row=at_least_one(exc_rows.to(torch.int32)),
+        exc_col=at_least_one(exc_cols.to(torch.int32)), exc_value=at_least_one(weight[exc_rows, exc_cols].float()), tile_exceptions=per_tile.tolist(), n=n, k=k,
+        normed=normed,
+    )  # fmt: skip
+
+
+def unpack_mma(packed: MmaPackedWeight) -> torch.Tensor:
+    """The bf16 [N, K] matrix a MmaPackedWeight holds (torch only: the layout's reference for the tests)."""
+    n, k, device = packed.n, packed.k, packed.lo.device
+    m_tiles, chunks = n // 16, k // CHUNK
+    rows, cols = fragment_index(device)
+    # [m, i, a, c = 4 lane + j] -> [m, kp = 4 i + j, a, lane]
+    lo = (packed.lo.to(torch.int64) & 0xFFFFFFFF).view(m_tiles, chunks, 2, 32, 4).permute(0, 1, 4, 2, 3)
+    lo = lo.reshape(m_tiles, k // 16, 2, 32)
+    words = (packed.codes.to(torch.int64) & 0xFFFFFFFF).view(m_tiles, chunks, 32, 4).permute(0, 1, 3, 2)
+    words = words.reshape(m_tiles, k // 16, 32)
+    base_words = packed.base.to(torch.int64) & 0xFFFFFFFF  # [m, g]
+    out = torch.zeros(m_tiles, 16, k // 16, 16, dtype=torch.int64, device=device)  # [m, row, kp, col]
+    for a in range(2):
+        for b in range(4):
+            low = (lo[:, :, a] >> (8 * b)) & 0xFF  # [m, kp, lane]
+            code = (words >> (4 * (2 * b + a))) & 0xF
+            row_base = ((base_words >> (8 * b)) & 0x7F)[:, None, rows[a, b] % 8]  # [m, 1, lane]
+            top = (code >> 3) << 7 | (row_base - (code & 7))
+            out[:, rows[a, b], :, cols[a, b]] = (top << 8 | low).permute(2, 0, 1)
+    permuted = out.view(n, k)
+    bits = torch.empty_like(permuted)
+    bits[:, chunk_columns(k, device, packed.normed)] = permuted
+    weight = bits.to(torch.int16).view(torch.bfloat16).float()
+    count = packed.exceptions
+    exc_rows, exc_cols = packed.exc_row[:count].long(), packed.exc_col[:count].long()
+    weight[exc_rows, exc_cols] = packed.exc_value[:count]
+    return weight.to(torch.bfloat16)
+
+
+def placeholder(n: int, k: int, device) -> MmaPackedWeight:
+    """A MmaPackedWeight of the right shapes and no contents, no exceptions (meta tensors: scripts/kernel_report.py
+    compiles the step without weights)."""
+    m_tiles, chunks = n // 16, k // CHUNK
+
+    def empty(*shape: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    return MmaPackedWeight(lo=empty(m_tiles, chunks, 2, 128), codes=empty(m_tiles, chunks, 128), base=empty(m_tiles, 8),
+                           exc_start=empty(m_tiles + 1), exc_row=empty(1), exc_col=empty(1),
+                           exc_value=empty(1, dtype=torch.float32), tile_exceptions=[0] * m_tiles, n=n, k=k)  # fmt: skip
+
+
+def move(packed: MmaPackedWeight, device) -> MmaPackedWeight:
+    """The same MmaPackedWeight with its tensors on `device`."""
+    tensors = ("lo", "codes", "base", "exc_start", "exc_row", "exc_col", "exc_value")
+    return MmaPackedWeight(**{name: getattr(packed, name).to(device) for name in tensors},
+                           tile_exceptions=packed.tile_exceptions, n=packed.n, k=packed.k,
+                           normed=packed.normed)  # fmt: skip
+
+
+@triton.jit
+def chunk_loads(lo_ptr, code_ptr, tile, code_tile, i: tl.constexpr):
+    """Chunk i's words of a program's tiles (lo word 0, lo word 1, codes; [BM, 128] int32 each). Read once a
+    token: evicted first."""
+    return (tl.load(lo_ptr + tile + i * 256, eviction_policy="evict_first"),
+            tl.load(lo_ptr + tile + i * 256 + 128, eviction_policy="evict_first"),
+            tl.load(code_ptr + code_tile + i * 128, eviction_policy="evict_first"))  # fmt: skip
+
+
+@triton.jit
+def fragments(words, base, USE_ASM: tl.constexpr):
+    """A chunk's words -> the A registers a0-a3 of each slot (bf16 pairs in int32): rows g and g + 8 at
+    columns 2t, 2t + 1 (a0, a1), then 8 columns on (a2, a3)."""
+    lo0, lo1, codes = words
+    h0 = high_bytes(codes, base, 0)
+    h1 = high_bytes(codes, base, 1)
+    return (bf16_pair(lo0, h0, 0, USE_ASM), bf16_pair(lo0, h0, 1, USE_ASM), bf16_pair(lo1, h1, 0, USE_ASM),
+            bf16_pair(lo1, h1, 1, USE_ASM))  # fmt: skip
+
+
+@triton.jit
+def bf16_bits(v):
+    """fp32 -> its bf16 (round to nearest even) as the low 16 bits of an int32."""
+    return v.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+
+
+@triton.jit
+def low_half(pair):
+    """The first bf16 of an int32 pair, as fp32."""
+    return (pair << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def high_half(pair):
+    """The second bf16 of an int32 pair, as fp32 (-65536 is 0xFFFF0000)."""
+    return (pair & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def input_pairs(act_ptr, pair, mask, ACT_FP32: tl.constexpr):
+    """act at columns 2 * pair and 2 * pair + 1 as (hi, lo) bf16 pairs in int32: a bf16 act is its own hi (lo
+    unused); an fp32 one is split in two bf16 parts whose sum is it to ~2**-16."""
+    if ACT_FP32:
+        first = tl.load(act_ptr + 2 * pair, mask=mask, other=0.0)
+        second = tl.load(act_ptr + 2 * pair + 1, mask=mask, other=0.0)
+        first_hi = bf16_bits(first)
+        second_hi = bf16_bits(second)
+        first_lo = bf16_bits(first - (first_hi << 16).to(tl.float32, bitcast=True))
+        second_lo = bf16_bits(second - (second_hi << 16).to(tl.float32, bitcast=True))
+        return first_hi | (second_hi << 16), first_lo | (second_lo << 16)
+    hi = tl.load(act_ptr + pair, mask=mask, other=0)
+    return hi, hi
+
+
+@triton.jit
+def input_values(act_ptr, pair, ACT_FP32: tl.constexpr):
+    """act at columns 2 * pair and 2 * pair + 1 as fp32 (the interpreter's sums)."""
+    if ACT_FP32:
+        return tl.load(act_ptr + 2 * pair), tl.load(act_ptr + 2 * pair + 1)
+    word = tl.load(act_ptr + pair)
+    return low_half(word), high_half(word)
+
+
+@triton.jit
+def act_at(act_ptr, col, mask, ACT_FP32: tl.constexpr):
+    """act[col] as fp32 (a bf16 act is read through its int32 view: the half of word col // 2)."""
+    if ACT_FP32:
+        return tl.load(act_ptr + col, mask=mask, other=0.0)
+    word = tl.load(act_ptr + col // 2, mask=mask, other=0)
+    return tl.where(col % 2 == 0, low_half(word), high_half(word))
+
+
+@triton.jit
+def row_floor(base_ptr, row, mask):
+    """The floor an exception of `row` decodes to, as fp32: 2 ** (2 * (top - 7) - 127) with top the row's top 7
+    exponent bits (the bf16 bits (top - 7) << 8 widened; bf16 and fp32 share the bias), 0 for an all-zero row."""
+    word = tl.load(base_ptr + (row // 16) * 8 + row % 8, mask=mask, other=0)
+    top = (word >> (16 * ((row % 16) // 8))) & 0x7F
+    return ((top - 7) << 24).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _packed_mma_gemv_kernel(act_ptr, lo_ptr, code_ptr, base_ptr, exc_start_ptr, exc_row_ptr, exc_col_ptr,
+                            exc_value_ptr, out_ptr, K: tl.constexpr, BM: tl.constexpr, AHEAD: tl.constexpr,
+                            SPLIT: tl.constexpr, ACT_FP32: tl.constexpr, EXC_BLOCK: tl.constexpr,
+                            EXC_ROUNDS: tl.constexpr,
+                            USE_MMA: tl.constexpr, USE_PDL: tl.constexpr,
+                            TRIGGER_EARLY: tl.constexpr):  # fmt: skip
+    CHUNKS: tl.constexpr = K // 64 // SPLIT
+    split = tl.program_id(1)
+    k0 = split * CHUNKS
+    m = tl.program_id(0) * BM + tl.arange(0, BM)  # [BM] M-tiles
+    c = tl.arange(0, 128)  # word c of a tile's chunk: lane c // 4, K-part c % 4
+    lane = c // 4
+    g = lane // 4
+    t = lane % 4
+    j = c % 4
+    tile = (m[:, None] * (K // 64) + k0) * 256 + c[None, :]
+    code_tile = (m[:, None] * (K // 64) + k0) * 128 + c[None, :]
+    base = tl.load(base_ptr + m[:, None] * 8 + g[None, :])  # [BM, 128]
+    if USE_PDL and TRIGGER_EARLY:
+        gdc_launch_dependents()
+    # The weights do not depend on the previous kernel: the first AHEAD chunks are in flight before its wait,
+    # with the M-tiles' exception range (static too).
+    ring = ()
+    for i in tl.static_range(AHEAD):
+        ring = ring + (chunk_loads(lo_ptr, code_ptr, tile, code_tile, i),)
+    first_tile = tl.program_id(0) * BM
+    exc_first = tl.load(exc_start_ptr + first_tile)
+    exc_end = tl.load(exc_start_ptr + first_tile + BM)
+    if USE_PDL:
+        gdc_wait()
+        if not TRIGGER_EARLY:
+            gdc_launch_dependents()
+
+    acc = tl.zeros([BM, 128], dtype=tl.float32) + (base * 0).to(tl.float32)  # the mma's D, or rows g's sums
+    acc_8 = acc  # the interpreter's sums of rows g + 8
+    holds_b = (g == 0)[None, :] & (m >= 0)[:, None]  # lanes 0-3: B's column 0
+    for i in tl.static_range(CHUNKS):
+        words = ring[0]
+        ring = ring[1:]
+        if i + AHEAD < CHUNKS:
+            ring = ring + (chunk_loads(lo_ptr, code_ptr, tile, code_tile, i + AHEAD),)
+        a = fragments(words, base, USE_MMA)
+        # each slot's B pair 0 (act's columns 2 pair, 2 pair + 1); pair 1 is 16 pairs on
+        pair = ((k0 + i) * 32 + 4 * t + j)[None, :] + (m * 0)[:, None]
+        if USE_MMA:
+            hi0, lo0 = input_pairs(act_ptr, pair, holds_b, ACT_FP32)
+            hi1, lo1 = input_pairs(act_ptr, pair + 16, holds_b, ACT_FP32)
+            if ACT_FP32:
+                acc = tl.inline_asm_elementwise(MMA4_SPLIT_B, "=&f,=&f,=&f,=&f," + "r," * 32 + "f,f,f,f",
+                                                [a[0], a[1], a[2], a[3], hi0, hi1, lo0, lo1, acc],
+                                                dtype=tl.float32, is_pure=True, pack=4)  # fmt: skip
+            else:
+                acc = tl.inline_asm_elementwise(MMA4, "=&f,=&f,=&f,=&f," + "r," * 24 + "f,f,f,f",
+                                                [a[0], a[1], a[2], a[3], hi0, hi1, acc], dtype=tl.float32,
+                                                is_pure=True, pack=4)  # fmt: skip
+        else:
+            x0, x1 = input_values(act_ptr, pair, ACT_FP32)
+            x8, x9 = input_values(act_ptr, pair + 16, ACT_FP32)
+            acc += low_half(a[0]) * x0 + high_half(a[0]) * x1 + low_half(a[2]) * x8 + high_half(a[2]) * x9
+            acc_8 += low_half(a[1]) * x0 + high_half(a[1]) * x1 + low_half(a[3]) * x8 + high_half(a[3]) * x9
+
+    if USE_MMA:  # D's column 0: slots 0 and 2 of lanes 0, 4, ..., 28
+        rows = m[:, None] * 16 + g[None, :] + 8 * (j[None, :] // 2)
+        keep = ((t == 0) & (j % 2 == 0))[None, :] & (rows >= 0)
+        tl.atomic_add(out_ptr + rows, acc, mask=keep, sem="relaxed")
+    else:  # row g's terms are the 16 words c of 16 g .. 16 g + 15
+        rows = m[:, None] * 16 + tl.arange(0, 8)[None, :]
+        tl.atomic_add(out_ptr + rows, tl.sum(tl.reshape(acc, [BM, 8, 16]), axis=2), sem="relaxed")
+        tl.atomic_add(out_ptr + rows + 8, tl.sum(tl.reshape(acc_8, [BM, 8, 16]), axis=2), sem="relaxed")
+
+    # The exceptions of these M-tiles, a share of them each split: true weight * act[col] less the floor's
+    # product, which the mma summed (a power of two: that product is exact).
+    share = (exc_end - exc_first + SPLIT - 1) // SPLIT
+    own_first = exc_first + split * share
+    own_end = tl.minimum(own_first + share, exc_end)
+    for r in tl.static_range(EXC_ROUNDS):
+        idx = own_first + r * EXC_BLOCK + tl.arange(0, EXC_BLOCK)
+        ok = idx < own_end
+        row = tl.load(exc_row_ptr + idx, mask=ok, other=0)
+        col = tl.load(exc_col_ptr + idx, mask=ok, other=0)
+        value = tl.load(exc_value_ptr + idx, mask=ok, other=0.0)
+        x = act_at(act_ptr, col, ok, ACT_FP32)
+        tl.atomic_add(out_ptr + row, value * x - row_floor(base_ptr, row, ok) * x, mask=ok, sem="relaxed")
+
+
+def pick_split(chunks: int, most: int = 6) -> int:
+    """The fewest programs along K that leave each at most `most` chunks (of a divisor of the chunks): on an
+    H200 (kernels/NOTES.md round 33, qwen3-1.7b's shapes) the o-proj ran fastest at 4 chunks a program (32 over
+    8 splits) and the down-proj at 6 (96 over 16), one M-tile a program."""
+    return next(s for s in range(1, chunks + 1) if chunks % s == 0 and chunks // s <= most)
+
+
+def packed_mma_gemv(act: torch.Tensor, packed: MmaPackedWeight, out: torch.Tensor, *, split: int | None = None,
+                    block_m: int | None = None, ahead: int = 8, use_pdl: bool = False,
+                    trigger_early: bool = False) -> torch.Tensor:  # fmt: skip
+    """out += W @ act. act: [K] bf16 (fp32: B in a bf16 hi and lo part, two mma a K-part), contiguous; out: [N]
+    fp32, contiguous. split: programs along K (a divisor of K / 64; None: pick_split); block_m: M-tiles a program
+    (a warp each; a power of two dividing N / 16; None: 1 on a GPU, up to 8 under the interpreter); ahead: chunks
+    a program loads before it waits on the previous kernel, and keeps in flight."""
+    n, k = packed.shape
+    if act.shape != (k,) or not act.is_contiguous() or act.dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"act: expected a contiguous [{k}] bf16 or fp32, got {act.dtype} {tuple(act.shape)}")
+    if out.shape != (n,) or not out.is_contiguous() or out.dtype != torch.float32:
+        raise ValueError(f"out: expected a contiguous [{n}] fp32, got {out.dtype} {tuple(out.shape)}")
+    chunks, m_tiles = k // CHUNK, n // 16
+    split = split or pick_split(chunks)
+    if chunks % split:
+        raise ValueError(f"split: {split} does not divide the {chunks} chunks of K = {k}")
+    if block_m is None:
+        block_m = 1
+        while interpreted() and block_m < 8 and m_tiles % (2 * block_m) == 0:
+            block_m *= 2
+    if block_m < 1 or block_m & (block_m - 1) or m_tiles % block_m:
+        raise ValueError(f"block_m: {block_m} is not a power of two dividing the {m_tiles} M-tiles")
+    if ahead < 1:
+        raise ValueError(f"ahead: expected at least 1, got {ahead}")
+    fp32 = act.dtype == torch.float32
+    _packed_mma_gemv_kernel[(m_tiles // block_m, split)](
+        act if fp32 else act.view(torch.int32), packed.lo, packed.codes, packed.base, packed.exc_start,
+        packed.exc_row, packed.exc_col, packed.exc_value, out, K=k, BM=block_m, AHEAD=min(ahead, chunks // split),
+        SPLIT=split, ACT_FP32=fp32, EXC_BLOCK=EXC_BLOCK,
+        EXC_ROUNDS=packed.exception_rounds(block_m, split), USE_MMA=not interpreted(), USE_PDL=use_pdl,
+        TRIGGER_EARLY=trigger_early, num_warps=block_m, **pdl_kwargs(use_pdl),
+    )  # fmt: skip
+    return out

@@ -1,0 +1,140 @@
+"""kernels/packed_mma_gemv.py: the 12-bit tensor-core layout gives back every bit, and out += W @ act is the bf16
+matrix's product, exceptions included (the interpreter's sums in the mma's place on the CPU; the mma on a GPU)."""
+
+import pytest
+import torch
+from kernel_testing import DEVICE, ON_GPU, assert_close, randn
+from test_kernels_packed_gemv import awkward_matrix, with_infinities
+
+from kernels.packed_mma_gemv import (
+    fits,
+    move,
+    pack_mma,
+    packed_mma_gemv,
+    pick_split,
+    placeholder,
+    unpack_mma,
+)
+
+# (rows, K): one tile and chunk; odd numbers of tiles and chunks; qwen3-1.7b's down-proj's K
+SHAPES = [(16, 64), (48, 192), (64, 512), (32, 6144)]
+# bf16 act runs on the GPU only (the interpreter reads it through its int32 view, but the reference's rounding of
+# the inputs is the GPU's); fp32 act on both
+ACT_DTYPES = [torch.float32] + ([pytest.param(torch.bfloat16, marks=pytest.mark.gpu)] if ON_GPU else [])
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("normed", [False, True])
+def test_pack_then_unpack_gives_back_every_bit(n, k, normed):
+    w = with_infinities(awkward_matrix(n, k))
+    packed = pack_mma(w, normed=normed)
+    assert torch.equal(unpack_mma(packed).view(torch.int16), w.view(torch.int16))
+    assert packed.exceptions >= min(k, 40)  # row 0's at least
+    assert sum(packed.tile_exceptions) == packed.exceptions
+
+
+def test_a_random_matrix_takes_three_quarters_of_its_bf16_bytes():
+    gen = torch.Generator().manual_seed(1)
+    w = (torch.randn(512, 2048, generator=gen) * 2048**-0.5).to(torch.bfloat16)
+    packed = pack_mma(w)
+    assert packed.exceptions < 1e-3 * w.numel()
+    assert packed.nbytes() < 0.76 * w.numel() * 2
+
+
+def reference(w: torch.Tensor, act: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """fp64 on the CPU: x + W @ act."""
+    return x.double().cpu() + w.double().cpu() @ act.double().cpu()
+
+
+@pytest.mark.parametrize("act_dtype", ACT_DTYPES)
+@pytest.mark.parametrize("n,k", SHAPES)
+# the launcher's choices; every K-part in one program, one M-tile; one chunk ahead
+@pytest.mark.parametrize("split,block_m,ahead", [(None, None, 8), (1, 1, 8), (None, 1, 1)])
+def test_the_product_adds_the_bf16_matrix_times_act(act_dtype, n, k, split, block_m, ahead):
+    w = awkward_matrix(n, k)
+    act = randn(k, dtype=act_dtype, scale=2.0)
+    x = randn(n, scale=4.0)  # the residual it adds into
+    out = x.clone()
+    packed_mma_gemv(act, move(pack_mma(w), DEVICE), out, split=split, block_m=block_m, ahead=ahead)
+    assert_close(out - x, reference(w, act, x) - x.double().cpu(), torch.float32)
+
+
+@pytest.mark.parametrize("act_dtype", ACT_DTYPES)
+@pytest.mark.parametrize("n,k,block_m", [(64, 512, 2), (64, 512, 4), (32, 6144, 2)])
+def test_programs_of_several_m_tiles(act_dtype, n, k, block_m):
+    w = awkward_matrix(n, k, seed=5)
+    act = randn(k, dtype=act_dtype)
+    out = torch.zeros(n, device=DEVICE)
+    packed_mma_gemv(act, move(pack_mma(w), DEVICE), out, block_m=block_m, split=2)
+    assert_close(out, reference(w, act, torch.zeros(n)), torch.float32)
+
+
+@pytest.mark.parametrize("act_dtype", ACT_DTYPES)
+def test_an_exception_adds_its_true_weight_not_the_floor_it_decodes_to(act_dtype):
+    """act nonzero at the exceptions' columns only: without their correction each row would add its floor."""
+    n, k = 32, 256
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(n, k, generator=gen) * k**-0.5
+    w[5, 7], w[20, 7], w[20, 130], w[31, 255] = 3e-9, -2e-10, 0.0, 1e-8  # far under their rows' largest
+    w = w.to(torch.bfloat16)
+    packed = pack_mma(w)
+    assert packed.exceptions >= 4
+    act = torch.zeros(k)
+    act[[7, 130, 255]] = torch.tensor([1e6, -3e6, 2e6])
+    for split in (1, 4):  # the exceptions of a tile in one program, or shared over four
+        out = torch.zeros(n, device=DEVICE)
+        packed_mma_gemv(act.to(act_dtype).to(DEVICE), move(packed, DEVICE), out, split=split)
+        want = w.double() @ act.to(act_dtype).double()
+        assert_close(out, want, torch.float32)
+        assert out[20].item() == pytest.approx(want[20].item(), rel=1e-5, abs=1e-9)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="the mma runs on a GPU")
+def test_a_layer_of_qwen3_shapes_on_the_tensor_cores():
+    """The runner's shapes and settings (split by pick_split, PDL and the early trigger) in bf16."""
+    gen = torch.Generator().manual_seed(4)
+    for n, k in ((2048, 2048), (2048, 6144)):
+        w = (torch.randn(n, k, generator=gen) * k**-0.5).to(torch.bfloat16)
+        act = randn(k, dtype=torch.bfloat16, gen=gen)
+        x = randn(n, scale=3.0, gen=gen)
+        out = x.clone()
+        packed_mma_gemv(act, move(pack_mma(w), DEVICE), out, use_pdl=True, trigger_early=True)
+        assert_close(out - x, reference(w, act, x) - x.double().cpu(), torch.float32)
+
+
+def test_pick_split_leaves_at_most_six_chunks_a_program():
+    assert [pick_split(c) for c in (1, 4, 14, 32, 96, 128)] == [1, 1, 7, 8, 16, 32]
+
+
+def test_shapes_that_do_not_fit_are_refused():
+    assert fits(32, 128) and not fits(24, 128) and not fits(32, 96)
+    with pytest.raises(ValueError, match="bf16"):
+        pack_mma(torch.zeros(16, 64))
+    with pytest.raises(ValueError, match="16-row tiles"):
+        pack_mma(torch.zeros(24, 64, dtype=torch.bfloat16))
+
+
+def test_the_launcher_refuses_mismatched_arguments():
+    packed = move(pack_mma(awkward_matrix(32, 128)), DEVICE)
+    out = torch.zeros(32, device=DEVICE)
+    act = torch.zeros(128, device=DEVICE)
+    with pytest.raises(ValueError, match="act: expected"):
+        packed_mma_gemv(torch.zeros(64, device=DEVICE), packed, out)
+    with pytest.raises(ValueError, match="act: expected"):
+        packed_mma_gemv(act.half(), packed, out)
+    with pytest.raises(ValueError, match="out: expected"):
+        packed_mma_gemv(act, packed, out.half())
+    with pytest.raises(ValueError, match="split"):
+        packed_mma_gemv(act, packed, out, split=3)
+    with pytest.raises(ValueError, match="block_m"):
+        packed_mma_gemv(act, packed, out, block_m=4)
+    with pytest.raises(ValueError, match="ahead"):
+        packed_mma_gemv(act, packed, out, ahead=0)
+
+
+def test_a_placeholder_has_the_packed_shapes():
+    real, fake = pack_mma(awkward_matrix(32, 192)), placeholder(32, 192, "meta")
+    for name in ("lo", "codes", "base", "exc_start"):
+        assert getattr(fake, name).shape == getattr(real, name).shape
+    assert fake.exception_rounds(1, 1) == 0

@@ -280,6 +280,7 @@ def high_half(pair):
 def input_pairs(act_ptr, pair, mask, ACT_FP32: tl.constexpr):
     """act at columns 2 * pair and 2 * pair + 1 as (hi, lo) bf16 pairs in int32: a bf16 act is its own hi (lo
     unused); an fp32 one is split in two bf16 parts whose sum is it to ~2**-16."""
+    # one return statement: the compiler types every return of a function, a constexpr branch's too
     if ACT_FP32:
         first = tl.load(act_ptr + 2 * pair, mask=mask, other=0.0)
         second = tl.load(act_ptr + 2 * pair + 1, mask=mask, other=0.0)
@@ -287,27 +288,36 @@ def input_pairs(act_ptr, pair, mask, ACT_FP32: tl.constexpr):
         second_hi = bf16_bits(second)
         first_lo = bf16_bits(first - (first_hi << 16).to(tl.float32, bitcast=True))
         second_lo = bf16_bits(second - (second_hi << 16).to(tl.float32, bitcast=True))
-        return first_hi | (second_hi << 16), first_lo | (second_lo << 16)
-    hi = tl.load(act_ptr + pair, mask=mask, other=0)
-    return hi, hi
+        hi = first_hi | (second_hi << 16)
+        lo = first_lo | (second_lo << 16)
+    else:
+        hi = tl.load(act_ptr + pair, mask=mask, other=0)
+        lo = hi
+    return hi, lo
 
 
 @triton.jit
 def input_values(act_ptr, pair, ACT_FP32: tl.constexpr):
     """act at columns 2 * pair and 2 * pair + 1 as fp32 (the interpreter's sums)."""
     if ACT_FP32:
-        return tl.load(act_ptr + 2 * pair), tl.load(act_ptr + 2 * pair + 1)
-    word = tl.load(act_ptr + pair)
-    return low_half(word), high_half(word)
+        first = tl.load(act_ptr + 2 * pair)
+        second = tl.load(act_ptr + 2 * pair + 1)
+    else:
+        word = tl.load(act_ptr + pair)
+        first = low_half(word)
+        second = high_half(word)
+    return first, second
 
 
 @triton.jit
 def act_at(act_ptr, col, mask, ACT_FP32: tl.constexpr):
     """act[col] as fp32 (a bf16 act is read through its int32 view: the half of word col // 2)."""
     if ACT_FP32:
-        return tl.load(act_ptr + col, mask=mask, other=0.0)
-    word = tl.load(act_ptr + col // 2, mask=mask, other=0)
-    return tl.where(col % 2 == 0, low_half(word), high_half(word))
+        value = tl.load(act_ptr + col, mask=mask, other=0.0)
+    else:
+        word = tl.load(act_ptr + col // 2, mask=mask, other=0)
+        value = tl.where(col % 2 == 0, low_half(word), high_half(word))
+    return value
 
 
 @triton.jit

@@ -48,9 +48,12 @@ def reference(w: torch.Tensor, act: torch.Tensor, x: torch.Tensor) -> torch.Tens
 
 @pytest.mark.parametrize("act_dtype", ACT_DTYPES)
 @pytest.mark.parametrize("n,k", SHAPES)
-# the launcher's choices; every K-part in one program, one M-tile; one chunk ahead
-@pytest.mark.parametrize("split,block_m,ahead", [(None, None, 8), (1, 1, 8), (None, 1, 1)])
+# the launcher's choices; all of K in one program (up to 8 chunks: the loop over them is unrolled), one M-tile;
+# one chunk ahead
+@pytest.mark.parametrize("split,block_m,ahead", [(None, None, 8), ("whole", 1, 8), (None, 1, 1)])
 def test_the_product_adds_the_bf16_matrix_times_act(act_dtype, n, k, split, block_m, ahead):
+    if split == "whole":
+        split = max(1, k // 512)
     w = awkward_matrix(n, k)
     act = randn(k, dtype=act_dtype, scale=2.0)
     x = randn(n, scale=4.0)  # the residual it adds into

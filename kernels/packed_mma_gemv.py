@@ -277,13 +277,22 @@ def high_half(pair):
 
 
 @triton.jit
+def split_pair(word):
+    """An fp32 act's int64 word (columns 2p and 2p + 1: the first in the low half) as two fp32."""
+    first = (word & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+    second = (word >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    return first, second
+
+
+@triton.jit
 def input_pairs(act_ptr, pair, mask, ACT_FP32: tl.constexpr):
-    """act at columns 2 * pair and 2 * pair + 1 as (hi, lo) bf16 pairs in int32: a bf16 act is its own hi (lo
-    unused); an fp32 one is split in two bf16 parts whose sum is it to ~2**-16."""
+    """act at columns 2 * pair and 2 * pair + 1 as (hi, lo) bf16 pairs in int32: a bf16 act (read through its int32
+    view) is its own hi (lo unused); an fp32 one (through its int64 view, so that a thread's 4 pairs are one
+    contiguous load in the fragments' layout, as the bf16 pairs are) is split in two bf16 parts whose sum is it
+    to ~2**-16."""
     # one return statement: the compiler types every return of a function, a constexpr branch's too
     if ACT_FP32:
-        first = tl.load(act_ptr + 2 * pair, mask=mask, other=0.0)
-        second = tl.load(act_ptr + 2 * pair + 1, mask=mask, other=0.0)
+        first, second = split_pair(tl.load(act_ptr + pair, mask=mask, other=0))
         first_hi = bf16_bits(first)
         second_hi = bf16_bits(second)
         first_lo = bf16_bits(first - (first_hi << 16).to(tl.float32, bitcast=True))
@@ -300,8 +309,7 @@ def input_pairs(act_ptr, pair, mask, ACT_FP32: tl.constexpr):
 def input_values(act_ptr, pair, ACT_FP32: tl.constexpr):
     """act at columns 2 * pair and 2 * pair + 1 as fp32 (the interpreter's sums)."""
     if ACT_FP32:
-        first = tl.load(act_ptr + 2 * pair)
-        second = tl.load(act_ptr + 2 * pair + 1)
+        first, second = split_pair(tl.load(act_ptr + pair))
     else:
         word = tl.load(act_ptr + pair)
         first = low_half(word)
@@ -311,9 +319,10 @@ def input_values(act_ptr, pair, ACT_FP32: tl.constexpr):
 
 @triton.jit
 def act_at(act_ptr, col, mask, ACT_FP32: tl.constexpr):
-    """act[col] as fp32 (a bf16 act is read through its int32 view: the half of word col // 2)."""
+    """act[col] as fp32, from word col // 2 of its int32 (bf16) or int64 (fp32) view."""
     if ACT_FP32:
-        value = tl.load(act_ptr + col, mask=mask, other=0.0)
+        first, second = split_pair(tl.load(act_ptr + col // 2, mask=mask, other=0))
+        value = tl.where(col % 2 == 0, first, second)
     else:
         word = tl.load(act_ptr + col // 2, mask=mask, other=0)
         value = tl.where(col % 2 == 0, low_half(word), high_half(word))
@@ -415,10 +424,11 @@ def _packed_mma_gemv_kernel(act_ptr, lo_ptr, code_ptr, base_ptr, exc_start_ptr, 
         tl.atomic_add(out_ptr + row, value * x - row_floor(base_ptr, row, ok) * x, mask=ok, sem="relaxed")
 
 
-def pick_split(chunks: int, most: int = 6) -> int:
-    """The fewest programs along K that leave each at most `most` chunks (of a divisor of the chunks): on an
-    H200 (kernels/NOTES.md round 33, qwen3-1.7b's shapes) the o-proj ran fastest at 4 chunks a program (32 over
-    8 splits) and the down-proj at 6 (96 over 16), one M-tile a program."""
+def pick_split(chunks: int, most: int = 4) -> int:
+    """The fewest programs along K that leave each at most `most` chunks (of a divisor of the chunks): in the
+    decode step on an H200 (kernels/NOTES.md round 34) 4 chunks a program, one M-tile, ran fastest for the
+    o-proj (qwen3-1.7b's 32 chunks over 8 programs) and the down-proj (qwen3-1.7b's 96 over 24: 1,083 tok/s, at 6
+    or 3 chunks 1,075 and 1,021; llama-3.2-1b's 128 over 32: 1,643, at 8 or 2 chunks 1,637 and 1,479)."""
     return next(s for s in range(1, chunks + 1) if chunks % s == 0 and chunks // s <= most)
 
 
@@ -448,7 +458,7 @@ def packed_mma_gemv(act: torch.Tensor, packed: MmaPackedWeight, out: torch.Tenso
         raise ValueError(f"ahead: expected at least 1, got {ahead}")
     fp32 = act.dtype == torch.float32
     _packed_mma_gemv_kernel[(m_tiles // block_m, split)](
-        act if fp32 else act.view(torch.int32), packed.lo, packed.codes, packed.base, packed.exc_start,
+        act.view(torch.int64 if fp32 else torch.int32), packed.lo, packed.codes, packed.base, packed.exc_start,
         packed.exc_row, packed.exc_col, packed.exc_value, out, K=k, BM=block_m, AHEAD=min(ahead, chunks // split),
         SPLIT=split, ACT_FP32=fp32, EXC_BLOCK=EXC_BLOCK,
         EXC_ROUNDS=packed.exception_rounds(block_m, split), USE_MMA=not interpreted(), USE_PDL=use_pdl,

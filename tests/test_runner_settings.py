@@ -9,6 +9,7 @@ import pytest
 from inference.fast.head_choice import BREAK_EVEN_SHARE
 from inference.fast.settings import (
     DEFAULT_PREFETCH,
+    PACKED_DEFAULTS,
     SAMPLED_SCREEN_TEMPERATURE,
     SCREEN_MIN_HEAD_BYTES,
     RunnerSettings,
@@ -228,10 +229,12 @@ def test_packing_is_the_default_for_one_lane_bf16_models_on_a_gpu(monkeypatch):
 
 
 def test_packed_blocks_from_the_environment_then_the_argument(monkeypatch):
-    monkeypatch.setenv("KOG_PACKED_BLOCKS", "o=1/8/4, down=0/16/0")
-    assert resolve(H200).packed_blocks == {"o": {"block_m": 1, "split": 8, "ahead": 4}, "down": {"split": 16}}
-    got = resolve(H200, packed_blocks={"down": {"ahead": 2}}).packed_blocks
-    assert got == {"o": {"block_m": 1, "split": 8, "ahead": 4}, "down": {"ahead": 2}}
+    assert resolve(H200).packed_blocks == PACKED_DEFAULTS
+    monkeypatch.setenv("KOG_PACKED_BLOCKS", "o=1/8/4, down=0/16/0")  # 0: the default's (or the launcher's) choice
+    want = {"o": {"block_m": 1, "split": 8, "ahead": 4}, "down": {**PACKED_DEFAULTS["down"], "split": 16}}
+    assert resolve(H200).packed_blocks == want
+    got = resolve(H200, packed_blocks={"down": {"ahead": 3}}).packed_blocks
+    assert got == {"o": {"block_m": 1, "split": 8, "ahead": 4}, "down": {"ahead": 3}}
     for bad in ("qkv=1/8/4", "o=1/8", "o=a/8/4"):
         monkeypatch.setenv("KOG_PACKED_BLOCKS", bad)
         with pytest.raises(ValueError, match="KOG_PACKED_BLOCKS"):

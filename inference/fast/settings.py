@@ -90,6 +90,12 @@ ONE_LANE_PREFETCH = {"gate_up": 3}
 # along K and chunks ahead (0: the kernel's choice; sweeps).
 PACKED_KINDS = ("o", "down")
 PACKED_KEYS = ("block_m", "split", "ahead")
+# Chunks a program loads before its wait (and keeps in flight). The o-proj takes all of its (4): the attention
+# before it reads little. The down-proj takes 2 of its 4: its programs launch while gate/up streams, and loading
+# all of their weights then slows gate/up (H200, scripts/decode_variants.py in turns, kernels/NOTES.md round 34:
+# qwen3-1.7b 1,083 tok/s at 2, 1,065 at 1, 1,014 at all 4; llama-3.2-1b 1,643, 1,617, 1,598; the o-proj at 2:
+# 1,076 and 1,634).
+PACKED_DEFAULTS = {"o": {"ahead": 8}, "down": {"ahead": 2}}
 # The smallest head the screen is on for by default: below it the head's read is short beside the screen's two
 # launches (H200, models/default's 8,192 x 384 head: 16,140 tok/s whole, 15,426 screened; laneformer-2b's 192 MiB
 # +1%, llama-3.2-1b's 501 MiB +9%).
@@ -225,7 +231,7 @@ class RunnerSettings:
     early: frozenset[str]  # the kinds whose next kernel may launch before their wait
     one_lane: bool
     packed: bool  # the o-proj and down-proj from 12-bit weights on the tensor cores (one-lane models)
-    packed_blocks: dict[str, dict[str, int]]  # their block_m / split / ahead overrides (block_spec)
+    packed_blocks: dict[str, dict[str, int]]  # their block_m / split / ahead (PACKED_DEFAULTS, then overrides)
 
     def prefetch_tiles(self, grouped: bool) -> dict[str, int]:
         """Weight tiles before each kind's wait, for a runner with lane groups (grouped) or without."""
@@ -284,14 +290,15 @@ class RunnerSettings:
         if packed and not one_lane:
             raise ValueError("packed: the 12-bit o-proj and down-proj serve one-lane models (Llama, Qwen2, Qwen3); "
                              "a Laneformer's reduce across lanes (set it to 0 or leave it unset)")  # fmt: skip
-        packed_overrides = {
+        overrides = {
             **block_spec(
                 os.environ.get("KOG_PACKED_BLOCKS", ""), PACKED_KEYS, PACKED_KINDS, "KOG_PACKED_BLOCKS"
             ),
             **block_spec(packed_blocks, PACKED_KEYS, PACKED_KINDS, "packed_blocks"),
         }
+        packed_settings = {kind: {**PACKED_DEFAULTS[kind], **overrides.get(kind, {})} for kind in PACKED_KINDS}
         return cls(use_pdl=bool(use_pdl and sm90), attention=attention_settings, head_blocks=head,
                    prefill_blocks=prefill_blocks, prefetch=prefetch, row_blocks=row_blocks, blocks=blocks,
                    screen=screen, lane_groups=groups.get("groups"),
                    early=frozenset(kind for kind, on in early.items() if on), one_lane=one_lane,
-                   packed=bool(packed), packed_blocks=packed_overrides)  # fmt: skip
+                   packed=bool(packed), packed_blocks=packed_settings)  # fmt: skip

@@ -8,9 +8,9 @@ rows.qkv=n / rows.gate_up=n set FastRunner's row_blocks, blocks.down=2/1024/8 (b
 (or head.block_n, head.num_warps) the head's, attn.splits=32 (or attn.block_t, attn.num_warps, attn.maxnreg, attn.prefetch_next=0|1, and
 attn.cluster=0|1 for the merge, attn.push=0|1 for its partials through shared memory, attn.kv_evict_first=0|1 for its cache reads' hint) the attention's, lanes.groups=n its lane groups (1: none), early.o=0|1 (kinds qkv, o,
 gate_up, down) whether a kind lets the next kernel launch before its wait, screen=0|1 the greedy head through its int8
-screen (kernels/lm_head_screen.py) or the whole bf16 head, packed=0|1 the one-lane o-proj and down-proj from 12-bit
-weights on the tensor cores (kernels/packed_mma_gemv.py) or lane_reduce_gemv over bf16, packed.down=1/16/4
-(block_m/split/ahead of packed.o or packed.down; 0 keeps the launcher's choice) their blocks;
+screen (kernels/lm_head_screen.py) or the whole bf16 head, packed=0|1|o+down the one-lane kinds read from 12-bit
+weights on the tensor cores (kernels/packed_mma_gemv.py; KOG_PACKED's form), packed.down=1/16/4 (block_m/split/ahead
+of packed.o, packed.gate_up or packed.down; 0 keeps the default) their blocks;
 "name:spec" labels one, so a setting can be built twice (two runner instances: what memory placement alone
 does). Every round times each variant once (bench.timing.time_fast: median of --runs after a warm-up), so slow drifts of the clock or
 the temperature hit all variants alike; the table keeps the median over rounds, beside the ceiling measured in
@@ -50,12 +50,10 @@ def runner_kwargs(spec: str) -> dict:
     """'o=16,rows.gate_up=8,blocks.down=4/4096/8,head.row_blocks=2' -> FastRunner(prefetch={'o': 16},
     row_blocks={'gate_up': 8}, blocks={'down': {...}}, head_blocks={'row_blocks': 2})."""
     items = [item.strip() for item in spec.split(",") if item.strip()]
-    switches = {}
-    for name in ("screen", "packed"):
-        values = [item.partition("=")[2] for item in items if item.startswith(f"{name}=")]
-        if any(value not in ("0", "1") for value in values):
-            raise ValueError(f"{name}: expected {name}=0 or {name}=1, got {spec!r}")
-        switches[name] = bool(int(values[-1])) if values else None
+    screen = [item.partition("=")[2] for item in items if item.startswith("screen=")]
+    if any(value not in ("0", "1") for value in screen):
+        raise ValueError(f"screen: expected screen=0 or screen=1, got {spec!r}")
+    packed = [item.partition("=")[2] for item in items if item.startswith("packed=")]  # settings.packed_kinds
     items = [item for item in items if not item.startswith(("screen=", "packed="))]
     prefixes = ("rows.", "blocks.", "head.", "attn.", "lanes.", "early.", "packed.")
 
@@ -70,7 +68,7 @@ def runner_kwargs(spec: str) -> dict:
             "attention": kind_overrides(group("attn."), ATTENTION_KEYS, "attention", ATTENTION_SWITCHES),
             "lane_groups": kind_overrides(group("lanes."), LANE_GROUP_KEYS, "lane_groups"),
             "early": kind_overrides(group("early."), EARLY_KINDS, "early", EARLY_KINDS),
-            "head_screen": switches["screen"], "packed": switches["packed"],
+            "head_screen": bool(int(screen[-1])) if screen else None, "packed": packed[-1] if packed else None,
             "packed_blocks": block_spec(group("packed."), PACKED_KEYS, PACKED_KINDS, "packed_blocks")}  # fmt: skip
 
 

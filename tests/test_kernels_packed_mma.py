@@ -92,41 +92,6 @@ def test_an_exception_adds_its_true_weight_not_the_floor_it_decodes_to(act_dtype
         assert out[20].item() == pytest.approx(want[20].item(), rel=1e-5, abs=1e-9)
 
 
-@pytest.mark.parametrize("n,k", [(48, 192), (64, 2048)])
-def test_the_normed_input_is_rmsnorm_of_the_residual_times_its_weight(n, k):
-    """The gate/up's input: rmsnorm(x) * g, x the fp32 residual (on the GPU B rounds x * g to bf16 once, as the
-    reference model rounds its activations)."""
-    w = awkward_matrix(n, k, seed=6)
-    x = randn(k, scale=3.0)
-    g = (randn(k).abs() + 0.5).to(torch.bfloat16)
-    out = torch.zeros(n, device=DEVICE)
-    packed_mma_gemv(x, move(pack_mma(w), DEVICE), out, norm_weight=g, eps=1e-5)
-    xd = x.double().cpu()
-    normed = xd * torch.rsqrt(xd.pow(2).mean() + 1e-5) * g.double().cpu()
-    assert_close(out, w.double() @ normed, torch.bfloat16 if ON_GPU else torch.float32)
-
-
-@pytest.mark.parametrize("n,k", [(48, 192), (32, 6144)])
-def test_the_glu_input_is_silu_of_gate_times_up(n, k):
-    """The down-proj's input after a packed gate/up: silu(gate) * up from the fp32 sums [2K] it added."""
-    w = awkward_matrix(n, k, seed=7)
-    sums = randn(2 * k, scale=2.0)
-    x = randn(n)
-    out = x.clone()
-    packed_mma_gemv(sums, move(pack_mma(w), DEVICE), out, glu=True)
-    gate, up = sums.double().cpu()[:k], sums.double().cpu()[k:]
-    want = torch.nn.functional.silu(gate) * up
-    assert_close(out - x, w.double() @ want, torch.bfloat16 if ON_GPU else torch.float32)
-
-
-def test_a_launch_clears_the_buffer_it_is_given():
-    packed = move(pack_mma(awkward_matrix(64, 256)), DEVICE)
-    for size in (100, 4096, 12288):  # fewer floats than programs; several a program; not a multiple of them
-        buffer = torch.full((size,), 7.0, device=DEVICE)
-        packed_mma_gemv(randn(256), packed, torch.zeros(64, device=DEVICE), zero=buffer, split=2)
-        assert int((buffer != 0).sum()) == 0
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="the mma runs on a GPU")
 def test_a_layer_of_qwen3_shapes_on_the_tensor_cores():
@@ -169,17 +134,6 @@ def test_the_launcher_refuses_mismatched_arguments():
         packed_mma_gemv(act, packed, out, block_m=4)
     with pytest.raises(ValueError, match="ahead"):
         packed_mma_gemv(act, packed, out, ahead=0)
-    g = torch.ones(128, dtype=torch.bfloat16, device=DEVICE)
-    with pytest.raises(ValueError, match="norm_weight"):
-        packed_mma_gemv(act.to(torch.bfloat16), packed, out, norm_weight=g)  # the residual is fp32
-    with pytest.raises(ValueError, match="norm_weight"):
-        packed_mma_gemv(act, packed, out, norm_weight=g.float())
-    with pytest.raises(ValueError, match="act: expected"):
-        packed_mma_gemv(act, packed, out, glu=True)  # the gate and up sums: [2K]
-    with pytest.raises(ValueError, match="glu"):
-        packed_mma_gemv(torch.zeros(256, dtype=torch.bfloat16, device=DEVICE), packed, out, glu=True)
-    with pytest.raises(ValueError, match="zero"):
-        packed_mma_gemv(act, packed, out, zero=torch.zeros(8, dtype=torch.int32, device=DEVICE))
 
 
 def test_a_placeholder_has_the_packed_shapes():

@@ -85,41 +85,23 @@ EARLY_KINDS = ("qkv", "o", "gate_up", "down")
 # either trigger alone, gained less; an early down-proj lost 8% on qwen3. Laneformer's lane groups: no change.
 ONE_LANE_EARLY = {"qkv": 1, "o": 1}
 ONE_LANE_PREFETCH = {"gate_up": 3}
-# The o-proj, gate/up and down-proj of one-lane models read their weights in 12 bits on the tensor cores
+# The o-proj and down-proj of one-lane models read their weights in 12 bits on the tensor cores
 # (kernels/packed_mma_gemv.py); KOG_PACKED_BLOCKS=o=1/8/8,down=1/16/4 sets a kind's M-tiles a program, programs
-# along K and chunks ahead (0: the kernel's choice; sweeps). A packed gate/up needs the other two: the o-proj
-# clears the sums it adds into, the down-proj reads them.
-PACKED_KINDS = ("o", "gate_up", "down")
+# along K and chunks ahead (0: the kernel's choice; sweeps).
+PACKED_KINDS = ("o", "down")
 PACKED_KEYS = ("block_m", "split", "ahead")
 # Chunks a program loads before its wait (and keeps in flight). The o-proj takes all of its (4): the attention
 # before it reads little. The down-proj takes 2 of its 4: its programs launch while gate/up streams, and loading
 # all of their weights then slows gate/up (H200, scripts/decode_variants.py in turns, kernels/NOTES.md round 34:
 # qwen3-1.7b 1,083 tok/s at 2, 1,065 at 1, 1,014 at all 4; llama-3.2-1b 1,643, 1,617, 1,598; the o-proj at 2:
 # 1,076 and 1,634).
-PACKED_DEFAULTS = {"o": {"ahead": 8}, "gate_up": {"ahead": 2}, "down": {"ahead": 2}}
+PACKED_DEFAULTS = {"o": {"ahead": 8}, "down": {"ahead": 2}}
 # The smallest head the screen is on for by default: below it the head's read is short beside the screen's two
 # launches (H200, models/default's 8,192 x 384 head: 16,140 tok/s whole, 15,426 screened; laneformer-2b's 192 MiB
 # +1%, llama-3.2-1b's 501 MiB +9%).
 SCREEN_MIN_HEAD_BYTES = 32 << 20
 # The highest temperature whose sampled steps read the head through its screen (uses_screen).
 SAMPLED_SCREEN_TEMPERATURE = 0.3
-
-
-def packed_kinds(spec: bool | str, what: str, default: bool) -> frozenset[str]:
-    """KOG_PACKED's form ('' for the default, 0, 1, or kinds joined by '+': 'o+down') or the argument's (a bool, or
-    that string) -> the packed kinds, checked (a packed gate/up needs the o-proj and the down-proj packed)."""
-    if isinstance(spec, bool) or spec in ("", "0", "1"):
-        on = default if spec == "" else bool(int(spec)) if isinstance(spec, str) else spec
-        return frozenset(PACKED_KINDS if on else ())
-    kinds = frozenset(spec.split("+"))
-    if not kinds <= set(PACKED_KINDS):
-        raise ValueError(
-            f"{what}: expected 0, 1 or kinds joined by '+' from {', '.join(PACKED_KINDS)}, got {spec!r}"
-        )
-    if "gate_up" in kinds and not {"o", "down"} <= kinds:
-        raise ValueError(f"{what}: a packed gate_up needs o and down packed too (the o-proj clears its sums, the "
-                         f"down-proj reads them), got {spec!r}")  # fmt: skip
-    return kinds
 
 
 def block_spec(spec: str | dict[str, dict[str, int]], keys=BLOCK_KEYS, kinds=tuple(DEFAULT_PREFETCH),
@@ -248,12 +230,8 @@ class RunnerSettings:
     lane_groups: int | None  # how many (None: FastRunner._lane_groups' choice, by the layers' size)
     early: frozenset[str]  # the kinds whose next kernel may launch before their wait
     one_lane: bool
-    packed: frozenset[
-        str
-    ]  # the kinds read from 12-bit weights on the tensor cores (one-lane models; PACKED_KINDS)
-    packed_blocks: dict[
-        str, dict[str, int]
-    ]  # their block_m / split / ahead (PACKED_DEFAULTS, then overrides)
+    packed: bool  # the o-proj and down-proj from 12-bit weights on the tensor cores (one-lane models)
+    packed_blocks: dict[str, dict[str, int]]  # their block_m / split / ahead (PACKED_DEFAULTS, then overrides)
 
     def prefetch_tiles(self, grouped: bool) -> dict[str, int]:
         """Weight tiles before each kind's wait, for a runner with lane groups (grouped) or without."""
@@ -266,7 +244,7 @@ class RunnerSettings:
                 row_blocks: dict[str, int] | None = None, blocks: str | dict[str, dict[str, int]] = "",
                 head_blocks: dict[str, int] | None = None, attention: dict[str, int] | None = None,
                 lane_groups: dict[str, int] | None = None, early: dict[str, int] | None = None,
-                head_screen: bool | None = None, packed: bool | str | None = None, bf16: bool = True,
+                head_screen: bool | None = None, packed: bool | None = None, bf16: bool = True,
                 packed_blocks: str | dict[str, dict[str, int]] = "") -> RunnerSettings:  # fmt: skip
         """FastRunner's keyword arguments (the same names and defaults) over the KOG_* environment, given what the
         device and the model are: lanes (the model's), device_type ('cuda', 'cpu', 'meta'), sm90 (a Hopper GPU or
@@ -301,14 +279,14 @@ class RunnerSettings:
         one_lane = lanes == 1
         early = {**(ONE_LANE_EARLY if one_lane else {}),
                  **env_then_argument("KOG_EARLY", early, EARLY_KINDS, "early", EARLY_KINDS)}  # fmt: skip
-        # The one-lane models' matrix kinds from 12-bit weights on the tensor cores (kernels/packed_mma_gemv.py):
-        # the default for bf16 models on a Hopper GPU; KOG_PACKED=0|1|o+down (the kinds) or the argument override
-        # (on the CPU the interpreter stands in for the mma; fp32 weights must be bf16 values).
+        # The o-proj and down-proj of one-lane models from 12-bit weights on the tensor cores
+        # (kernels/packed_mma_gemv.py): the default for bf16 models on a Hopper GPU; KOG_PACKED=0|1 or the argument
+        # override (on the CPU the interpreter stands in for the mma; fp32 weights must be bf16 values).
         if packed is None:
-            on = one_lane and bf16 and device_type == "cuda" and sm90
-            packed = packed_kinds(os.environ.get("KOG_PACKED", ""), "KOG_PACKED", on)
-        else:
-            packed = packed_kinds(packed, "packed", False)
+            setting = os.environ.get("KOG_PACKED", "")
+            if setting not in ("", "0", "1"):
+                raise ValueError(f"KOG_PACKED: expected 0 or 1 (or unset), got {setting!r}")
+            packed = setting == "1" if setting else one_lane and bf16 and device_type == "cuda" and sm90
         if packed and not one_lane:
             raise ValueError("packed: the 12-bit o-proj and down-proj serve one-lane models (Llama, Qwen2, Qwen3); "
                              "a Laneformer's reduce across lanes (set it to 0 or leave it unset)")  # fmt: skip
@@ -318,11 +296,9 @@ class RunnerSettings:
             ),
             **block_spec(packed_blocks, PACKED_KEYS, PACKED_KINDS, "packed_blocks"),
         }
-        packed_settings = {
-            kind: {**PACKED_DEFAULTS[kind], **overrides.get(kind, {})} for kind in PACKED_KINDS
-        }
+        packed_settings = {kind: {**PACKED_DEFAULTS[kind], **overrides.get(kind, {})} for kind in PACKED_KINDS}
         return cls(use_pdl=bool(use_pdl and sm90), attention=attention_settings, head_blocks=head,
                    prefill_blocks=prefill_blocks, prefetch=prefetch, row_blocks=row_blocks, blocks=blocks,
                    screen=screen, lane_groups=groups.get("groups"),
                    early=frozenset(kind for kind, on in early.items() if on), one_lane=one_lane,
-                   packed=packed, packed_blocks=packed_settings)  # fmt: skip
+                   packed=bool(packed), packed_blocks=packed_settings)  # fmt: skip

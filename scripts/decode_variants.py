@@ -10,7 +10,7 @@ attn.cluster=0|1 for the merge, attn.push=0|1 for its partials through shared me
 gate_up, down) whether a kind lets the next kernel launch before its wait, screen=0|1 the greedy head through its int8
 screen (kernels/lm_head_screen.py) or the whole bf16 head, packed=0|1|o+down the one-lane kinds read from 12-bit
 weights on the tensor cores (kernels/packed_mma_gemv.py; KOG_PACKED's form), packed.down=1/16/4 (block_m/split/ahead
-of packed.o, packed.gate_up or packed.down; 0 keeps the default) their blocks;
+of packed.o or packed.down; 0 keeps the default) their blocks;
 "name:spec" labels one, so a setting can be built twice (two runner instances: what memory placement alone
 does). Every round times each variant once (bench.timing.time_fast: median of --runs after a warm-up), so slow drifts of the clock or
 the temperature hit all variants alike; the table keeps the median over rounds, beside the ceiling measured in
@@ -111,7 +111,7 @@ def main() -> int:
                            "num_warps": runners[v].attn_warps, "cluster": runners[v].attn_cluster, "maxnreg": runners[v].attn_maxnreg,
                            "prefetch_next": runners[v].attn_prefetch_next},
              "lane_groups": max(1, len(runners[v].groups)), "early": sorted(runners[v].early),
-             "packed": runners[v].packed, "packed_blocks": runners[v].packed_blocks,
+             "packed": sorted(runners[v].packed), "packed_blocks": runners[v].packed_blocks,
              "same_tokens_as_first": tokens[v] == tokens[variants[0]], "tok_s": statistics.median(t),
              "rounds": t, "pct_ceiling": 100 * statistics.median(t) / ceiling} for v, t in tok_s.items()]  # fmt: skip
     print(f"{args.model}: ceiling {ceiling:,.0f} tok/s at {bandwidth['read_gbs']:,.0f} GB/s")

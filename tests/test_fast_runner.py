@@ -331,6 +331,7 @@ def test_which_projections_are_packed():
         return [(w.wo_packed is not None, w.w2_packed is not None) for w in runner.layers]
 
     assert packed(FastRunner(model, 32, packed=True)) == [(False, True), (True, True)]
+    assert packed(FastRunner(model, 32, packed="down")) == [(False, True), (False, True)]
     narrow = bf16_valued(make_model("tiny-qwen3", seed=9))  # intermediate_size 160
     assert packed(FastRunner(narrow, 32, packed=True)) == [(False, False), (True, False)]
     assert packed(FastRunner(model, 32, packed=False)) == [(False, False), (False, False)]

@@ -221,16 +221,24 @@ def test_packing_is_the_default_for_one_lane_bf16_models_on_a_gpu(monkeypatch):
     monkeypatch.setenv("KOG_PACKED", "1")
     assert resolve(CPU).packed
     monkeypatch.setenv("KOG_PACKED", "yes")
-    with pytest.raises(ValueError, match="KOG_PACKED"):
+    with pytest.raises(ValueError, match="KOG_PACKED: expected"):
         resolve(H200)
+    monkeypatch.setenv("KOG_PACKED", "o")
+    assert resolve(H200).packed == {"o"}
     monkeypatch.delenv("KOG_PACKED")
+    assert resolve(H200).packed == {"o", "down"}
+    assert resolve(CPU, packed="down+o").packed == {"o", "down"}
+    with pytest.raises(ValueError, match="packed: expected"):
+        resolve(H200, packed="o+qkv")  # the normed kinds are not packed
     with pytest.raises(ValueError, match="one-lane"):
         resolve(H200, lanes=8, packed=True)
 
 
 def test_packed_blocks_from_the_environment_then_the_argument(monkeypatch):
     assert resolve(H200).packed_blocks == PACKED_DEFAULTS
-    monkeypatch.setenv("KOG_PACKED_BLOCKS", "o=1/8/4, down=0/16/0")  # 0: the default's (or the launcher's) choice
+    monkeypatch.setenv(
+        "KOG_PACKED_BLOCKS", "o=1/8/4, down=0/16/0"
+    )  # 0: the default's (or the launcher's) choice
     want = {"o": {"block_m": 1, "split": 8, "ahead": 4}, "down": {**PACKED_DEFAULTS["down"], "split": 16}}
     assert resolve(H200).packed_blocks == want
     got = resolve(H200, packed_blocks={"down": {"ahead": 3}}).packed_blocks

@@ -140,7 +140,7 @@ class FastRunner:
                  row_blocks: dict[str, int] | None = None,
                  blocks: str | dict[str, dict[str, int]] = "", head_blocks: dict[str, int] | None = None,
                  attention: dict[str, int] | None = None, lane_groups: dict[str, int] | None = None,
-                 early: dict[str, int] | None = None, head_screen: bool | None = None, packed: bool | None = None,
+                 early: dict[str, int] | None = None, head_screen: bool | None = None, packed: bool | str | None = None,
                  packed_blocks: str | dict[str, dict[str, int]] = ""):  # fmt: skip
         cfg = model.cfg
         if (why := supports(cfg)) is not None:
@@ -274,10 +274,11 @@ class FastRunner:
         """Every layer's down-proj, and the o-proj of layers 1 on, in kernels/packed_mma_gemv.py's 12-bit layout
         (the bf16 weights stay: the prefill and the reference read them). Layer 0's o-proj stays on
         lane_reduce_gemv, which starts the residual from the token's embedding row (the packed kernel adds into a
-        residual that is already there). A matrix not of whole 16-row tiles by 64-column chunks stays bf16."""
+        residual that is already there). A matrix not of whole 16-row tiles by 64-column chunks stays bf16. Only
+        the kinds of settings.packed."""
         for i, w in enumerate(self.layers):
-            w.wo_packed = self._packed(w.wo[0], f"layer {i} wo") if i > 0 else None
-            w.w2_packed = self._packed(w.w2[0], f"layer {i} w2")
+            w.wo_packed = self._packed(w.wo[0], f"layer {i} wo") if i > 0 and "o" in self.packed else None
+            w.w2_packed = self._packed(w.w2[0], f"layer {i} w2") if "down" in self.packed else None
 
     def packed_bytes(self) -> dict[tuple[int, str], int]:
         """What each packed matrix reads a step, by (layer, 'o-proj' or 'down') (the benchmark's bytes)."""

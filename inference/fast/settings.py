@@ -87,7 +87,9 @@ ONE_LANE_EARLY = {"qkv": 1, "o": 1}
 ONE_LANE_PREFETCH = {"gate_up": 3}
 # The o-proj and down-proj of one-lane models read their weights in 12 bits on the tensor cores
 # (kernels/packed_mma_gemv.py); KOG_PACKED_BLOCKS=o=1/8/8,down=1/16/4 sets a kind's M-tiles a program, programs
-# along K and chunks ahead (0: the kernel's choice; sweeps).
+# along K and chunks ahead (0: the kernel's choice; sweeps). Not the normed kinds (q|k|v, gate/up): the input
+# rmsnorm(x) * g built in every program made a packed gate/up far slower than the bf16 one (H200, qwen3-1.7b
+# 947 tok/s against 1,089; kernels/NOTES.md round 34).
 PACKED_KINDS = ("o", "down")
 PACKED_KEYS = ("block_m", "split", "ahead")
 # Chunks a program loads before its wait (and keeps in flight). The o-proj takes all of its (4): the attention
@@ -102,6 +104,20 @@ PACKED_DEFAULTS = {"o": {"ahead": 8}, "down": {"ahead": 2}}
 SCREEN_MIN_HEAD_BYTES = 32 << 20
 # The highest temperature whose sampled steps read the head through its screen (uses_screen).
 SAMPLED_SCREEN_TEMPERATURE = 0.3
+
+
+def packed_kinds(spec: bool | str, what: str, default: bool) -> frozenset[str]:
+    """KOG_PACKED's form ('' for the default, 0, 1, or kinds joined by '+': 'o+down') or the argument's (a bool, or
+    that string) -> the packed kinds, checked."""
+    if isinstance(spec, bool) or spec in ("", "0", "1"):
+        on = default if spec == "" else bool(int(spec)) if isinstance(spec, str) else spec
+        return frozenset(PACKED_KINDS if on else ())
+    kinds = frozenset(spec.split("+"))
+    if not kinds <= set(PACKED_KINDS):
+        raise ValueError(
+            f"{what}: expected 0, 1 or kinds joined by '+' from {', '.join(PACKED_KINDS)}, got {spec!r}"
+        )
+    return kinds
 
 
 def block_spec(spec: str | dict[str, dict[str, int]], keys=BLOCK_KEYS, kinds=tuple(DEFAULT_PREFETCH),
@@ -230,8 +246,12 @@ class RunnerSettings:
     lane_groups: int | None  # how many (None: FastRunner._lane_groups' choice, by the layers' size)
     early: frozenset[str]  # the kinds whose next kernel may launch before their wait
     one_lane: bool
-    packed: bool  # the o-proj and down-proj from 12-bit weights on the tensor cores (one-lane models)
-    packed_blocks: dict[str, dict[str, int]]  # their block_m / split / ahead (PACKED_DEFAULTS, then overrides)
+    packed: frozenset[
+        str
+    ]  # the kinds read from 12-bit weights on the tensor cores (one-lane models; PACKED_KINDS)
+    packed_blocks: dict[
+        str, dict[str, int]
+    ]  # their block_m / split / ahead (PACKED_DEFAULTS, then overrides)
 
     def prefetch_tiles(self, grouped: bool) -> dict[str, int]:
         """Weight tiles before each kind's wait, for a runner with lane groups (grouped) or without."""
@@ -244,7 +264,7 @@ class RunnerSettings:
                 row_blocks: dict[str, int] | None = None, blocks: str | dict[str, dict[str, int]] = "",
                 head_blocks: dict[str, int] | None = None, attention: dict[str, int] | None = None,
                 lane_groups: dict[str, int] | None = None, early: dict[str, int] | None = None,
-                head_screen: bool | None = None, packed: bool | None = None, bf16: bool = True,
+                head_screen: bool | None = None, packed: bool | str | None = None, bf16: bool = True,
                 packed_blocks: str | dict[str, dict[str, int]] = "") -> RunnerSettings:  # fmt: skip
         """FastRunner's keyword arguments (the same names and defaults) over the KOG_* environment, given what the
         device and the model are: lanes (the model's), device_type ('cuda', 'cpu', 'meta'), sm90 (a Hopper GPU or
@@ -280,13 +300,13 @@ class RunnerSettings:
         early = {**(ONE_LANE_EARLY if one_lane else {}),
                  **env_then_argument("KOG_EARLY", early, EARLY_KINDS, "early", EARLY_KINDS)}  # fmt: skip
         # The o-proj and down-proj of one-lane models from 12-bit weights on the tensor cores
-        # (kernels/packed_mma_gemv.py): the default for bf16 models on a Hopper GPU; KOG_PACKED=0|1 or the argument
-        # override (on the CPU the interpreter stands in for the mma; fp32 weights must be bf16 values).
+        # (kernels/packed_mma_gemv.py): the default for bf16 models on a Hopper GPU; KOG_PACKED=0|1|o|down or the
+        # argument override (on the CPU the interpreter stands in for the mma; fp32 weights must be bf16 values).
         if packed is None:
-            setting = os.environ.get("KOG_PACKED", "")
-            if setting not in ("", "0", "1"):
-                raise ValueError(f"KOG_PACKED: expected 0 or 1 (or unset), got {setting!r}")
-            packed = setting == "1" if setting else one_lane and bf16 and device_type == "cuda" and sm90
+            on = one_lane and bf16 and device_type == "cuda" and sm90
+            packed = packed_kinds(os.environ.get("KOG_PACKED", ""), "KOG_PACKED", on)
+        else:
+            packed = packed_kinds(packed, "packed", False)
         if packed and not one_lane:
             raise ValueError("packed: the 12-bit o-proj and down-proj serve one-lane models (Llama, Qwen2, Qwen3); "
                              "a Laneformer's reduce across lanes (set it to 0 or leave it unset)")  # fmt: skip
@@ -296,9 +316,11 @@ class RunnerSettings:
             ),
             **block_spec(packed_blocks, PACKED_KEYS, PACKED_KINDS, "packed_blocks"),
         }
-        packed_settings = {kind: {**PACKED_DEFAULTS[kind], **overrides.get(kind, {})} for kind in PACKED_KINDS}
+        packed_settings = {
+            kind: {**PACKED_DEFAULTS[kind], **overrides.get(kind, {})} for kind in PACKED_KINDS
+        }
         return cls(use_pdl=bool(use_pdl and sm90), attention=attention_settings, head_blocks=head,
                    prefill_blocks=prefill_blocks, prefetch=prefetch, row_blocks=row_blocks, blocks=blocks,
                    screen=screen, lane_groups=groups.get("groups"),
                    early=frozenset(kind for kind, on in early.items() if on), one_lane=one_lane,
-                   packed=bool(packed), packed_blocks=packed_settings)  # fmt: skip
+                   packed=packed, packed_blocks=packed_settings)  # fmt: skip

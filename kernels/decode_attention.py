@@ -64,7 +64,6 @@ def _decode_attention_kernel(
     part_o_ptr,
     part_ml_ptr,
     counter_ptr,
-    ready_ptr,
     out_ptr,
     stride_out_lane,
     next_k_ptr,
@@ -96,7 +95,6 @@ def _decode_attention_kernel(
     PUSH_MLP: tl.constexpr,
     PUSH_BYTES: tl.constexpr,
     THREADS: tl.constexpr,
-    PUBLISH: tl.constexpr,
 ):
     if CLUSTER:  # one cluster of SPLITS programs a KV head (kernels/cluster.py)
         kv = tl.program_id(0) // SPLITS
@@ -222,12 +220,8 @@ def _decode_attention_kernel(
     if PUSH:
         _push_merge(acc, m, l_sum, region, armed, split, heads, d, group_out, HD, HDP, G, GP, SPLITS, PUSH_E,
                     PUSH_VEC, PUSH_MLP, THREADS)  # fmt: skip
-        if PUBLISH:
-            _publish(ready_ptr, kv, 1)
     elif CLUSTER:
         _cluster_merge(part_o_ptr, part_ml_ptr, kv, split, group_out, HD, HDP, G, GP, SPLITS)
-        if PUBLISH:
-            _publish(ready_ptr, kv, 1)
     else:
         # Every thread's partial is written before one thread publishes it; the last split merges.
         tl.debug_barrier()
@@ -252,18 +246,6 @@ def _decode_attention_kernel(
                 mask=(group_rows < G)[:, None] & d_ok[None, :],
             )
             tl.atomic_xchg(counter_ptr + kv, 0)
-            if PUBLISH:  # the whole group's output, as the SPLITS programs of the cluster merges publish it
-                _publish(ready_ptr, kv, SPLITS)
-
-
-@triton.jit
-def _publish(ready_ptr, kv, count):
-    """Adds count to KV head kv's ready counter once every thread's output stores are done: an o-proj that
-    chases the attention (kernels/packed_mma_gemv.py's `ready`) reads the head group's output once the counter
-    reaches SPLITS, before this launch ends. The release orders the program's stores, the barrier every
-    thread's, before the add (one thread's); the o-proj's down-proj clears the counters for the next step."""
-    tl.debug_barrier()
-    tl.atomic_add(ready_ptr + kv, count, sem="release", scope="gpu")
 
 
 # One thread of the program asks L2 for $2 bytes from address $1 (a multiple of 16 bytes, 16-byte aligned).
@@ -446,7 +428,6 @@ def decode_attention(
     maxnreg: int | None = None,
     next_layer: tuple[torch.Tensor, torch.Tensor, int | None] | None = None,
     kv_evict_first: bool = True,
-    ready: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of the token at position pos[0] (a device int tensor) over the cache, writing its k, v there.
 
@@ -471,8 +452,6 @@ def decode_attention(
     will read in the next layer: that launch's first block, loaded before its wait, then comes from L2, not HBM.
     The bytes are the ones the next layer reads anyway, asked for while this layer's merge leaves the memory
     idle. Needs a Hopper GPU and cache rows of a multiple of 16 bytes (prefetch_next_possible).
-    ready: [KV] int32 counters, zero at the launch (or None): each KV head's reaches SPLITS once its G heads'
-    output is written, for an o-proj that starts on a head group before the whole launch ends.
     kv_evict_first: the cached keys and values are read with L2's evict-first hint, as the weights are (False:
     plain loads that skip L1). Read once a step, they would otherwise stay in L2 at normal priority, beside the
     weight stream that needs the room: on an H200 (kernels/NOTES.md, round 15) +0.5% (qwen3-1.7b), +0.3%
@@ -536,8 +515,6 @@ def decode_attention(
                              f"bytes (got {hd * k_cache.element_size()})"
                              + (" (under the interpreter)" if interpreted() else ""))  # fmt: skip
     next_k, next_v, next_window = next_layer if next_layer is not None else (k_cache, v_cache, None)
-    if ready is not None and (ready.shape != (num_kv,) or ready.dtype != torch.int32):
-        raise ValueError(f"ready: expected [{num_kv}] int32 counters, got {ready.dtype} {tuple(ready.shape)}")
     args = (
         qkv,
         qkv.stride(0),
@@ -551,7 +528,6 @@ def decode_attention(
         scratch.part_o,
         scratch.part_ml,
         scratch.counter,
-        ready if ready is not None else scratch.counter,
         out,
         out.stride(0),
         next_k,
@@ -581,7 +557,6 @@ def decode_attention(
         PUSH_MLP=push_mlp,
         PUSH_BYTES=push_bytes,
         THREADS=32 * num_warps,
-        PUBLISH=ready is not None,
         USE_PDL=use_pdl,
         PREFETCH_NEXT=next_layer is not None,
         KV_CACHE="" if kv_evict_first else ".cg",  # ptxas takes no L2 eviction hint beside .cg

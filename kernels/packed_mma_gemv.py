@@ -292,7 +292,7 @@ def input_pairs(act_ptr, pair, mask, ACT_FP32: tl.constexpr):
     to ~2**-16."""
     # one return statement: the compiler types every return of a function, a constexpr branch's too
     if ACT_FP32:
-        first, second = split_pair(tl.load(act_ptr + pair, mask=mask, other=0, cache_modifier=".cg"))
+        first, second = split_pair(tl.load(act_ptr + pair, mask=mask, other=0))
         first_hi = bf16_bits(first)
         second_hi = bf16_bits(second)
         first_lo = bf16_bits(first - (first_hi << 16).to(tl.float32, bitcast=True))
@@ -300,7 +300,7 @@ def input_pairs(act_ptr, pair, mask, ACT_FP32: tl.constexpr):
         hi = first_hi | (second_hi << 16)
         lo = first_lo | (second_lo << 16)
     else:
-        hi = tl.load(act_ptr + pair, mask=mask, other=0, cache_modifier=".cg")
+        hi = tl.load(act_ptr + pair, mask=mask, other=0)
         lo = hi
     return hi, lo
 
@@ -309,9 +309,9 @@ def input_pairs(act_ptr, pair, mask, ACT_FP32: tl.constexpr):
 def input_values(act_ptr, pair, ACT_FP32: tl.constexpr):
     """act at columns 2 * pair and 2 * pair + 1 as fp32 (the interpreter's sums)."""
     if ACT_FP32:
-        first, second = split_pair(tl.load(act_ptr + pair, cache_modifier=".cg"))
+        first, second = split_pair(tl.load(act_ptr + pair))
     else:
-        word = tl.load(act_ptr + pair, cache_modifier=".cg")
+        word = tl.load(act_ptr + pair)
         first = low_half(word)
         second = high_half(word)
     return first, second
@@ -321,10 +321,10 @@ def input_values(act_ptr, pair, ACT_FP32: tl.constexpr):
 def act_at(act_ptr, col, mask, ACT_FP32: tl.constexpr):
     """act[col] as fp32, from word col // 2 of its int32 (bf16) or int64 (fp32) view."""
     if ACT_FP32:
-        first, second = split_pair(tl.load(act_ptr + col // 2, mask=mask, other=0, cache_modifier=".cg"))
+        first, second = split_pair(tl.load(act_ptr + col // 2, mask=mask, other=0))
         value = tl.where(col % 2 == 0, first, second)
     else:
-        word = tl.load(act_ptr + col // 2, mask=mask, other=0, cache_modifier=".cg")
+        word = tl.load(act_ptr + col // 2, mask=mask, other=0)
         value = tl.where(col % 2 == 0, low_half(word), high_half(word))
     return value
 
@@ -340,12 +340,11 @@ def row_floor(base_ptr, row, mask):
 
 @triton.jit
 def _packed_mma_gemv_kernel(act_ptr, lo_ptr, code_ptr, base_ptr, exc_start_ptr, exc_row_ptr, exc_col_ptr,
-                            exc_value_ptr, out_ptr, ready_ptr, reset_ptr, K: tl.constexpr, BM: tl.constexpr,
-                            AHEAD: tl.constexpr, SPLIT: tl.constexpr, ACT_FP32: tl.constexpr,
-                            EXC_BLOCK: tl.constexpr, EXC_ROUNDS: tl.constexpr, READY_COLS: tl.constexpr,
-                            READY_TARGET: tl.constexpr, READY_SPAN: tl.constexpr, RESET: tl.constexpr,
-                            RESET_BLOCK: tl.constexpr,
-                            USE_MMA: tl.constexpr, USE_PDL: tl.constexpr, TRIGGER_EARLY: tl.constexpr):  # fmt: skip
+                            exc_value_ptr, out_ptr, K: tl.constexpr, BM: tl.constexpr, AHEAD: tl.constexpr,
+                            SPLIT: tl.constexpr, ACT_FP32: tl.constexpr, EXC_BLOCK: tl.constexpr,
+                            EXC_ROUNDS: tl.constexpr,
+                            USE_MMA: tl.constexpr, USE_PDL: tl.constexpr,
+                            TRIGGER_EARLY: tl.constexpr):  # fmt: skip
     CHUNKS: tl.constexpr = K // 64 // SPLIT
     split = tl.program_id(1)
     k0 = split * CHUNKS
@@ -368,28 +367,10 @@ def _packed_mma_gemv_kernel(act_ptr, lo_ptr, code_ptr, base_ptr, exc_start_ptr, 
     first_tile = tl.program_id(0) * BM
     exc_first = tl.load(exc_start_ptr + first_tile)
     exc_end = tl.load(exc_start_ptr + first_tile + BM)
-    if READY_COLS > 0:
-        # Chasing the attention: wait for the head groups of this program's columns only (their ready counters,
-        # kernels/decode_attention.py's _publish), not for the whole launch. One thread's acquire, then the
-        # barrier orders every thread's loads after it.
-        first_group = k0 * 64 // READY_COLS
-        last_group = ((k0 + CHUNKS) * 64 - 1) // READY_COLS
-        for s in tl.static_range(READY_SPAN):
-            group = tl.minimum(first_group + s, last_group)
-            ready = tl.atomic_add(ready_ptr + group, 0, sem="acquire", scope="gpu")
-            while ready < READY_TARGET:
-                ready = tl.atomic_add(ready_ptr + group, 0, sem="acquire", scope="gpu")
-        tl.debug_barrier()
-        if USE_PDL and not TRIGGER_EARLY:
-            gdc_launch_dependents()
-    elif USE_PDL:
+    if USE_PDL:
         gdc_wait()
         if not TRIGGER_EARLY:
             gdc_launch_dependents()
-    if RESET > 0:  # counters a chasing launch read (it has ended: we waited on it)
-        counters = tl.arange(0, RESET_BLOCK)
-        first_program = (tl.program_id(0) == 0) & (split == 0)
-        tl.store(reset_ptr + counters, tl.zeros_like(counters), mask=(counters < RESET) & first_program)
 
     acc = tl.zeros([BM, 128], dtype=tl.float32) + (base * 0).to(tl.float32)  # the mma's D, or rows g's sums
     acc_8 = acc  # the interpreter's sums of rows g + 8
@@ -441,8 +422,6 @@ def _packed_mma_gemv_kernel(act_ptr, lo_ptr, code_ptr, base_ptr, exc_start_ptr, 
         value = tl.load(exc_value_ptr + idx, mask=ok, other=0.0)
         x = act_at(act_ptr, col, ok, ACT_FP32)
         tl.atomic_add(out_ptr + row, value * x - row_floor(base_ptr, row, ok) * x, mask=ok, sem="relaxed")
-    if READY_COLS > 0 and USE_PDL:  # ends after the attention launch: the chain of waits stays transitive
-        gdc_wait()
 
 
 def pick_split(chunks: int, most: int = 4) -> int:
@@ -454,17 +433,12 @@ def pick_split(chunks: int, most: int = 4) -> int:
 
 
 def packed_mma_gemv(act: torch.Tensor, packed: MmaPackedWeight, out: torch.Tensor, *, split: int | None = None,
-                    block_m: int | None = None, ahead: int = 8, ready: tuple[torch.Tensor, int, int] | None = None,
-                    reset: torch.Tensor | None = None, use_pdl: bool = False,
+                    block_m: int | None = None, ahead: int = 8, use_pdl: bool = False,
                     trigger_early: bool = False) -> torch.Tensor:  # fmt: skip
     """out += W @ act. act: [K] bf16 (fp32: B in a bf16 hi and lo part, two mma a K-part), contiguous; out: [N]
     fp32, contiguous. split: programs along K (a divisor of K / 64; None: pick_split); block_m: M-tiles a program
     (a warp each; a power of two dividing N / 16; None: 1 on a GPU, up to 8 under the interpreter); ahead: chunks
-    a program loads before it waits on the previous kernel, and keeps in flight.
-    ready: (counters, columns, target): act is an attention launch's output, and a program waits until the
-    counters of the column groups it reads (`columns` of act each: a KV head's group of query heads) reach
-    `target`, not for the whole launch (decode_attention's `ready`; the o-proj); the launch still ends after it.
-    reset: int32 counters this launch zeroes after its wait (the down-proj, for the next step's o-proj)."""
+    a program loads before it waits on the previous kernel, and keeps in flight."""
     n, k = packed.shape
     if act.shape != (k,) or not act.is_contiguous() or act.dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"act: expected a contiguous [{k}] bf16 or fp32, got {act.dtype} {tuple(act.shape)}")
@@ -483,23 +457,11 @@ def packed_mma_gemv(act: torch.Tensor, packed: MmaPackedWeight, out: torch.Tenso
     if ahead < 1:
         raise ValueError(f"ahead: expected at least 1, got {ahead}")
     fp32 = act.dtype == torch.float32
-    counters, columns, target = ready if ready is not None else (out, 0, 0)
-    if ready is not None and (counters.dtype != torch.int32 or columns < 1 or k % columns or target < 1):
-        raise ValueError(f"ready: expected int32 counters, a column group dividing K = {k} and a target >= 1, got "
-                         f"{counters.dtype}, {columns}, {target}")  # fmt: skip
-    if reset is not None and reset.dtype != torch.int32:
-        raise ValueError(f"reset: expected int32 counters, got {reset.dtype}")
-    # the most column groups a program's chunks touch
-    span = triton.cdiv(chunks // split * CHUNK, columns) + 1 if ready is not None else 0
     _packed_mma_gemv_kernel[(m_tiles // block_m, split)](
         act.view(torch.int64 if fp32 else torch.int32), packed.lo, packed.codes, packed.base, packed.exc_start,
-        packed.exc_row, packed.exc_col, packed.exc_value, out, counters, reset if reset is not None else counters,
-        K=k, BM=block_m, AHEAD=min(ahead, chunks // split), SPLIT=split, ACT_FP32=fp32, EXC_BLOCK=EXC_BLOCK,
-        EXC_ROUNDS=packed.exception_rounds(block_m, split), READY_COLS=columns, READY_TARGET=target,
-        READY_SPAN=min(span, k // columns) if ready is not None else 0,
-        RESET=reset.numel() if reset is not None else 0,
-        RESET_BLOCK=triton.next_power_of_2(reset.numel()) if reset is not None else 1, USE_MMA=not interpreted(),
-        USE_PDL=use_pdl,
+        packed.exc_row, packed.exc_col, packed.exc_value, out, K=k, BM=block_m, AHEAD=min(ahead, chunks // split),
+        SPLIT=split, ACT_FP32=fp32, EXC_BLOCK=EXC_BLOCK,
+        EXC_ROUNDS=packed.exception_rounds(block_m, split), USE_MMA=not interpreted(), USE_PDL=use_pdl,
         TRIGGER_EARLY=trigger_early, num_warps=block_m, **pdl_kwargs(use_pdl),
     )  # fmt: skip
     return out

@@ -10,8 +10,7 @@ attn.cluster=0|1 for the merge, attn.push=0|1 for its partials through shared me
 gate_up, down) whether a kind lets the next kernel launch before its wait, screen=0|1 the greedy head through its int8
 screen (kernels/lm_head_screen.py) or the whole bf16 head, packed=0|1|o+down the one-lane kinds read from 12-bit
 weights on the tensor cores (kernels/packed_mma_gemv.py; KOG_PACKED's form), packed.down=1/16/4 (block_m/split/ahead
-of packed.o or packed.down; 0 keeps the default) their blocks, chase=0|1 whether the packed o-proj chases the attention
-head group by head group;
+of packed.o or packed.down; 0 keeps the default) their blocks;
 "name:spec" labels one, so a setting can be built twice (two runner instances: what memory placement alone
 does). Every round times each variant once (bench.timing.time_fast: median of --runs after a warm-up), so slow drifts of the clock or
 the temperature hit all variants alike; the table keeps the median over rounds, beside the ceiling measured in
@@ -55,10 +54,7 @@ def runner_kwargs(spec: str) -> dict:
     if any(value not in ("0", "1") for value in screen):
         raise ValueError(f"screen: expected screen=0 or screen=1, got {spec!r}")
     packed = [item.partition("=")[2] for item in items if item.startswith("packed=")]  # settings.packed_kinds
-    chase = [item.partition("=")[2] for item in items if item.startswith("chase=")]
-    if any(value not in ("0", "1") for value in chase):
-        raise ValueError(f"chase: expected chase=0 or chase=1, got {spec!r}")
-    items = [item for item in items if not item.startswith(("screen=", "packed=", "chase="))]
+    items = [item for item in items if not item.startswith(("screen=", "packed="))]
     prefixes = ("rows.", "blocks.", "head.", "attn.", "lanes.", "early.", "packed.")
 
     def group(prefix: str) -> str:
@@ -73,7 +69,6 @@ def runner_kwargs(spec: str) -> dict:
             "lane_groups": kind_overrides(group("lanes."), LANE_GROUP_KEYS, "lane_groups"),
             "early": kind_overrides(group("early."), EARLY_KINDS, "early", EARLY_KINDS),
             "head_screen": bool(int(screen[-1])) if screen else None, "packed": packed[-1] if packed else None,
-            "chase": bool(int(chase[-1])) if chase else None,
             "packed_blocks": block_spec(group("packed."), PACKED_KEYS, PACKED_KINDS, "packed_blocks")}  # fmt: skip
 
 
@@ -117,7 +112,6 @@ def main() -> int:
                            "prefetch_next": runners[v].attn_prefetch_next},
              "lane_groups": max(1, len(runners[v].groups)), "early": sorted(runners[v].early),
              "packed": sorted(runners[v].packed), "packed_blocks": runners[v].packed_blocks,
-             "chase": runners[v].attn_ready is not None,
              "same_tokens_as_first": tokens[v] == tokens[variants[0]], "tok_s": statistics.median(t),
              "rounds": t, "pct_ceiling": 100 * statistics.median(t) / ceiling} for v, t in tok_s.items()]  # fmt: skip
     print(f"{args.model}: ceiling {ceiling:,.0f} tok/s at {bandwidth['read_gbs']:,.0f} GB/s")

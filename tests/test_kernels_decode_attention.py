@@ -61,7 +61,6 @@ def run_case(
     next_window="none",
     kv_evict_first=True,
     push=False,
-    publish=False,
 ):
     qkv = randn(lanes, (num_heads + 2 * num_kv) // lanes * hd, scale=2.0)
     # Positions the kernel must not read (beyond pos, before the window) are NaN.
@@ -83,12 +82,9 @@ def run_case(
     next_layer = None if next_window == "none" else (randn(*k_cache.shape, dtype=dtype),
                                                      randn(*k_cache.shape, dtype=dtype), next_window)  # fmt: skip
     next_before = None if next_layer is None else (next_layer[0].clone(), next_layer[1].clone())
-    ready = torch.zeros(num_kv, dtype=torch.int32, device=DEVICE) if publish else None
     decode_attention(qkv, k_cache, v_cache, pos_t, cos, sin, out, scratch, num_heads=num_heads, window=window,
                      interleaved=interleaved, q_norm=q_norm, k_norm=k_norm, block_t=block_t, cluster=cluster,
-                     next_layer=next_layer, kv_evict_first=kv_evict_first, push=push, ready=ready)  # fmt: skip
-    if publish:  # every KV head's group published once, whichever merge wrote it
-        assert ready.tolist() == [splits] * num_kv
+                     next_layer=next_layer, kv_evict_first=kv_evict_first, push=push)  # fmt: skip
     if next_layer is not None:
         assert torch.equal(next_layer[0], next_before[0]) and torch.equal(next_layer[1], next_before[1])
     assert_close(out, want, dtype, "out")
@@ -128,24 +124,6 @@ def test_sliding_window_reads_only_the_window(dtype, pos, window):
 def test_one_split_and_many_splits_agree():
     for splits in (1, 16):
         run_case(torch.float32, 1, 2, 1, 16, 29, max_len=32, splits=splits, block_t=16)
-
-
-@pytest.mark.parametrize("splits", [1, 4])
-def test_the_counter_merge_publishes_each_head_group_once(splits):
-    """ready: each KV head's counter reaches the split count once its group's output is written (the last split
-    merges them all: it adds the count at once)."""
-    run_case(torch.float32, 1, 8, 2, 32, 37, max_len=48, splits=splits, publish=True)
-
-
-def test_ready_must_be_a_counter_a_kv_head():
-    k_cache = randn(2, 16, 16)
-    pos = torch.zeros(1, dtype=torch.int32, device=DEVICE)
-    cos = randn(16, 8)
-    scratch = AttentionScratch(2, 2, 16, 4, DEVICE)
-    for bad in (torch.zeros(3, dtype=torch.int32), torch.zeros(2)):
-        with pytest.raises(ValueError, match="ready"):
-            decode_attention(randn(1, 8 * 16), k_cache, k_cache.clone(), pos, cos, cos, randn(1, 64), scratch,
-                             num_heads=4, ready=bad.to(DEVICE))  # fmt: skip
 
 
 def test_counters_survive_repeated_calls():
@@ -200,9 +178,9 @@ def test_cluster_merge_matches_reference(dtype, lanes, num_heads, num_kv, hd, po
     # The split partials merged in a cluster instead of through the counter (kernels/cluster.py): through global
     # memory and a cluster barrier, or pushed into the owners' shared memory (push). Run twice, at consecutive
     # positions, so that a program reading a stale partial of the call before would show.
-    for p, publish in ((pos, False), (pos + 1, True)):
+    for p in (pos, pos + 1):
         run_case(dtype, lanes, num_heads, num_kv, hd, p, max_len=p + 8, window=window, interleaved=interleaved,
-                 qk_norm=qk_norm, splits=splits, block_t=64, cluster=True, push=push, publish=publish)  # fmt: skip
+                 qk_norm=qk_norm, splits=splits, block_t=64, cluster=True, push=push)  # fmt: skip
 
 
 def test_push_merge_needs_the_cluster():

@@ -92,26 +92,6 @@ def test_an_exception_adds_its_true_weight_not_the_floor_it_decodes_to(act_dtype
         assert out[20].item() == pytest.approx(want[20].item(), rel=1e-5, abs=1e-9)
 
 
-def test_a_chasing_launch_reads_published_groups_and_the_next_clears_the_counters():
-    """ready: a program reads its columns once their groups' counters reach the target (here they already have:
-    the interpreter runs one program at a time); reset: the counters back to zero after the launch's wait."""
-    n, k = 32, 512
-    w = awkward_matrix(n, k, seed=8)
-    act = randn(k, dtype=torch.float32)
-    counters = torch.full((4,), 3, dtype=torch.int32, device=DEVICE)  # 4 groups of 128 columns, published
-    out = torch.zeros(n, device=DEVICE)
-    packed = move(pack_mma(w), DEVICE)
-    packed_mma_gemv(act, packed, out, ready=(counters, 128, 3), split=2)  # 4 chunks a program: 2 groups
-    assert_close(out, reference(w, act, torch.zeros(n)), torch.float32)
-    assert counters.tolist() == [3] * 4  # read, not changed
-    packed_mma_gemv(act, packed, torch.zeros(n, device=DEVICE), reset=counters)
-    assert counters.tolist() == [0] * 4
-    with pytest.raises(ValueError, match="ready"):
-        packed_mma_gemv(act, packed, out, ready=(counters, 96, 3))  # a group must divide K
-    with pytest.raises(ValueError, match="reset"):
-        packed_mma_gemv(act, packed, out, reset=counters.float())
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="the mma runs on a GPU")
 def test_a_layer_of_qwen3_shapes_on_the_tensor_cores():
@@ -124,11 +104,6 @@ def test_a_layer_of_qwen3_shapes_on_the_tensor_cores():
         out = x.clone()
         packed_mma_gemv(act, move(pack_mma(w), DEVICE), out, use_pdl=True, trigger_early=True)
         assert_close(out - x, reference(w, act, x) - x.double().cpu(), torch.float32)
-        # chasing counters that are all published: the same sums
-        counters = torch.full((k // 256,), 16, dtype=torch.int32, device=DEVICE)
-        chased = x.clone()
-        packed_mma_gemv(act, move(pack_mma(w), DEVICE), chased, ready=(counters, 256, 16), use_pdl=True)
-        assert_close(chased - x, reference(w, act, x) - x.double().cpu(), torch.float32)
 
 
 def test_pick_split_leaves_at_most_four_chunks_a_program():

@@ -250,20 +250,3 @@ def test_packed_blocks_from_the_environment_then_the_argument(monkeypatch):
     monkeypatch.delenv("KOG_PACKED_BLOCKS")
     with pytest.raises(ValueError, match="packed_blocks"):
         resolve(H200, packed_blocks={"o": {"block_n": 2}})
-
-
-def test_the_packed_o_proj_chases_the_attention_by_default(monkeypatch):
-    assert resolve(H200).chase and not resolve(CPU).chase
-    assert resolve(CPU, packed=True).chase
-    assert not resolve(H200, packed="down").chase  # the o-proj is not packed
-    assert not resolve(H200, packed="o").chase  # the down-proj would not clear the counters
-    assert not resolve(H200, chase=False).chase
-    monkeypatch.setenv("KOG_CHASE", "0")
-    assert not resolve(H200).chase
-    assert resolve(H200, chase=True).chase
-    monkeypatch.setenv("KOG_CHASE", "2")
-    with pytest.raises(ValueError, match="KOG_CHASE"):
-        resolve(H200)
-    monkeypatch.delenv("KOG_CHASE")
-    with pytest.raises(ValueError, match="chase"):
-        resolve(H200, packed="o", chase=True)

@@ -141,7 +141,7 @@ class FastRunner:
                  blocks: str | dict[str, dict[str, int]] = "", head_blocks: dict[str, int] | None = None,
                  attention: dict[str, int] | None = None, lane_groups: dict[str, int] | None = None,
                  early: dict[str, int] | None = None, head_screen: bool | None = None, packed: bool | str | None = None,
-                 packed_blocks: str | dict[str, dict[str, int]] = "", chase: bool | None = None):  # fmt: skip
+                 packed_blocks: str | dict[str, dict[str, int]] = ""):  # fmt: skip
         cfg = model.cfg
         if (why := supports(cfg)) is not None:
             raise ValueError(f"model: the fast path does not support {why}")
@@ -193,7 +193,7 @@ class FastRunner:
             prefetch_next_possible=prefetch_next_possible(self.cache.k), use_pdl=use_pdl, prefetch=prefetch,
             row_blocks=row_blocks, blocks=blocks, head_blocks=head_blocks, attention=attention,
             lane_groups=lane_groups, early=early, head_screen=head_screen, packed=packed,
-            bf16=dtype == torch.bfloat16, packed_blocks=packed_blocks, chase=chase)  # fmt: skip
+            bf16=dtype == torch.bfloat16, packed_blocks=packed_blocks)  # fmt: skip
         # The settings the step reads (scripts/decode_variants.py and the tests read them too).
         self.use_pdl = settings.use_pdl
         at = settings.attention
@@ -205,11 +205,6 @@ class FastRunner:
         self.packed, self.packed_blocks = settings.packed, settings.packed_blocks
         if self.packed:
             self._pack_layers()
-        # Each layer's KV heads' ready counters (decode_attention's `ready`), which a chasing o-proj waits on and
-        # the down-proj clears.
-        self.attn_ready = (
-            zeros(cfg.num_layers, cfg.num_kv_heads, dtype=torch.int32) if settings.chase else None
-        )
         self.sampled_screen_temperature = settings.screen.sampled_temperature
         self.screen_leave_share = settings.screen.leave_share
         splits = at.splits or default_splits(cfg.num_kv_heads, device)
@@ -471,7 +466,6 @@ class FastRunner:
                 push=self.attn_push,
                 maxnreg=self.attn_maxnreg,
                 kv_evict_first=self.attn_kv_evict_first,
-                ready=self._ready(w, i),
                 **self._next_layer(group, i),
             )
 
@@ -488,12 +482,6 @@ class FastRunner:
             lambda: self._add_partials(i, w, 1, group.h, w.w2, False, group),
         ]
 
-    def _ready(self, w: LayerWeights, i: int) -> torch.Tensor | None:
-        """Layer i's ready counters where its o-proj chases the attention (settings.chase; the o-proj and the
-        down-proj, which clears them, packed)."""
-        packed = w.wo_packed is not None and w.w2_packed is not None
-        return self.attn_ready[i] if self.attn_ready is not None and packed else None
-
     def _next_layer(self, group: LaneGroup, i: int) -> dict:
         """decode_attention's next_layer argument for layer i of a group (the same KV heads one layer on)."""
         if not self.attn_prefetch_next or i + 1 == len(self.layers):
@@ -508,13 +496,7 @@ class FastRunner:
         kind = "down" if block else "o"
         packed = w.w2_packed if block else w.wo_packed
         if packed is not None:  # one lane: out += W @ act into the residual, on the tensor cores
-            ready = self._ready(w, i)
-            chase = None  # the o-proj waits on each head group's counter, the down-proj clears them
-            if ready is not None and block == 0:
-                cfg = self.cfg
-                chase = (ready, cfg.num_heads // cfg.num_kv_heads * cfg.head_dim, self.attn_scratch.splits)
-            packed_mma_gemv(act[0], packed, group.x[0], ready=chase, reset=ready if block else None,
-                            use_pdl=self.use_pdl, trigger_early=kind in self.early,
+            packed_mma_gemv(act[0], packed, group.x[0], use_pdl=self.use_pdl, trigger_early=kind in self.early,
                             **self.packed_blocks.get(kind, {}))  # fmt: skip
             return
         history = self.history

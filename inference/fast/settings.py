@@ -246,9 +246,12 @@ class RunnerSettings:
     lane_groups: int | None  # how many (None: FastRunner._lane_groups' choice, by the layers' size)
     early: frozenset[str]  # the kinds whose next kernel may launch before their wait
     one_lane: bool
-    packed: frozenset[str]  # the kinds read from 12-bit weights on the tensor cores (one lane; PACKED_KINDS)
-    packed_blocks: dict[str, dict[str, int]]  # their block_m / split / ahead: PACKED_DEFAULTS, then overrides
-    chase: bool  # a packed o-proj starts on each head group once the attention has written it
+    packed: frozenset[
+        str
+    ]  # the kinds read from 12-bit weights on the tensor cores (one-lane models; PACKED_KINDS)
+    packed_blocks: dict[
+        str, dict[str, int]
+    ]  # their block_m / split / ahead (PACKED_DEFAULTS, then overrides)
 
     def prefetch_tiles(self, grouped: bool) -> dict[str, int]:
         """Weight tiles before each kind's wait, for a runner with lane groups (grouped) or without."""
@@ -262,8 +265,7 @@ class RunnerSettings:
                 head_blocks: dict[str, int] | None = None, attention: dict[str, int] | None = None,
                 lane_groups: dict[str, int] | None = None, early: dict[str, int] | None = None,
                 head_screen: bool | None = None, packed: bool | str | None = None, bf16: bool = True,
-                packed_blocks: str | dict[str, dict[str, int]] = "",
-                chase: bool | None = None) -> RunnerSettings:  # fmt: skip
+                packed_blocks: str | dict[str, dict[str, int]] = "") -> RunnerSettings:  # fmt: skip
         """FastRunner's keyword arguments (the same names and defaults) over the KOG_* environment, given what the
         device and the model are: lanes (the model's), device_type ('cuda', 'cpu', 'meta'), sm90 (a Hopper GPU or
         later), head_bytes (the head weight's), prefetch_next_possible (decode_attention can prefetch the next
@@ -314,16 +316,6 @@ class RunnerSettings:
             ),
             **block_spec(packed_blocks, PACKED_KEYS, PACKED_KINDS, "packed_blocks"),
         }
-        # A packed o-proj chases the attention (kernels/packed_mma_gemv.py's `ready`): each program starts once the
-        # head group it reads is written, not when the whole attention launch ends. KOG_CHASE=0|1 or the argument
-        # override (it needs the o-proj packed, and the down-proj, which clears the counters).
-        if chase is None:
-            setting = os.environ.get("KOG_CHASE", "")
-            if setting not in ("", "0", "1"):
-                raise ValueError(f"KOG_CHASE: expected 0 or 1 (or unset), got {setting!r}")
-            chase = {"o", "down"} <= packed if setting == "" else setting == "1"
-        if chase and not {"o", "down"} <= packed:
-            raise ValueError("chase: the o-proj chases the attention when it and the down-proj are packed")
         packed_settings = {
             kind: {**PACKED_DEFAULTS[kind], **overrides.get(kind, {})} for kind in PACKED_KINDS
         }
@@ -331,4 +323,4 @@ class RunnerSettings:
                    prefill_blocks=prefill_blocks, prefetch=prefetch, row_blocks=row_blocks, blocks=blocks,
                    screen=screen, lane_groups=groups.get("groups"),
                    early=frozenset(kind for kind, on in early.items() if on), one_lane=one_lane,
-                   packed=packed, packed_blocks=packed_settings, chase=chase)  # fmt: skip
+                   packed=packed, packed_blocks=packed_settings)  # fmt: skip

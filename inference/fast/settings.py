@@ -97,7 +97,7 @@ PACKED_KEYS = ("block_m", "split", "ahead")
 # all of their weights then slows gate/up (H200, scripts/decode_variants.py in turns, kernels/NOTES.md round 34:
 # qwen3-1.7b 1,083 tok/s at 2, 1,065 at 1, 1,014 at all 4; llama-3.2-1b 1,643, 1,617, 1,598; the o-proj at 2:
 # 1,076 and 1,634). The o-proj's programs take 2 M-tiles (2 warps): qwen3-1.7b 1,099-1,103 against 1,090-1,093
-# at 1 (run 242, each built twice), llama-3.2-1b 1,650-1,661 against 1,657-1,658.
+# at 1 (run 235, each built twice), llama-3.2-1b 1,650-1,661 against 1,657-1,658.
 PACKED_DEFAULTS = {"o": {"block_m": 2, "ahead": 8}, "down": {"ahead": 2}}
 # The smallest head the screen is on for by default: below it the head's read is short beside the screen's two
 # launches (H200, models/default's 8,192 x 384 head: 16,140 tok/s whole, 15,426 screened; laneformer-2b's 192 MiB

@@ -19,10 +19,11 @@ of act. B holds act in column 0 only (lanes 0-3 load it, the others hold zeros),
 lanes 0, 4, ..., 28 hold rows g and g + 8 of the tile (g = lane // 4) in their slots 0 and 2.
 
 A program takes BM M-tiles and 1 / SPLIT of K and adds its sums into out with atomics (the residual already
-holds x; the order of the splits' adds is the only difference from one sum). The exceptions of its M-tiles
-(true weight times act at its column, less the floor each decodes to times the same) are shared out over the SPLIT programs
-of those tiles and added the same way. The next kernel reads out after its griddepcontrol wait, which waits for
-this grid's completion and its memory (atomics included).
+holds x; the order of the splits' adds is the only difference from one sum). The exceptions of its M-tiles (true
+weight times act at its column, less the floor each decodes to times the same) are shared out over the SPLIT
+programs of those tiles and added the same way. The next kernel reads out after its griddepcontrol wait, which
+waits for this grid's completion and its memory (atomics included). In the decode step (kernels/NOTES.md round
+34) 4 chunks a program ran fastest, the down-proj 2 of them loaded before its wait (inference/fast/settings.py).
 
 Under Triton's interpreter (no inline asm) the kernel decodes the same words the same way and sums each
 lane's products in fp32 in the mma's place (rows g and g + 8 of each tile): the tests check the layout, the
@@ -183,8 +184,8 @@ def pack_mma(weight: torch.Tensor, normed: bool = False) -> MmaPackedWeight:
     return MmaPackedWeight(
         lo=as_int32_words(lo), codes=as_int32_words(words), base=as_int32_words(base_words.to(torch.int64)),
         exc_start=exc_start, exc_row=at_least_one(exc_rows.to(torch.int32)),
-        exc_col=at_least_one(exc_cols.to(torch.int32)), exc_value=at_least_one(weight[exc_rows, exc_cols].float()), tile_exceptions=per_tile.tolist(), n=n, k=k,
-        normed=normed,
+        exc_col=at_least_one(exc_cols.to(torch.int32)), exc_value=at_least_one(weight[exc_rows, exc_cols].float()),
+        tile_exceptions=per_tile.tolist(), n=n, k=k, normed=normed,
     )  # fmt: skip
 
 
@@ -225,9 +226,10 @@ def placeholder(n: int, k: int, device) -> MmaPackedWeight:
     def empty(*shape: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, device=device)
 
-    return MmaPackedWeight(lo=empty(m_tiles, chunks, 2, 128), codes=empty(m_tiles, chunks, 128), base=empty(m_tiles, 8),
-                           exc_start=empty(m_tiles + 1), exc_row=empty(1), exc_col=empty(1),
-                           exc_value=empty(1, dtype=torch.float32), tile_exceptions=[0] * m_tiles, n=n, k=k)  # fmt: skip
+    return MmaPackedWeight(lo=empty(m_tiles, chunks, 2, 128), codes=empty(m_tiles, chunks, 128),
+                           base=empty(m_tiles, 8), exc_start=empty(m_tiles + 1), exc_row=empty(1), exc_col=empty(1),
+                           exc_value=empty(1, dtype=torch.float32), tile_exceptions=[0] * m_tiles, n=n,
+                           k=k)  # fmt: skip
 
 
 def move(packed: MmaPackedWeight, device) -> MmaPackedWeight:
@@ -342,8 +344,7 @@ def row_floor(base_ptr, row, mask):
 def _packed_mma_gemv_kernel(act_ptr, lo_ptr, code_ptr, base_ptr, exc_start_ptr, exc_row_ptr, exc_col_ptr,
                             exc_value_ptr, out_ptr, K: tl.constexpr, BM: tl.constexpr, AHEAD: tl.constexpr,
                             SPLIT: tl.constexpr, ACT_FP32: tl.constexpr, EXC_BLOCK: tl.constexpr,
-                            EXC_ROUNDS: tl.constexpr,
-                            USE_MMA: tl.constexpr, USE_PDL: tl.constexpr,
+                            EXC_ROUNDS: tl.constexpr, USE_MMA: tl.constexpr, USE_PDL: tl.constexpr,
                             TRIGGER_EARLY: tl.constexpr):  # fmt: skip
     CHUNKS: tl.constexpr = K // 64 // SPLIT
     split = tl.program_id(1)

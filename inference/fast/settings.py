@@ -87,9 +87,9 @@ ONE_LANE_EARLY = {"qkv": 1, "o": 1}
 ONE_LANE_PREFETCH = {"gate_up": 3}
 # The o-proj and down-proj of one-lane models read their weights in 12 bits on the tensor cores
 # (kernels/packed_mma_gemv.py); KOG_PACKED_BLOCKS=o=1/8/8,down=1/16/4 sets a kind's M-tiles a program, programs
-# along K and chunks ahead (0: the kernel's choice; sweeps). Not the normed kinds (q|k|v, gate/up): the input
-# rmsnorm(x) * g built in every program made a packed gate/up far slower than the bf16 one (H200, qwen3-1.7b
-# 947 tok/s against 1,089; kernels/NOTES.md round 34).
+# along K and chunks ahead (0 keeps the default: PACKED_DEFAULTS, then the launcher's choice; sweeps). Not the
+# normed kinds (q|k|v, gate/up): the input rmsnorm(x) * g built in every program made a packed gate/up far slower
+# than the bf16 one (H200, qwen3-1.7b 947 tok/s against 1,089; kernels/NOTES.md round 34).
 PACKED_KINDS = ("o", "down")
 PACKED_KEYS = ("block_m", "split", "ahead")
 # Chunks a program loads before its wait (and keeps in flight). The o-proj takes all of its (4): the attention
@@ -247,12 +247,8 @@ class RunnerSettings:
     lane_groups: int | None  # how many (None: FastRunner._lane_groups' choice, by the layers' size)
     early: frozenset[str]  # the kinds whose next kernel may launch before their wait
     one_lane: bool
-    packed: frozenset[
-        str
-    ]  # the kinds read from 12-bit weights on the tensor cores (one-lane models; PACKED_KINDS)
-    packed_blocks: dict[
-        str, dict[str, int]
-    ]  # their block_m / split / ahead (PACKED_DEFAULTS, then overrides)
+    packed: frozenset[str]  # the kinds read from 12-bit weights on the tensor cores (one lane; PACKED_KINDS)
+    packed_blocks: dict[str, dict[str, int]]  # their block_m / split / ahead: PACKED_DEFAULTS, then overrides
 
     def prefetch_tiles(self, grouped: bool) -> dict[str, int]:
         """Weight tiles before each kind's wait, for a runner with lane groups (grouped) or without."""

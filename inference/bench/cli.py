@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         row(f"fast, CUDA graph, {pdl}, full bf16 head",
             lambda: time_fast(full_head, prompt, args.new_tokens, args.runs))  # fmt: skip
     if packed:  # the same step with the o-proj and down-proj on lane_reduce_gemv over the bf16 weights
+
         def unpacked() -> dict:  # built inside the row: a failure is the row's
             return time_fast(FastRunner(model, max_context, packed=False), prompt, args.new_tokens, args.runs)
 

@@ -250,6 +250,20 @@ def chunk_loads(lo_ptr, code_ptr, tile, code_tile, i: tl.constexpr):
 
 
 @triton.jit
+def program_tiles(K: tl.constexpr, BM: tl.constexpr, SPLIT: tl.constexpr):
+    """A program's place in the layout: its first chunk k0, its M-tiles m [BM], each word's lane group g, lane in
+    the group t and K-part j ([128]: word c is lane c // 4's K-part c % 4, g = c // 16, t = c // 4 % 4), and the
+    offsets of its first chunk's lo words (tile) and code words (code_tile), [BM, 128]."""
+    k0 = tl.program_id(1) * (K // 64 // SPLIT)
+    m = tl.program_id(0) * BM + tl.arange(0, BM)
+    c = tl.arange(0, 128)
+    lane = c // 4
+    tile = (m[:, None] * (K // 64) + k0) * 256 + c[None, :]
+    code_tile = (m[:, None] * (K // 64) + k0) * 128 + c[None, :]
+    return k0, m, lane // 4, lane % 4, c % 4, tile, code_tile
+
+
+@triton.jit
 def fragments(words, base, USE_ASM: tl.constexpr):
     """A chunk's words -> the A registers a0-a3 of each slot (bf16 pairs in int32): rows g and g + 8 at
     columns 2t, 2t + 1 (a0, a1), then 8 columns on (a2, a3)."""
@@ -348,15 +362,7 @@ def _packed_mma_gemv_kernel(act_ptr, lo_ptr, code_ptr, base_ptr, exc_start_ptr, 
                             TRIGGER_EARLY: tl.constexpr):  # fmt: skip
     CHUNKS: tl.constexpr = K // 64 // SPLIT
     split = tl.program_id(1)
-    k0 = split * CHUNKS
-    m = tl.program_id(0) * BM + tl.arange(0, BM)  # [BM] M-tiles
-    c = tl.arange(0, 128)  # word c of a tile's chunk: lane c // 4, K-part c % 4
-    lane = c // 4
-    g = lane // 4
-    t = lane % 4
-    j = c % 4
-    tile = (m[:, None] * (K // 64) + k0) * 256 + c[None, :]
-    code_tile = (m[:, None] * (K // 64) + k0) * 128 + c[None, :]
+    k0, m, g, t, j, tile, code_tile = program_tiles(K, BM, SPLIT)
     base = tl.load(base_ptr + m[:, None] * 8 + g[None, :])  # [BM, 128]
     if USE_PDL and TRIGGER_EARLY:
         gdc_launch_dependents()

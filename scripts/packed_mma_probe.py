@@ -35,7 +35,7 @@ import triton.language as tl  # noqa: E402
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402
 
 from kernels.packed_gemv import bf16_pair, encode_rows, high_bytes, row_floors  # noqa: E402
-from kernels.packed_mma_gemv import MMA4, MMA4_SPLIT_B, bf16_bits, chunk_loads, pack_mma  # noqa: E402
+from kernels.packed_mma_gemv import MMA4, MMA4_SPLIT_B, bf16_bits, chunk_loads, pack_mma, program_tiles  # noqa: E402
 
 
 def pack_floored(weight: torch.Tensor, normed: bool = False) -> dict:
@@ -90,15 +90,7 @@ def _mma_split_kernel(act_ptr, x_ptr, norm_ptr, lo_ptr, code_ptr, base_ptr, lo_u
     B is x * g in a bf16 hi and lo part, computed here from the fp32 x, and rstd scales the sums. ZERO: each
     program also clears its ZERO floats of zero_ptr (a buffer the next launches add into)."""
     CHUNKS: tl.constexpr = K // 64 // SPLIT
-    k0 = tl.program_id(1) * CHUNKS
-    m = tl.program_id(0) * BM + tl.arange(0, BM)
-    c = tl.arange(0, 128)
-    lane = c // 4
-    g = lane // 4
-    t = lane % 4
-    j = c % 4
-    tile = (m[:, None] * (K // 64) + k0) * 256 + c[None, :]
-    code_tile = (m[:, None] * (K // 64) + k0) * 128 + c[None, :]
+    k0, m, g, t, j, tile, code_tile = program_tiles(K, BM, SPLIT)
     base = tl.load(base_ptr + m[:, None] * 8 + g[None, :])
     base_u = base
     if GATED:

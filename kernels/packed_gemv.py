@@ -214,6 +214,26 @@ def high_bytes(codes, base, A: tl.constexpr):
 
 
 @triton.jit
+def low_half(pair):
+    """The first bf16 of an int32 pair (its low 16 bits), as fp32."""
+    return (pair << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def high_half(pair):
+    """The second bf16 of an int32 pair, as fp32 (-65536 is 0xFFFF0000)."""
+    return (pair & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def floor_value(top):
+    """The floor an exception decodes to, as fp32, from its row's top 7 exponent bits: 2 ** (2 * (top - 7) - 127)
+    (the bf16 bits (top - 7) << 8 widened; bf16 and fp32 share the bias), 0 for an all-zero row (top = 7). A
+    power of two: floor * x is exact."""
+    return ((top - 7) << 24).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def packed_row_dots(tiles, base, xs, USE_ASM: tl.constexpr):
     """[BLOCK_N] fp32: each row of the packed tiles against x (per tile, a tuple of its 8 planes' [BLOCK_N, G] or
     [1, G] fp32 slices). base: [BLOCK_N] int32, the rows' top exponent bits in every byte."""
@@ -223,10 +243,8 @@ def packed_row_dots(tiles, base, xs, USE_ASM: tl.constexpr):
             hi = high_bytes(tiles[t][2], base[:, None], a)  # [BLOCK_N, G]
             for p in tl.static_range(2):
                 pair = bf16_pair(tiles[t][a], hi, p, USE_ASM)
-                first = (pair << 16).to(tl.float32, bitcast=True)
-                second = (pair & -65536).to(tl.float32, bitcast=True)  # -65536: 0xFFFF0000 as int32
-                acc += first * xs[t][4 * a + 2 * p]  # two statements: two FFMAs
-                acc += second * xs[t][4 * a + 2 * p + 1]
+                acc += low_half(pair) * xs[t][4 * a + 2 * p]  # two statements: two FFMAs
+                acc += high_half(pair) * xs[t][4 * a + 2 * p + 1]
     return tl.sum(acc, axis=1)
 
 
@@ -240,8 +258,7 @@ def exception_dots(exceptions, base, x_ptr, norm_ptr, HAS_NORM: tl.constexpr):
     xc = tl.load(x_ptr + col, mask=ok, other=0.0).to(tl.float32)
     if HAS_NORM:
         xc *= tl.load(norm_ptr + col, mask=ok, other=0.0).to(tl.float32)
-    # the floor's fp32 bits: exponent field 2 * (top - 7), the same bias as bf16's (an all-zero row: 0.0)
-    floor = (((base & 0x7F) - 7) << 24).to(tl.float32, bitcast=True)
+    floor = floor_value(base & 0x7F)
     return tl.sum(value * xc, axis=1) - floor * tl.sum(xc, axis=1)
 
 

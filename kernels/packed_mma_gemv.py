@@ -40,7 +40,16 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import interpreted, pdl_kwargs
-from kernels.packed_gemv import as_int32_words, bf16_pair, encode_rows, high_bytes, row_floors
+from kernels.packed_gemv import (
+    as_int32_words,
+    bf16_pair,
+    encode_rows,
+    floor_value,
+    high_bytes,
+    high_half,
+    low_half,
+    row_floors,
+)
 
 CHUNK = 64  # columns a chunk: 4 K-parts of mma.sync.m16n8k16
 EXC_BLOCK = 16  # exceptions a program adds at a time
@@ -281,23 +290,22 @@ def bf16_bits(v):
 
 
 @triton.jit
-def low_half(pair):
-    """The first bf16 of an int32 pair, as fp32."""
-    return (pair << 16).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def high_half(pair):
-    """The second bf16 of an int32 pair, as fp32 (-65536 is 0xFFFF0000)."""
-    return (pair & -65536).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def split_pair(word):
     """An fp32 act's int64 word (columns 2p and 2p + 1: the first in the low half) as two fp32."""
     first = (word & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
     second = (word >> 32).to(tl.int32).to(tl.float32, bitcast=True)
     return first, second
+
+
+@triton.jit
+def hi_lo_pairs(first, second):
+    """Two fp32 as B's (hi, lo) bf16 pairs in int32 (the first in each low half): hi their bf16 roundings, lo the
+    roundings of what is left, so that hi + lo is each to ~2**-16."""
+    first_hi = bf16_bits(first)
+    second_hi = bf16_bits(second)
+    first_lo = bf16_bits(first - low_half(first_hi))
+    second_lo = bf16_bits(second - low_half(second_hi))
+    return first_hi | (second_hi << 16), first_lo | (second_lo << 16)
 
 
 @triton.jit
@@ -309,12 +317,7 @@ def input_pairs(act_ptr, pair, mask, ACT_FP32: tl.constexpr):
     # one return statement: the compiler types every return of a function, a constexpr branch's too
     if ACT_FP32:
         first, second = split_pair(tl.load(act_ptr + pair, mask=mask, other=0))
-        first_hi = bf16_bits(first)
-        second_hi = bf16_bits(second)
-        first_lo = bf16_bits(first - (first_hi << 16).to(tl.float32, bitcast=True))
-        second_lo = bf16_bits(second - (second_hi << 16).to(tl.float32, bitcast=True))
-        hi = first_hi | (second_hi << 16)
-        lo = first_lo | (second_lo << 16)
+        hi, lo = hi_lo_pairs(first, second)
     else:
         hi = tl.load(act_ptr + pair, mask=mask, other=0)
         lo = hi
@@ -347,11 +350,10 @@ def act_at(act_ptr, col, mask, ACT_FP32: tl.constexpr):
 
 @triton.jit
 def row_floor(base_ptr, row, mask):
-    """The floor an exception of `row` decodes to, as fp32: 2 ** (2 * (top - 7) - 127) with top the row's top 7
-    exponent bits (the bf16 bits (top - 7) << 8 widened; bf16 and fp32 share the bias), 0 for an all-zero row."""
+    """The floor an exception of `row` decodes to, as fp32 (floor_value of the row's top exponent bits, byte 0 or
+    2 of its base word)."""
     word = tl.load(base_ptr + (row // 16) * 8 + row % 8, mask=mask, other=0)
-    top = (word >> (16 * ((row % 16) // 8))) & 0x7F
-    return ((top - 7) << 24).to(tl.float32, bitcast=True)
+    return floor_value((word >> (16 * ((row % 16) // 8))) & 0x7F)
 
 
 @triton.jit

@@ -35,7 +35,7 @@ import triton.language as tl  # noqa: E402
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402
 
 from kernels.packed_gemv import bf16_pair, encode_rows, high_bytes, row_floors  # noqa: E402
-from kernels.packed_mma_gemv import MMA4, MMA4_SPLIT_B, bf16_bits, chunk_loads, pack_mma, program_tiles  # noqa: E402
+from kernels.packed_mma_gemv import MMA4, MMA4_SPLIT_B, chunk_loads, hi_lo_pairs, pack_mma, program_tiles  # noqa: E402
 
 
 def pack_floored(weight: torch.Tensor, normed: bool = False) -> dict:
@@ -74,11 +74,7 @@ def _normed_b(x_ptr, norm_ptr, col, mask):
     second = tl.load(x_ptr + col + 4, mask=mask, other=0.0) * tl.load(
         norm_ptr + col + 4, mask=mask, other=0.0
     ).to(tl.float32)
-    first_hi = bf16_bits(first)
-    second_hi = bf16_bits(second)
-    first_lo = bf16_bits(first - (first_hi << 16).to(tl.float32, bitcast=True))
-    second_lo = bf16_bits(second - (second_hi << 16).to(tl.float32, bitcast=True))
-    return first_hi | (second_hi << 16), first_lo | (second_lo << 16)
+    return hi_lo_pairs(first, second)
 
 
 @triton.jit

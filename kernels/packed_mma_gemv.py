@@ -53,6 +53,11 @@ from kernels.packed_gemv import (
 
 CHUNK = 64  # columns a chunk: 4 K-parts of mma.sync.m16n8k16
 EXC_BLOCK = 16  # exceptions a program adds at a time
+# What B is built from (the kernel's ACT): a bf16 act; an fp32 act; the fp32 residual x times an RMSNorm weight g
+# (NORMED: the gate/up; the sums are W @ (x * g), the norm's scalar rstd is left to the reader of the sums, and
+# one program writes it); the fp32 sums [2K] of a NORMED launch (GLU: B = silu(rstd * gate) * (rstd * up) rounded
+# to bf16, the down-proj after a packed gate/up of a bf16 model; GLU_FP32 the same unrounded, an fp32 model's)
+BF16, FP32, NORMED, GLU, GLU_FP32 = (tl.constexpr(kind) for kind in range(5))
 
 
 def mma_chain(parts: int) -> str:
@@ -290,6 +295,15 @@ def bf16_bits(v):
 
 
 @triton.jit
+def bf16_rounded(v):
+    """fp32 -> its nearest bf16 (ties to even), as fp32, by integer arithmetic: the same bits under the
+    interpreter, whose bf16 conversion is not the GPU's (finite v)."""
+    bits = v.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def split_pair(word):
     """An fp32 act's int64 word (columns 2p and 2p + 1: the first in the low half) as two fp32."""
     first = (word & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
@@ -309,43 +323,73 @@ def hi_lo_pairs(first, second):
 
 
 @triton.jit
-def input_pairs(act_ptr, pair, mask, ACT_FP32: tl.constexpr):
-    """act at columns 2 * pair and 2 * pair + 1 as (hi, lo) bf16 pairs in int32: a bf16 act (read through its int32
-    view) is its own hi (lo unused); an fp32 one (through its int64 view, so that a thread's 4 pairs are one
-    contiguous load in the fragments' layout, as the bf16 pairs are) is split in two bf16 parts whose sum is it
-    to ~2**-16."""
-    # one return statement: the compiler types every return of a function, a constexpr branch's too
-    if ACT_FP32:
-        first, second = split_pair(tl.load(act_ptr + pair, mask=mask, other=0))
-        hi, lo = hi_lo_pairs(first, second)
-    else:
-        hi = tl.load(act_ptr + pair, mask=mask, other=0)
-        lo = hi
-    return hi, lo
-
-
-@triton.jit
-def input_values(act_ptr, pair, ACT_FP32: tl.constexpr):
-    """act at columns 2 * pair and 2 * pair + 1 as fp32 (the interpreter's sums)."""
-    if ACT_FP32:
-        first, second = split_pair(tl.load(act_ptr + pair))
-    else:
-        word = tl.load(act_ptr + pair)
-        first = low_half(word)
-        second = high_half(word)
+def input_values(act_ptr, norm_ptr, pair, mask, scale, ACT: tl.constexpr, K: tl.constexpr):
+    """B's columns 2 * pair and 2 * pair + 1 as fp32, for ACT FP32 (act itself), NORMED (x * g: act is x, norm_ptr
+    g's bf16 pairs) or GLU (silu(gate) * up of the sums scaled by `scale`, rounded to bf16 as a bf16 model rounds
+    its activations; GLU_FP32 unrounded; act [2K] holds the gate's sums, then the up's). fp32 inputs are read
+    through their int64 view, so that a thread's 4 pairs are one contiguous load in the fragments' layout, as a
+    bf16 act's are."""
+    first, second = split_pair(tl.load(act_ptr + pair, mask=mask, other=0))
+    if ACT == NORMED:
+        g = tl.load(norm_ptr + pair, mask=mask, other=0)
+        first = first * low_half(g)
+        second = second * high_half(g)
+    if ACT == GLU or ACT == GLU_FP32:  # noqa: SIM109 (constexprs: no `in` in Triton's jit)
+        up_first, up_second = split_pair(tl.load(act_ptr + K // 2 + pair, mask=mask, other=0))
+        first = first * scale
+        second = second * scale
+        first = first * tl.sigmoid(first) * (up_first * scale)
+        second = second * tl.sigmoid(second) * (up_second * scale)
+    if ACT == GLU:
+        first = bf16_rounded(first)
+        second = bf16_rounded(second)
     return first, second
 
 
 @triton.jit
-def act_at(act_ptr, col, mask, ACT_FP32: tl.constexpr):
-    """act[col] as fp32, from word col // 2 of its int32 (bf16) or int64 (fp32) view."""
-    if ACT_FP32:
-        first, second = split_pair(tl.load(act_ptr + col // 2, mask=mask, other=0))
-        value = tl.where(col % 2 == 0, first, second)
+def input_pairs(act_ptr, norm_ptr, pair, mask, scale, ACT: tl.constexpr, K: tl.constexpr):
+    """B's columns 2 * pair and 2 * pair + 1 as (hi, lo) bf16 pairs in int32: a bf16 act is its own hi (lo
+    unused; read through its int32 view), and so is a GLU input (bf16 values); FP32 and NORMED inputs are split
+    in two bf16 parts whose sum is each to ~2**-16 (two mma a K-part), and so are GLU_FP32 inputs."""
+    # one return statement: the compiler types every return of a function, a constexpr branch's too
+    if ACT == BF16:
+        hi = tl.load(act_ptr + pair, mask=mask, other=0)
+        lo = hi
     else:
-        word = tl.load(act_ptr + col // 2, mask=mask, other=0)
-        value = tl.where(col % 2 == 0, low_half(word), high_half(word))
-    return value
+        first, second = input_values(act_ptr, norm_ptr, pair, mask, scale, ACT, K)
+        if ACT == GLU:
+            hi = bf16_bits(first) | (bf16_bits(second) << 16)
+            lo = hi
+        else:
+            hi, lo = hi_lo_pairs(first, second)
+    return hi, lo
+
+
+@triton.jit
+def exact_values(act_ptr, norm_ptr, pair, mask, scale, ACT: tl.constexpr, K: tl.constexpr):
+    """input_values for every kind (the interpreter's sums, the exceptions): a bf16 act's pair widened."""
+    if ACT == BF16:
+        word = tl.load(act_ptr + pair, mask=mask, other=0)
+        first = low_half(word)
+        second = high_half(word)
+    else:
+        first, second = input_values(act_ptr, norm_ptr, pair, mask, scale, ACT, K)
+    return first, second
+
+
+@triton.jit
+def act_at(act_ptr, norm_ptr, col, mask, scale, ACT: tl.constexpr, K: tl.constexpr):
+    """B's column col as fp32 (from its pair)."""
+    first, second = exact_values(act_ptr, norm_ptr, col // 2, mask, scale, ACT, K)
+    return tl.where(col % 2 == 0, first, second)
+
+
+@triton.jit
+def residual_rstd(x_ptr, eps, K: tl.constexpr, X_BLOCK: tl.constexpr):
+    """RMSNorm's 1 / sqrt(mean(x ** 2) + eps) of the fp32 residual [K]."""
+    cols = tl.arange(0, X_BLOCK)
+    x = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
+    return 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / K + eps)
 
 
 @triton.jit
@@ -357,11 +401,12 @@ def row_floor(base_ptr, row, mask):
 
 
 @triton.jit
-def _packed_mma_gemv_kernel(act_ptr, lo_ptr, code_ptr, base_ptr, exc_start_ptr, exc_row_ptr, exc_col_ptr,
-                            exc_value_ptr, out_ptr, K: tl.constexpr, BM: tl.constexpr, AHEAD: tl.constexpr,
-                            SPLIT: tl.constexpr, ACT_FP32: tl.constexpr, EXC_BLOCK: tl.constexpr,
-                            EXC_ROUNDS: tl.constexpr, USE_MMA: tl.constexpr, USE_PDL: tl.constexpr,
-                            TRIGGER_EARLY: tl.constexpr):  # fmt: skip
+def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_ptr, exc_start_ptr, exc_row_ptr,
+                            exc_col_ptr, exc_value_ptr, out_ptr, zero_ptr, zero_total, eps, K: tl.constexpr,
+                            BM: tl.constexpr, AHEAD: tl.constexpr, SPLIT: tl.constexpr, ACT: tl.constexpr,
+                            X_BLOCK: tl.constexpr, EXC_BLOCK: tl.constexpr, EXC_ROUNDS: tl.constexpr,
+                            ZERO_EACH: tl.constexpr, ZERO_BLOCK: tl.constexpr, USE_MMA: tl.constexpr,
+                            USE_PDL: tl.constexpr, TRIGGER_EARLY: tl.constexpr):  # fmt: skip
     CHUNKS: tl.constexpr = K // 64 // SPLIT
     split = tl.program_id(1)
     k0, m, g, t, j, tile, code_tile = program_tiles(K, BM, SPLIT)
@@ -380,6 +425,19 @@ def _packed_mma_gemv_kernel(act_ptr, lo_ptr, code_ptr, base_ptr, exc_start_ptr, 
         gdc_wait()
         if not TRIGGER_EARLY:
             gdc_launch_dependents()
+    program = tl.program_id(0) * SPLIT + split
+    if ZERO_EACH > 0:  # a buffer a later launch adds into (its last reader finished before our wait)
+        offs = program * ZERO_EACH + tl.arange(0, ZERO_BLOCK)
+        tl.store(zero_ptr + offs, tl.zeros([ZERO_BLOCK], tl.float32),
+                 mask=(tl.arange(0, ZERO_BLOCK) < ZERO_EACH) & (offs < zero_total))  # fmt: skip
+    scale = 1.0
+    # the norm's scalar, once a launch, for the GLU launch that reads these sums (a constexpr and a runtime test:
+    # two statements in Triton's jit)
+    if ACT == NORMED:  # noqa: SIM102
+        if program == 0:
+            tl.store(rstd_ptr, residual_rstd(act_ptr.to(tl.pointer_type(tl.float32)), eps, K, X_BLOCK))
+    if ACT == GLU or ACT == GLU_FP32:  # noqa: SIM109
+        scale = tl.load(rstd_ptr)
 
     acc = tl.zeros([BM, 128], dtype=tl.float32) + (base * 0).to(tl.float32)  # the mma's D, or rows g's sums
     acc_8 = acc  # the interpreter's sums of rows g + 8
@@ -390,12 +448,12 @@ def _packed_mma_gemv_kernel(act_ptr, lo_ptr, code_ptr, base_ptr, exc_start_ptr, 
         if i + AHEAD < CHUNKS:
             ring = ring + (chunk_loads(lo_ptr, code_ptr, tile, code_tile, i + AHEAD),)
         a = fragments(words, base, USE_MMA)
-        # each slot's B pair 0 (act's columns 2 pair, 2 pair + 1); pair 1 is 16 pairs on
+        # each slot's B pair 0 (B's columns 2 pair, 2 pair + 1); pair 1 is 16 pairs on
         pair = ((k0 + i) * 32 + 4 * t + j)[None, :] + (m * 0)[:, None]
         if USE_MMA:
-            hi0, lo0 = input_pairs(act_ptr, pair, holds_b, ACT_FP32)
-            hi1, lo1 = input_pairs(act_ptr, pair + 16, holds_b, ACT_FP32)
-            if ACT_FP32:
+            hi0, lo0 = input_pairs(act_ptr, norm_ptr, pair, holds_b, scale, ACT, K)
+            hi1, lo1 = input_pairs(act_ptr, norm_ptr, pair + 16, holds_b, scale, ACT, K)
+            if ACT == FP32 or ACT == NORMED or ACT == GLU_FP32:  # noqa: SIM109 (constexprs: no `in` in the jit)
                 acc = tl.inline_asm_elementwise(MMA4_SPLIT_B, "=&f,=&f,=&f,=&f," + "r," * 32 + "f,f,f,f",
                                                 [a[0], a[1], a[2], a[3], hi0, hi1, lo0, lo1, acc],
                                                 dtype=tl.float32, is_pure=True, pack=4)  # fmt: skip
@@ -404,8 +462,9 @@ def _packed_mma_gemv_kernel(act_ptr, lo_ptr, code_ptr, base_ptr, exc_start_ptr, 
                                                 [a[0], a[1], a[2], a[3], hi0, hi1, acc], dtype=tl.float32,
                                                 is_pure=True, pack=4)  # fmt: skip
         else:
-            x0, x1 = input_values(act_ptr, pair, ACT_FP32)
-            x8, x9 = input_values(act_ptr, pair + 16, ACT_FP32)
+            every = m[:, None] >= 0
+            x0, x1 = exact_values(act_ptr, norm_ptr, pair, every, scale, ACT, K)
+            x8, x9 = exact_values(act_ptr, norm_ptr, pair + 16, every, scale, ACT, K)
             acc += low_half(a[0]) * x0 + high_half(a[0]) * x1 + low_half(a[2]) * x8 + high_half(a[2]) * x9
             acc_8 += low_half(a[1]) * x0 + high_half(a[1]) * x1 + low_half(a[3]) * x8 + high_half(a[3]) * x9
 
@@ -418,7 +477,7 @@ def _packed_mma_gemv_kernel(act_ptr, lo_ptr, code_ptr, base_ptr, exc_start_ptr, 
         tl.atomic_add(out_ptr + rows, tl.sum(tl.reshape(acc, [BM, 8, 16]), axis=2), sem="relaxed")
         tl.atomic_add(out_ptr + rows + 8, tl.sum(tl.reshape(acc_8, [BM, 8, 16]), axis=2), sem="relaxed")
 
-    # The exceptions of these M-tiles, a share of them each split: true weight * act[col] less the floor's
+    # The exceptions of these M-tiles, a share of them each split: true weight * B[col] less the floor's
     # product, which the mma summed (a power of two: that product is exact).
     share = (exc_end - exc_first + SPLIT - 1) // SPLIT
     own_first = exc_first + split * share
@@ -429,7 +488,7 @@ def _packed_mma_gemv_kernel(act_ptr, lo_ptr, code_ptr, base_ptr, exc_start_ptr, 
         row = tl.load(exc_row_ptr + idx, mask=ok, other=0)
         col = tl.load(exc_col_ptr + idx, mask=ok, other=0)
         value = tl.load(exc_value_ptr + idx, mask=ok, other=0.0)
-        x = act_at(act_ptr, col, ok, ACT_FP32)
+        x = act_at(act_ptr, norm_ptr, col, ok, scale, ACT, K)
         tl.atomic_add(out_ptr + row, value * x - row_floor(base_ptr, row, ok) * x, mask=ok, sem="relaxed")
 
 
@@ -441,18 +500,50 @@ def pick_split(chunks: int, most: int = 4) -> int:
     return next(s for s in range(1, chunks + 1) if chunks % s == 0 and chunks // s <= most)
 
 
-def packed_mma_gemv(act: torch.Tensor, packed: MmaPackedWeight, out: torch.Tensor, *, split: int | None = None,
+def packed_mma_gemv(act: torch.Tensor, packed: MmaPackedWeight, out: torch.Tensor, *,
+                    norm_weight: torch.Tensor | None = None, eps: float = 1e-6, glu: torch.dtype | None = None,
+                    rstd: torch.Tensor | None = None, zero: torch.Tensor | None = None, split: int | None = None,
                     block_m: int | None = None, ahead: int = 8, use_pdl: bool = False,
                     trigger_early: bool = False) -> torch.Tensor:  # fmt: skip
-    """out += W @ act. act: [K] bf16 (fp32: B in a bf16 hi and lo part, two mma a K-part), contiguous; out: [N]
-    fp32, contiguous. split: programs along K (a divisor of K / 64; None: pick_split); block_m: M-tiles a program
-    (a warp each; a power of two dividing N / 16; None: 1 on a GPU, up to 8 under the interpreter); ahead: chunks
-    a program loads before it waits on the previous kernel, and keeps in flight."""
+    """out += W @ B, out [N] fp32 contiguous, B by the arguments:
+    - act [K] bf16, or fp32 (B in a bf16 hi and lo part, two mma a K-part): act itself;
+    - norm_weight [K] bf16 and rstd [1] fp32: act is the fp32 residual x [K] and B is x * norm_weight (hi and
+      lo), so out += W @ (x * g), RMSNorm's scalar left out: the launch writes it, 1 / sqrt(mean(x ** 2) + eps),
+      into rstd for the reader of these sums (the gate/up);
+    - glu (bf16 or fp32: the model's activations) and rstd: act is the fp32 [2K] a normed launch added into
+      (gate rows, then up rows) and B is silu(rstd * gate) * (rstd * up) rounded to glu (the down-proj after it;
+      fp32 as a hi and lo part).
+    zero: an fp32 buffer the launch clears after its wait (a later launch adds into it). split: programs along K
+    (a divisor of K / 64; None: pick_split); block_m: M-tiles a program (a warp each; a power of two dividing
+    N / 16; None: 1 on a GPU, up to 8 under the interpreter); ahead: chunks a program loads before it waits on
+    the previous kernel, and keeps in flight."""
     n, k = packed.shape
-    if act.shape != (k,) or not act.is_contiguous() or act.dtype not in (torch.bfloat16, torch.float32):
-        raise ValueError(f"act: expected a contiguous [{k}] bf16 or fp32, got {act.dtype} {tuple(act.shape)}")
+    if glu not in (None, torch.bfloat16, torch.float32):
+        raise ValueError(f"glu: expected bf16 or fp32 (the model's activations) or None, got {glu}")
+    width = 2 * k if glu is not None else k
+    if act.shape != (width,) or not act.is_contiguous() or act.dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(
+            f"act: expected a contiguous [{width}] bf16 or fp32, got {act.dtype} {tuple(act.shape)}"
+        )
     if out.shape != (n,) or not out.is_contiguous() or out.dtype != torch.float32:
         raise ValueError(f"out: expected a contiguous [{n}] fp32, got {out.dtype} {tuple(out.shape)}")
+    if norm_weight is not None and (
+        glu is not None
+        or act.dtype != torch.float32
+        or norm_weight.shape != (k,)
+        or norm_weight.dtype != torch.bfloat16
+        or not norm_weight.is_contiguous()
+    ):
+        raise ValueError(f"norm_weight: expected a contiguous [{k}] bf16 beside an fp32 act (no glu), got "
+                         f"{norm_weight.dtype} {tuple(norm_weight.shape)}")  # fmt: skip
+    if glu is not None and act.dtype != torch.float32:
+        raise ValueError("glu: act must be the fp32 sums of a normed launch")
+    if (glu is not None or norm_weight is not None) != (rstd is not None):
+        raise ValueError("rstd: a normed or glu launch takes it (the norm's scalar), another does not")
+    if rstd is not None and (rstd.shape != (1,) or rstd.dtype != torch.float32):
+        raise ValueError(f"rstd: expected a [1] fp32, got {rstd.dtype} {tuple(rstd.shape)}")
+    if zero is not None and (zero.dtype != torch.float32 or not zero.is_contiguous()):
+        raise ValueError(f"zero: expected a contiguous fp32 buffer, got {zero.dtype}")
     chunks, m_tiles = k // CHUNK, n // 16
     split = split or pick_split(chunks)
     if chunks % split:
@@ -465,12 +556,20 @@ def packed_mma_gemv(act: torch.Tensor, packed: MmaPackedWeight, out: torch.Tenso
         raise ValueError(f"block_m: {block_m} is not a power of two dividing the {m_tiles} M-tiles")
     if ahead < 1:
         raise ValueError(f"ahead: expected at least 1, got {ahead}")
-    fp32 = act.dtype == torch.float32
+    if glu is not None:
+        kind = GLU if glu == torch.bfloat16 else GLU_FP32
+    else:
+        kind = NORMED if norm_weight is not None else FP32 if act.dtype == torch.float32 else BF16
+    programs = m_tiles // block_m * split
+    zero_each = triton.cdiv(zero.numel(), programs) if zero is not None else 0
     _packed_mma_gemv_kernel[(m_tiles // block_m, split)](
-        act.view(torch.int64 if fp32 else torch.int32), packed.lo, packed.codes, packed.base, packed.exc_start,
-        packed.exc_row, packed.exc_col, packed.exc_value, out, K=k, BM=block_m, AHEAD=min(ahead, chunks // split),
-        SPLIT=split, ACT_FP32=fp32, EXC_BLOCK=EXC_BLOCK,
-        EXC_ROUNDS=packed.exception_rounds(block_m, split), USE_MMA=not interpreted(), USE_PDL=use_pdl,
+        act.view(torch.int32 if kind == BF16 else torch.int64),
+        norm_weight.view(torch.int32) if norm_weight is not None else act, rstd if rstd is not None else out,
+        packed.lo, packed.codes, packed.base, packed.exc_start, packed.exc_row, packed.exc_col, packed.exc_value,
+        out, zero if zero is not None else out, zero.numel() if zero is not None else 0, eps, K=k, BM=block_m,
+        AHEAD=min(ahead, chunks // split), SPLIT=split, ACT=kind, X_BLOCK=triton.next_power_of_2(k),
+        EXC_BLOCK=EXC_BLOCK, EXC_ROUNDS=packed.exception_rounds(block_m, split), ZERO_EACH=zero_each,
+        ZERO_BLOCK=triton.next_power_of_2(max(zero_each, 1)), USE_MMA=not interpreted(), USE_PDL=use_pdl,
         TRIGGER_EARLY=trigger_early, num_warps=block_m, **pdl_kwargs(use_pdl),
     )  # fmt: skip
     return out

@@ -57,7 +57,7 @@ def intercepted_launches(preset: str) -> list[tuple[JITFunction, dict, dict, int
     cfg = ModelConfig.from_hf(preset_config(preset))
     model = Transformer(cfg, device="meta", dtype=torch.bfloat16)
     runner = FastRunner(model, min(4096, cfg.max_position_embeddings), use_pdl=False, head_screen=True,
-                        packed=cfg.num_lanes == 1)  # fmt: skip
+                        packed="o+gate_up+down" if cfg.num_lanes == 1 else False)  # every kind's kernel  # fmt: skip
     runner.use_pdl = True
     runner.decode_step(greedy=True)
     runner.decode_step(greedy=False)  # the sampled step: its head, then kernels/sample.py

@@ -312,29 +312,44 @@ def bf16_valued(model: Transformer) -> Transformer:
 
 # intermediate_size 192: the down-proj's K in whole 64-column chunks (the presets' 160 is not: that one stays bf16)
 PACKED = {"packed": True, "packed_blocks": {"down": {"split": 3}, "o": {"ahead": 1}}}
+# every kind: layer 1's gate/up too (its sums cleared by the o-proj, read by the down-proj through the SiLU;
+# D = 64: one chunk)
+ALL_PACKED = {**PACKED, "packed": "o+gate_up+down", "packed_blocks": {**PACKED["packed_blocks"],
+                                                                       "gate_up": {"ahead": 1}}}  # fmt: skip
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
-def test_packed_o_and_down_projections_match_the_reference(preset):
+@pytest.mark.parametrize("settings", [PACKED, ALL_PACKED], ids=["o+down", "o+gate_up+down"])
+def test_packed_projections_match_the_reference(preset, settings):
     model = bf16_valued(make_model(preset, seed=9, intermediate_size=192))
-    for fast, ref, token in teacher_forced(model, list(range(4, 15)), steps=3, **PACKED):
+    for fast, ref, token in teacher_forced(model, list(range(4, 15)), steps=3, **settings):
         assert rel_err(fast, ref) < LOGIT_TOL
         assert token == int(fast.argmax())
 
 
 def test_which_projections_are_packed():
-    """Layer 0's o-proj starts the residual from the embedding row (lane_reduce_gemv); a K of no whole chunks
-    stays bf16."""
+    """Layer 0's o-proj starts the residual from the embedding row (lane_reduce_gemv), so its gate/up stays bf16
+    too (the packed o-proj clears a packed gate/up's sums); a K of no whole chunks stays bf16."""
     model = bf16_valued(make_model("tiny-qwen3", seed=9, intermediate_size=192))
 
-    def packed(runner: FastRunner) -> list[tuple[bool, bool]]:  # (o-proj, down-proj) by layer
-        return [(w.wo_packed is not None, w.w2_packed is not None) for w in runner.layers]
+    def packed(runner: FastRunner) -> list[tuple[bool, bool, bool]]:  # (o-proj, gate/up, down-proj) by layer
+        return [
+            (w.wo_packed is not None, w.w13_packed is not None, w.w2_packed is not None)
+            for w in runner.layers
+        ]
 
-    assert packed(FastRunner(model, 32, packed=True)) == [(False, True), (True, True)]
-    assert packed(FastRunner(model, 32, packed="down")) == [(False, True), (False, True)]
-    narrow = bf16_valued(make_model("tiny-qwen3", seed=9))  # intermediate_size 160
-    assert packed(FastRunner(narrow, 32, packed=True)) == [(False, False), (True, False)]
-    assert packed(FastRunner(model, 32, packed=False)) == [(False, False), (False, False)]
+    assert packed(FastRunner(model, 32, packed=True)) == [(False, False, True), (True, False, True)]
+    assert packed(FastRunner(model, 32, packed="o+gate_up+down")) == [
+        (False, False, True),
+        (True, True, True),
+    ]
+    assert packed(FastRunner(model, 32, packed="down")) == [(False, False, True), (False, False, True)]
+    narrow = bf16_valued(make_model("tiny-qwen3", seed=9))  # intermediate_size 160: no packed down-proj
+    assert packed(FastRunner(narrow, 32, packed="o+gate_up+down")) == [
+        (False, False, False),
+        (True, False, False),
+    ]
+    assert packed(FastRunner(model, 32, packed=False)) == [(False, False, False)] * 2
 
 
 @fp32_only
@@ -342,8 +357,9 @@ def test_packed_generation_is_the_bf16_kernels_generation():
     model = bf16_valued(make_model("tiny-llama", seed=10, intermediate_size=192))
     prompt = list(range(5, 17))
     params = SamplingParams(max_new_tokens=12, temperature=0.0)
-    packed = list(FastRunner(model, 64, **PACKED).generate_tokens(prompt, params))
-    assert packed == list(FastRunner(model, 64, packed=False).generate_tokens(prompt, params))
+    bf16 = list(FastRunner(model, 64, packed=False).generate_tokens(prompt, params))
+    for settings in (PACKED, ALL_PACKED):
+        assert list(FastRunner(model, 64, **settings).generate_tokens(prompt, params)) == bf16
 
 
 def test_packing_refuses_weights_bf16_cannot_hold():

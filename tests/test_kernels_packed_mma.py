@@ -92,6 +92,66 @@ def test_an_exception_adds_its_true_weight_not_the_floor_it_decodes_to(act_dtype
         assert out[20].item() == pytest.approx(want[20].item(), rel=1e-5, abs=1e-9)
 
 
+@pytest.mark.parametrize("n,k,split", [(48, 192, None), (64, 2048, 8), (64, 2048, 2)])
+def test_the_normed_input_is_the_residual_times_its_norm_weight(n, k, split):
+    """The gate/up's launch: out += W @ (x * g), and the norm's scalar for its reader written once."""
+    w = awkward_matrix(n, k, seed=6)
+    x = randn(k, scale=3.0)
+    g = (randn(k).abs() + 0.5).to(torch.bfloat16)
+    out = torch.zeros(n, device=DEVICE)
+    rstd = torch.full((1,), -1.0, device=DEVICE)
+    packed_mma_gemv(x, move(pack_mma(w), DEVICE), out, norm_weight=g, eps=1e-5, rstd=rstd, split=split)
+    xd, gd = x.double().cpu(), g.double().cpu()
+    assert_close(out, w.double() @ (xd * gd), torch.float32)
+    assert rstd.item() == pytest.approx((1 / (xd.pow(2).mean() + 1e-5).sqrt()).item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("n,k", [(48, 192), (32, 6144)])
+@pytest.mark.parametrize("glu", [torch.bfloat16, torch.float32])
+def test_the_glu_input_is_silu_of_the_scaled_gate_times_up(n, k, glu):
+    """The down-proj's launch after a packed gate/up: B = silu(rstd * gate) * (rstd * up), rounded to the model's
+    activations' dtype as the reference model rounds them, from the fp32 sums [2K] (gate, then up)."""
+    w = awkward_matrix(n, k, seed=7)
+    sums = randn(2 * k, scale=2.0)
+    rstd = torch.full((1,), 0.75, device=DEVICE)
+    x = randn(n)
+    out = x.clone()
+    packed_mma_gemv(sums, move(pack_mma(w), DEVICE), out, glu=glu, rstd=rstd)
+    gate, up = 0.75 * sums.double().cpu()[:k], 0.75 * sums.double().cpu()[k:]
+    h = (torch.nn.functional.silu(gate) * up).to(glu)
+    assert_close(out - x, w.double() @ h.double(), torch.float32)
+
+
+def test_a_normed_then_glu_pair_is_the_mlp_of_the_reference():
+    """gate/up then down-proj as the runner chains them (the o-proj's launch clearing the sums), against
+    x + W2 @ (silu(W1 @ n) * (W3 @ n)), n = rmsnorm(x) * g."""
+    d, f = 128, 192
+    w13 = awkward_matrix(2 * f, d, seed=8)
+    w2 = awkward_matrix(d, f, seed=9)
+    x = randn(d, scale=2.0)
+    g = (randn(d).abs() + 0.5).to(torch.bfloat16)
+    sums = torch.full((2 * f,), 5.0, device=DEVICE)  # stale: a previous layer's
+    rstd = torch.zeros(1, device=DEVICE)
+    packed_mma_gemv(randn(d), move(pack_mma(awkward_matrix(d, d, seed=10)), DEVICE), torch.zeros(d, device=DEVICE),
+                    zero=sums)  # fmt: skip
+    out = x.clone()
+    packed_mma_gemv(x, move(pack_mma(w13), DEVICE), sums, norm_weight=g, eps=1e-6, rstd=rstd)
+    packed_mma_gemv(sums, move(pack_mma(w2), DEVICE), out, glu=torch.bfloat16, rstd=rstd)
+    xd = x.double().cpu()
+    normed = xd * torch.rsqrt(xd.pow(2).mean() + 1e-6) * g.double().cpu()
+    both = w13.double() @ normed
+    h = torch.nn.functional.silu(both[:f]) * both[f:]
+    assert_close(out - x, w2.double() @ h, torch.bfloat16)
+
+
+def test_a_launch_clears_the_buffer_it_is_given():
+    packed = move(pack_mma(awkward_matrix(64, 256)), DEVICE)
+    for size in (100, 4096, 12288):  # fewer floats than programs; several a program; not a multiple of them
+        buffer = torch.full((size,), 7.0, device=DEVICE)
+        packed_mma_gemv(randn(256), packed, torch.zeros(64, device=DEVICE), zero=buffer, split=2)
+        assert int((buffer != 0).sum()) == 0
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="the mma runs on a GPU")
 def test_a_layer_of_qwen3_shapes_on_the_tensor_cores():
@@ -134,6 +194,27 @@ def test_the_launcher_refuses_mismatched_arguments():
         packed_mma_gemv(act, packed, out, block_m=4)
     with pytest.raises(ValueError, match="ahead"):
         packed_mma_gemv(act, packed, out, ahead=0)
+    g = torch.ones(128, dtype=torch.bfloat16, device=DEVICE)
+    rstd = torch.zeros(1, device=DEVICE)
+    with pytest.raises(ValueError, match="norm_weight"):  # the residual is fp32
+        packed_mma_gemv(act.to(torch.bfloat16), packed, out, norm_weight=g, rstd=rstd)
+    with pytest.raises(ValueError, match="norm_weight"):
+        packed_mma_gemv(act, packed, out, norm_weight=g.float(), rstd=rstd)
+    with pytest.raises(ValueError, match="rstd"):  # where the norm's scalar goes
+        packed_mma_gemv(act, packed, out, norm_weight=g)
+    with pytest.raises(ValueError, match="rstd"):
+        packed_mma_gemv(act, packed, out, rstd=rstd)
+    with pytest.raises(ValueError, match="rstd: expected"):
+        packed_mma_gemv(act, packed, out, norm_weight=g, rstd=torch.zeros(2, device=DEVICE))
+    with pytest.raises(ValueError, match="act: expected"):  # the gate and up sums: [2K]
+        packed_mma_gemv(act, packed, out, glu=torch.bfloat16, rstd=rstd)
+    sums = torch.zeros(256, device=DEVICE)
+    with pytest.raises(ValueError, match="glu: act"):
+        packed_mma_gemv(sums.to(torch.bfloat16), packed, out, glu=torch.bfloat16, rstd=rstd)
+    with pytest.raises(ValueError, match="glu: expected"):  # the activations' dtype, not a flag
+        packed_mma_gemv(sums, packed, out, glu=True, rstd=rstd)
+    with pytest.raises(ValueError, match="zero"):
+        packed_mma_gemv(act, packed, out, zero=torch.zeros(8, dtype=torch.int32, device=DEVICE))
 
 
 def test_a_placeholder_has_the_packed_shapes():

@@ -228,8 +228,11 @@ def test_packing_is_the_default_for_one_lane_bf16_models_on_a_gpu(monkeypatch):
     monkeypatch.delenv("KOG_PACKED")
     assert resolve(H200).packed == {"o", "down"}
     assert resolve(CPU, packed="down+o").packed == {"o", "down"}
+    assert resolve(H200, packed="o+gate_up+down").packed == {"o", "gate_up", "down"}
+    with pytest.raises(ValueError, match="packed: a packed gate_up needs o and down"):
+        resolve(H200, packed="gate_up+down")  # the o-proj clears the gate/up's sums
     with pytest.raises(ValueError, match="packed: expected"):
-        resolve(H200, packed="o+qkv")  # the normed kinds are not packed
+        resolve(H200, packed="o+qkv")  # the q|k|v is not packed
     with pytest.raises(ValueError, match="one-lane"):
         resolve(H200, lanes=8, packed=True)
 
@@ -239,10 +242,11 @@ def test_packed_blocks_from_the_environment_then_the_argument(monkeypatch):
     monkeypatch.setenv(
         "KOG_PACKED_BLOCKS", "o=1/8/4, down=0/16/0"
     )  # 0: the default's (or the launcher's) choice
-    want = {"o": {"block_m": 1, "split": 8, "ahead": 4}, "down": {**PACKED_DEFAULTS["down"], "split": 16}}
+    want = {**PACKED_DEFAULTS, "o": {"block_m": 1, "split": 8, "ahead": 4},
+            "down": {**PACKED_DEFAULTS["down"], "split": 16}}  # fmt: skip
     assert resolve(H200).packed_blocks == want
     got = resolve(H200, packed_blocks={"down": {"ahead": 3}}).packed_blocks
-    assert got == {"o": {"block_m": 1, "split": 8, "ahead": 4}, "down": {"ahead": 3}}
+    assert got == {**want, "down": {"ahead": 3}}
     for bad in ("qkv=1/8/4", "o=1/8", "o=a/8/4"):
         monkeypatch.setenv("KOG_PACKED_BLOCKS", bad)
         with pytest.raises(ValueError, match="KOG_PACKED_BLOCKS"):

@@ -118,23 +118,23 @@ def main(argv: list[str] | None = None) -> int:
     runner = FastRunner(model, max_context)
     pdl = "PDL" if runner.use_pdl else "no PDL"
     # What the runner's greedy step reads where it does not read the bf16 weights: the head's int8 screen and the
-    # bounds it writes and reads (not the candidates' few bf16 rows), the o-proj and down-proj in 12 bits.
+    # bounds it writes and reads (not the candidates' few bf16 rows), the packed kinds in 12 bits.
     runner_bytes = result["bytes_per_token"]
     if runner.head_screen is not None:
         head_bytes = runner.head_weight.numel() * runner.head_weight.element_size()
         runner_bytes += runner.head_screen.nbytes + 8 * cfg.vocab_size - head_bytes
     packed = runner.packed_bytes()
     if packed:
-        o_bf16, down_bf16 = (w.numel() * w.element_size() for w in (model.layers[0].wo, model.layers[0].w2))
-        runner_bytes -= sum(
-            (o_bf16 if kind == "o-proj" else down_bf16) - n for (_, kind), n in packed.items()
-        )
+        first = model.layers[0]
+        bf16_bytes = {kind: sum(w.numel() * w.element_size() for w in weights) for kind, weights in
+                      (("o-proj", [first.wo]), ("gate/up", [first.w1, first.w3]), ("down", [first.w2]))}  # fmt: skip
+        runner_bytes -= sum(bf16_bytes[kind] - n for (_, kind), n in packed.items())
     if runner_bytes != result["bytes_per_token"]:
         result["runner_bytes_per_token"] = runner_bytes
     default = (
         f"fast, CUDA graph, {pdl}"
         + (", head screen (int8 + bf16 candidates)" if runner.head_screen is not None else "")
-        + (", o/down in 12 bits" if packed else "")
+        + (f", {'/'.join(sorted(runner.packed))} in 12 bits" if packed else "")
     )
     row(default, lambda: time_fast(runner, prompt, args.new_tokens, args.runs))
     full_head = (
@@ -143,12 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     if full_head is not runner:
         row(f"fast, CUDA graph, {pdl}, full bf16 head",
             lambda: time_fast(full_head, prompt, args.new_tokens, args.runs))  # fmt: skip
-    if packed:  # the same step with the o-proj and down-proj on lane_reduce_gemv over the bf16 weights
+    if packed:  # the same step over the bf16 weights (lane_reduce_gemv, rmsnorm_gemv)
 
         def unpacked() -> dict:  # built inside the row: a failure is the row's
             return time_fast(FastRunner(model, max_context, packed=False), prompt, args.new_tokens, args.runs)
 
-        row(f"fast, CUDA graph, {pdl}, bf16 o/down (packed off)", unpacked)
+        row(f"fast, CUDA graph, {pdl}, bf16 weights (packed off)", unpacked)
     row(
         "fast, runner contract (engine path)",
         lambda: time_contract(runner, prompt, args.new_tokens, args.runs),

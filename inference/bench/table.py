@@ -16,7 +16,7 @@ def table(result: dict) -> str:
     if "runner_bytes_per_token" in result:
         read = result["runner_bytes_per_token"]
         lines.append(f"the runner's greedy step reads {read / 1e9:.3f} GB (head screen: + the candidates' rows; "
-                     f"o/down in 12 bits where packed): {bw * 1e9 / read:,.0f} tok/s for those bytes; % of ceiling "
+                     f"packed kinds in 12 bits): {bw * 1e9 / read:,.0f} tok/s for those bytes; % of ceiling "
                      "below is against the bf16 bytes")  # fmt: skip
     lines += [
         "",

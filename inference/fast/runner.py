@@ -7,7 +7,9 @@ A decode step is five kernels a layer (model.py's math, fused):
     rmsnorm_gemv       ffn norm + gate/up + SiLU
     lane_reduce_gemv   down-proj + reduction + residual add
 (one-lane models on a GPU: the o-proj from layer 1 on and the down-proj are packed_mma_gemv, the bf16 weights held
-in 12 bits and multiplied on the tensor cores, added into the residual with atomics; settings.packed)
+in 12 bits and multiplied on the tensor cores, added into the residual with atomics; with KOG_PACKED's gate_up the
+gate/up of layers 1 on too, into fp32 sums the o-proj cleared, its norm's scalar and SiLU left to the down-proj;
+settings.packed)
 then the head: final_norm (L > 1 only) and lm_head (norm, logits, argmax, token and position bookkeeping), or for
 greedy steps on a GPU lm_head_screen (the same argmax from an int8 copy of the head and the candidate rows); sampled
 steps at low temperatures read the screen too, until a request's logits turn out flat (inference/fast/head_choice.py).
@@ -92,9 +94,12 @@ class LayerWeights:
     window: int | None
     mode: str  # how the lane partials reach the residual (kernels/lane_reduce_gemv.py)
     history_in: int | None  # the layer whose partials DELAYED mode adds
-    # One-lane models: the o-proj and down-proj in 12 bits a weight for the tensor cores (settings.packed)
+    # One-lane models: the o-proj, gate/up (w1's rows, then w3's) and down-proj in 12 bits a weight for the
+    # tensor cores (settings.packed)
     wo_packed: MmaPackedWeight | None = None
+    w13_packed: MmaPackedWeight | None = None
     w2_packed: MmaPackedWeight | None = None
+    ffn_norm_bf16: torch.Tensor | None = None  # [D]: the packed gate/up's norm weight (its kernel reads bf16)
 
     def lanes(self, start: int, stop: int) -> LayerWeights:
         """The weights of lanes [start, stop) (views; lanes are the outer dimension)."""
@@ -203,6 +208,8 @@ class FastRunner:
         self.head_blocks, self.prefill_blocks = settings.head_blocks, settings.prefill_blocks
         self.row_blocks, self.blocks, self.early = settings.row_blocks, settings.blocks, set(settings.early)
         self.packed, self.packed_blocks = settings.packed, settings.packed_blocks
+        self.glu_sums = None  # [2 F] fp32: a packed gate/up's sums (gate, then up), read by the down-proj
+        self.glu_rstd = None  # [1] fp32: their norm's scalar, written by the gate/up's launch
         if self.packed:
             self._pack_layers()
         self.sampled_screen_temperature = settings.screen.sampled_temperature
@@ -274,17 +281,25 @@ class FastRunner:
         """Every layer's down-proj, and the o-proj of layers 1 on, in kernels/packed_mma_gemv.py's 12-bit layout
         (the bf16 weights stay: the prefill and the reference read them). Layer 0's o-proj stays on
         lane_reduce_gemv, which starts the residual from the token's embedding row (the packed kernel adds into a
-        residual that is already there). A matrix not of whole 16-row tiles by 64-column chunks stays bf16. Only
-        the kinds of settings.packed."""
+        residual that is already there), and so does its gate/up (the packed o-proj clears the sums a packed
+        gate/up adds into). A matrix not of whole 16-row tiles by 64-column chunks stays bf16, and so does a
+        gate/up without both neighbours packed. Only the kinds of settings.packed."""
         for i, w in enumerate(self.layers):
             w.wo_packed = self._packed(w.wo[0], f"layer {i} wo") if i > 0 and "o" in self.packed else None
             w.w2_packed = self._packed(w.w2[0], f"layer {i} w2") if "down" in self.packed else None
+            if "gate_up" in self.packed and w.wo_packed is not None and w.w2_packed is not None:
+                w.w13_packed = self._packed(torch.cat([w.w1[0], w.w3[0]]), f"layer {i} w1|w3")
+                w.ffn_norm_bf16 = self._as_bf16(w.ffn_norm[0], f"layer {i} ffn_norm")
+        if any(w.w13_packed is not None for w in self.layers):
+            self.glu_sums = torch.zeros(2 * self.cfg.ffn_per_lane, device=self.device)
+            self.glu_rstd = torch.zeros(1, device=self.device)
 
     def packed_bytes(self) -> dict[tuple[int, str], int]:
-        """What each packed matrix reads a step, by (layer, 'o-proj' or 'down') (the benchmark's bytes)."""
+        """What each packed matrix reads a step, by (layer, 'o-proj', 'gate/up' or 'down') (the benchmark's
+        bytes)."""
         out = {}
         for i, w in enumerate(self.layers):
-            for kind, packed in (("o-proj", w.wo_packed), ("down", w.w2_packed)):
+            for kind, packed in (("o-proj", w.wo_packed), ("gate/up", w.w13_packed), ("down", w.w2_packed)):
                 if packed is not None:
                     out[i, kind] = packed.nbytes()
         return out
@@ -297,10 +312,15 @@ class FastRunner:
             return None
         if weight.device.type == "meta":
             return placeholder(n, k, weight.device)
+        return pack_mma(self._as_bf16(weight, name))
+
+    @staticmethod
+    def _as_bf16(weight: torch.Tensor, name: str) -> torch.Tensor:
+        """weight in bf16, refused where that is not exact (an fp32 model's weights must be bf16 values)."""
         bf16 = weight.to(torch.bfloat16)
-        if weight.dtype != torch.bfloat16 and not torch.equal(bf16.to(weight.dtype), weight):
+        if weight.device.type != "meta" and not torch.equal(bf16.to(weight.dtype), weight):
             raise ValueError(f"packed: {name} holds values bf16 cannot (a bf16 model, or packed off)")
-        return pack_mma(bf16)
+        return bf16
 
     def _lane_groups(self, count: int | None, splits: int) -> tuple[list[LaneGroup], int]:
         """`count` groups of lanes (None: 2 on a GPU where they can split and pay, else 1) for the layers from
@@ -470,6 +490,12 @@ class FastRunner:
             )
 
         def gate_up() -> None:
+            # packed: into the sums the o-proj cleared; the down-proj applies the norm's scalar and the SiLU
+            if w.w13_packed is not None:
+                packed_mma_gemv(group.x[0], w.w13_packed, self.glu_sums, norm_weight=w.ffn_norm_bf16, eps=eps,
+                                rstd=self.glu_rstd, use_pdl=pdl, trigger_early="gate_up" in self.early,
+                                **self.packed_blocks["gate_up"])  # fmt: skip
+                return
             rmsnorm_gemv(group.x, w.w1, group.h, norm_weight=w.ffn_norm, eps=eps, weight_up=w.w3, use_pdl=pdl,
                          trigger_early="gate_up" in self.early, prefetch=self.prefetch["gate_up"],
                          row_blocks=self.row_blocks.get("gate_up"), **self.blocks.get("gate_up", {}))  # fmt: skip
@@ -496,8 +522,13 @@ class FastRunner:
         kind = "down" if block else "o"
         packed = w.w2_packed if block else w.wo_packed
         if packed is not None:  # one lane: out += W @ act into the residual, on the tensor cores
-            packed_mma_gemv(act[0], packed, group.x[0], use_pdl=self.use_pdl, trigger_early=kind in self.early,
-                            **self.packed_blocks.get(kind, {}))  # fmt: skip
+            glu = block == 1 and w.w13_packed is not None  # the down-proj's input from the gate/up's sums
+            # the o-proj clears them
+            zero = self.glu_sums if block == 0 and w.w13_packed is not None else None
+            packed_mma_gemv(self.glu_sums if glu else act[0], packed, group.x[0],
+                            glu=act.dtype if glu else None, rstd=self.glu_rstd if glu else None, zero=zero,
+                            use_pdl=self.use_pdl, trigger_early=kind in self.early,
+                            **self.packed_blocks[kind])  # fmt: skip
             return
         history = self.history
         lane_reduce_gemv(

@@ -85,12 +85,14 @@ EARLY_KINDS = ("qkv", "o", "gate_up", "down")
 # either trigger alone, gained less; an early down-proj lost 8% on qwen3. Laneformer's lane groups: no change.
 ONE_LANE_EARLY = {"qkv": 1, "o": 1}
 ONE_LANE_PREFETCH = {"gate_up": 3}
-# The o-proj and down-proj of one-lane models read their weights in 12 bits on the tensor cores
+# The o-proj, gate/up and down-proj of one-lane models can read their weights in 12 bits on the tensor cores
 # (kernels/packed_mma_gemv.py); KOG_PACKED_BLOCKS=o=1/8/8,down=1/16/4 sets a kind's M-tiles a program, programs
-# along K and chunks ahead (0 keeps the default: PACKED_DEFAULTS, then the launcher's choice; sweeps). Not the
-# normed kinds (q|k|v, gate/up): the input rmsnorm(x) * g built in every program made a packed gate/up far slower
-# than the bf16 one (H200, qwen3-1.7b 947 tok/s against 1,089; kernels/NOTES.md round 34).
-PACKED_KINDS = ("o", "down")
+# along K and chunks ahead (0 keeps the default: PACKED_DEFAULTS, then the launcher's choice; sweeps). A packed
+# gate/up needs the other two: the o-proj clears the sums it adds into, the down-proj reads them. Its input is
+# x * g, the norm's scalar written once a launch (round 34's, rmsnorm(x) * g built in every program, ran far
+# slower than the bf16 kernel: H200, qwen3-1.7b 947 tok/s against 1,089; kernels/NOTES.md).
+PACKED_KINDS = ("o", "gate_up", "down")
+DEFAULT_PACKED_KINDS = ("o", "down")  # KOG_PACKED=1's, and a Hopper GPU's without it
 PACKED_KEYS = ("block_m", "split", "ahead")
 # Chunks a program loads before its wait (and keeps in flight). The o-proj takes all of its (4): the attention
 # before it reads little. The down-proj takes 2 of its 4: its programs launch while gate/up streams, and loading
@@ -98,7 +100,7 @@ PACKED_KEYS = ("block_m", "split", "ahead")
 # qwen3-1.7b 1,083 tok/s at 2, 1,065 at 1, 1,014 at all 4; llama-3.2-1b 1,643, 1,617, 1,598; the o-proj at 2:
 # 1,076 and 1,634). The o-proj's programs take 2 M-tiles (2 warps): qwen3-1.7b 1,099-1,103 against 1,090-1,093
 # at 1 (run 235, each built twice), llama-3.2-1b 1,650-1,661 against 1,657-1,658.
-PACKED_DEFAULTS = {"o": {"block_m": 2, "ahead": 8}, "down": {"ahead": 2}}
+PACKED_DEFAULTS = {"o": {"block_m": 2, "ahead": 8}, "gate_up": {"ahead": 2}, "down": {"ahead": 2}}
 # The smallest head the screen is on for by default: below it the head's read is short beside the screen's two
 # launches (H200, models/default's 8,192 x 384 head: 16,140 tok/s whole, 15,426 screened; laneformer-2b's 192 MiB
 # +1%, llama-3.2-1b's 501 MiB +9%).
@@ -109,15 +111,18 @@ SAMPLED_SCREEN_TEMPERATURE = 0.3
 
 def packed_kinds(spec: bool | str, what: str, default: bool) -> frozenset[str]:
     """KOG_PACKED's form ('' for the default, 0, 1, or kinds joined by '+': 'o+down') or the argument's (a bool, or
-    that string) -> the packed kinds, checked."""
+    that string) -> the packed kinds, checked (on: DEFAULT_PACKED_KINDS)."""
     if isinstance(spec, bool) or spec in ("", "0", "1"):
         on = default if spec == "" else bool(int(spec)) if isinstance(spec, str) else spec
-        return frozenset(PACKED_KINDS if on else ())
+        return frozenset(DEFAULT_PACKED_KINDS if on else ())
     kinds = frozenset(spec.split("+"))
     if not kinds <= set(PACKED_KINDS):
         raise ValueError(
             f"{what}: expected 0, 1 or kinds joined by '+' from {', '.join(PACKED_KINDS)}, got {spec!r}"
         )
+    if "gate_up" in kinds and not {"o", "down"} <= kinds:
+        raise ValueError(f"{what}: a packed gate_up needs o and down packed too (the o-proj clears its sums, the "
+                         f"down-proj reads them), got {spec!r}")  # fmt: skip
     return kinds
 
 
@@ -296,9 +301,9 @@ class RunnerSettings:
         one_lane = lanes == 1
         early = {**(ONE_LANE_EARLY if one_lane else {}),
                  **env_then_argument("KOG_EARLY", early, EARLY_KINDS, "early", EARLY_KINDS)}  # fmt: skip
-        # The o-proj and down-proj of one-lane models from 12-bit weights on the tensor cores
-        # (kernels/packed_mma_gemv.py): the default for bf16 models on a Hopper GPU; KOG_PACKED=0|1|o|down or the
-        # argument override (on the CPU the interpreter stands in for the mma; fp32 weights must be bf16 values).
+        # One-lane models' matrix kinds from 12-bit weights on the tensor cores (kernels/packed_mma_gemv.py): the
+        # default for bf16 models on a Hopper GPU; KOG_PACKED=0|1|o+gate_up+down (the kinds) or the argument
+        # override (on the CPU the interpreter stands in for the mma; fp32 weights must be bf16 values).
         if packed is None:
             on = one_lane and bf16 and device_type == "cuda" and sm90
             packed = packed_kinds(os.environ.get("KOG_PACKED", ""), "KOG_PACKED", on)

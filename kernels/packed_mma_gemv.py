@@ -366,6 +366,18 @@ def input_pairs(act_ptr, norm_ptr, pair, mask, scale, ACT: tl.constexpr, K: tl.c
 
 
 @triton.jit
+def chunk_input_pairs(act_ptr, norm_ptr, chunk, c, scale, ACT: tl.constexpr, K: tl.constexpr):
+    """B's pairs for a chunk's slots ([128] each, word c: pair 16 h + c % 16 of the chunk, h = 0 or 1), built from
+    the chunk's 32 pairs one a lane and then gathered (warp shuffles): input_pairs over the slots themselves would
+    build each pair 4 times in each of 8 lanes, and a GLU's SiLU and a NORMED input's split, 16 times over,
+    outweigh the weights' decode."""
+    p = tl.arange(0, 32)
+    hi, lo = input_pairs(act_ptr, norm_ptr, chunk * 32 + p, p >= 0, scale, ACT, K)
+    return (tl.gather(hi, c % 16, 0), tl.gather(hi, c % 16 + 16, 0), tl.gather(lo, c % 16, 0),
+            tl.gather(lo, c % 16 + 16, 0))  # fmt: skip
+
+
+@triton.jit
 def exact_values(act_ptr, norm_ptr, pair, mask, scale, ACT: tl.constexpr, K: tl.constexpr):
     """input_values for every kind (the interpreter's sums, the exceptions): a bf16 act's pair widened."""
     if ACT == BF16:
@@ -442,6 +454,7 @@ def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_
     acc = tl.zeros([BM, 128], dtype=tl.float32) + (base * 0).to(tl.float32)  # the mma's D, or rows g's sums
     acc_8 = acc  # the interpreter's sums of rows g + 8
     holds_b = (g == 0)[None, :] & (m >= 0)[:, None]  # lanes 0-3: B's column 0
+    zero_m = (m * 0)[:, None]  # [BM, 1] int32: broadcasts a chunk's [128] B words over the M-tiles
     for i in tl.static_range(CHUNKS):
         words = ring[0]
         ring = ring[1:]
@@ -451,8 +464,13 @@ def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_
         # each slot's B pair 0 (B's columns 2 pair, 2 pair + 1); pair 1 is 16 pairs on
         pair = ((k0 + i) * 32 + 4 * t + j)[None, :] + (m * 0)[:, None]
         if USE_MMA:
-            hi0, lo0 = input_pairs(act_ptr, norm_ptr, pair, holds_b, scale, ACT, K)
-            hi1, lo1 = input_pairs(act_ptr, norm_ptr, pair + 16, holds_b, scale, ACT, K)
+            if ACT == BF16:  # loads only, in the slots that hold B's column 0
+                hi0, lo0 = input_pairs(act_ptr, norm_ptr, pair, holds_b, scale, ACT, K)
+                hi1, lo1 = input_pairs(act_ptr, norm_ptr, pair + 16, holds_b, scale, ACT, K)
+            else:  # B's other columns take the same pairs: only column 0 of D is read
+                b = chunk_input_pairs(act_ptr, norm_ptr, k0 + i, tl.arange(0, 128), scale, ACT, K)
+                hi0, hi1, lo0, lo1 = (b[0][None, :] + zero_m, b[1][None, :] + zero_m, b[2][None, :] + zero_m,
+                                      b[3][None, :] + zero_m)  # fmt: skip
             if ACT == FP32 or ACT == NORMED or ACT == GLU_FP32:  # noqa: SIM109 (constexprs: no `in` in the jit)
                 acc = tl.inline_asm_elementwise(MMA4_SPLIT_B, "=&f,=&f,=&f,=&f," + "r," * 32 + "f,f,f,f",
                                                 [a[0], a[1], a[2], a[3], hi0, hi1, lo0, lo1, acc],

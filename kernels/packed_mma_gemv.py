@@ -413,26 +413,45 @@ def row_floor(base_ptr, row, mask):
 
 
 @triton.jit
+def item_chunk_loads(
+    lo_ptr, code_ptr, tile, code_tile, f: tl.constexpr, CHUNKS: tl.constexpr, item_tiles, K: tl.constexpr
+):
+    """Chunk f of a program's stream over its items (chunk f % CHUNKS of item f // CHUNKS, whose M-tiles lie
+    item_tiles on from the first item's)."""
+    item: tl.constexpr = f // CHUNKS
+    return chunk_loads(lo_ptr, code_ptr, tile + item * item_tiles * (K // 64) * 256,
+                       code_tile + item * item_tiles * (K // 64) * 128, f % CHUNKS)  # fmt: skip
+
+
+@triton.jit
 def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_ptr, exc_start_ptr, exc_row_ptr,
                             exc_col_ptr, exc_value_ptr, out_ptr, zero_ptr, zero_total, eps, K: tl.constexpr,
-                            BM: tl.constexpr, AHEAD: tl.constexpr, SPLIT: tl.constexpr, ACT: tl.constexpr,
-                            X_BLOCK: tl.constexpr, EXC_BLOCK: tl.constexpr, EXC_ROUNDS: tl.constexpr,
-                            ZERO_EACH: tl.constexpr, ZERO_BLOCK: tl.constexpr, USE_MMA: tl.constexpr,
-                            USE_PDL: tl.constexpr, TRIGGER_EARLY: tl.constexpr):  # fmt: skip
+                            BM: tl.constexpr, AHEAD: tl.constexpr, SPLIT: tl.constexpr, ITEMS: tl.constexpr,
+                            ACT: tl.constexpr, X_BLOCK: tl.constexpr, EXC_BLOCK: tl.constexpr,
+                            EXC_ROUNDS: tl.constexpr, ZERO_EACH: tl.constexpr, ZERO_BLOCK: tl.constexpr,
+                            USE_MMA: tl.constexpr, USE_PDL: tl.constexpr, TRIGGER_EARLY: tl.constexpr):  # fmt: skip
+    # A program takes ITEMS blocks of BM M-tiles in turn (the grid's width apart), the same 1 / SPLIT of K in
+    # each, its chunks one stream with AHEAD of them in flight across the items' boundaries.
     CHUNKS: tl.constexpr = K // 64 // SPLIT
     split = tl.program_id(1)
     k0, m, g, t, j, tile, code_tile = program_tiles(K, BM, SPLIT)
-    base = tl.load(base_ptr + m[:, None] * 8 + g[None, :])  # [BM, 128]
+    item_tiles = tl.num_programs(0) * BM  # M-tiles from one item to the next
+    bases = ()
+    for it in tl.static_range(ITEMS):
+        bases = bases + (tl.load(base_ptr + (m[:, None] + it * item_tiles) * 8 + g[None, :]),)  # [BM, 128]
     if USE_PDL and TRIGGER_EARLY:
         gdc_launch_dependents()
     # The weights do not depend on the previous kernel: the first AHEAD chunks are in flight before its wait,
-    # with the M-tiles' exception range (static too).
+    # with the M-tiles' exception ranges (static too).
     ring = ()
-    for i in tl.static_range(AHEAD):
-        ring = ring + (chunk_loads(lo_ptr, code_ptr, tile, code_tile, i),)
-    first_tile = tl.program_id(0) * BM
-    exc_first = tl.load(exc_start_ptr + first_tile)
-    exc_end = tl.load(exc_start_ptr + first_tile + BM)
+    for f in tl.static_range(AHEAD):
+        ring = ring + (item_chunk_loads(lo_ptr, code_ptr, tile, code_tile, f, CHUNKS, item_tiles, K),)
+    exc_ranges = ()
+    for it in tl.static_range(ITEMS):
+        first_tile = tl.program_id(0) * BM + it * item_tiles
+        exc_ranges = exc_ranges + (
+            (tl.load(exc_start_ptr + first_tile), tl.load(exc_start_ptr + first_tile + BM)),
+        )
     if USE_PDL:
         gdc_wait()
         if not TRIGGER_EARLY:
@@ -451,63 +470,72 @@ def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_
     if ACT == GLU or ACT == GLU_FP32:  # noqa: SIM109
         scale = tl.load(rstd_ptr)
 
-    acc = tl.zeros([BM, 128], dtype=tl.float32) + (base * 0).to(tl.float32)  # the mma's D, or rows g's sums
-    acc_8 = acc  # the interpreter's sums of rows g + 8
     holds_b = (g == 0)[None, :] & (m >= 0)[:, None]  # lanes 0-3: B's column 0
     zero_m = (m * 0)[:, None]  # [BM, 1] int32: broadcasts a chunk's [128] B words over the M-tiles
-    for i in tl.static_range(CHUNKS):
-        words = ring[0]
-        ring = ring[1:]
-        if i + AHEAD < CHUNKS:
-            ring = ring + (chunk_loads(lo_ptr, code_ptr, tile, code_tile, i + AHEAD),)
-        a = fragments(words, base, USE_MMA)
-        # each slot's B pair 0 (B's columns 2 pair, 2 pair + 1); pair 1 is 16 pairs on
-        pair = ((k0 + i) * 32 + 4 * t + j)[None, :] + (m * 0)[:, None]
-        if USE_MMA:
-            if ACT == BF16:  # loads only, in the slots that hold B's column 0
-                hi0, lo0 = input_pairs(act_ptr, norm_ptr, pair, holds_b, scale, ACT, K)
-                hi1, lo1 = input_pairs(act_ptr, norm_ptr, pair + 16, holds_b, scale, ACT, K)
-            else:  # B's other columns take the same pairs: only column 0 of D is read
-                b = chunk_input_pairs(act_ptr, norm_ptr, k0 + i, tl.arange(0, 128), scale, ACT, K)
-                hi0, hi1, lo0, lo1 = (b[0][None, :] + zero_m, b[1][None, :] + zero_m, b[2][None, :] + zero_m,
-                                      b[3][None, :] + zero_m)  # fmt: skip
-            if ACT == FP32 or ACT == NORMED or ACT == GLU_FP32:  # noqa: SIM109 (constexprs: no `in` in the jit)
-                acc = tl.inline_asm_elementwise(MMA4_SPLIT_B, "=&f,=&f,=&f,=&f," + "r," * 32 + "f,f,f,f",
-                                                [a[0], a[1], a[2], a[3], hi0, hi1, lo0, lo1, acc],
-                                                dtype=tl.float32, is_pure=True, pack=4)  # fmt: skip
+    for it in tl.static_range(ITEMS):
+        base = bases[it]
+        m_it = m + it * item_tiles
+        acc = tl.zeros([BM, 128], dtype=tl.float32) + (base * 0).to(
+            tl.float32
+        )  # the mma's D, or rows g's sums
+        acc_8 = acc  # the interpreter's sums of rows g + 8
+        for i in tl.static_range(CHUNKS):
+            words = ring[0]
+            ring = ring[1:]
+            if it * CHUNKS + i + AHEAD < ITEMS * CHUNKS:
+                ring = ring + (item_chunk_loads(lo_ptr, code_ptr, tile, code_tile, it * CHUNKS + i + AHEAD, CHUNKS,
+                                                item_tiles, K),)  # fmt: skip
+            a = fragments(words, base, USE_MMA)
+            # each slot's B pair 0 (B's columns 2 pair, 2 pair + 1); pair 1 is 16 pairs on
+            pair = ((k0 + i) * 32 + 4 * t + j)[None, :] + zero_m
+            if USE_MMA:
+                if ACT == BF16:  # loads only, in the slots that hold B's column 0
+                    hi0, lo0 = input_pairs(act_ptr, norm_ptr, pair, holds_b, scale, ACT, K)
+                    hi1, lo1 = input_pairs(act_ptr, norm_ptr, pair + 16, holds_b, scale, ACT, K)
+                else:  # B's other columns take the same pairs: only column 0 of D is read
+                    b = chunk_input_pairs(act_ptr, norm_ptr, k0 + i, tl.arange(0, 128), scale, ACT, K)
+                    hi0, hi1, lo0, lo1 = (b[0][None, :] + zero_m, b[1][None, :] + zero_m,
+                                          b[2][None, :] + zero_m, b[3][None, :] + zero_m)  # fmt: skip
+                if ACT == FP32 or ACT == NORMED or ACT == GLU_FP32:  # noqa: SIM109 (constexprs: no `in` in the jit)
+                    acc = tl.inline_asm_elementwise(MMA4_SPLIT_B, "=&f,=&f,=&f,=&f," + "r," * 32 + "f,f,f,f",
+                                                    [a[0], a[1], a[2], a[3], hi0, hi1, lo0, lo1, acc],
+                                                    dtype=tl.float32, is_pure=True, pack=4)  # fmt: skip
+                else:
+                    acc = tl.inline_asm_elementwise(MMA4, "=&f,=&f,=&f,=&f," + "r," * 24 + "f,f,f,f",
+                                                    [a[0], a[1], a[2], a[3], hi0, hi1, acc], dtype=tl.float32,
+                                                    is_pure=True, pack=4)  # fmt: skip
             else:
-                acc = tl.inline_asm_elementwise(MMA4, "=&f,=&f,=&f,=&f," + "r," * 24 + "f,f,f,f",
-                                                [a[0], a[1], a[2], a[3], hi0, hi1, acc], dtype=tl.float32,
-                                                is_pure=True, pack=4)  # fmt: skip
-        else:
-            every = m[:, None] >= 0
-            x0, x1 = exact_values(act_ptr, norm_ptr, pair, every, scale, ACT, K)
-            x8, x9 = exact_values(act_ptr, norm_ptr, pair + 16, every, scale, ACT, K)
-            acc += low_half(a[0]) * x0 + high_half(a[0]) * x1 + low_half(a[2]) * x8 + high_half(a[2]) * x9
-            acc_8 += low_half(a[1]) * x0 + high_half(a[1]) * x1 + low_half(a[3]) * x8 + high_half(a[3]) * x9
+                every = m[:, None] >= 0
+                x0, x1 = exact_values(act_ptr, norm_ptr, pair, every, scale, ACT, K)
+                x8, x9 = exact_values(act_ptr, norm_ptr, pair + 16, every, scale, ACT, K)
+                acc += low_half(a[0]) * x0 + high_half(a[0]) * x1 + low_half(a[2]) * x8 + high_half(a[2]) * x9
+                acc_8 += (
+                    low_half(a[1]) * x0 + high_half(a[1]) * x1 + low_half(a[3]) * x8 + high_half(a[3]) * x9
+                )
 
-    if USE_MMA:  # D's column 0: slots 0 and 2 of lanes 0, 4, ..., 28
-        rows = m[:, None] * 16 + g[None, :] + 8 * (j[None, :] // 2)
-        keep = ((t == 0) & (j % 2 == 0))[None, :] & (rows >= 0)
-        tl.atomic_add(out_ptr + rows, acc, mask=keep, sem="relaxed")
-    else:  # row g's terms are the 16 words c of 16 g .. 16 g + 15
-        rows = m[:, None] * 16 + tl.arange(0, 8)[None, :]
-        tl.atomic_add(out_ptr + rows, tl.sum(tl.reshape(acc, [BM, 8, 16]), axis=2), sem="relaxed")
-        tl.atomic_add(out_ptr + rows + 8, tl.sum(tl.reshape(acc_8, [BM, 8, 16]), axis=2), sem="relaxed")
+        if USE_MMA:  # D's column 0: slots 0 and 2 of lanes 0, 4, ..., 28
+            rows = m_it[:, None] * 16 + g[None, :] + 8 * (j[None, :] // 2)
+            keep = ((t == 0) & (j % 2 == 0))[None, :] & (rows >= 0)
+            tl.atomic_add(out_ptr + rows, acc, mask=keep, sem="relaxed")
+        else:  # row g's terms are the 16 words c of 16 g .. 16 g + 15
+            rows = m_it[:, None] * 16 + tl.arange(0, 8)[None, :]
+            tl.atomic_add(out_ptr + rows, tl.sum(tl.reshape(acc, [BM, 8, 16]), axis=2), sem="relaxed")
+            tl.atomic_add(out_ptr + rows + 8, tl.sum(tl.reshape(acc_8, [BM, 8, 16]), axis=2), sem="relaxed")
 
-    # The exceptions of these M-tiles, a share of them each split: true weight * B[col] less the floor's
-    # product, which the mma summed (a power of two: that product is exact).
-    share = (exc_end - exc_first + SPLIT - 1) // SPLIT
-    own_first = exc_first + split * share
-    own_end = tl.minimum(own_first + share, exc_end)
-    for r in tl.static_range(EXC_ROUNDS):
-        idx = own_first + r * EXC_BLOCK + tl.arange(0, EXC_BLOCK)
-        ok = idx < own_end
-        row = tl.load(exc_row_ptr + idx, mask=ok, other=0)
-        col = tl.load(exc_col_ptr + idx, mask=ok, other=0)
-        value = tl.load(exc_value_ptr + idx, mask=ok, other=0.0)
-        x = act_at(act_ptr, norm_ptr, col, ok, scale, ACT, K)
-        tl.atomic_add(out_ptr + row, value * x - row_floor(base_ptr, row, ok) * x, mask=ok, sem="relaxed")
+        # The exceptions of these M-tiles, a share of them each split: true weight * B[col] less the floor's
+        # product, which the mma summed (a power of two: that product is exact).
+        exc_first, exc_end = exc_ranges[it]
+        share = (exc_end - exc_first + SPLIT - 1) // SPLIT
+        own_first = exc_first + split * share
+        own_end = tl.minimum(own_first + share, exc_end)
+        for r in tl.static_range(EXC_ROUNDS):
+            idx = own_first + r * EXC_BLOCK + tl.arange(0, EXC_BLOCK)
+            ok = idx < own_end
+            row = tl.load(exc_row_ptr + idx, mask=ok, other=0)
+            col = tl.load(exc_col_ptr + idx, mask=ok, other=0)
+            value = tl.load(exc_value_ptr + idx, mask=ok, other=0.0)
+            x = act_at(act_ptr, norm_ptr, col, ok, scale, ACT, K)
+            tl.atomic_add(out_ptr + row, value * x - row_floor(base_ptr, row, ok) * x, mask=ok, sem="relaxed")
 
 
 def pick_split(chunks: int, most: int = 4) -> int:
@@ -521,7 +549,7 @@ def pick_split(chunks: int, most: int = 4) -> int:
 def packed_mma_gemv(act: torch.Tensor, packed: MmaPackedWeight, out: torch.Tensor, *,
                     norm_weight: torch.Tensor | None = None, eps: float = 1e-6, glu: torch.dtype | None = None,
                     rstd: torch.Tensor | None = None, zero: torch.Tensor | None = None, split: int | None = None,
-                    block_m: int | None = None, ahead: int = 8, use_pdl: bool = False,
+                    block_m: int | None = None, ahead: int = 8, items: int = 1, use_pdl: bool = False,
                     trigger_early: bool = False) -> torch.Tensor:  # fmt: skip
     """out += W @ B, out [N] fp32 contiguous, B by the arguments:
     - act [K] bf16, or fp32 (B in a bf16 hi and lo part, two mma a K-part): act itself;
@@ -534,7 +562,8 @@ def packed_mma_gemv(act: torch.Tensor, packed: MmaPackedWeight, out: torch.Tenso
     zero: an fp32 buffer the launch clears after its wait (a later launch adds into it). split: programs along K
     (a divisor of K / 64; None: pick_split); block_m: M-tiles a program (a warp each; a power of two dividing
     N / 16; None: 1 on a GPU, up to 8 under the interpreter); ahead: chunks a program loads before it waits on
-    the previous kernel, and keeps in flight."""
+    the previous kernel, and keeps in flight; items: blocks of block_m M-tiles a program takes in turn (fewer
+    programs, so the next launch's find room sooner)."""
     n, k = packed.shape
     if glu not in (None, torch.bfloat16, torch.float32):
         raise ValueError(f"glu: expected bf16 or fp32 (the model's activations) or None, got {glu}")
@@ -574,18 +603,20 @@ def packed_mma_gemv(act: torch.Tensor, packed: MmaPackedWeight, out: torch.Tenso
         raise ValueError(f"block_m: {block_m} is not a power of two dividing the {m_tiles} M-tiles")
     if ahead < 1:
         raise ValueError(f"ahead: expected at least 1, got {ahead}")
+    if items < 1 or m_tiles % (block_m * items):
+        raise ValueError(f"items: {items} blocks of {block_m} M-tiles do not divide the {m_tiles} M-tiles")
     if glu is not None:
         kind = GLU if glu == torch.bfloat16 else GLU_FP32
     else:
         kind = NORMED if norm_weight is not None else FP32 if act.dtype == torch.float32 else BF16
-    programs = m_tiles // block_m * split
+    programs = m_tiles // block_m // items * split
     zero_each = triton.cdiv(zero.numel(), programs) if zero is not None else 0
-    _packed_mma_gemv_kernel[(m_tiles // block_m, split)](
+    _packed_mma_gemv_kernel[(m_tiles // block_m // items, split)](
         act.view(torch.int32 if kind == BF16 else torch.int64),
         norm_weight.view(torch.int32) if norm_weight is not None else act, rstd if rstd is not None else out,
         packed.lo, packed.codes, packed.base, packed.exc_start, packed.exc_row, packed.exc_col, packed.exc_value,
         out, zero if zero is not None else out, zero.numel() if zero is not None else 0, eps, K=k, BM=block_m,
-        AHEAD=min(ahead, chunks // split), SPLIT=split, ACT=kind, X_BLOCK=triton.next_power_of_2(k),
+        AHEAD=min(ahead, items * chunks // split), SPLIT=split, ITEMS=items, ACT=kind, X_BLOCK=triton.next_power_of_2(k),
         EXC_BLOCK=EXC_BLOCK, EXC_ROUNDS=packed.exception_rounds(block_m, split), ZERO_EACH=zero_each,
         ZERO_BLOCK=triton.next_power_of_2(max(zero_each, 1)), USE_MMA=not interpreted(), USE_PDL=use_pdl,
         TRIGGER_EARLY=trigger_early, num_warps=block_m, **pdl_kwargs(use_pdl),

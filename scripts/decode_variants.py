@@ -9,8 +9,8 @@ rows.qkv=n / rows.gate_up=n set FastRunner's row_blocks, blocks.down=2/1024/8 (b
 attn.cluster=0|1 for the merge, attn.push=0|1 for its partials through shared memory, attn.kv_evict_first=0|1 for its cache reads' hint) the attention's, lanes.groups=n its lane groups (1: none), early.o=0|1 (kinds qkv, o,
 gate_up, down) whether a kind lets the next kernel launch before its wait, screen=0|1 the greedy head through its int8
 screen (kernels/lm_head_screen.py) or the whole bf16 head, packed=0|1|o+down the one-lane kinds read from 12-bit
-weights on the tensor cores (kernels/packed_mma_gemv.py; KOG_PACKED's form), packed.down=1/16/4 (block_m/split/ahead
-of packed.o or packed.down; 0 keeps the default) their blocks;
+weights on the tensor cores (kernels/packed_mma_gemv.py; KOG_PACKED's form), packed.down=1/16/4/1 (block_m/split/ahead/items
+of packed.o, packed.gate_up or packed.down; 0 keeps the default) their blocks;
 "name:spec" labels one, so a setting can be built twice (two runner instances: what memory placement alone
 does). Every round times each variant once (bench.timing.time_fast: median of --runs after a warm-up), so slow drifts of the clock or
 the temperature hit all variants alike; the table keeps the median over rounds, beside the ceiling measured in

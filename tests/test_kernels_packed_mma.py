@@ -73,6 +73,20 @@ def test_programs_of_several_m_tiles(act_dtype, n, k, block_m):
 
 
 @pytest.mark.parametrize("act_dtype", ACT_DTYPES)
+@pytest.mark.parametrize(
+    "n,k,block_m,items,ahead", [(64, 512, 1, 4, 2), (64, 512, 2, 2, 8), (96, 192, 1, 3, 1)]
+)
+def test_programs_that_take_several_items_in_turn(act_dtype, n, k, block_m, items, ahead):
+    """A program's blocks of M-tiles in turn, its chunks one stream across them (ahead past an item's end)."""
+    w = awkward_matrix(n, k, seed=11)
+    act = randn(k, dtype=act_dtype)
+    out = torch.zeros(n, device=DEVICE)
+    packed_mma_gemv(act, move(pack_mma(w), DEVICE), out, block_m=block_m, items=items, split=2 if k == 512 else 3,
+                    ahead=ahead)  # fmt: skip
+    assert_close(out, reference(w, act, torch.zeros(n)), torch.float32)
+
+
+@pytest.mark.parametrize("act_dtype", ACT_DTYPES)
 def test_an_exception_adds_its_true_weight_not_the_floor_it_decodes_to(act_dtype):
     """act nonzero at the exceptions' columns only: without their correction each row would add its floor."""
     n, k = 32, 256
@@ -92,15 +106,16 @@ def test_an_exception_adds_its_true_weight_not_the_floor_it_decodes_to(act_dtype
         assert out[20].item() == pytest.approx(want[20].item(), rel=1e-5, abs=1e-9)
 
 
-@pytest.mark.parametrize("n,k,split", [(48, 192, None), (64, 2048, 8), (64, 2048, 2)])
-def test_the_normed_input_is_the_residual_times_its_norm_weight(n, k, split):
+@pytest.mark.parametrize("n,k,split,items", [(48, 192, None, 1), (64, 2048, 8, 1), (64, 2048, 2, 2)])
+def test_the_normed_input_is_the_residual_times_its_norm_weight(n, k, split, items):
     """The gate/up's launch: out += W @ (x * g), and the norm's scalar for its reader written once."""
     w = awkward_matrix(n, k, seed=6)
     x = randn(k, scale=3.0)
     g = (randn(k).abs() + 0.5).to(torch.bfloat16)
     out = torch.zeros(n, device=DEVICE)
     rstd = torch.full((1,), -1.0, device=DEVICE)
-    packed_mma_gemv(x, move(pack_mma(w), DEVICE), out, norm_weight=g, eps=1e-5, rstd=rstd, split=split)
+    packed_mma_gemv(x, move(pack_mma(w), DEVICE), out, norm_weight=g, eps=1e-5, rstd=rstd, split=split,
+                    block_m=1, items=items)  # fmt: skip
     xd, gd = x.double().cpu(), g.double().cpu()
     assert_close(out, w.double() @ (xd * gd), torch.float32)
     assert rstd.item() == pytest.approx((1 / (xd.pow(2).mean() + 1e-5).sqrt()).item(), rel=1e-6)
@@ -194,6 +209,8 @@ def test_the_launcher_refuses_mismatched_arguments():
         packed_mma_gemv(act, packed, out, block_m=4)
     with pytest.raises(ValueError, match="ahead"):
         packed_mma_gemv(act, packed, out, ahead=0)
+    with pytest.raises(ValueError, match="items"):  # 2 M-tiles
+        packed_mma_gemv(act, packed, out, items=4)
     g = torch.ones(128, dtype=torch.bfloat16, device=DEVICE)
     rstd = torch.zeros(1, device=DEVICE)
     with pytest.raises(ValueError, match="norm_weight"):  # the residual is fp32

@@ -240,14 +240,14 @@ def test_packing_is_the_default_for_one_lane_bf16_models_on_a_gpu(monkeypatch):
 def test_packed_blocks_from_the_environment_then_the_argument(monkeypatch):
     assert resolve(H200).packed_blocks == PACKED_DEFAULTS
     monkeypatch.setenv(
-        "KOG_PACKED_BLOCKS", "o=1/8/4, down=0/16/0"
+        "KOG_PACKED_BLOCKS", "o=1/8/4/0, down=0/16/0/2"
     )  # 0: the default's (or the launcher's) choice
     want = {**PACKED_DEFAULTS, "o": {"block_m": 1, "split": 8, "ahead": 4},
-            "down": {**PACKED_DEFAULTS["down"], "split": 16}}  # fmt: skip
+            "down": {**PACKED_DEFAULTS["down"], "split": 16, "items": 2}}  # fmt: skip
     assert resolve(H200).packed_blocks == want
     got = resolve(H200, packed_blocks={"down": {"ahead": 3}}).packed_blocks
     assert got == {**want, "down": {"ahead": 3}}
-    for bad in ("qkv=1/8/4", "o=1/8", "o=a/8/4"):
+    for bad in ("qkv=1/8/4/1", "o=1/8/4", "o=a/8/4/1"):
         monkeypatch.setenv("KOG_PACKED_BLOCKS", bad)
         with pytest.raises(ValueError, match="KOG_PACKED_BLOCKS"):
             resolve(H200)

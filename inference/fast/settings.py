@@ -86,14 +86,15 @@ EARLY_KINDS = ("qkv", "o", "gate_up", "down")
 ONE_LANE_EARLY = {"qkv": 1, "o": 1}
 ONE_LANE_PREFETCH = {"gate_up": 3}
 # The o-proj, gate/up and down-proj of one-lane models can read their weights in 12 bits on the tensor cores
-# (kernels/packed_mma_gemv.py); KOG_PACKED_BLOCKS=o=1/8/8,down=1/16/4 sets a kind's M-tiles a program, programs
-# along K and chunks ahead (0 keeps the default: PACKED_DEFAULTS, then the launcher's choice; sweeps). A packed
-# gate/up needs the other two: the o-proj clears the sums it adds into, the down-proj reads them. Its input is
-# x * g, the norm's scalar written once a launch (round 34's, rmsnorm(x) * g built in every program, ran far
-# slower than the bf16 kernel: H200, qwen3-1.7b 947 tok/s against 1,089; kernels/NOTES.md).
+# (kernels/packed_mma_gemv.py); KOG_PACKED_BLOCKS=o=1/8/8/1,down=1/16/4/2 sets a kind's M-tiles a program,
+# programs along K, chunks ahead and items, the blocks of M-tiles a program takes in turn (0 keeps the default:
+# PACKED_DEFAULTS, then the launcher's choice; sweeps). A packed gate/up needs the other two: the o-proj clears
+# the sums it adds into, the down-proj reads them. Its input is x * g, the norm's scalar written once a launch
+# (round 34's, rmsnorm(x) * g built in every program, ran far slower than the bf16 kernel: H200, qwen3-1.7b 947
+# tok/s against 1,089; kernels/NOTES.md).
 PACKED_KINDS = ("o", "gate_up", "down")
 DEFAULT_PACKED_KINDS = ("o", "down")  # KOG_PACKED=1's, and a Hopper GPU's without it
-PACKED_KEYS = ("block_m", "split", "ahead")
+PACKED_KEYS = ("block_m", "split", "ahead", "items")
 # Chunks a program loads before its wait (and keeps in flight). The o-proj takes all of its (4): the attention
 # before it reads little. The down-proj takes 2 of its 4: its programs launch while gate/up streams, and loading
 # all of their weights then slows gate/up (H200, scripts/decode_variants.py in turns, kernels/NOTES.md round 34:

@@ -10,6 +10,7 @@ from inference.fast.head_choice import BREAK_EVEN_SHARE
 from inference.fast.settings import (
     DEFAULT_PREFETCH,
     PACKED_DEFAULTS,
+    PACKED_GATE_UP_MIN_BYTES,
     SAMPLED_SCREEN_TEMPERATURE,
     SCREEN_MIN_HEAD_BYTES,
     RunnerSettings,
@@ -229,6 +230,12 @@ def test_packing_is_the_default_for_one_lane_bf16_models_on_a_gpu(monkeypatch):
     assert resolve(H200).packed == {"o", "down"}
     assert resolve(CPU, packed="down+o").packed == {"o", "down"}
     assert resolve(H200, packed="o+gate_up+down").packed == {"o", "gate_up", "down"}
+    # a gate/up of PACKED_GATE_UP_MIN_BYTES or more is packed by default too, and with packed=True or KOG_PACKED=1
+    large = PACKED_GATE_UP_MIN_BYTES
+    assert resolve(H200, gate_up_bytes=large).packed == {"o", "gate_up", "down"}
+    assert resolve(H200, gate_up_bytes=large - 1).packed == {"o", "down"}
+    assert resolve(CPU, packed=True, gate_up_bytes=large).packed == {"o", "gate_up", "down"}
+    assert resolve(H200, packed="o+down", gate_up_bytes=large).packed == {"o", "down"}
     with pytest.raises(ValueError, match="packed: a packed gate_up needs o and down"):
         resolve(H200, packed="gate_up+down")  # the o-proj clears the gate/up's sums
     with pytest.raises(ValueError, match="packed: expected"):

@@ -94,6 +94,11 @@ ONE_LANE_PREFETCH = {"gate_up": 3}
 # tok/s against 1,089; kernels/NOTES.md).
 PACKED_KINDS = ("o", "gate_up", "down")
 DEFAULT_PACKED_KINDS = ("o", "down")  # KOG_PACKED=1's, and a Hopper GPU's without it
+# ... and the gate/up too where a layer's is at least this many bf16 bytes: the packed gate/up saves a quarter of
+# its bytes and costs each layer about the same time (the o-proj clears its sums, the down-proj's programs find
+# room later): H200, scripts/decode_variants.py in turns (kernels/NOTES.md round 35): llama-3.2-1b (64 MiB a
+# layer) 1,719-1,727 tok/s against 1,638-1,650, qwen3-1.7b (48 MiB) 1,073-1,088 against 1,090-1,096.
+PACKED_GATE_UP_MIN_BYTES = 64 << 20
 PACKED_KEYS = ("block_m", "split", "ahead", "items")
 # Chunks a program loads before its wait (and keeps in flight). The o-proj takes all of its (4): the attention
 # before it reads little. The down-proj takes 2 of its 4: its programs launch while gate/up streams, and loading
@@ -110,12 +115,12 @@ SCREEN_MIN_HEAD_BYTES = 32 << 20
 SAMPLED_SCREEN_TEMPERATURE = 0.3
 
 
-def packed_kinds(spec: bool | str, what: str, default: bool) -> frozenset[str]:
+def packed_kinds(spec: bool | str, what: str, default: bool, on_kinds: frozenset[str]) -> frozenset[str]:
     """KOG_PACKED's form ('' for the default, 0, 1, or kinds joined by '+': 'o+down') or the argument's (a bool, or
-    that string) -> the packed kinds, checked (on: DEFAULT_PACKED_KINDS)."""
+    that string) -> the packed kinds, checked; on (1, or the default where it is on) packs on_kinds."""
     if isinstance(spec, bool) or spec in ("", "0", "1"):
         on = default if spec == "" else bool(int(spec)) if isinstance(spec, str) else spec
-        return frozenset(DEFAULT_PACKED_KINDS if on else ())
+        return on_kinds if on else frozenset()
     kinds = frozenset(spec.split("+"))
     if not kinds <= set(PACKED_KINDS):
         raise ValueError(
@@ -268,11 +273,13 @@ class RunnerSettings:
                 head_blocks: dict[str, int] | None = None, attention: dict[str, int] | None = None,
                 lane_groups: dict[str, int] | None = None, early: dict[str, int] | None = None,
                 head_screen: bool | None = None, packed: bool | str | None = None, bf16: bool = True,
-                packed_blocks: str | dict[str, dict[str, int]] = "") -> RunnerSettings:  # fmt: skip
+                packed_blocks: str | dict[str, dict[str, int]] = "",
+                gate_up_bytes: int = 0) -> RunnerSettings:  # fmt: skip
         """FastRunner's keyword arguments (the same names and defaults) over the KOG_* environment, given what the
         device and the model are: lanes (the model's), device_type ('cuda', 'cpu', 'meta'), sm90 (a Hopper GPU or
         later), head_bytes (the head weight's), prefetch_next_possible (decode_attention can prefetch the next
-        layer for the runner's cache), bf16 (the model's weights are bf16). ValueError names the variable or the
+        layer for the runner's cache), bf16 (the model's weights are bf16), gate_up_bytes (a layer's gate/up in
+        bf16). ValueError names the variable or the
         argument that is wrong."""
         attention_settings = AttentionSettings.resolve(
             attention, sm90=sm90, prefetch_possible=prefetch_next_possible
@@ -305,11 +312,14 @@ class RunnerSettings:
         # One-lane models' matrix kinds from 12-bit weights on the tensor cores (kernels/packed_mma_gemv.py): the
         # default for bf16 models on a Hopper GPU; KOG_PACKED=0|1|o+gate_up+down (the kinds) or the argument
         # override (on the CPU the interpreter stands in for the mma; fp32 weights must be bf16 values).
+        # the gate/up too where it is large enough (PACKED_GATE_UP_MIN_BYTES)
+        large = gate_up_bytes >= PACKED_GATE_UP_MIN_BYTES
+        on_kinds = frozenset(DEFAULT_PACKED_KINDS + (("gate_up",) if large else ()))
         if packed is None:
             on = one_lane and bf16 and device_type == "cuda" and sm90
-            packed = packed_kinds(os.environ.get("KOG_PACKED", ""), "KOG_PACKED", on)
+            packed = packed_kinds(os.environ.get("KOG_PACKED", ""), "KOG_PACKED", on, on_kinds)
         else:
-            packed = packed_kinds(packed, "packed", False)
+            packed = packed_kinds(packed, "packed", False, on_kinds)
         if packed and not one_lane:
             raise ValueError("packed: the 12-bit o-proj and down-proj serve one-lane models (Llama, Qwen2, Qwen3); "
                              "a Laneformer's reduce across lanes (set it to 0 or leave it unset)")  # fmt: skip

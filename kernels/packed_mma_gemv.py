@@ -1,5 +1,6 @@
 """out += W @ act on the tensor cores, W a bf16 matrix held losslessly in 12 bits a weight: the o-proj and the
-down-proj of one-lane models (Llama, Qwen2, Qwen3), added into the fp32 residual.
+down-proj of one-lane models (Llama, Qwen2, Qwen3), added into the fp32 residual, and their gate/up, added into
+fp32 sums that the down-proj reads through the SiLU.
 
     out[n] += sum_k W[n, k] * act[k]        W: [N, K] (N % 16 == 0, K % 64 == 0); act: [K] bf16 (or fp32); out fp32
 
@@ -24,6 +25,11 @@ weight times act at its column, less the floor each decodes to times the same) a
 programs of those tiles and added the same way. The next kernel reads out after its griddepcontrol wait, which
 waits for this grid's completion and its memory (atomics included). In the decode step (kernels/NOTES.md round
 34) 4 chunks a program ran fastest, the down-proj 2 of them loaded before its wait (inference/fast/settings.py).
+
+The gate/up (NORMED) builds B from the residual x times the norm weight g (a bf16 hi and lo part) and leaves
+RMSNorm's scalar rstd out of its sums: one program writes it, and the down-proj (GLU) builds its B as
+silu(rstd * gate) * (rstd * up) from the sums. A built B is made one pair a lane and gathered into the slots
+(chunk_input_pairs): built in the slots themselves, its SiLU took more instructions than the weights' decode.
 
 Under Triton's interpreter (no inline asm) the kernel decodes the same words the same way and sums each
 lane's products in fp32 in the mma's place (rows g and g + 8 of each tile): the tests check the layout, the

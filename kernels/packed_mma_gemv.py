@@ -498,7 +498,8 @@ def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_
                 if ACT == BF16:  # loads only, in the slots that hold B's column 0
                     hi0, lo0 = input_pairs(act_ptr, norm_ptr, pair, holds_b, scale, ACT, K)
                     hi1, lo1 = input_pairs(act_ptr, norm_ptr, pair + 16, holds_b, scale, ACT, K)
-                else:  # B's other columns take the same pairs: only column 0 of D is read
+                else:  # B's other columns take the same pairs: only column 0 of D is read. Built again for
+                    # each item (the same chunk of K): held across items it would cost CHUNKS x 4 words a lane
                     b = chunk_input_pairs(act_ptr, norm_ptr, k0 + i, tl.arange(0, 128), scale, ACT, K)
                     hi0, hi1, lo0, lo1 = (b[0][None, :] + zero_m, b[1][None, :] + zero_m,
                                           b[2][None, :] + zero_m, b[3][None, :] + zero_m)  # fmt: skip

@@ -319,7 +319,8 @@ class FastRunner:
     def _as_bf16(weight: torch.Tensor, name: str) -> torch.Tensor:
         """weight in bf16, refused where that is not exact (an fp32 model's weights must be bf16 values)."""
         bf16 = weight.to(torch.bfloat16)
-        if weight.device.type != "meta" and not torch.equal(bf16.to(weight.dtype), weight):
+        exact = weight.dtype == torch.bfloat16 or weight.device.type == "meta"  # nothing to compare
+        if not exact and not torch.equal(bf16.to(weight.dtype), weight):
             raise ValueError(f"packed: {name} holds values bf16 cannot (a bf16 model, or packed off)")
         return bf16
 

@@ -47,7 +47,7 @@ def intercepted_launches(preset: str) -> list[tuple[JITFunction, dict, dict, int
 
     decode_attention.launch_clusters = fake_cluster_launch
     for module in ("rmsnorm_gemv", "lane_reduce_gemv", "decode_attention", "lm_head", "lm_head_screen", "final_norm",
-                   "sample", "packed_mma_gemv"):  # fmt: skip
+                   "sample", "packed_mma_gemv", "packed_mma_glu"):  # fmt: skip
         mod = __import__(f"kernels.{module}", fromlist=["x"])
         mod.sm_count = lambda device: 132
         if hasattr(mod, "interpreted"):
@@ -56,12 +56,14 @@ def intercepted_launches(preset: str) -> list[tuple[JITFunction, dict, dict, int
     JITFunction.run = fake_run
     cfg = ModelConfig.from_hf(preset_config(preset))
     model = Transformer(cfg, device="meta", dtype=torch.bfloat16)
-    runner = FastRunner(model, min(4096, cfg.max_position_embeddings), use_pdl=False, head_screen=True,
-                        packed="o+gate_up+down" if cfg.num_lanes == 1 else False)  # every kind's kernel  # fmt: skip
-    runner.use_pdl = True
-    runner.decode_step(greedy=True)
-    runner.decode_step(greedy=False)  # the sampled step: its head, then kernels/sample.py
-    runner.decode_step(greedy=False, screen=True)  # ... its head through the screen (lm_head_screen's logits)
+    # every kind's kernel: both ways to pack the gate/up
+    for packed in ("o+gate_up+down", "o+glu+down") if cfg.num_lanes == 1 else (False,):
+        runner = FastRunner(model, min(4096, cfg.max_position_embeddings), use_pdl=False, head_screen=True,
+                            packed=packed)  # fmt: skip
+        runner.use_pdl = True
+        runner.decode_step(greedy=True)
+        runner.decode_step(greedy=False)  # the sampled step: its head, then kernels/sample.py
+        runner.decode_step(greedy=False, screen=True)  # ... its head through the screen (lm_head_screen's logits)
     return launches
 
 

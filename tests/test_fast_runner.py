@@ -316,10 +316,12 @@ PACKED = {"packed": True, "packed_blocks": {"down": {"split": 3}, "o": {"ahead":
 # D = 64: one chunk)
 ALL_PACKED = {**PACKED, "packed": "o+gate_up+down", "packed_blocks": {**PACKED["packed_blocks"],
                                                                        "gate_up": {"ahead": 1}}}  # fmt: skip
+# the gate/up of every layer as whole-K programs over interleaved rows, SiLU in the launch (kernels/packed_mma_glu.py)
+GLU_PACKED = {**PACKED, "packed": "o+glu+down", "packed_blocks": {**PACKED["packed_blocks"], "glu": {"ahead": 1}}}
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
-@pytest.mark.parametrize("settings", [PACKED, ALL_PACKED], ids=["o+down", "o+gate_up+down"])
+@pytest.mark.parametrize("settings", [PACKED, ALL_PACKED, GLU_PACKED], ids=["o+down", "o+gate_up+down", "o+glu+down"])
 def test_packed_projections_match_the_reference(preset, settings):
     model = bf16_valued(make_model(preset, seed=9, intermediate_size=192))
     for fast, ref, token in teacher_forced(model, list(range(4, 15)), steps=3, **settings):
@@ -343,6 +345,7 @@ def test_which_projections_are_packed():
         (False, False, True),
         (True, True, True),
     ]
+    assert packed(FastRunner(model, 32, packed="glu")) == [(False, True, False), (False, True, False)]
     assert packed(FastRunner(model, 32, packed="down")) == [(False, False, True), (False, False, True)]
     narrow = bf16_valued(make_model("tiny-qwen3", seed=9))  # intermediate_size 160: no packed down-proj
     assert packed(FastRunner(narrow, 32, packed="o+gate_up+down")) == [
@@ -358,7 +361,7 @@ def test_packed_generation_is_the_bf16_kernels_generation():
     prompt = list(range(5, 17))
     params = SamplingParams(max_new_tokens=12, temperature=0.0)
     bf16 = list(FastRunner(model, 64, packed=False).generate_tokens(prompt, params))
-    for settings in (PACKED, ALL_PACKED):
+    for settings in (PACKED, ALL_PACKED, GLU_PACKED):
         assert list(FastRunner(model, 64, **settings).generate_tokens(prompt, params)) == bf16
 
 

@@ -62,6 +62,7 @@ from kernels.lane_reduce_gemv import lane_reduce_gemv
 from kernels.lm_head import HeadScratch, lm_head
 from kernels.lm_head_screen import HeadScreen, ScreenScratch, screened_argmax, screened_logits
 from kernels.packed_mma_gemv import MmaPackedWeight, fits, pack_mma, packed_mma_gemv, placeholder
+from kernels.packed_mma_glu import interleave_glu, packed_mma_glu
 from kernels.rmsnorm_gemv import rmsnorm_gemv
 from kernels.sample import SampleScratch, sample_token
 
@@ -291,7 +292,10 @@ class FastRunner:
             if "gate_up" in self.packed and w.wo_packed is not None and w.w2_packed is not None:
                 w.w13_packed = self._packed(torch.cat([w.w1[0], w.w3[0]]), f"layer {i} w1|w3")
                 w.ffn_norm_bf16 = self._as_bf16(w.ffn_norm[0], f"layer {i} ffn_norm")
-        if any(w.w13_packed is not None for w in self.layers):
+            if "glu" in self.packed and w.w1.shape[1] % 8 == 0:
+                w.w13_packed = self._packed(interleave_glu(w.w1[0], w.w3[0]), f"layer {i} w1|w3 interleaved")
+                w.ffn_norm_bf16 = self._as_bf16(w.ffn_norm[0], f"layer {i} ffn_norm")
+        if "gate_up" in self.packed and any(w.w13_packed is not None for w in self.layers):
             self.glu_sums = torch.zeros(2 * self.cfg.ffn_per_lane, device=self.device)
             self.glu_rstd = torch.zeros(1, device=self.device)
 
@@ -493,6 +497,12 @@ class FastRunner:
 
         def gate_up() -> None:
             # packed: into the sums the o-proj cleared; the down-proj applies the norm's scalar and the SiLU
+            if w.w13_packed is not None and "glu" in self.packed:
+                blocks = self.packed_blocks["glu"]
+                packed_mma_glu(group.x[0], w.ffn_norm_bf16, w.w13_packed, group.h[0], eps=eps, use_pdl=pdl,
+                               trigger_early="gate_up" in self.early, split=blocks.get("split") or None,
+                               ahead=blocks.get("ahead") or 4)  # fmt: skip
+                return
             if w.w13_packed is not None:
                 packed_mma_gemv(group.x[0], w.w13_packed, self.glu_sums, norm_weight=w.ffn_norm_bf16, eps=eps,
                                 rstd=self.glu_rstd, use_pdl=pdl, trigger_early="gate_up" in self.early,
@@ -524,9 +534,10 @@ class FastRunner:
         kind = "down" if block else "o"
         packed = w.w2_packed if block else w.wo_packed
         if packed is not None:  # one lane: out += W @ act into the residual, on the tensor cores
-            glu = block == 1 and w.w13_packed is not None  # the down-proj's input from the gate/up's sums
+            sums = self.glu_sums is not None and w.w13_packed is not None
+            glu = block == 1 and sums  # the down-proj's input from the gate/up's sums
             # the o-proj clears them
-            zero = self.glu_sums if block == 0 and w.w13_packed is not None else None
+            zero = self.glu_sums if block == 0 and sums else None
             packed_mma_gemv(self.glu_sums if glu else act[0], packed, group.x[0],
                             glu=act.dtype if glu else None, rstd=self.glu_rstd if glu else None, zero=zero,
                             use_pdl=self.use_pdl, trigger_early=kind in self.early,

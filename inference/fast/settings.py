@@ -92,7 +92,7 @@ ONE_LANE_PREFETCH = {"gate_up": 3}
 # the sums it adds into, the down-proj reads them. Its input is x * g, the norm's scalar written once a launch
 # (round 34's, rmsnorm(x) * g built in every program, ran far slower than the bf16 kernel: H200, qwen3-1.7b 947
 # tok/s against 1,089; kernels/NOTES.md).
-PACKED_KINDS = ("o", "gate_up", "down")
+PACKED_KINDS = ("o", "gate_up", "down", "glu")
 DEFAULT_PACKED_KINDS = ("o", "down")  # KOG_PACKED=1's, and a Hopper GPU's without it
 # ... and the gate/up too where a layer's is at least this many bf16 bytes: the packed gate/up saves a quarter of
 # its bytes and costs each layer about the same time (the o-proj clears its sums, the down-proj's programs find
@@ -106,7 +106,7 @@ PACKED_KEYS = ("block_m", "split", "ahead", "items")
 # qwen3-1.7b 1,083 tok/s at 2, 1,065 at 1, 1,014 at all 4; llama-3.2-1b 1,643, 1,617, 1,598; the o-proj at 2:
 # 1,076 and 1,634). The o-proj's programs take 2 M-tiles (2 warps): qwen3-1.7b 1,099-1,103 against 1,090-1,093
 # at 1 (run 235, each built twice), llama-3.2-1b 1,650-1,661 against 1,657-1,658.
-PACKED_DEFAULTS = {"o": {"block_m": 2, "ahead": 8}, "gate_up": {"ahead": 2}, "down": {"ahead": 2}}
+PACKED_DEFAULTS = {"o": {"block_m": 2, "ahead": 8}, "gate_up": {"ahead": 2}, "down": {"ahead": 2}, "glu": {"ahead": 4}}
 # The smallest head the screen is on for by default: below it the head's read is short beside the screen's two
 # launches (H200, models/default's 8,192 x 384 head: 16,140 tok/s whole, 15,426 screened; laneformer-2b's 192 MiB
 # +1%, llama-3.2-1b's 501 MiB +9%).
@@ -129,6 +129,8 @@ def packed_kinds(spec: bool | str, what: str, default: bool, on_kinds: frozenset
     if "gate_up" in kinds and not {"o", "down"} <= kinds:
         raise ValueError(f"{what}: a packed gate_up needs o and down packed too (the o-proj clears its sums, the "
                          f"down-proj reads them), got {spec!r}")  # fmt: skip
+    if {"gate_up", "glu"} <= kinds:
+        raise ValueError(f"{what}: gate_up and glu are two ways to pack the same matrices, got {spec!r}")
     return kinds
 
 

@@ -7,17 +7,25 @@
 
 The weights are kernels/packed_mma_gemv.py's layout of the two matrices interleaved by 8 rows (interleave_glu):
 M-tile m holds gate rows 8m .. 8m + 7, then up rows 8m .. 8m + 7. The mma puts a tile's rows g and g + 8 in the
-same lane (D's slots 0 and 2), so each lane of 0, 4, ..., 28 ends with a gate sum and its up sum side by side, and
-the program writes h for its 8 rows itself: no sums in memory for a later launch, nothing to clear, and the
+same lane (D's slots 0-1 and 2-3), so each lane of 0, 4, ..., 28 ends with a gate sum and its up sum side by side,
+and the program writes h for its 8 rows itself: no sums in memory for a later launch, nothing to clear, and the
 down-proj reads h as it reads the bf16 kernel's.
 
-A program takes one M-tile over the whole of K (rstd needs all of x, and the SiLU the whole sums); its warps
-split K (SPLIT parts, one warp each, summed across the warps at the end). B is x * g as a bf16 hi and lo part
-(two mma a K-part), built one pair a lane and gathered into the slots, as packed_mma_gemv's NORMED inputs are;
-the sum of x ** 2 comes from the same loads. The M-tile's exceptions are added to its sums before the SiLU.
+A program takes BM M-tiles, a warp each, over the whole of K (rstd needs all of x, and the SiLU the whole sums),
+every warp walking the same chunks. B is x * g split into a bf16 hi and lo part, built one pair a lane and gathered
+into the slots (warp shuffles) as packed_mma_gemv's NORMED inputs are, with the hi parts in B's column 0 and the lo
+parts in its column 1: one mma a K-part, D's columns 0 and 1 summed at the end. The sum of x ** 2 comes from the
+same loads. A program's chain is the whole of K, so both its weights (AHEAD chunks, the first of them before the
+wait) and its input (XAHEAD chunks, after it) are loaded ahead of their use. The M-tiles' exceptions are added to
+their sums before the SiLU.
 
 Under Triton's interpreter (no inline asm) the decoded weights' products are summed in fp32 in the mma's place,
-as packed_mma_gemv does.
+as packed_mma_gemv does: the tests check the layout, the decode and the exceptions on the CPU, the mma on the GPU.
+
+On an H200 (kernels/NOTES.md round 36) this gate/up reads its 1.5 bytes a weight at up to ~85% of the bandwidth
+once it has 12-16 chunks in flight a warp, but the chunks it loads before its wait slow the o-proj it overlaps by
+about as much: qwen3-1.7b 1,086 tok/s against 1,095 with the bf16 gate/up, so it is not the default (KOG_PACKED's
+kind `glu`).
 """
 
 import torch
@@ -30,7 +38,7 @@ from kernels.packed_gemv import high_half, low_half
 from kernels.packed_mma_gemv import (
     CHUNK,
     EXC_BLOCK,
-    MMA4_SPLIT_B,
+    MMA4,
     NORMED,
     MmaPackedWeight,
     act_at,
@@ -39,6 +47,7 @@ from kernels.packed_mma_gemv import (
     exact_values,
     fragments,
     hi_lo_pairs,
+    program_tiles,
     row_floor,
     split_pair,
 )
@@ -54,81 +63,90 @@ def interleave_glu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def normed_chunk(x_ptr, norm_ptr, chunk):
-    """A chunk's B as one pair a lane ([SPLIT, 32]: pair p of each warp's chunk, columns 2p and 2p + 1 of it):
-    x * g's bf16 hi and lo pairs, and the sum of x ** 2 over the pair."""
-    pair = chunk[:, None] * 32 + tl.arange(0, 32)[None, :]
-    first, second = split_pair(tl.load(x_ptr + pair))
-    g = tl.load(norm_ptr + pair)
-    hi, lo = hi_lo_pairs(first * low_half(g), second * high_half(g))
-    return hi, lo, first * first + second * second
+def input_loads(x_ptr, norm_ptr, chunk):
+    """A chunk's raw input, one pair a lane ([32]: pair p is columns 2p and 2p + 1 of the chunk): x's int64 words
+    and g's bf16 pairs. Loaded XAHEAD chunks before their use: the residual is only ready after the wait, and a
+    load at its use would put an L2 round trip into each chunk's step of a program that walks the whole of K."""
+    pair = chunk * 32 + tl.arange(0, 32)
+    return tl.load(x_ptr + pair), tl.load(norm_ptr + pair)
 
 
 @triton.jit
 def _packed_mma_glu_kernel(x_ptr, norm_ptr, lo_ptr, code_ptr, base_ptr, exc_start_ptr, exc_row_ptr, exc_col_ptr,
-                           exc_value_ptr, out_ptr, eps, K: tl.constexpr, SPLIT: tl.constexpr, AHEAD: tl.constexpr,
-                           EXC_BLOCK: tl.constexpr, EXC_ROUNDS: tl.constexpr, ROUND_BF16: tl.constexpr,
-                           USE_MMA: tl.constexpr, USE_PDL: tl.constexpr, TRIGGER_EARLY: tl.constexpr):  # fmt: skip
-    CHUNKS: tl.constexpr = K // 64 // SPLIT  # a warp's
-    m = tl.program_id(0)
-    part = tl.arange(0, SPLIT)  # the warps' parts of K: [SPLIT] rows of every [SPLIT, 128] tensor below
-    c = tl.arange(0, 128)  # word c: lane c // 4's K-part c % 4
-    g, t, j = c // 16, c // 4 % 4, c % 4
-    k0 = part * CHUNKS  # [SPLIT]: each warp's first chunk
-    tile = (m * (K // 64) + k0)[:, None] * 256 + c[None, :]  # [SPLIT, 128]
-    code_tile = (m * (K // 64) + k0)[:, None] * 128 + c[None, :]
-    base = tl.load(base_ptr + m * 8 + g)[None, :] + (k0 * 0)[:, None]  # [SPLIT, 128]
+                           exc_value_ptr, out_ptr, eps, K: tl.constexpr, BM: tl.constexpr, AHEAD: tl.constexpr,
+                           XAHEAD: tl.constexpr, EXC_BLOCK: tl.constexpr, EXC_ROUNDS: tl.constexpr,
+                           ROUND_BF16: tl.constexpr, USE_MMA: tl.constexpr, USE_PDL: tl.constexpr,
+                           TRIGGER_EARLY: tl.constexpr):  # fmt: skip
+    CHUNKS: tl.constexpr = K // 64
+    # BM M-tiles, a warp each ([BM, 128] tiles: row r is M-tile m[r]), every warp over the same chunks of K
+    k0, m, g, t, j, tile, code_tile = program_tiles(K, BM, 1)
+    base = tl.load(base_ptr + m[:, None] * 8 + g[None, :])  # [BM, 128]
     if USE_PDL and TRIGGER_EARLY:
         gdc_launch_dependents()
     # The weights do not depend on the previous kernel: the first AHEAD chunks are in flight before its wait.
     ring = ()
     for f in tl.static_range(AHEAD):
         ring = ring + (chunk_loads(lo_ptr, code_ptr, tile, code_tile, f),)
-    exc_first = tl.load(exc_start_ptr + m)
-    exc_end = tl.load(exc_start_ptr + m + 1)
+    exc_first = tl.load(exc_start_ptr + tl.program_id(0) * BM)
+    exc_end = tl.load(exc_start_ptr + tl.program_id(0) * BM + BM)
     if USE_PDL:
         gdc_wait()
         if not TRIGGER_EARLY:
             gdc_launch_dependents()
+    inputs = ()
+    for f in tl.static_range(XAHEAD):
+        inputs = inputs + (input_loads(x_ptr, norm_ptr, f),)
 
-    acc = tl.zeros([SPLIT, 128], dtype=tl.float32)  # the mma's D, or rows g's sums
+    acc = tl.zeros([BM, 128], dtype=tl.float32) + (base * 0).to(tl.float32)  # the mma's D, or rows g's sums
     acc_8 = acc  # the interpreter's sums of rows g + 8
-    sumsq = tl.zeros([SPLIT, 32], dtype=tl.float32)
-    slot = c[None, :] % 16 + (k0 * 0)[:, None]  # [SPLIT, 128]: the pair (of 32) slot c takes first
+    sumsq = tl.zeros([32], dtype=tl.float32)
+    zero_m = (m * 0)[:, None]  # [BM, 1]: broadcasts a chunk's [128] B words over the M-tiles
+    c = tl.arange(0, 128)
     for i in tl.static_range(CHUNKS):
         words = ring[0]
         ring = ring[1:]
         if i + AHEAD < CHUNKS:
             ring = ring + (chunk_loads(lo_ptr, code_ptr, tile, code_tile, i + AHEAD),)
+        x_words, g_pairs = inputs[0]
+        inputs = inputs[1:]
+        if i + XAHEAD < CHUNKS:
+            inputs = inputs + (input_loads(x_ptr, norm_ptr, i + XAHEAD),)
+        first, second = split_pair(x_words)
+        sumsq += first * first + second * second
         a = fragments(words, base, USE_MMA)
-        hi, lo, squares = normed_chunk(x_ptr, norm_ptr, k0 + i)
-        sumsq += squares
-        if USE_MMA:  # B's other columns take the same pairs: only column 0 of D is read
-            acc = tl.inline_asm_elementwise(MMA4_SPLIT_B, "=&f,=&f,=&f,=&f," + "r," * 32 + "f,f,f,f",
-                                            [a[0], a[1], a[2], a[3], tl.gather(hi, slot, 1),
-                                             tl.gather(hi, slot + 16, 1), tl.gather(lo, slot, 1),
-                                             tl.gather(lo, slot + 16, 1), acc],
-                                            dtype=tl.float32, is_pure=True, pack=4)  # fmt: skip
+        if USE_MMA:
+            # B's column 0 (lanes 0-3) holds x * g's bf16 hi parts, column 1 (lanes 4-7) the lo parts, the other
+            # columns zeros: one mma a K-part (not one for each part), so each chunk's chain of dependent mma on
+            # the accumulator is 4 long; D's columns 0 and 1 are the two parts' sums.
+            hi, lo = hi_lo_pairs(first * low_half(g_pairs), second * high_half(g_pairs))  # [32] each
+            b0 = tl.where(c < 16, tl.gather(hi, c % 16, 0), tl.where(c < 32, tl.gather(lo, c % 16, 0), 0))
+            b1 = tl.where(
+                c < 16, tl.gather(hi, c % 16 + 16, 0), tl.where(c < 32, tl.gather(lo, c % 16 + 16, 0), 0)
+            )
+            acc = tl.inline_asm_elementwise(MMA4, "=&f,=&f,=&f,=&f," + "r," * 24 + "f,f,f,f",
+                                            [a[0], a[1], a[2], a[3], b0[None, :] + zero_m, b1[None, :] + zero_m,
+                                             acc], dtype=tl.float32, is_pure=True, pack=4)  # fmt: skip
         else:
-            pair = (k0 + i)[:, None] * 32 + (4 * t + j)[None, :]  # [SPLIT, 128]
+            pair = (i * 32 + 4 * t + j)[None, :] + zero_m  # [BM, 128]
             every = pair >= 0
             x0, x1 = exact_values(x_ptr, norm_ptr, pair, every, 1.0, NORMED, K)
             x8, x9 = exact_values(x_ptr, norm_ptr, pair + 16, every, 1.0, NORMED, K)
             acc += low_half(a[0]) * x0 + high_half(a[0]) * x1 + low_half(a[2]) * x8 + high_half(a[2]) * x9
             acc_8 += low_half(a[1]) * x0 + high_half(a[1]) * x1 + low_half(a[3]) * x8 + high_half(a[3]) * x9
 
-    # The warps' parts summed: [128]; then the tile's 8 gate sums and 8 up sums ([8] each, row g of each half).
-    total = tl.sum(acc, axis=0)
-    if USE_MMA:  # D's column 0: slot 0 (row g: gate) and slot 2 (row g + 8: up) of lanes 0, 4, ..., 28
-        gate = tl.sum(tl.reshape(tl.where(c % 16 == 0, total, 0.0), [8, 16]), axis=1)
-        up = tl.sum(tl.reshape(tl.where(c % 16 == 2, total, 0.0), [8, 16]), axis=1)
+    # Each M-tile's 8 gate sums and 8 up sums: [BM, 8] each, row g of each half.
+    if (
+        USE_MMA
+    ):  # D's columns 0 and 1: slots 0, 1 (row g: gate) and 2, 3 (row g + 8: up) of lanes 0, 4, ..., 28
+        gate = tl.sum(tl.reshape(tl.where(c % 16 < 2, acc, 0.0), [BM, 8, 16]), axis=2)
+        up = tl.sum(tl.reshape(tl.where((c % 16 >= 2) & (c % 16 < 4), acc, 0.0), [BM, 8, 16]), axis=2)
     else:  # row g's terms are the 16 words c of 16 g .. 16 g + 15
-        gate = tl.sum(tl.reshape(total, [8, 16]), axis=1)
-        up = tl.sum(tl.reshape(tl.sum(acc_8, axis=0), [8, 16]), axis=1)
+        gate = tl.sum(tl.reshape(acc, [BM, 8, 16]), axis=2)
+        up = tl.sum(tl.reshape(acc_8, [BM, 8, 16]), axis=2)
 
-    # The M-tile's exceptions: true weight * B[col] less the floor's product, which the mma summed (a power of
+    # The M-tiles' exceptions: true weight * B[col] less the floor's product, which the mma summed (a power of
     # two: that product is exact), each into its row's sum.
-    row8 = tl.arange(0, 8)
+    rows = m[:, None] * 16 + tl.arange(0, 8)[None, :]  # [BM, 8]: the gate rows of the interleaved matrix
     for r in tl.static_range(EXC_ROUNDS):
         idx = exc_first + r * EXC_BLOCK + tl.arange(0, EXC_BLOCK)
         ok = idx < exc_end
@@ -136,50 +154,51 @@ def _packed_mma_glu_kernel(x_ptr, norm_ptr, lo_ptr, code_ptr, base_ptr, exc_star
         col = tl.load(exc_col_ptr + idx, mask=ok, other=0)
         value = tl.load(exc_value_ptr + idx, mask=ok, other=0.0)
         xg = act_at(x_ptr, norm_ptr, col, ok, 1.0, NORMED, K)
-        term = tl.where(ok, value * xg - row_floor(base_ptr, row, ok) * xg, 0.0)[:, None]  # [EXC_BLOCK, 1]
-        in_tile = (row - m * 16)[:, None]
-        gate += tl.sum(tl.where(in_tile == row8[None, :], term, 0.0), axis=0)
-        up += tl.sum(tl.where(in_tile == row8[None, :] + 8, term, 0.0), axis=0)
+        term = tl.where(ok, value * xg - row_floor(base_ptr, row, ok) * xg, 0.0)[
+            :, None, None
+        ]  # [EXC_BLOCK, 1, 1]
+        gate += tl.sum(tl.where(row[:, None, None] == rows[None, :, :], term, 0.0), axis=0)
+        up += tl.sum(tl.where(row[:, None, None] == rows[None, :, :] + 8, term, 0.0), axis=0)
 
-    rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(sumsq, axis=1), axis=0) / K + eps)
+    rstd = 1.0 / tl.sqrt(tl.sum(sumsq, axis=0) / K + eps)
     gate = gate * rstd
     h = gate * tl.sigmoid(gate) * (up * rstd)
     if ROUND_BF16:  # the bits a bf16 model's activations hold, under the interpreter too
         h = bf16_rounded(h)
-    tl.store(out_ptr + m * 8 + row8, h.to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + m[:, None] * 8 + tl.arange(0, 8)[None, :], h.to(out_ptr.dtype.element_ty))
 
 
 def packed_mma_glu(x: torch.Tensor, norm_weight: torch.Tensor, packed: MmaPackedWeight, out: torch.Tensor, *,
-                   eps: float = 1e-6, split: int | None = None, ahead: int = 4, use_pdl: bool = False,
+                   eps: float = 1e-6, block_m: int = 2, ahead: int = 4, x_ahead: int = 4, use_pdl: bool = False,
                    trigger_early: bool = False) -> torch.Tensor:  # fmt: skip
     """out = silu(rstd * W_gate @ (x * g)) * (rstd * W_up @ (x * g)) (the module docstring), W the packed
     interleave_glu of the two [F, K] matrices.
 
-    x: [K] fp32 contiguous; norm_weight: [K] bf16; out: [F] bf16 or fp32 contiguous. split: warps a program
-    splits K over (a power of two dividing K / 64; None: 1 on a GPU, the most up to 8 under the interpreter);
-    ahead: chunks a warp loads before it waits on the previous kernel, and keeps in flight."""
+    x: [K] fp32 contiguous; norm_weight: [K] bf16; out: [F] bf16 or fp32 contiguous. block_m: M-tiles (warps) a
+    program (a power of two dividing the 2F / 16 tiles); ahead: weight chunks a warp loads before it waits on the
+    previous kernel, and keeps in flight; x_ahead: the input's chunks it keeps in flight after the wait."""
     n, k = packed.shape
     if x.shape != (k,) or x.dtype != torch.float32 or not x.is_contiguous():
-        raise ValueError(f"x: expected a contiguous [{k}] fp32 (the residual), got {x.dtype} {tuple(x.shape)}")
+        raise ValueError(
+            f"x: expected a contiguous [{k}] fp32 (the residual), got {x.dtype} {tuple(x.shape)}"
+        )
     if norm_weight.shape != (k,) or norm_weight.dtype != torch.bfloat16 or not norm_weight.is_contiguous():
         raise ValueError(f"norm_weight: expected a contiguous [{k}] bf16, got {norm_weight.dtype} "
                          f"{tuple(norm_weight.shape)}")  # fmt: skip
     if out.shape != (n // 2,) or out.dtype not in (torch.bfloat16, torch.float32) or not out.is_contiguous():
-        raise ValueError(f"out: expected a contiguous [{n // 2}] bf16 or fp32, got {out.dtype} {tuple(out.shape)}")
-    chunks = k // CHUNK
-    if split is None:
-        split = 1
-        while interpreted() and split < 8 and chunks % (2 * split) == 0:
-            split *= 2
-    if split < 1 or split & (split - 1) or chunks % split:
-        raise ValueError(f"split: {split} is not a power of two dividing the {chunks} chunks of K = {k}")
-    if ahead < 1:
-        raise ValueError(f"ahead: expected at least 1, got {ahead}")
-    _packed_mma_glu_kernel[(n // 16,)](
+        raise ValueError(
+            f"out: expected a contiguous [{n // 2}] bf16 or fp32, got {out.dtype} {tuple(out.shape)}"
+        )
+    tiles, chunks = n // 16, k // CHUNK
+    if block_m < 1 or block_m & (block_m - 1) or tiles % block_m:
+        raise ValueError(f"block_m: {block_m} is not a power of two dividing the {tiles} M-tiles")
+    if ahead < 1 or x_ahead < 1:
+        raise ValueError(f"ahead, x_ahead: expected at least 1 chunk each, got {ahead} and {x_ahead}")
+    _packed_mma_glu_kernel[(tiles // block_m,)](
         x.view(torch.int64), norm_weight.view(torch.int32), packed.lo, packed.codes, packed.base, packed.exc_start,
-        packed.exc_row, packed.exc_col, packed.exc_value, out, eps, K=k, SPLIT=split,
-        AHEAD=min(ahead, chunks // split), EXC_BLOCK=EXC_BLOCK, EXC_ROUNDS=packed.exception_rounds(1, 1),
+        packed.exc_row, packed.exc_col, packed.exc_value, out, eps, K=k, BM=block_m, AHEAD=min(ahead, chunks),
+        XAHEAD=min(x_ahead, chunks), EXC_BLOCK=EXC_BLOCK, EXC_ROUNDS=packed.exception_rounds(block_m, 1),
         ROUND_BF16=out.dtype == torch.bfloat16, USE_MMA=not interpreted(), USE_PDL=use_pdl,
-        TRIGGER_EARLY=trigger_early, num_warps=split, **pdl_kwargs(use_pdl),
+        TRIGGER_EARLY=trigger_early, num_warps=block_m, **pdl_kwargs(use_pdl),
     )  # fmt: skip
     return out

@@ -10,11 +10,12 @@ attn.cluster=0|1 for the merge, attn.push=0|1 for its partials through shared me
 gate_up, down) whether a kind lets the next kernel launch before its wait, screen=0|1 the greedy head through its int8
 screen (kernels/lm_head_screen.py) or the whole bf16 head, packed=0|1|o+down the one-lane kinds read from 12-bit
 weights on the tensor cores (kernels/packed_mma_gemv.py; KOG_PACKED's form), packed.down=1/16/4/1 (block_m/split/ahead/items
-of packed.o, packed.gate_up or packed.down; 0 keeps the default) their blocks;
+of packed.o, packed.gate_up, packed.glu or packed.down; 0 keeps the default) their blocks;
 "name:spec" labels one, so a setting can be built twice (two runner instances: what memory placement alone
 does). Every round times each variant once (bench.timing.time_fast: median of --runs after a warm-up), so slow drifts of the clock or
 the temperature hit all variants alike; the table keeps the median over rounds, beside the ceiling measured in
-the same run.
+the same run. --breakdown then prints each variant's time per kind of kernel on the step's critical path against
+the bytes it must read (inference.bench's --breakdown).
 """
 
 import argparse
@@ -29,6 +30,7 @@ import torch  # noqa: E402
 
 from inference.bench.ceiling import measure_bandwidth, step_bytes  # noqa: E402
 from inference.bench.model_setup import build_model, cuda_missing  # noqa: E402
+from inference.bench.profiling import breakdown  # noqa: E402
 from inference.bench.timing import time_fast  # noqa: E402
 from inference.fast.runner import FastRunner  # noqa: E402
 from inference.fast.settings import (  # noqa: E402
@@ -81,6 +83,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--breakdown", action="store_true", help="us on the path by kind of kernel")
     parser.add_argument("--empty-cache", action="store_true",
                         help="return the bandwidth test's 4 GiB to the driver before building the runners")  # fmt: skip
     args = parser.parse_args()
@@ -119,6 +122,12 @@ def main() -> int:
         spread = ", ".join(f"{t:,.0f}" for t in r["rounds"])
         same = "same tokens" if r["same_tokens_as_first"] else "OTHER TOKENS"
         print(f"  {r['variant']:<40} {r['tok_s']:>8,.0f} tok/s  {r['pct_ceiling']:5.1f}%  ({spread})  {same}")
+    if args.breakdown:
+        for v, r in zip(variants, rows, strict=True):
+            b = r["breakdown"] = breakdown(model, runners[v], prompt, 20, bandwidth["read_gbs"])
+            kinds = b.get("kinds", {})
+            parts = ", ".join(f"{kind} {k['path_us']:.1f}/{k['ideal_us']:.1f}" for kind, k in kinds.items())
+            print(f"  {r['variant']:<40} step {b.get('step_span_us', 0):.1f} us: {parts or b.get('error')}")
     if args.json:
         args.json.write_text(json.dumps({"model": args.model, "ceiling_tok_s": ceiling,
                                          "bandwidth": bandwidth, "rows": rows}, indent=2) + "\n")  # fmt: skip

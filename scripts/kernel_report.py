@@ -63,7 +63,9 @@ def intercepted_launches(preset: str) -> list[tuple[JITFunction, dict, dict, int
         runner.use_pdl = True
         runner.decode_step(greedy=True)
         runner.decode_step(greedy=False)  # the sampled step: its head, then kernels/sample.py
-        runner.decode_step(greedy=False, screen=True)  # ... its head through the screen (lm_head_screen's logits)
+        runner.decode_step(
+            greedy=False, screen=True
+        )  # ... its head through the screen (lm_head_screen's logits)
     return launches
 
 

@@ -317,11 +317,17 @@ PACKED = {"packed": True, "packed_blocks": {"down": {"split": 3}, "o": {"ahead":
 ALL_PACKED = {**PACKED, "packed": "o+gate_up+down", "packed_blocks": {**PACKED["packed_blocks"],
                                                                        "gate_up": {"ahead": 1}}}  # fmt: skip
 # the gate/up of every layer as whole-K programs over interleaved rows, SiLU in the launch (kernels/packed_mma_glu.py)
-GLU_PACKED = {**PACKED, "packed": "o+glu+down", "packed_blocks": {**PACKED["packed_blocks"], "glu": {"ahead": 1}}}
+GLU_PACKED = {
+    **PACKED,
+    "packed": "o+glu+down",
+    "packed_blocks": {**PACKED["packed_blocks"], "glu": {"ahead": 1}},
+}
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
-@pytest.mark.parametrize("settings", [PACKED, ALL_PACKED, GLU_PACKED], ids=["o+down", "o+gate_up+down", "o+glu+down"])
+@pytest.mark.parametrize(
+    "settings", [PACKED, ALL_PACKED, GLU_PACKED], ids=["o+down", "o+gate_up+down", "o+glu+down"]
+)
 def test_packed_projections_match_the_reference(preset, settings):
     model = bf16_valued(make_model(preset, seed=9, intermediate_size=192))
     for fast, ref, token in teacher_forced(model, list(range(4, 15)), steps=3, **settings):

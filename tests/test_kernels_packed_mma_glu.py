@@ -36,17 +36,17 @@ def test_interleaving_puts_eight_gate_rows_then_their_up_rows_in_each_tile():
         interleave_glu(gate[:12], up[:12])
 
 
-@pytest.mark.parametrize("f,k", [(8, 64), (24, 192), (48, 2048)])
-@pytest.mark.parametrize("split,ahead", [(None, 4), (1, 1), (2, 8)])
+@pytest.mark.parametrize("f,k", [(8, 64), (24, 192), (64, 2048)])
+@pytest.mark.parametrize("block_m,ahead,x_ahead", [(1, 4, 4), (1, 1, 1), (2, 8, 2), (4, 2, 8)])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-def test_h_is_the_reference_mlps(f, k, split, ahead, out_dtype):
-    if split is not None and (k // 64) % split:
-        pytest.skip("split must divide the chunks")
+def test_h_is_the_reference_mlps(f, k, block_m, ahead, x_ahead, out_dtype):
+    if (f // 8) % block_m:
+        pytest.skip("block_m must divide the M-tiles")
     gate, up, x, g = glu_inputs(f, k, seed=11)
     out = torch.full((f,), 7.0, device=DEVICE, dtype=out_dtype)
     packed = move(pack_mma(interleave_glu(gate, up)), DEVICE)
     assert packed.exceptions > 40  # the awkward rows', in both halves
-    packed_mma_glu(x, g, packed, out, eps=1e-5, split=split, ahead=ahead)
+    packed_mma_glu(x, g, packed, out, eps=1e-5, block_m=block_m, ahead=ahead, x_ahead=x_ahead)
     want = reference_h(gate, up, x, g, 1e-5)
     if out_dtype == torch.bfloat16:  # rounded once, from fp32 sums: within a bf16 step of the exact value
         assert_close(out.float(), want, torch.bfloat16)
@@ -89,8 +89,8 @@ def test_then_the_packed_down_proj_is_the_reference_mlp():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="the mma runs on a GPU")
-@pytest.mark.parametrize("split", [1, 2, 4])
-def test_qwen3_shapes_on_the_tensor_cores(split):
+@pytest.mark.parametrize("block_m", [1, 2, 4])
+def test_qwen3_shapes_on_the_tensor_cores(block_m):
     """qwen3-1.7b's gate/up (2 x 6144 x 2048) in bf16 with PDL and the early trigger."""
     gen = torch.Generator().manual_seed(4)
     f, k = 6144, 2048
@@ -99,8 +99,8 @@ def test_qwen3_shapes_on_the_tensor_cores(split):
     x = randn(k, scale=3.0, gen=gen)
     g = (randn(k, gen=gen).abs() + 0.5).to(torch.bfloat16)
     out = torch.zeros(f, device=DEVICE, dtype=torch.bfloat16)
-    packed_mma_glu(x, g, move(pack_mma(interleave_glu(gate, up)), DEVICE), out, split=split, use_pdl=True,
-                   trigger_early=True)  # fmt: skip
+    packed = pack_mma(interleave_glu(gate, up).to(DEVICE))  # on the GPU: the host takes a minute
+    packed_mma_glu(x, g, packed, out, block_m=block_m, ahead=12, use_pdl=True, trigger_early=True)
     assert_close(out.float(), reference_h(gate, up, x, g, 1e-6), torch.bfloat16)
 
 
@@ -114,7 +114,11 @@ def test_the_launcher_refuses_mismatched_arguments():
         packed_mma_glu(x, g.float(), packed, out)
     with pytest.raises(ValueError, match="out: expected"):
         packed_mma_glu(x, g, packed, torch.zeros(32, device=DEVICE))
-    with pytest.raises(ValueError, match="split"):
-        packed_mma_glu(x, g, packed, out, split=3)
+    with pytest.raises(ValueError, match="block_m"):
+        packed_mma_glu(x, g, packed, out, block_m=3)
+    with pytest.raises(ValueError, match="block_m"):
+        packed_mma_glu(x, g, packed, out, block_m=4)  # 2 M-tiles
     with pytest.raises(ValueError, match="ahead"):
         packed_mma_glu(x, g, packed, out, ahead=0)
+    with pytest.raises(ValueError, match="ahead"):
+        packed_mma_glu(x, g, packed, out, x_ahead=0)

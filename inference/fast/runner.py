@@ -285,7 +285,9 @@ class FastRunner:
         lane_reduce_gemv, which starts the residual from the token's embedding row (the packed kernel adds into a
         residual that is already there), and so does its gate/up (the packed o-proj clears the sums a packed
         gate/up adds into). A matrix not of whole 16-row tiles by 64-column chunks stays bf16, and so does a
-        gate/up without both neighbours packed. Only the kinds of settings.packed."""
+        gate/up without both neighbours packed. The `glu` kind packs every layer's gate/up as interleave_glu's
+        [2F, K] (kernels/packed_mma_glu.py writes h itself: no sums, so layer 0's too). Only the kinds of
+        settings.packed."""
         for i, w in enumerate(self.layers):
             w.wo_packed = self._packed(w.wo[0], f"layer {i} wo") if i > 0 and "o" in self.packed else None
             w.w2_packed = self._packed(w.w2[0], f"layer {i} w2") if "down" in self.packed else None
@@ -496,13 +498,17 @@ class FastRunner:
             )
 
         def gate_up() -> None:
-            # packed: into the sums the o-proj cleared; the down-proj applies the norm's scalar and the SiLU
+            # glu: h written by the packed launch itself, norm and SiLU included
             if w.w13_packed is not None and "glu" in self.packed:
                 blocks = self.packed_blocks["glu"]
+                block_m = blocks.get("block_m") or 2
+                while w.w13_packed.n // 16 % block_m:  # M-tiles a program: a power of two dividing them
+                    block_m //= 2
                 packed_mma_glu(group.x[0], w.ffn_norm_bf16, w.w13_packed, group.h[0], eps=eps, use_pdl=pdl,
-                               trigger_early="gate_up" in self.early, split=blocks.get("split") or None,
+                               trigger_early="gate_up" in self.early, block_m=block_m,
                                ahead=blocks.get("ahead") or 4)  # fmt: skip
                 return
+            # gate_up: into the sums the o-proj cleared; the down-proj applies the norm's scalar and the SiLU
             if w.w13_packed is not None:
                 packed_mma_gemv(group.x[0], w.w13_packed, self.glu_sums, norm_weight=w.ffn_norm_bf16, eps=eps,
                                 rstd=self.glu_rstd, use_pdl=pdl, trigger_early="gate_up" in self.early,

@@ -92,6 +92,10 @@ ONE_LANE_PREFETCH = {"gate_up": 3}
 # the sums it adds into, the down-proj reads them. Its input is x * g, the norm's scalar written once a launch
 # (round 34's, rmsnorm(x) * g built in every program, ran far slower than the bf16 kernel: H200, qwen3-1.7b 947
 # tok/s against 1,089; kernels/NOTES.md).
+# `glu` packs the gate/up another way (kernels/packed_mma_glu.py): gate and up rows interleaved, whole-K programs
+# that apply the norm and the SiLU themselves, so it needs neither neighbour packed; not a default (H200, round 36:
+# qwen3-1.7b 1,086 tok/s at 2 M-tiles a program and 12 chunks ahead against 1,095 bf16, llama-3.2-1b 1,663 against
+# gate_up's 1,708).
 PACKED_KINDS = ("o", "gate_up", "down", "glu")
 DEFAULT_PACKED_KINDS = ("o", "down")  # KOG_PACKED=1's, and a Hopper GPU's without it
 # ... and the gate/up too where a layer's is at least this many bf16 bytes: the packed gate/up saves a quarter of
@@ -106,7 +110,12 @@ PACKED_KEYS = ("block_m", "split", "ahead", "items")
 # qwen3-1.7b 1,083 tok/s at 2, 1,065 at 1, 1,014 at all 4; llama-3.2-1b 1,643, 1,617, 1,598; the o-proj at 2:
 # 1,076 and 1,634). The o-proj's programs take 2 M-tiles (2 warps): qwen3-1.7b 1,099-1,103 against 1,090-1,093
 # at 1 (run 235, each built twice), llama-3.2-1b 1,650-1,661 against 1,657-1,658.
-PACKED_DEFAULTS = {"o": {"block_m": 2, "ahead": 8}, "gate_up": {"ahead": 2}, "down": {"ahead": 2}, "glu": {"ahead": 4}}
+PACKED_DEFAULTS = {
+    "o": {"block_m": 2, "ahead": 8},
+    "gate_up": {"ahead": 2},
+    "down": {"ahead": 2},
+    "glu": {"block_m": 2, "ahead": 12},
+}
 # The smallest head the screen is on for by default: below it the head's read is short beside the screen's two
 # launches (H200, models/default's 8,192 x 384 head: 16,140 tok/s whole, 15,426 screened; laneformer-2b's 192 MiB
 # +1%, llama-3.2-1b's 501 MiB +9%).

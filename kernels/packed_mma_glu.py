@@ -15,17 +15,20 @@ A program takes BM M-tiles, a warp each, over the whole of K (rstd needs all of 
 every warp walking the same chunks. B is x * g split into a bf16 hi and lo part, built one pair a lane and gathered
 into the slots (warp shuffles) as packed_mma_gemv's NORMED inputs are, with the hi parts in B's column 0 and the lo
 parts in its column 1: one mma a K-part, D's columns 0 and 1 summed at the end. The sum of x ** 2 comes from the
-same loads. A program's chain is the whole of K, so both its weights (AHEAD chunks, the first of them before the
-wait) and its input (XAHEAD chunks, after it) are loaded ahead of their use. The M-tiles' exceptions are added to
+same loads. A program's chain is the whole of K, so both its weights (AHEAD chunks, BEFORE of them before the
+wait) and its input (XAHEAD chunks, after it) are loaded ahead of their use, in rings that a loop (not unrolled)
+carries from one chunk to the next. The M-tiles' exceptions are added to
 their sums before the SiLU.
 
 Under Triton's interpreter (no inline asm) the decoded weights' products are summed in fp32 in the mma's place,
 as packed_mma_gemv does: the tests check the layout, the decode and the exceptions on the CPU, the mma on the GPU.
 
-On an H200 (kernels/NOTES.md round 36) this gate/up reads its 1.5 bytes a weight at up to ~85% of the bandwidth
-once it has 12-16 chunks in flight a warp, but the chunks it loads before its wait slow the o-proj it overlaps by
-about as much: qwen3-1.7b 1,086 tok/s against 1,095 with the bf16 gate/up, so it is not the default (KOG_PACKED's
-kind `glu`).
+On an H200 (kernels/NOTES.md round 36) the unrolled form of this loop read its 1.5 bytes a weight at up to ~85%
+of the bandwidth with 12-16 chunks loaded before its wait, but those loads slowed the o-proj it overlaps by about
+as much: qwen3-1.7b 1,086 tok/s against 1,095 with the bf16 gate/up, so it is not the default (KOG_PACKED's kind
+`glu`). Its SASS showed why a deep ring was needed before the wait: ptxas moved the unrolled ring's later loads
+down to a few chunks before their use. The loop keeps the ring (SASS: a chunk's 3 loads, then its 4 mma, an
+iteration) and lets BEFORE be small; not yet timed.
 """
 
 import torch
@@ -72,9 +75,41 @@ def input_loads(x_ptr, norm_ptr, chunk):
 
 
 @triton.jit
+def chunk_step(x_ptr, norm_ptr, words, x_words, g_pairs, base, zero_m, i, acc, acc_8, sumsq, t, j,
+               K: tl.constexpr, USE_MMA: tl.constexpr):  # fmt: skip
+    """Chunk i of the program's M-tiles ([BM, 128] words) against x * g's chunk (x_words [32] int64, g_pairs [32]
+    int32, one pair a lane) into the sums: acc (the mma's D; under the interpreter rows g's sums, acc_8 rows
+    g + 8's) and sumsq (x ** 2 by lane). zero_m [BM, 1] broadcasts a chunk's [128] B words over the M-tiles."""
+    c = tl.arange(0, 128)
+    first, second = split_pair(x_words)
+    sumsq += first * first + second * second
+    a = fragments(words, base, USE_MMA)
+    if USE_MMA:
+        # B's column 0 (lanes 0-3) holds x * g's bf16 hi parts, column 1 (lanes 4-7) the lo parts, the other
+        # columns zeros: one mma a K-part (not one for each part), so each chunk's chain of dependent mma on the
+        # accumulator is 4 long; D's columns 0 and 1 are the two parts' sums.
+        hi, lo = hi_lo_pairs(first * low_half(g_pairs), second * high_half(g_pairs))  # [32] each
+        b0 = tl.where(c < 16, tl.gather(hi, c % 16, 0), tl.where(c < 32, tl.gather(lo, c % 16, 0), 0))
+        b1 = tl.where(
+            c < 16, tl.gather(hi, c % 16 + 16, 0), tl.where(c < 32, tl.gather(lo, c % 16 + 16, 0), 0)
+        )
+        acc = tl.inline_asm_elementwise(MMA4, "=&f,=&f,=&f,=&f," + "r," * 24 + "f,f,f,f",
+                                        [a[0], a[1], a[2], a[3], b0[None, :] + zero_m, b1[None, :] + zero_m, acc],
+                                        dtype=tl.float32, is_pure=True, pack=4)  # fmt: skip
+    else:
+        pair = (i * 32 + 4 * t + j)[None, :] + zero_m  # [BM, 128]
+        every = pair >= 0
+        x0, x1 = exact_values(x_ptr, norm_ptr, pair, every, 1.0, NORMED, K)
+        x8, x9 = exact_values(x_ptr, norm_ptr, pair + 16, every, 1.0, NORMED, K)
+        acc += low_half(a[0]) * x0 + high_half(a[0]) * x1 + low_half(a[2]) * x8 + high_half(a[2]) * x9
+        acc_8 += low_half(a[1]) * x0 + high_half(a[1]) * x1 + low_half(a[3]) * x8 + high_half(a[3]) * x9
+    return acc, acc_8, sumsq
+
+
+@triton.jit
 def _packed_mma_glu_kernel(x_ptr, norm_ptr, lo_ptr, code_ptr, base_ptr, exc_start_ptr, exc_row_ptr, exc_col_ptr,
-                           exc_value_ptr, out_ptr, eps, K: tl.constexpr, BM: tl.constexpr, AHEAD: tl.constexpr,
-                           XAHEAD: tl.constexpr, EXC_BLOCK: tl.constexpr, EXC_ROUNDS: tl.constexpr,
+                           exc_value_ptr, out_ptr, eps, K: tl.constexpr, BM: tl.constexpr, BEFORE: tl.constexpr,
+                           AHEAD: tl.constexpr, XAHEAD: tl.constexpr, EXC_BLOCK: tl.constexpr, EXC_ROUNDS: tl.constexpr,
                            ROUND_BF16: tl.constexpr, USE_MMA: tl.constexpr, USE_PDL: tl.constexpr,
                            TRIGGER_EARLY: tl.constexpr):  # fmt: skip
     CHUNKS: tl.constexpr = K // 64
@@ -83,9 +118,10 @@ def _packed_mma_glu_kernel(x_ptr, norm_ptr, lo_ptr, code_ptr, base_ptr, exc_star
     base = tl.load(base_ptr + m[:, None] * 8 + g[None, :])  # [BM, 128]
     if USE_PDL and TRIGGER_EARLY:
         gdc_launch_dependents()
-    # The weights do not depend on the previous kernel: the first AHEAD chunks are in flight before its wait.
+    # The weights do not depend on the previous kernel: the first BEFORE chunks are in flight before its wait
+    # (it overlaps them with the previous kernel's loads), the ring grows to AHEAD after it.
     ring = ()
-    for f in tl.static_range(AHEAD):
+    for f in tl.static_range(BEFORE):
         ring = ring + (chunk_loads(lo_ptr, code_ptr, tile, code_tile, f),)
     exc_first = tl.load(exc_start_ptr + tl.program_id(0) * BM)
     exc_end = tl.load(exc_start_ptr + tl.program_id(0) * BM + BM)
@@ -93,6 +129,8 @@ def _packed_mma_glu_kernel(x_ptr, norm_ptr, lo_ptr, code_ptr, base_ptr, exc_star
         gdc_wait()
         if not TRIGGER_EARLY:
             gdc_launch_dependents()
+    for f in tl.static_range(BEFORE, AHEAD):
+        ring = ring + (chunk_loads(lo_ptr, code_ptr, tile, code_tile, f),)
     inputs = ()
     for f in tl.static_range(XAHEAD):
         inputs = inputs + (input_loads(x_ptr, norm_ptr, f),)
@@ -100,9 +138,20 @@ def _packed_mma_glu_kernel(x_ptr, norm_ptr, lo_ptr, code_ptr, base_ptr, exc_star
     acc = tl.zeros([BM, 128], dtype=tl.float32) + (base * 0).to(tl.float32)  # the mma's D, or rows g's sums
     acc_8 = acc  # the interpreter's sums of rows g + 8
     sumsq = tl.zeros([32], dtype=tl.float32)
-    zero_m = (m * 0)[:, None]  # [BM, 1]: broadcasts a chunk's [128] B words over the M-tiles
-    c = tl.arange(0, 128)
-    for i in tl.static_range(CHUNKS):
+    zero_m = (m * 0)[:, None]  # [BM, 1]
+    # The steady state is a loop, not unrolled: its carried rings are the loads in flight. Unrolled, ptxas moved
+    # the ring's loads after the wait down to a few chunks before their use (SASS read here, round 36).
+    LEAD: tl.constexpr = AHEAD if AHEAD > XAHEAD else XAHEAD
+    for i in range(CHUNKS - LEAD):
+        words = ring[0]
+        ring = ring[1:] + (
+            chunk_loads(lo_ptr, code_ptr, tile + (i + AHEAD) * 256, code_tile + (i + AHEAD) * 128, 0),
+        )
+        x_words, g_pairs = inputs[0]
+        inputs = inputs[1:] + (input_loads(x_ptr, norm_ptr, i + XAHEAD),)
+        acc, acc_8, sumsq = chunk_step(x_ptr, norm_ptr, words, x_words, g_pairs, base, zero_m, i, acc, acc_8, sumsq, t, j,
+                                       K, USE_MMA)  # fmt: skip
+    for i in tl.static_range(CHUNKS - LEAD, CHUNKS):  # the last LEAD chunks: what is left in the rings
         words = ring[0]
         ring = ring[1:]
         if i + AHEAD < CHUNKS:
@@ -111,29 +160,10 @@ def _packed_mma_glu_kernel(x_ptr, norm_ptr, lo_ptr, code_ptr, base_ptr, exc_star
         inputs = inputs[1:]
         if i + XAHEAD < CHUNKS:
             inputs = inputs + (input_loads(x_ptr, norm_ptr, i + XAHEAD),)
-        first, second = split_pair(x_words)
-        sumsq += first * first + second * second
-        a = fragments(words, base, USE_MMA)
-        if USE_MMA:
-            # B's column 0 (lanes 0-3) holds x * g's bf16 hi parts, column 1 (lanes 4-7) the lo parts, the other
-            # columns zeros: one mma a K-part (not one for each part), so each chunk's chain of dependent mma on
-            # the accumulator is 4 long; D's columns 0 and 1 are the two parts' sums.
-            hi, lo = hi_lo_pairs(first * low_half(g_pairs), second * high_half(g_pairs))  # [32] each
-            b0 = tl.where(c < 16, tl.gather(hi, c % 16, 0), tl.where(c < 32, tl.gather(lo, c % 16, 0), 0))
-            b1 = tl.where(
-                c < 16, tl.gather(hi, c % 16 + 16, 0), tl.where(c < 32, tl.gather(lo, c % 16 + 16, 0), 0)
-            )
-            acc = tl.inline_asm_elementwise(MMA4, "=&f,=&f,=&f,=&f," + "r," * 24 + "f,f,f,f",
-                                            [a[0], a[1], a[2], a[3], b0[None, :] + zero_m, b1[None, :] + zero_m,
-                                             acc], dtype=tl.float32, is_pure=True, pack=4)  # fmt: skip
-        else:
-            pair = (i * 32 + 4 * t + j)[None, :] + zero_m  # [BM, 128]
-            every = pair >= 0
-            x0, x1 = exact_values(x_ptr, norm_ptr, pair, every, 1.0, NORMED, K)
-            x8, x9 = exact_values(x_ptr, norm_ptr, pair + 16, every, 1.0, NORMED, K)
-            acc += low_half(a[0]) * x0 + high_half(a[0]) * x1 + low_half(a[2]) * x8 + high_half(a[2]) * x9
-            acc_8 += low_half(a[1]) * x0 + high_half(a[1]) * x1 + low_half(a[3]) * x8 + high_half(a[3]) * x9
+        acc, acc_8, sumsq = chunk_step(x_ptr, norm_ptr, words, x_words, g_pairs, base, zero_m, i, acc, acc_8, sumsq, t, j,
+                                       K, USE_MMA)  # fmt: skip
 
+    c = tl.arange(0, 128)
     # Each M-tile's 8 gate sums and 8 up sums: [BM, 8] each, row g of each half.
     if (
         USE_MMA
@@ -169,14 +199,15 @@ def _packed_mma_glu_kernel(x_ptr, norm_ptr, lo_ptr, code_ptr, base_ptr, exc_star
 
 
 def packed_mma_glu(x: torch.Tensor, norm_weight: torch.Tensor, packed: MmaPackedWeight, out: torch.Tensor, *,
-                   eps: float = 1e-6, block_m: int = 2, ahead: int = 4, x_ahead: int = 4, use_pdl: bool = False,
-                   trigger_early: bool = False) -> torch.Tensor:  # fmt: skip
+                   eps: float = 1e-6, block_m: int = 2, ahead: int = 4, before: int | None = None, x_ahead: int = 4,
+                   use_pdl: bool = False, trigger_early: bool = False) -> torch.Tensor:  # fmt: skip
     """out = silu(rstd * W_gate @ (x * g)) * (rstd * W_up @ (x * g)) (the module docstring), W the packed
     interleave_glu of the two [F, K] matrices.
 
     x: [K] fp32 contiguous; norm_weight: [K] bf16; out: [F] bf16 or fp32 contiguous. block_m: M-tiles (warps) a
-    program (a power of two dividing the 2F / 16 tiles); ahead: weight chunks a warp loads before it waits on the
-    previous kernel, and keeps in flight; x_ahead: the input's chunks it keeps in flight after the wait."""
+    program (a power of two dividing the 2F / 16 tiles); ahead: weight chunks a warp keeps in flight; before: how
+    many of them it loads before it waits on the previous kernel (None: all `ahead`); x_ahead: the input's chunks
+    it keeps in flight after the wait."""
     n, k = packed.shape
     if x.shape != (k,) or x.dtype != torch.float32 or not x.is_contiguous():
         raise ValueError(
@@ -194,11 +225,15 @@ def packed_mma_glu(x: torch.Tensor, norm_weight: torch.Tensor, packed: MmaPacked
         raise ValueError(f"block_m: {block_m} is not a power of two dividing the {tiles} M-tiles")
     if ahead < 1 or x_ahead < 1:
         raise ValueError(f"ahead, x_ahead: expected at least 1 chunk each, got {ahead} and {x_ahead}")
+    if before is not None and before < 0:
+        raise ValueError(f"before: expected 0 chunks or more (None: all `ahead`), got {before}")
+    ahead = min(ahead, chunks)  # a short K: all of it
+    before = ahead if before is None else min(before, ahead)
     _packed_mma_glu_kernel[(tiles // block_m,)](
         x.view(torch.int64), norm_weight.view(torch.int32), packed.lo, packed.codes, packed.base, packed.exc_start,
-        packed.exc_row, packed.exc_col, packed.exc_value, out, eps, K=k, BM=block_m, AHEAD=min(ahead, chunks),
+        packed.exc_row, packed.exc_col, packed.exc_value, out, eps, K=k, BM=block_m, BEFORE=before, AHEAD=ahead,
         XAHEAD=min(x_ahead, chunks), EXC_BLOCK=EXC_BLOCK, EXC_ROUNDS=packed.exception_rounds(block_m, 1),
         ROUND_BF16=out.dtype == torch.bfloat16, USE_MMA=not interpreted(), USE_PDL=use_pdl,
-        TRIGGER_EARLY=trigger_early, num_warps=block_m, **pdl_kwargs(use_pdl),
+        TRIGGER_EARLY=trigger_early, num_warps=block_m, num_stages=1, **pdl_kwargs(use_pdl),
     )  # fmt: skip
     return out

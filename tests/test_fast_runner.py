@@ -320,7 +320,7 @@ ALL_PACKED = {**PACKED, "packed": "o+gate_up+down", "packed_blocks": {**PACKED["
 GLU_PACKED = {
     **PACKED,
     "packed": "o+glu+down",
-    "packed_blocks": {**PACKED["packed_blocks"], "glu": {"ahead": 1}},
+    "packed_blocks": {**PACKED["packed_blocks"], "glu": {"ahead": 2, "before": 1}},
 }
 
 

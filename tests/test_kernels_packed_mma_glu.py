@@ -37,16 +37,18 @@ def test_interleaving_puts_eight_gate_rows_then_their_up_rows_in_each_tile():
 
 
 @pytest.mark.parametrize("f,k", [(8, 64), (24, 192), (64, 2048)])
-@pytest.mark.parametrize("block_m,ahead,x_ahead", [(1, 4, 4), (1, 1, 1), (2, 8, 2), (4, 2, 8)])
+@pytest.mark.parametrize(
+    "block_m,ahead,before,x_ahead", [(1, 4, None, 4), (1, 1, 0, 1), (2, 8, 3, 2), (4, 2, None, 8)]
+)
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-def test_h_is_the_reference_mlps(f, k, block_m, ahead, x_ahead, out_dtype):
+def test_h_is_the_reference_mlps(f, k, block_m, ahead, before, x_ahead, out_dtype):
     if (f // 8) % block_m:
         pytest.skip("block_m must divide the M-tiles")
     gate, up, x, g = glu_inputs(f, k, seed=11)
     out = torch.full((f,), 7.0, device=DEVICE, dtype=out_dtype)
     packed = move(pack_mma(interleave_glu(gate, up)), DEVICE)
     assert packed.exceptions > 40  # the awkward rows', in both halves
-    packed_mma_glu(x, g, packed, out, eps=1e-5, block_m=block_m, ahead=ahead, x_ahead=x_ahead)
+    packed_mma_glu(x, g, packed, out, eps=1e-5, block_m=block_m, ahead=ahead, before=before, x_ahead=x_ahead)
     want = reference_h(gate, up, x, g, 1e-5)
     if out_dtype == torch.bfloat16:  # rounded once, from fp32 sums: within a bf16 step of the exact value
         assert_close(out.float(), want, torch.bfloat16)
@@ -122,3 +124,5 @@ def test_the_launcher_refuses_mismatched_arguments():
         packed_mma_glu(x, g, packed, out, ahead=0)
     with pytest.raises(ValueError, match="ahead"):
         packed_mma_glu(x, g, packed, out, x_ahead=0)
+    with pytest.raises(ValueError, match="before"):
+        packed_mma_glu(x, g, packed, out, before=-1)

@@ -254,10 +254,13 @@ def test_packed_blocks_from_the_environment_then_the_argument(monkeypatch):
     assert resolve(H200).packed_blocks == want
     got = resolve(H200, packed_blocks={"down": {"ahead": 3}}).packed_blocks
     assert got == {**want, "down": {"ahead": 3}}
-    for bad in ("qkv=1/8/4/1", "o=1/8/4", "o=a/8/4/1"):
+    for bad in ("qkv=1/8/4/1", "o=1/8/4", "o=a/8/4/1", "glu=2/0/16/0/4/1", "o=1/8/4/0/2"):
         monkeypatch.setenv("KOG_PACKED_BLOCKS", bad)
         with pytest.raises(ValueError, match="KOG_PACKED_BLOCKS"):
             resolve(H200)
+    # the glu kind's fifth field: the chunks of `ahead` it loads before its wait
+    monkeypatch.setenv("KOG_PACKED_BLOCKS", "glu=1/0/16/0/4")
+    assert resolve(H200).packed_blocks["glu"] == {"block_m": 1, "ahead": 16, "before": 4}
     monkeypatch.delenv("KOG_PACKED_BLOCKS")
     with pytest.raises(ValueError, match="packed_blocks"):
         resolve(H200, packed_blocks={"o": {"block_n": 2}})

@@ -506,7 +506,7 @@ class FastRunner:
                     block_m //= 2
                 packed_mma_glu(group.x[0], w.ffn_norm_bf16, w.w13_packed, group.h[0], eps=eps, use_pdl=pdl,
                                trigger_early="gate_up" in self.early, block_m=block_m,
-                               ahead=blocks.get("ahead") or 4)  # fmt: skip
+                               ahead=blocks.get("ahead") or 4, before=blocks.get("before"))  # fmt: skip
                 return
             # gate_up: into the sums the o-proj cleared; the down-proj applies the norm's scalar and the SiLU
             if w.w13_packed is not None:

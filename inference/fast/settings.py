@@ -87,7 +87,8 @@ ONE_LANE_EARLY = {"qkv": 1, "o": 1}
 ONE_LANE_PREFETCH = {"gate_up": 3}
 # The o-proj, gate/up and down-proj of one-lane models can read their weights in 12 bits on the tensor cores
 # (kernels/packed_mma_gemv.py); KOG_PACKED_BLOCKS=o=1/8/8/1,down=1/16/4/2 sets a kind's M-tiles a program,
-# programs along K, chunks ahead and items, the blocks of M-tiles a program takes in turn (0 keeps the default:
+# programs along K, chunks ahead and items, the blocks of M-tiles a program takes in turn, and for the glu kind a
+# fifth, how many of its chunks ahead it loads before its wait (0 keeps the default:
 # PACKED_DEFAULTS, then the launcher's choice; sweeps). A packed gate/up needs the other two: the o-proj clears
 # the sums it adds into, the down-proj reads them. Its input is x * g, the norm's scalar written once a launch
 # (round 34's, rmsnorm(x) * g built in every program, ran far slower than the bf16 kernel: H200, qwen3-1.7b 947
@@ -103,7 +104,9 @@ DEFAULT_PACKED_KINDS = ("o", "down")  # KOG_PACKED=1's, and a Hopper GPU's witho
 # room later): H200, scripts/decode_variants.py in turns (kernels/NOTES.md round 35): llama-3.2-1b (64 MiB a
 # layer) 1,719-1,727 tok/s against 1,638-1,650, qwen3-1.7b (48 MiB) 1,073-1,088 against 1,090-1,096.
 PACKED_GATE_UP_MIN_BYTES = 64 << 20
-PACKED_KEYS = ("block_m", "split", "ahead", "items")
+PACKED_KEYS = ("block_m", "split", "ahead", "items", "before")
+# KOG_PACKED_BLOCKS may leave the last (before: chunks loaded before the wait, of `ahead`; the glu kind's alone) out
+PACKED_OPTIONAL_KEYS = 1
 # Chunks a program loads before its wait (and keeps in flight). The o-proj takes all of its (4): the attention
 # before it reads little. The down-proj takes 2 of its 4: its programs launch while gate/up streams, and loading
 # all of their weights then slows gate/up (H200, scripts/decode_variants.py in turns, kernels/NOTES.md round 34:
@@ -144,10 +147,11 @@ def packed_kinds(spec: bool | str, what: str, default: bool, on_kinds: frozenset
 
 
 def block_spec(spec: str | dict[str, dict[str, int]], keys=BLOCK_KEYS, kinds=tuple(DEFAULT_PREFETCH),
-               what: str = "blocks") -> dict[str, dict[str, int]]:  # fmt: skip
+               what: str = "blocks", optional: int = 0) -> dict[str, dict[str, int]]:  # fmt: skip
     """KOG_BLOCKS's form, 'down=2/1024/8,o=4/512/4' (block_n/block_k/num_warps; 0 keeps the kernel's choice), or
     the dict it stands for, {'down': {'block_n': 2, 'block_k': 1024, 'num_warps': 8}, ...} -> that dict, checked:
-    block sizes of the matrix-vector kinds (sweeps). KOG_PACKED_BLOCKS's the same with PACKED_KEYS and kinds."""
+    block sizes of the matrix-vector kinds (sweeps). KOG_PACKED_BLOCKS's the same with PACKED_KEYS and kinds, whose
+    last `optional` keys may be left out."""
     form = "/".join(keys)
     if isinstance(spec, dict):
         for kind, sizes in spec.items():
@@ -161,9 +165,10 @@ def block_spec(spec: str | dict[str, dict[str, int]], keys=BLOCK_KEYS, kinds=tup
             continue
         kind, _, values = item.partition("=")
         parts = values.split("/")
-        if kind not in kinds or len(parts) != len(keys) or not all(p.isdigit() for p in parts):
+        fields = len(keys) - optional <= len(parts) <= len(keys)
+        if kind not in kinds or not fields or not all(p.isdigit() for p in parts):
             raise ValueError(f"{what}: expected kind={form} with kind in {', '.join(kinds)}, got {item!r}")
-        blocks[kind] = {key: int(v) for key, v in zip(keys, parts, strict=True) if int(v)}
+        blocks[kind] = {key: int(v) for key, v in zip(keys, parts, strict=False) if int(v)}
     return blocks
 
 
@@ -335,11 +340,13 @@ class RunnerSettings:
             raise ValueError("packed: the 12-bit o-proj and down-proj serve one-lane models (Llama, Qwen2, Qwen3); "
                              "a Laneformer's reduce across lanes (set it to 0 or leave it unset)")  # fmt: skip
         overrides = {
-            **block_spec(
-                os.environ.get("KOG_PACKED_BLOCKS", ""), PACKED_KEYS, PACKED_KINDS, "KOG_PACKED_BLOCKS"
-            ),
+            **block_spec(os.environ.get("KOG_PACKED_BLOCKS", ""), PACKED_KEYS, PACKED_KINDS, "KOG_PACKED_BLOCKS",
+                         PACKED_OPTIONAL_KEYS),
             **block_spec(packed_blocks, PACKED_KEYS, PACKED_KINDS, "packed_blocks"),
-        }
+        }  # fmt: skip
+        if any("before" in sizes for kind, sizes in overrides.items() if kind != "glu"):
+            raise ValueError(f"KOG_PACKED_BLOCKS / packed_blocks: `before` is the glu kind's alone (the other kinds "
+                             f"load all `ahead` chunks before their wait), got {overrides}")  # fmt: skip
         packed_settings = {
             kind: {**PACKED_DEFAULTS[kind], **overrides.get(kind, {})} for kind in PACKED_KINDS
         }

@@ -39,7 +39,7 @@ from inference.events import (
 )
 from inference.failures import is_memory_error
 from inference.model import Transformer
-from inference.names import default_model, model_source, served_name
+from inference.names import default_model, is_hf_cache_repo, model_source, served_name
 from inference.presets import PRESETS
 from inference.runner import ReferenceRunner
 from inference.tokenizer import Tokenizer
@@ -96,10 +96,31 @@ def synth_cache_dir() -> Path:
     return Path(root) / "kog-playground" / "synth"
 
 
+def hf_cache_snapshot(repo: Path) -> Path:
+    """An HF cache's folder for a repo (`models--Org--Name`, as huggingface_hub lays one out: snapshots/<revision>/
+    and refs/main holding the revision the cache took last) -> the snapshot refs/main names, else its only one.
+    What `huggingface-cli download` prints is the snapshot; the folder above it is what a person finds in ~/.cache."""
+    snapshots = repo / "snapshots"
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        named = snapshots / ref.read_text().strip()
+        if named.is_dir():
+            return named
+    found = sorted(p.name for p in snapshots.iterdir() if p.is_dir())
+    if len(found) == 1:
+        return snapshots / found[0]
+    which = f"{len(found)} snapshots ({', '.join(found)})" if found else "no snapshot"
+    raise CheckpointError(f"{repo}: an HF cache folder with {which} and no refs/main naming one; give the "
+                          "snapshot's folder (.../snapshots/<revision>)")  # fmt: skip
+
+
 def resolve_model(model: str | Path) -> Path:
-    """The checkpoint directory for `model`: a directory as is, a preset synthesised once into the cache."""
+    """The checkpoint directory for `model`: a directory as is (an HF cache's `models--Org--Name` folder: its
+    snapshot), a preset synthesised once into the cache."""
     path = Path(model).expanduser()
     if path.is_dir():
+        if is_hf_cache_repo(path) and not (path / "config.json").exists():
+            return hf_cache_snapshot(path)
         return path
     check_link(path)  # a folder that was linked in and is gone: said so, not "no such preset"
     name = str(model)

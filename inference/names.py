@@ -74,11 +74,18 @@ def served_name(model: str | Path) -> str:
         except ValueError:
             return model  # the worker refuses it at start; the name does not matter then
     parts = os.path.normpath(os.path.abspath(os.path.expanduser(model))).split(os.sep)
+    # huggingface_hub names a repo's folder "models--" + the repo id with "/" as "--" (which a repo id may not hold
+    # itself); the engine loads that folder's snapshot (engine.hf_cache_snapshot)
     if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith(HF_CACHE_PREFIX):
-        # huggingface_hub names a repo's folder "models--" + the repo id with "/" as "--" (which a repo id
-        # may not hold itself)
         return parts[-3].removeprefix(HF_CACHE_PREFIX).replace("--", "/")
+    if parts[-1].startswith(HF_CACHE_PREFIX) and len(parts[-1]) > len(HF_CACHE_PREFIX):
+        return parts[-1].removeprefix(HF_CACHE_PREFIX).replace("--", "/")
     return parts[-1]
+
+
+def is_hf_cache_repo(path: Path) -> bool:
+    """Whether `path` is an HF cache's folder for a repo (models--Org--Name, holding snapshots/)."""
+    return path.name.startswith(HF_CACHE_PREFIX) and (path / "snapshots").is_dir()
 
 
 def served_names(entries: list[str]) -> dict[str, str]:

@@ -13,7 +13,8 @@ import pytest
 from conftest import ROOT
 
 from inference import names
-from inference.engine import Engine
+from inference.checkpoint import CheckpointError
+from inference.engine import Engine, resolve_model
 from inference.names import ModelNameError, configured_models, model_source, served_name, served_names
 from inference.synth import synth
 
@@ -56,6 +57,9 @@ def test_configured_models_the_arguments_then_models_then_the_default(monkeypatc
         ("/root/.cache/huggingface/hub/models--Qwen--Qwen2.5-0.5B/snapshots/8f2b1c0d/", "Qwen/Qwen2.5-0.5B"),
         ("/hub/models--gpt2/snapshots/607a30d7", "gpt2"),
         ("/models/snapshots/v3", "v3"),  # no models--<repo> folder above: a folder like any other
+        # the repo's folder itself (the engine loads the snapshot its refs/main names)
+        ("/root/.cache/huggingface/hub/models--Qwen--Qwen3-1.7B/", "Qwen/Qwen3-1.7B"),
+        ("~/hub/models--gpt2", "gpt2"),
     ],
 )
 def test_served_name_from_the_text_alone(model, name):
@@ -182,3 +186,33 @@ def test_named_entries_and_a_snapshot_are_served_by_the_names_the_web_expects(
         done = client.completions.create(model=name, prompt="def f(", max_tokens=2, temperature=0)
         assert done.model == name and done.usage.completion_tokens >= 1
     assert "acme/coder, acme/tiny, fast" in worker.log_path.read_text()  # "worker ... serving ..."
+
+
+def test_an_hf_cache_repo_folder_loads_the_snapshot_its_refs_main_names(tmp_path):
+    """A person finds `models--Org--Name` in ~/.cache/huggingface/hub and gives that: the snapshot refs/main names
+    loads (huggingface_hub writes refs/main with each download), else the only one; several and no ref, or none,
+    are refused naming what is there."""
+    repo = tmp_path / "hub" / "models--acme--tiny"
+    old = synth("tiny-llama", repo / "snapshots" / "1111aaaa", seed=0)
+    new = synth("tiny-qwen3", repo / "snapshots" / "2222bbbb", seed=0)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("2222bbbb")  # as huggingface_hub writes it: the hash, no newline
+    assert resolve_model(repo) == new
+    engine = Engine.load(str(repo), device="cpu")
+    assert engine.name == served_name(str(repo)) == "acme/tiny" and engine.path == new
+    assert engine.config.model_type == "qwen3"
+    (repo / "refs" / "main").write_text("2222bbbb\n")
+    assert resolve_model(f"{repo}/") == new
+    (repo / "refs" / "main").write_text("3333cccc")  # a revision whose snapshot is gone
+    with pytest.raises(
+        CheckpointError, match=r"2 snapshots \(1111aaaa, 2222bbbb\) and no refs/main naming one"
+    ):
+        resolve_model(repo)
+    shutil.rmtree(new)
+    assert resolve_model(repo) == old  # the only one left
+    shutil.rmtree(old)
+    with pytest.raises(CheckpointError, match="no snapshot"):
+        Engine.load(str(repo), device="cpu")
+    # a checkpoint folder of that name (its own config.json) is a checkpoint folder
+    plain = synth("tiny-llama", tmp_path / "models--mine", seed=0)
+    assert resolve_model(plain) == plain

@@ -194,14 +194,16 @@ class StopStrings:
         return 0
 
 
-# generation_config.json's keys that are a request's sampling defaults (as vLLM reads them, do_sample aside)
-GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty")
+# generation_config.json's keys that are a request's sampling defaults (as vLLM reads them, do_sample aside):
+# max_new_tokens is the length of a request that gives no max_tokens (under the server's cap)
+GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens")
 
 
 def sampling_defaults(path: Path | None) -> dict:
     """The sampling settings the checkpoint's generation_config.json recommends (Qwen3's temperature 0.6,
-    top_k 20, top_p 0.95): the API's defaults for a request that leaves them out, as vLLM's. A value no request
-    could give (a top_p of 0, a negative top_k) is left out, with a warning."""
+    top_k 20, top_p 0.95; a max_new_tokens): the API's defaults for a request that leaves them out, as vLLM's. A
+    value no request could give (a top_p of 0, a negative top_k, a max_new_tokens of 0) is left out, with a
+    warning."""
     if path is None:
         return {}
     generation = read_json_file(Path(path) / "generation_config.json")

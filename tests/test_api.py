@@ -451,7 +451,7 @@ def test_a_hosted_checkpoints_own_template_switches_and_sampling_are_honoured(
     generation = json.loads((model / "generation_config.json").read_text())
     recommended = {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "repetition_penalty": 1.05}
     (model / "generation_config.json").write_text(
-        json.dumps({**generation, "do_sample": True, **recommended})
+        json.dumps({**generation, "do_sample": True, **recommended, "max_new_tokens": 3})
     )
     config = json.loads((model / "tokenizer_config.json").read_text())
     template = (
@@ -481,6 +481,9 @@ def test_a_hosted_checkpoints_own_template_switches_and_sampling_are_honoured(
         return json.loads(row[0])
 
     assert {key: params_of(plain)[key] for key in recommended} == recommended
+    # its max_new_tokens: the length of a request that gives none (the server's cap would be 512 and more)
+    unbounded = client.chat.completions.create(model="thinker", messages=chat["messages"])
+    assert params_of(unbounded)["max_new_tokens"] == 3 and unbounded.usage.completion_tokens <= 3
     chosen = client.chat.completions.create(**chat, temperature=0.2, extra_body={"top_k": 0})
     assert {key: params_of(chosen)[key] for key in recommended} == {
         **recommended,

@@ -380,6 +380,10 @@ def test_a_models_recommended_sampling_fills_what_the_request_leaves_out():
     )  # OpenAI's top_p=0: greedy, whatever the default
     assert params({"model": "m", "prompt": "def f():"}, chat=False)["top_k"] == 20  # completions too
     assert params(CHAT, defaults=None)["temperature"] == 1.0  # none: OpenAI's
-    assert (
-        params(CHAT, defaults={"max_new_tokens": 3, "seed": 1})["max_new_tokens"] == 512
-    )  # sampling keys only
+    assert params(CHAT, defaults={"seed": 1})["seed"] is None  # the sampling keys only
+    # generation_config.json's max_new_tokens: a request's length when it gives none, under the server's cap
+    long = {**recommended, "max_new_tokens": 300}
+    assert params(CHAT, defaults=long)["max_new_tokens"] == 300
+    assert params({"model": "m", "prompt": "def f():"}, chat=False, defaults=long)["max_new_tokens"] == 300
+    assert params({**CHAT, "max_tokens": 7}, defaults=long)["max_new_tokens"] == 7  # the request's own
+    assert params(CHAT, defaults={"max_new_tokens": 4096})["max_new_tokens"] == 512  # the server's cap

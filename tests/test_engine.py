@@ -305,11 +305,24 @@ def test_a_checkpoints_recommended_sampling_is_read_and_a_bad_value_left_out(tmp
 
     assert sampling_defaults(None) == {} and sampling_defaults(tmp_path) == {}  # no generation_config.json
     (tmp_path / "generation_config.json").write_text(
-        json.dumps({"do_sample": True, "temperature": 0.7, "top_p": 0, "top_k": 20, "max_new_tokens": 9})
+        json.dumps(
+            {
+                "do_sample": True,
+                "temperature": 0.7,
+                "top_p": 0,
+                "top_k": 20,
+                "max_new_tokens": 9,
+                "max_length": 50,
+            }
+        )  # fmt: skip
     )
-    with caplog.at_level("WARNING", logger="inference.engine"):
-        assert sampling_defaults(tmp_path) == {"temperature": 0.7, "top_k": 20}  # sampling keys only
+    with caplog.at_level("WARNING", logger="inference.engine"):  # the sampling keys and max_new_tokens only
+        assert sampling_defaults(tmp_path) == {"temperature": 0.7, "top_k": 20, "max_new_tokens": 9}
     assert "generation_config.json's top_p left out: must be in (0, 1], got 0" in caplog.text
+    (tmp_path / "generation_config.json").write_text(json.dumps({"max_new_tokens": 0}))
+    with caplog.at_level("WARNING", logger="inference.engine"):
+        assert sampling_defaults(tmp_path) == {}
+    assert "generation_config.json's max_new_tokens left out" in caplog.text
     model = synth("tiny-llama", tmp_path / "ft", seed=0)
     (model / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.95}))
     assert Engine.load(str(model), device="cpu").sampling_defaults == {"temperature": 0.6, "top_p": 0.95}

@@ -77,8 +77,9 @@ EXTENSION_NEUTRAL = {
     "audio": (),
     "web_search_options": (),
 }
-# The sampling a model's generation_config.json may recommend (inference/engine.py's GENERATION_DEFAULT_KEYS)
-MODEL_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty")
+# The sampling a model's generation_config.json may recommend (inference/engine.py's GENERATION_DEFAULT_KEYS),
+# and its max_new_tokens: a request's length when it gives none (chat and completions alike, as vLLM)
+MODEL_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens")
 # What a refusal adds for a field that has a counterpart here.
 INSTEAD = {
     "repeat_penalty": "use repetition_penalty (here it covers the whole context)",
@@ -148,7 +149,8 @@ def parse_request(
     Without max_tokens a chat reply may run to `max_new_tokens` (the server's cap, which also clips larger
     requests): like OpenAI's chat API and llama.cpp's server it ends at a stop token, the cap, or the
     end of the context (the engine clips to what fits after the prompt). A completion without it is 16
-    tokens long at most, the legacy completions API's default (OpenAI's and vLLM's). Whether a prompt
+    tokens long at most, the legacy completions API's default (OpenAI's and vLLM's). A model whose
+    generation_config.json gives max_new_tokens has that for both (under the cap). Whether a prompt
     fits the context only the worker's tokenizer can tell; `max_prompt_chars` turns away the absurd ones
     early.
     """
@@ -202,7 +204,7 @@ def _sampling_params(body: dict, max_new_tokens: int, chat: bool, model_defaults
         "seed": body.get("seed"),
         "stop": _stop(body.get("stop")),
     }
-    defaults = {  # OpenAI's, then the model's own (only the keys SamplingParams knows: a worker's word)
+    defaults = {  # OpenAI's, then the model's own (only MODEL_DEFAULT_KEYS: a worker's word; the cap below)
         "max_new_tokens": max_new_tokens if chat else min(COMPLETIONS_MAX_TOKENS, max_new_tokens),
         "temperature": 1.0,
         **{key: value for key, value in model_defaults.items() if key in MODEL_DEFAULT_KEYS},

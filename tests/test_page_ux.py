@@ -59,6 +59,21 @@ def default_model(redis_server, tmp_path_factory):
     worker.stop()
 
 
+@pytest.fixture(scope="module")
+def advised_model(redis_server, tmp_path_factory):
+    """A worker of a model whose generation_config.json recommends its sampling (as Qwen3's does)."""
+    from inference.synth import synth
+
+    path = synth("tiny-qwen3", tmp_path_factory.mktemp("advised") / "advised", seed=0)
+    generation = json.loads((path / "generation_config.json").read_text())
+    advice = {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "max_new_tokens": 40}
+    (path / "generation_config.json").write_text(json.dumps({**generation, **advice}))
+    worker = WorkerProcess(redis_server, [str(path)], path.parent / "worker.log")
+    worker.wait_ready()
+    yield path.name
+    worker.stop()
+
+
 def wait_for_state(page, state: str, timeout: int = 15_000) -> None:
     page.wait_for_selector(f"#state[data-state={state}]", timeout=timeout)
 
@@ -1381,3 +1396,48 @@ def test_the_page_says_beside_generate_that_runs_are_saved_and_open_to_anyone_wi
     assert note.text_content() == "Runs are saved: anyone with a run's share link can open it."
     actions, said = page.locator("#actions").bounding_box(), note.bounding_box()
     assert 0 <= said["y"] - (actions["y"] + actions["height"]) < 40  # right under Generate and Stop
+
+
+# ---- the model's recommended sampling -----------------------------------------------------------------
+
+
+def sampling_fields(page) -> tuple[str, str, str]:
+    return tuple(page.input_value(f"#{field}") for field in ("temperature", "top-p", "max-tokens"))
+
+
+def test_the_sampling_fields_follow_the_models_advice_until_the_person_sets_them(server, advised_model, page):
+    open_playground(page, server.url, model=advised_model)
+    page.wait_for_function("() => document.getElementById('temperature').value === '0.6'")
+    assert sampling_fields(page) == ("0.6", "0.9", "40")
+    assert page.is_visible("#sampling-hint")
+    hint = page.text_content("#sampling-hint")
+    assert hint.startswith(f"Temperature 0.6, top-p 0.9, max tokens 40: what {advised_model} recommends")
+    page.select_option("#model", MODEL)  # a model that recommends nothing: the page's own
+    assert sampling_fields(page) == ("0.2", "0.95", "512") and page.is_hidden("#sampling-hint")
+
+    page.select_option("#model", advised_model)
+    page.fill("#temperature", "1.1")  # the person's: it stays, whatever the model
+    page.select_option("#model", MODEL)
+    assert sampling_fields(page) == ("1.1", "0.95", "512")
+    page.select_option("#model", advised_model)
+    assert sampling_fields(page) == ("1.1", "0.9", "40")
+    assert page.text_content("#sampling-hint").startswith(f"Top-p 0.9, max tokens 40: what {advised_model}")
+    page.reload()  # what the person set survives a reload; the rest follows the model again
+    page.wait_for_selector("#worker-status[data-up=true]", timeout=15_000)
+    page.wait_for_function("() => document.getElementById('top-p').value === '0.9'")
+    assert sampling_fields(page) == ("1.1", "0.9", "40")
+
+    # the run takes what the fields show: its share page says so
+    page.fill("#prompt", "def f(")
+    page.click("#generate")
+    wait_for_state(page, "done", timeout=60_000)
+    page.goto(server.url + page.get_attribute("#share", "href"))
+    shown = page.eval_on_selector_all(
+        "#params dt",
+        "dts => Object.fromEntries(dts.map((dt) => [dt.textContent, dt.nextElementSibling.textContent]))",
+    )
+    assert {key: shown.get(key) for key in ("Temperature", "Top-p", "Max tokens")} == {
+        "Temperature": "1.1",
+        "Top-p": "0.9",
+        "Max tokens": "40",
+    }

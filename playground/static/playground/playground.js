@@ -94,7 +94,7 @@
       workerBusy: "worker-busy", followUp: "follow-up", newChat: "new-chat", conversation: "conversation",
       conversationTurns: "conversation-turns", conversationSummary: "conversation-summary",
       conversationNote: "conversation-note", conversationCount: "conversation-count",
-      promptError: "prompt-error", shortcutKey: "shortcut-key",
+      promptError: "prompt-error", shortcutKey: "shortcut-key", samplingHint: "sampling-hint",
     };
     for (const [key, id] of Object.entries(ids)) ui[key] = document.getElementById(id);
     if (!ui.app) return;
@@ -109,12 +109,13 @@
       if (state.run.phase === "error" && !state.request) page.view.setPhase("idle");
       if (event.target === ui.prompt) page.view.clearPromptError();
       if (event.target === ui.maxTokens) page.view.updateTokenLimit();
+      page.settings.choose(event.target.name); // a sampling field the person set is theirs
       page.store.persistSoon();
     });
     window.addEventListener("pagehide", page.store.persist);
     ui.model.addEventListener("change", () => {
       delete ui.model.dataset.wanted;
-      page.view.updateTokenLimit();
+      page.settings.followModel();
       page.store.persist();
     });
     document.addEventListener("keydown", onDocumentKey);
@@ -139,7 +140,7 @@
     page.connection.setConnection("connecting");
     page.view.setPhase("idle");
     page.store.restoreFromLoad();
-    page.view.updateTokenLimit();
+    page.settings.followModel();
     page.view.renderCounters(performance.now());
   });
 })();

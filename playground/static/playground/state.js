@@ -10,6 +10,7 @@
  *   store.js         kogPage.store: the form and the run in sessionStorage, and their restore after a reload
  *   conversation.js  kogPage.conversation: the earlier turns (Follow up, New chat)
  *   view.js          kogPage.view: the status line, the output pane, the counters, the workers and models
+ *   settings.js      kogPage.settings: the sampling fields follow the model's recommendation, unless set
  *   connection.js    kogPage.connection: the socket, its reconnects
  *   send.js          kogPage.send: the generate frame, Stop
  *   receive.js       kogPage.receive: the frames that arrive, a run from its job id to its end
@@ -52,7 +53,8 @@
     // a generate frame on its way: {frame, at, sent, stopRequested}, until its job id comes back; one
     // asked for while disconnected waits here (sent: false) for the connection
     request: null,
-    models: {}, // name -> {chat, max_context}, from the latest workers frame
+    models: {}, // name -> {chat, max_context, sampling_defaults}, from the latest workers frame
+    chosen: new Set(), // the sampling fields the person set (settings.js): the model leaves them alone
     conversation: [], // the earlier turns the next prompt follows up on: [{prompt, answer}], oldest first
     countdownTimer: null, // a rate limit's "try again in N s", counting down
     retry: { timer: null, count: 0 }, // the next reconnect, and the failed tries since the last open

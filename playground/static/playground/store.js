@@ -27,6 +27,7 @@
     return {
       prompt: ui.prompt.value, system_prompt: ui.system.value, model: ui.model.value,
       temperature: ui.temperature.value, top_p: ui.topP.value, max_tokens: ui.maxTokens.value,
+      chosen: Array.from(state.chosen), // which of those the person set (settings.js)
     };
   }
 
@@ -99,6 +100,9 @@
     for (const [name, el] of Object.entries(fields)) {
       if (typeof form[name] === "string") el.value = form[name];
     }
+    // the sampling fields the person set stay theirs; a form saved before the page kept that list: all of them
+    const chosen = Array.isArray(form.chosen) ? form.chosen : ["temperature", "top_p", "max_tokens"];
+    for (const field of chosen) page.settings.choose(field);
     if (typeof form.model === "string" && form.model) {
       ui.model.dataset.wanted = form.model; // selected once a workers frame lists it
       page.view.selectWantedModel();
@@ -133,6 +137,7 @@
       // loses ?from= so that a reload keeps what the person types from here on
       history.replaceState(history.state, "", location.pathname);
       page.conversation.setConversation(ui.form.dataset.history ? JSON.parse(ui.form.dataset.history) : []);
+      for (const field of ["temperature", "top_p", "max_tokens"]) page.settings.choose(field); // the shared run's
     } else {
       if (saved.form) restoreForm(saved.form);
       page.conversation.setConversation(saved.conversation);

@@ -260,7 +260,7 @@
     setText(ui.workerBusy, frame.up && frame.busy ? ` · ${frame.busy} busy` : "");
     state.models = Object.fromEntries(frame.models.map((m) => [m.name, m]));
     showModels(frame.models.map((m) => m.name));
-    updateTokenLimit();
+    page.settings.followModel(); // a model's recommendation may have arrived with it
   }
 
   function showModels(names) {
@@ -290,7 +290,7 @@
     if (!wanted || !Array.from(ui.model.options).some((o) => o.value === wanted)) return;
     ui.model.value = wanted;
     delete ui.model.dataset.wanted;
-    updateTokenLimit();
+    page.settings.followModel();
   }
 
   // A model's context holds the prompt and the answer: max tokens can be at most one less, and the

@@ -419,6 +419,18 @@ def row_floor(base_ptr, row, mask):
 
 
 @triton.jit
+def exception_terms(exc_row_ptr, exc_col_ptr, exc_value_ptr, base_ptr, act_ptr, norm_ptr, idx, ok, scale,
+                    ACT: tl.constexpr, K: tl.constexpr):  # fmt: skip
+    """Exceptions idx (where ok) as (their rows, what each adds to its row's sum): true weight * B[col] less the
+    floor's product, which the mma summed (a power of two: that product is exact); 0 where not ok."""
+    row = tl.load(exc_row_ptr + idx, mask=ok, other=0)
+    col = tl.load(exc_col_ptr + idx, mask=ok, other=0)
+    value = tl.load(exc_value_ptr + idx, mask=ok, other=0.0)
+    x = act_at(act_ptr, norm_ptr, col, ok, scale, ACT, K)
+    return row, tl.where(ok, value * x - row_floor(base_ptr, row, ok) * x, 0.0)
+
+
+@triton.jit
 def item_chunk_loads(
     lo_ptr, code_ptr, tile, code_tile, f: tl.constexpr, CHUNKS: tl.constexpr, item_tiles, K: tl.constexpr
 ):
@@ -538,11 +550,9 @@ def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_
         for r in tl.static_range(EXC_ROUNDS):
             idx = own_first + r * EXC_BLOCK + tl.arange(0, EXC_BLOCK)
             ok = idx < own_end
-            row = tl.load(exc_row_ptr + idx, mask=ok, other=0)
-            col = tl.load(exc_col_ptr + idx, mask=ok, other=0)
-            value = tl.load(exc_value_ptr + idx, mask=ok, other=0.0)
-            x = act_at(act_ptr, norm_ptr, col, ok, scale, ACT, K)
-            tl.atomic_add(out_ptr + row, value * x - row_floor(base_ptr, row, ok) * x, mask=ok, sem="relaxed")
+            row, term = exception_terms(exc_row_ptr, exc_col_ptr, exc_value_ptr, base_ptr, act_ptr, norm_ptr, idx,
+                                        ok, scale, ACT, K)  # fmt: skip
+            tl.atomic_add(out_ptr + row, term, mask=ok, sem="relaxed")
 
 
 def pick_split(chunks: int, most: int = 4) -> int:

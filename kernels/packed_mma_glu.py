@@ -44,14 +44,13 @@ from kernels.packed_mma_gemv import (
     MMA4,
     NORMED,
     MmaPackedWeight,
-    act_at,
     bf16_rounded,
     chunk_loads,
     exact_values,
+    exception_terms,
     fragments,
     hi_lo_pairs,
     program_tiles,
-    row_floor,
     split_pair,
 )
 
@@ -164,10 +163,9 @@ def _packed_mma_glu_kernel(x_ptr, norm_ptr, lo_ptr, code_ptr, base_ptr, exc_star
                                        K, USE_MMA)  # fmt: skip
 
     c = tl.arange(0, 128)
-    # Each M-tile's 8 gate sums and 8 up sums: [BM, 8] each, row g of each half.
-    if (
-        USE_MMA
-    ):  # D's columns 0 and 1: slots 0, 1 (row g: gate) and 2, 3 (row g + 8: up) of lanes 0, 4, ..., 28
+    # Each M-tile's 8 gate sums and 8 up sums: [BM, 8] each, row g of each half. The mma's: D's columns 0 and 1,
+    # slots 0, 1 (row g: gate) and 2, 3 (row g + 8: up) of lanes 0, 4, ..., 28.
+    if USE_MMA:
         gate = tl.sum(tl.reshape(tl.where(c % 16 < 2, acc, 0.0), [BM, 8, 16]), axis=2)
         up = tl.sum(tl.reshape(tl.where((c % 16 >= 2) & (c % 16 < 4), acc, 0.0), [BM, 8, 16]), axis=2)
     else:  # row g's terms are the 16 words c of 16 g .. 16 g + 15
@@ -180,13 +178,9 @@ def _packed_mma_glu_kernel(x_ptr, norm_ptr, lo_ptr, code_ptr, base_ptr, exc_star
     for r in tl.static_range(EXC_ROUNDS):
         idx = exc_first + r * EXC_BLOCK + tl.arange(0, EXC_BLOCK)
         ok = idx < exc_end
-        row = tl.load(exc_row_ptr + idx, mask=ok, other=0)
-        col = tl.load(exc_col_ptr + idx, mask=ok, other=0)
-        value = tl.load(exc_value_ptr + idx, mask=ok, other=0.0)
-        xg = act_at(x_ptr, norm_ptr, col, ok, 1.0, NORMED, K)
-        term = tl.where(ok, value * xg - row_floor(base_ptr, row, ok) * xg, 0.0)[
-            :, None, None
-        ]  # [EXC_BLOCK, 1, 1]
+        row, term = exception_terms(exc_row_ptr, exc_col_ptr, exc_value_ptr, base_ptr, x_ptr, norm_ptr, idx, ok,
+                                    1.0, NORMED, K)  # fmt: skip
+        term = term[:, None, None]  # [EXC_BLOCK, 1, 1]
         gate += tl.sum(tl.where(row[:, None, None] == rows[None, :, :], term, 0.0), axis=0)
         up += tl.sum(tl.where(row[:, None, None] == rows[None, :, :] + 8, term, 0.0), axis=0)
 

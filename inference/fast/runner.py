@@ -500,13 +500,13 @@ class FastRunner:
         def gate_up() -> None:
             # glu: h written by the packed launch itself, norm and SiLU included
             if w.w13_packed is not None and "glu" in self.packed:
-                blocks = self.packed_blocks["glu"]
-                block_m = blocks.get("block_m") or 2
+                blocks = self.packed_blocks["glu"]  # settings.PACKED_DEFAULTS under any overrides
+                block_m = blocks["block_m"]
                 while w.w13_packed.n // 16 % block_m:  # M-tiles a program: a power of two dividing them
                     block_m //= 2
                 packed_mma_glu(group.x[0], w.ffn_norm_bf16, w.w13_packed, group.h[0], eps=eps, use_pdl=pdl,
                                trigger_early="gate_up" in self.early, block_m=block_m,
-                               ahead=blocks.get("ahead") or 4, before=blocks.get("before"))  # fmt: skip
+                               ahead=blocks["ahead"], before=blocks.get("before"))  # fmt: skip
                 return
             # gate_up: into the sums the o-proj cleared; the down-proj applies the norm's scalar and the SiLU
             if w.w13_packed is not None:

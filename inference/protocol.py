@@ -186,6 +186,14 @@ local function orphaned(job, followers)
     local last = redis.call('ZREVRANGE', followers, 0, 0, 'WITHSCORES')
     return now() > tonumber(last[2] or 0) + tonumber(grace)
 end
+-- A job that never started, ended as cancelled: its `done` event (data: json), its status, its leases gone.
+local function end_unstarted(job, followers, events, finished, data, ttl)
+    redis.call('XADD', events, '*', 'type', 'done', 'data', data)
+    redis.call('HSET', job, 'status', 'cancelled', 'finished', finished)
+    redis.call('EXPIRE', events, ttl)
+    redis.call('EXPIRE', job, ttl)
+    redis.call('DEL', followers)
+end
 """
 
 
@@ -227,11 +235,7 @@ class WorkerChannel:
     _CLAIM = """
     if redis.call('HGET', KEYS[1], 'status') ~= 'queued' then return false end
     if orphaned(KEYS[1], KEYS[2]) then
-        redis.call('XADD', KEYS[3], '*', 'type', 'done', 'data', ARGV[3])
-        redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished', ARGV[2])
-        redis.call('EXPIRE', KEYS[3], ARGV[4])
-        redis.call('EXPIRE', KEYS[1], ARGV[4])
-        redis.call('DEL', KEYS[2])
+        end_unstarted(KEYS[1], KEYS[2], KEYS[3], ARGV[2], ARGV[3], ARGV[4])
         return {'orphaned'}
     end
     redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[1], 'started', ARGV[2])
@@ -325,9 +329,24 @@ class JobClient:
 
     # Atomic "push unless the queue is full", with the submitter's lease taken before any worker can pop
     # the job: KEYS: queue, job hash, followers; ARGV: id, spec, max, now, model, ttl, then the follower
-    # ('' for none: the job is never orphaned), its grace and the lease's lifetime.
+    # ('' for none: the job is never orphaned), its grace and the lease's lifetime, then the key prefixes of
+    # jobs, followers and events, a cancelled end's data and an ended job's ttl. A full queue first lets go of
+    # the queued jobs nobody follows any more (their web process died, their page closed): ended as cancelled
+    # here, as a worker would end them on popping them, rather than holding their places until then.
     _SUBMIT = """
-    if tonumber(ARGV[3]) > 0 and redis.call('LLEN', KEYS[1]) >= tonumber(ARGV[3]) then return -1 end
+    local function full()
+        return tonumber(ARGV[3]) > 0 and redis.call('LLEN', KEYS[1]) >= tonumber(ARGV[3])
+    end
+    if full() then
+        for _, id in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+            local job, followers = ARGV[10] .. id, ARGV[11] .. id
+            if redis.call('HGET', job, 'status') == 'queued' and orphaned(job, followers) then
+                redis.call('LREM', KEYS[1], 0, id)
+                end_unstarted(job, followers, ARGV[12] .. id, ARGV[4], ARGV[13], ARGV[14])
+            end
+        end
+        if full() then return -1 end
+    end
     redis.call('HSET', KEYS[2], 'spec', ARGV[2], 'status', 'queued', 'created', ARGV[4], 'model', ARGV[5])
     redis.call('EXPIRE', KEYS[2], ARGV[6])
     if ARGV[7] ~= '' then
@@ -399,12 +418,14 @@ class JobClient:
         self._followed = r.register_script(_LEASE_LUA + self._FOLLOWED)
 
     async def submit(self, spec: JobSpec, follower: str | None = None, grace_s: float = 0.0) -> str:
-        """Queue a job; returns its id. Raises QueueFull when the model's queue is at `max_queue`.
+        """Queue a job; returns its id. Raises QueueFull when the model's queue is at `max_queue` with jobs
+        someone still follows (or that were submitted without a lease): orphans make room.
 
         With a `follower` id, that follower's lease is taken in the same step, and the job is cancelled by
         its worker once no lease has been live for `grace_s` (see `lease`); without one it never is."""
         args = [spec.id, spec.to_json(), self.max_queue, spec.created, spec.model, EVENTS_TTL_S * 24]
-        args += [follower or "", grace_s, LEASE_TTL_S]
+        args += [follower or "", grace_s, LEASE_TTL_S, job_key(""), followers_key(""), events_key("")]
+        args += [json.dumps(_cancelled_before_start()), EVENTS_TTL_S]
         keys = [queue_key(spec.model), job_key(spec.id), followers_key(spec.id)]
         length = await self._submit(keys=keys, args=args)
         if length == -1:

@@ -61,6 +61,7 @@ def _decode_attention_kernel(
     sin_ptr,
     q_norm_ptr,
     k_norm_ptr,
+    qkv_scale_ptr,
     part_o_ptr,
     part_ml_ptr,
     counter_ptr,
@@ -84,6 +85,7 @@ def _decode_attention_kernel(
     BLOCK_T: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     QK_NORM: tl.constexpr,
+    QKV_SCALED: tl.constexpr,
     CLUSTER: tl.constexpr,
     USE_PDL: tl.constexpr,
     PREFETCH_NEXT: tl.constexpr,
@@ -153,6 +155,14 @@ def _decode_attention_kernel(
     k_partner = tl.load(k_row + partner, mask=d_ok, other=0.0).to(tl.float32)
     v_row = lane_qkv + (heads_per_lane + kv_per_lane + kv_in_lane) * HD
     v = tl.load(v_row + d, mask=d_ok, other=0.0)
+    # a packed q|k|v's sums W @ (x * g): RMSNorm's scalar, which its launch wrote, applied here
+    if QKV_SCALED:
+        qkv_scale = tl.load(qkv_scale_ptr)
+        q = q * qkv_scale
+        q_partner = q_partner * qkv_scale
+        k = k * qkv_scale
+        k_partner = k_partner * qkv_scale
+        v = v * qkv_scale
     cos = tl.load(cos_ptr + pos * (HD // 2) + pair, mask=d_ok, other=0.0)
     sin = tl.load(sin_ptr + pos * (HD // 2) + pair, mask=d_ok, other=0.0)
     # Qwen3's q/k norm: the gains before RoPE, the scalar 1 / rms after it (a rotation keeps the norm). In this
@@ -428,6 +438,7 @@ def decode_attention(
     maxnreg: int | None = None,
     next_layer: tuple[torch.Tensor, torch.Tensor, int | None] | None = None,
     kv_evict_first: bool = True,
+    qkv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of the token at position pos[0] (a device int tensor) over the cache, writing its k, v there.
 
@@ -452,6 +463,8 @@ def decode_attention(
     will read in the next layer: that launch's first block, loaded before its wait, then comes from L2, not HBM.
     The bytes are the ones the next layer reads anyway, asked for while this layer's merge leaves the memory
     idle. Needs a Hopper GPU and cache rows of a multiple of 16 bytes (prefetch_next_possible).
+    qkv_scale: [1] fp32, or None. Given, qkv holds fp32 sums to be scaled by it (a packed q|k|v's W @ (x * g) and
+    its RMSNorm scalar rstd, kernels/packed_mma_gemv.py's NORMED kind): q, k and v are qkv * qkv_scale[0].
     kv_evict_first: the cached keys and values are read with L2's evict-first hint, as the weights are (False:
     plain loads that skip L1). Read once a step, they would otherwise stay in L2 at normal priority, beside the
     weight stream that needs the room: on an H200 (kernels/NOTES.md, round 15) +0.5% (qwen3-1.7b), +0.3%
@@ -486,6 +499,11 @@ def decode_attention(
         q_norm is not None and (q_norm.shape != (hd,) or k_norm.shape != (hd,))
     ):
         raise ValueError(f"q_norm: expected q_norm and k_norm both [{hd}] or both None")
+    if qkv_scale is not None and (
+        qkv_scale.shape != (1,) or qkv_scale.dtype != torch.float32 or qkv.dtype != torch.float32
+    ):
+        raise ValueError(f"qkv_scale: expected a [1] fp32 beside fp32 sums in qkv, got {qkv_scale.dtype} "
+                         f"{tuple(qkv_scale.shape)} and qkv {qkv.dtype}")  # fmt: skip
     group = num_heads // num_kv
     if scratch.part_o.shape[:3] != (num_kv, scratch.splits, triton.next_power_of_2(group)):
         raise ValueError("scratch: allocated for another head layout")
@@ -525,6 +543,7 @@ def decode_attention(
         sin,
         q_norm if q_norm is not None else cos,
         k_norm if k_norm is not None else cos,
+        qkv_scale if qkv_scale is not None else cos,
         scratch.part_o,
         scratch.part_ml,
         scratch.counter,
@@ -550,6 +569,7 @@ def decode_attention(
         BLOCK_T=block_t,
         INTERLEAVED=interleaved,
         QK_NORM=q_norm is not None,
+        QKV_SCALED=qkv_scale is not None,
         CLUSTER=cluster,
         PUSH=push,
         PUSH_E=push_e,

@@ -17,7 +17,9 @@ c // 4's A fragment for K-part c % 4: two words of low bytes (lo) and one of cod
 [2, 128] + [128] words. A thread's 4 slots are its 4 K-parts: one inline asm chains their 4 mma. The columns
 within a chunk are permuted (chunk_columns) so that a lane's B pairs for its 4 K-parts are 16 contiguous bytes
 of act. B holds act in column 0 only (lanes 0-3 load it, the others hold zeros), so D's column 0 is the product:
-lanes 0, 4, ..., 28 hold rows g and g + 8 of the tile (g = lane // 4) in their slots 0 and 2.
+lanes 0, 4, ..., 28 hold rows g and g + 8 of the tile (g = lane // 4) in their slots 0 and 2. An input built in
+two bf16 parts (an fp32 act, NORMED, GLU_FP32: a hi and a lo part) puts the lo parts in B's column 1 (lanes 4-7),
+so one mma a K-part takes both and D's columns 0 and 1 (slots 0 + 1, 2 + 3) are summed at the end.
 
 A program takes BM M-tiles and 1 / SPLIT of K and adds its sums into out with atomics (the residual already
 holds x; the order of the splits' adds is the only difference from one sum). The exceptions of its M-tiles (true
@@ -356,7 +358,7 @@ def input_values(act_ptr, norm_ptr, pair, mask, scale, ACT: tl.constexpr, K: tl.
 def input_pairs(act_ptr, norm_ptr, pair, mask, scale, ACT: tl.constexpr, K: tl.constexpr):
     """B's columns 2 * pair and 2 * pair + 1 as (hi, lo) bf16 pairs in int32: a bf16 act is its own hi (lo
     unused; read through its int32 view), and so is a GLU input (bf16 values); FP32 and NORMED inputs are split
-    in two bf16 parts whose sum is each to ~2**-16 (two mma a K-part), and so are GLU_FP32 inputs."""
+    in two bf16 parts whose sum is each to ~2**-16 (B's columns 0 and 1), and so are GLU_FP32 inputs."""
     # one return statement: the compiler types every return of a function, a constexpr branch's too
     if ACT == BF16:
         hi = tl.load(act_ptr + pair, mask=mask, other=0)
@@ -451,6 +453,8 @@ def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_
     # A program takes ITEMS blocks of BM M-tiles in turn (the grid's width apart), the same 1 / SPLIT of K in
     # each, its chunks one stream with AHEAD of them in flight across the items' boundaries.
     CHUNKS: tl.constexpr = K // 64 // SPLIT
+    # an input B is built from in two bf16 parts (hi and lo)
+    TWO_PARTS: tl.constexpr = ACT == FP32 or ACT == NORMED or ACT == GLU_FP32  # noqa: SIM109 (no `in` in the jit)
     split = tl.program_id(1)
     k0, m, g, t, j, tile, code_tile = program_tiles(K, BM, SPLIT)
     item_tiles = tl.num_programs(0) * BM  # M-tiles from one item to the next
@@ -510,19 +514,18 @@ def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_
                 if ACT == BF16:  # loads only, in the slots that hold B's column 0
                     hi0, lo0 = input_pairs(act_ptr, norm_ptr, pair, holds_b, scale, ACT, K)
                     hi1, lo1 = input_pairs(act_ptr, norm_ptr, pair + 16, holds_b, scale, ACT, K)
-                else:  # B's other columns take the same pairs: only column 0 of D is read. Built again for
-                    # each item (the same chunk of K): held across items it would cost CHUNKS x 4 words a lane
+                else:  # Built again for each item (the same chunk of K): held across items it would cost
+                    # CHUNKS x 4 words a lane
                     b = chunk_input_pairs(act_ptr, norm_ptr, k0 + i, tl.arange(0, 128), scale, ACT, K)
-                    hi0, hi1, lo0, lo1 = (b[0][None, :] + zero_m, b[1][None, :] + zero_m,
-                                          b[2][None, :] + zero_m, b[3][None, :] + zero_m)  # fmt: skip
-                if ACT == FP32 or ACT == NORMED or ACT == GLU_FP32:  # noqa: SIM109 (constexprs: no `in` in the jit)
-                    acc = tl.inline_asm_elementwise(MMA4_SPLIT_B, "=&f,=&f,=&f,=&f," + "r," * 32 + "f,f,f,f",
-                                                    [a[0], a[1], a[2], a[3], hi0, hi1, lo0, lo1, acc],
-                                                    dtype=tl.float32, is_pure=True, pack=4)  # fmt: skip
-                else:
-                    acc = tl.inline_asm_elementwise(MMA4, "=&f,=&f,=&f,=&f," + "r," * 24 + "f,f,f,f",
-                                                    [a[0], a[1], a[2], a[3], hi0, hi1, acc], dtype=tl.float32,
-                                                    is_pure=True, pack=4)  # fmt: skip
+                    hi0, hi1 = b[0][None, :] + zero_m, b[1][None, :] + zero_m
+                    # the lo parts in B's column 1 (lanes 4-7): one mma a K-part, not two chained
+                    if TWO_PARTS:
+                        hi0 = tl.where((g == 1)[None, :], b[2][None, :] + zero_m, hi0)
+                        hi1 = tl.where((g == 1)[None, :], b[3][None, :] + zero_m, hi1)
+                # B's columns past those read hold copies of the pairs: D's columns there are never read
+                acc = tl.inline_asm_elementwise(MMA4, "=&f,=&f,=&f,=&f," + "r," * 24 + "f,f,f,f",
+                                                [a[0], a[1], a[2], a[3], hi0, hi1, acc], dtype=tl.float32,
+                                                is_pure=True, pack=4)  # fmt: skip
             else:
                 every = m[:, None] >= 0
                 x0, x1 = exact_values(act_ptr, norm_ptr, pair, every, scale, ACT, K)
@@ -532,7 +535,14 @@ def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_
                     low_half(a[1]) * x0 + high_half(a[1]) * x1 + low_half(a[3]) * x8 + high_half(a[3]) * x9
                 )
 
-        if USE_MMA:  # D's column 0: slots 0 and 2 of lanes 0, 4, ..., 28
+        if USE_MMA and TWO_PARTS:  # D's columns 0 and 1 (the hi and lo parts' sums): slots 0 + 1 (row g) and
+            # 2 + 3 (row g + 8) of lanes 0, 4, ..., 28; p = c // 2 sums lane p // 2's slots 2 (p % 2) and 2 (p % 2) + 1
+            pair_sums = tl.sum(tl.reshape(acc, [BM, 64, 2]), axis=2)  # [BM, 64]
+            p = tl.arange(0, 64)
+            rows = m_it[:, None] * 16 + (p // 8 + 8 * (p % 2))[None, :]
+            keep = (p // 2 % 4 == 0)[None, :] & (rows >= 0)
+            tl.atomic_add(out_ptr + rows, pair_sums, mask=keep, sem="relaxed")
+        elif USE_MMA:  # D's column 0: slots 0 and 2 of lanes 0, 4, ..., 28
             rows = m_it[:, None] * 16 + g[None, :] + 8 * (j[None, :] // 2)
             keep = ((t == 0) & (j % 2 == 0))[None, :] & (rows >= 0)
             tl.atomic_add(out_ptr + rows, acc, mask=keep, sem="relaxed")
@@ -569,7 +579,7 @@ def packed_mma_gemv(act: torch.Tensor, packed: MmaPackedWeight, out: torch.Tenso
                     block_m: int | None = None, ahead: int = 8, items: int = 1, use_pdl: bool = False,
                     trigger_early: bool = False) -> torch.Tensor:  # fmt: skip
     """out += W @ B, out [N] fp32 contiguous, B by the arguments:
-    - act [K] bf16, or fp32 (B in a bf16 hi and lo part, two mma a K-part): act itself;
+    - act [K] bf16, or fp32 (B in a bf16 hi and lo part, its columns 0 and 1): act itself;
     - norm_weight [K] bf16 and rstd [1] fp32: act is the fp32 residual x [K] and B is x * norm_weight (hi and
       lo), so out += W @ (x * g), RMSNorm's scalar left out: the launch writes it, 1 / sqrt(mean(x ** 2) + eps),
       into rstd for the reader of these sums (the gate/up);

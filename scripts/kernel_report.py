@@ -57,7 +57,7 @@ def intercepted_launches(preset: str) -> list[tuple[JITFunction, dict, dict, int
     cfg = ModelConfig.from_hf(preset_config(preset))
     model = Transformer(cfg, device="meta", dtype=torch.bfloat16)
     # every kind's kernel: both ways to pack the gate/up
-    for packed in ("o+gate_up+down", "o+glu+down") if cfg.num_lanes == 1 else (False,):
+    for packed in ("qkv+o+gate_up+down", "o+glu+down") if cfg.num_lanes == 1 else (False,):
         runner = FastRunner(model, min(4096, cfg.max_position_embeddings), use_pdl=False, head_screen=True,
                             packed=packed)  # fmt: skip
         runner.use_pdl = True

@@ -324,9 +324,16 @@ GLU_PACKED = {
 }
 
 
+# the q|k|v of layer 1 too, into sums the attention scales by the norm's scalar (qwen2's, with biases, stays bf16)
+QKV_PACKED = {**ALL_PACKED, "packed": "qkv+o+gate_up+down",
+              "packed_blocks": {**ALL_PACKED["packed_blocks"], "qkv": {"split": 1, "ahead": 1}}}  # fmt: skip
+
+
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
 @pytest.mark.parametrize(
-    "settings", [PACKED, ALL_PACKED, GLU_PACKED], ids=["o+down", "o+gate_up+down", "o+glu+down"]
+    "settings",
+    [PACKED, ALL_PACKED, GLU_PACKED, QKV_PACKED],
+    ids=["o+down", "o+gate_up+down", "o+glu+down", "qkv+o+gate_up+down"],
 )
 def test_packed_projections_match_the_reference(preset, settings):
     model = bf16_valued(make_model(preset, seed=9, intermediate_size=192))
@@ -346,6 +353,9 @@ def test_which_projections_are_packed():
             for w in runner.layers
         ]
 
+    def packed_qkv(runner: FastRunner) -> list[bool]:
+        return [w.wqkv_packed is not None for w in runner.layers]
+
     assert packed(FastRunner(model, 32, packed=True)) == [(False, False, True), (True, False, True)]
     assert packed(FastRunner(model, 32, packed="o+gate_up+down")) == [
         (False, False, True),
@@ -359,6 +369,11 @@ def test_which_projections_are_packed():
         (True, False, False),
     ]
     assert packed(FastRunner(model, 32, packed=False)) == [(False, False, False)] * 2
+    # the q|k|v of layers whose o-proj clears its sums (layer 0's reads the embedding row); none with biases
+    assert packed_qkv(FastRunner(model, 32, packed="qkv+o+down")) == [False, True]
+    assert packed_qkv(FastRunner(model, 32, packed="o+down")) == [False, False]
+    qwen2 = bf16_valued(make_model("tiny-qwen2", seed=9, intermediate_size=192))
+    assert packed_qkv(FastRunner(qwen2, 32, packed="qkv+o+down")) == [False, False]
 
 
 @fp32_only
@@ -367,7 +382,7 @@ def test_packed_generation_is_the_bf16_kernels_generation():
     prompt = list(range(5, 17))
     params = SamplingParams(max_new_tokens=12, temperature=0.0)
     bf16 = list(FastRunner(model, 64, packed=False).generate_tokens(prompt, params))
-    for settings in (PACKED, ALL_PACKED, GLU_PACKED):
+    for settings in (PACKED, ALL_PACKED, GLU_PACKED, QKV_PACKED):
         assert list(FastRunner(model, 64, **settings).generate_tokens(prompt, params)) == bf16
 
 

@@ -61,8 +61,12 @@ def run_case(
     next_window="none",
     kv_evict_first=True,
     push=False,
+    qkv_scale=None,
 ):
     qkv = randn(lanes, (num_heads + 2 * num_kv) // lanes * hd, scale=2.0)
+    # qkv_scale: qkv holds fp32 sums, and q, k, v are those sums times the scale (a packed q|k|v's)
+    scale = None if qkv_scale is None else torch.tensor([qkv_scale], dtype=torch.float32, device=DEVICE)
+    values = qkv if scale is None else qkv.double() * qkv_scale
     # Positions the kernel must not read (beyond pos, before the window) are NaN.
     k_cache, v_cache = randn(num_kv, max_len, hd, dtype=dtype), randn(num_kv, max_len, hd, dtype=dtype)
     start = 0 if window is None else max(0, pos - window + 1)
@@ -73,7 +77,7 @@ def run_case(
     cos, sin = angles.cos().to(DEVICE), angles.sin().to(DEVICE)
     q_norm = randn(hd, dtype=dtype).abs() + 0.5 if qk_norm else None
     k_norm = randn(hd, dtype=dtype).abs() + 0.5 if qk_norm else None
-    want, want_k, want_v = reference(qkv, k_cache, v_cache, pos, cos, sin, num_heads, window, interleaved,
+    want, want_k, want_v = reference(values, k_cache, v_cache, pos, cos, sin, num_heads, window, interleaved,
                                      q_norm, k_norm, 1e-6)  # fmt: skip
     scratch = AttentionScratch(num_kv, num_heads // num_kv, hd, splits, DEVICE)
     out = poisoned(lanes, num_heads // lanes * hd, dtype=torch.float32)
@@ -84,7 +88,8 @@ def run_case(
     next_before = None if next_layer is None else (next_layer[0].clone(), next_layer[1].clone())
     decode_attention(qkv, k_cache, v_cache, pos_t, cos, sin, out, scratch, num_heads=num_heads, window=window,
                      interleaved=interleaved, q_norm=q_norm, k_norm=k_norm, block_t=block_t, cluster=cluster,
-                     next_layer=next_layer, kv_evict_first=kv_evict_first, push=push)  # fmt: skip
+                     next_layer=next_layer, kv_evict_first=kv_evict_first, push=push,
+                     qkv_scale=scale)  # fmt: skip
     if next_layer is not None:
         assert torch.equal(next_layer[0], next_before[0]) and torch.equal(next_layer[1], next_before[1])
     assert_close(out, want, dtype, "out")
@@ -119,6 +124,26 @@ def test_rope_layouts_and_qk_norm(dtype, interleaved):
 @pytest.mark.parametrize("pos,window", [(40, 8), (5, 8), (33, 1)])
 def test_sliding_window_reads_only_the_window(dtype, pos, window):
     run_case(dtype, 2, 4, 2, 16, pos, max_len=48, window=window)
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_scaled_sums_are_the_qkv_they_stand_for(dtype, qk_norm):
+    # 0.37: no power of two, so a scale the kernel dropped or applied twice fails (v and the output scale with it)
+    run_case(dtype, 1, 8, 2, 32, 26, max_len=40, qk_norm=qk_norm, qkv_scale=0.37, cluster=ON_GPU, push=ON_GPU)
+
+
+def test_qkv_scale_needs_fp32_sums():
+    k_cache = randn(2, 16, 8)
+    cos = torch.ones(16, 4, device=DEVICE)
+    scratch = AttentionScratch(2, 2, 8, 2, DEVICE)
+    pos = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="qkv_scale:"):
+        decode_attention(randn(1, 64, dtype=torch.bfloat16), k_cache, k_cache.clone(), pos, cos, cos, randn(1, 32),
+                         scratch, num_heads=4, qkv_scale=torch.ones(1, device=DEVICE))  # fmt: skip
+    with pytest.raises(ValueError, match="qkv_scale:"):
+        decode_attention(randn(1, 64), k_cache, k_cache.clone(), pos, cos, cos, randn(1, 32), scratch, num_heads=4,
+                         qkv_scale=torch.ones(2, device=DEVICE))  # fmt: skip
 
 
 def test_one_split_and_many_splits_agree():

@@ -321,6 +321,36 @@ async def test_a_queued_job_nobody_follows_any_more_is_ended_cancelled_instead_o
     assert channel.cancelled(untracked) is None
 
 
+async def test_a_full_queue_lets_go_of_the_jobs_nobody_follows_before_it_turns_one_away(
+    client, channel, monkeypatch
+):
+    # a web process SIGKILLed with jobs queued: their leases lapse, and they must not hold the queue's places
+    # until a worker pops them (with no worker up, that is never)
+    monkeypatch.setattr(protocol, "LEASE_TTL_S", 0.2)
+    orphans = [await client.submit(JobSpec(model="m", prompt=f"o{i}"), follower=f"dead{i}", grace_s=0.1)
+               for i in range(2)]  # fmt: skip
+    untracked = await client.submit(JobSpec(model="m", prompt="u"))  # no lease: never orphaned
+    with pytest.raises(QueueFull):  # within the leases and the grace, the queue is still full
+        await client.submit(JobSpec(model="m", prompt="early"))
+    await asyncio.sleep(0.5)
+    fresh = await client.submit(JobSpec(model="m", prompt="fresh"), follower="live", grace_s=5)
+    assert [await client.position(job_id, "m") for job_id in (*orphans, untracked, fresh)] == [
+        None,
+        None,
+        0,
+        1,
+    ]
+    for orphan in orphans:  # ended as a worker would have ended them on popping them
+        events = await collect(client, orphan)
+        assert [(t, d["finish_reason"]) for _, t, d in events] == [("done", "cancelled")]
+        assert (await client.status(orphan))["status"] == "cancelled"
+    await client.submit(JobSpec(model="m", prompt="third"), follower="live2", grace_s=5)
+    with pytest.raises(QueueFull):  # the untracked job and two followed ones: nothing to let go of
+        await client.submit(JobSpec(model="m", prompt="fourth"))
+    channel.heartbeat({})
+    assert channel.next_job(timeout_s=0.1).id == untracked  # the order kept
+
+
 async def test_a_reader_that_knows_its_job_reports_it_lost_to_a_restart_not_unknown(client):
     # A queued job has no event yet: after a Redis restart emptied it, a reader that submitted it (or saw
     # its record) must say the queue restarted, and write nothing into the new Redis.

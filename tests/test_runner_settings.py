@@ -238,8 +238,11 @@ def test_packing_is_the_default_for_one_lane_bf16_models_on_a_gpu(monkeypatch):
     assert resolve(H200, packed="o+down", gate_up_bytes=large).packed == {"o", "down"}
     with pytest.raises(ValueError, match="packed: a packed gate_up needs o and down"):
         resolve(H200, packed="gate_up+down")  # the o-proj clears the gate/up's sums
+    assert resolve(H200, packed="o+qkv").packed == {"o", "qkv"}
+    with pytest.raises(ValueError, match="packed: a packed qkv needs o"):
+        resolve(H200, packed="qkv+down")  # the o-proj clears the q|k|v's sums
     with pytest.raises(ValueError, match="packed: expected"):
-        resolve(H200, packed="o+qkv")  # the q|k|v is not packed
+        resolve(H200, packed="o+head")
     with pytest.raises(ValueError, match="one-lane"):
         resolve(H200, lanes=8, packed=True)
 
@@ -254,7 +257,7 @@ def test_packed_blocks_from_the_environment_then_the_argument(monkeypatch):
     assert resolve(H200).packed_blocks == want
     got = resolve(H200, packed_blocks={"down": {"ahead": 3}}).packed_blocks
     assert got == {**want, "down": {"ahead": 3}}
-    for bad in ("qkv=1/8/4/1", "o=1/8/4", "o=a/8/4/1", "glu=2/0/16/0/4/1", "o=1/8/4/0/2"):
+    for bad in ("head=1/8/4/1", "o=1/8/4", "o=a/8/4/1", "glu=2/0/16/0/4/1", "o=1/8/4/0/2"):
         monkeypatch.setenv("KOG_PACKED_BLOCKS", bad)
         with pytest.raises(ValueError, match="KOG_PACKED_BLOCKS"):
             resolve(H200)

@@ -41,7 +41,7 @@ def kernel_bytes(cfg: ModelConfig, itemsize: int, context: int, head_screen: boo
             ("gate/up", (2 * cfg.intermediate_size * D + L * D) * itemsize),
             ("down", D * cfg.intermediate_size * itemsize),
         ]
-        for slot, kind in ((-3, "o-proj"), (-2, "gate/up"), (-1, "down")):
+        for slot, kind in ((-5, "qkv"), (-3, "o-proj"), (-2, "gate/up"), (-1, "down")):
             if packed and (i, kind) in packed:
                 out[slot] = (kind, packed[i, kind])
     if L > 1:

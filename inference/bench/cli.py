@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     if packed:
         first = model.layers[0]
         bf16_bytes = {kind: sum(w.numel() * w.element_size() for w in weights) for kind, weights in
-                      (("o-proj", [first.wo]), ("gate/up", [first.w1, first.w3]), ("down", [first.w2]))}  # fmt: skip
+                      (("qkv", [first.wq, first.wk, first.wv]), ("o-proj", [first.wo]),
+                       ("gate/up", [first.w1, first.w3]), ("down", [first.w2]))}  # fmt: skip
         runner_bytes -= sum(bf16_bytes[kind] - n for (_, kind), n in packed.items())
     if runner_bytes != result["bytes_per_token"]:
         result["runner_bytes_per_token"] = runner_bytes

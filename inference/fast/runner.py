@@ -95,12 +95,14 @@ class LayerWeights:
     window: int | None
     mode: str  # how the lane partials reach the residual (kernels/lane_reduce_gemv.py)
     history_in: int | None  # the layer whose partials DELAYED mode adds
-    # One-lane models: the o-proj, gate/up (w1's rows, then w3's) and down-proj in 12 bits a weight for the
-    # tensor cores (settings.packed)
+    # One-lane models: the q|k|v, o-proj, gate/up (w1's rows, then w3's) and down-proj in 12 bits a weight for
+    # the tensor cores (settings.packed)
+    wqkv_packed: MmaPackedWeight | None = None
     wo_packed: MmaPackedWeight | None = None
     w13_packed: MmaPackedWeight | None = None
     w2_packed: MmaPackedWeight | None = None
     ffn_norm_bf16: torch.Tensor | None = None  # [D]: the packed gate/up's norm weight (its kernel reads bf16)
+    attention_norm_bf16: torch.Tensor | None = None  # [D]: the packed q|k|v's
 
     def lanes(self, start: int, stop: int) -> LayerWeights:
         """The weights of lanes [start, stop) (views; lanes are the outer dimension)."""
@@ -212,6 +214,9 @@ class FastRunner:
         self.packed, self.packed_blocks = settings.packed, settings.packed_blocks
         self.glu_sums = None  # [2 F] fp32: a packed gate/up's sums (gate, then up), read by the down-proj
         self.glu_rstd = None  # [1] fp32: their norm's scalar, written by the gate/up's launch
+        self.qkv_sums = None  # [1, (H + 2 KV) * hd] fp32: a packed q|k|v's sums, read by the attention
+        self.qkv_rstd = None  # [1] fp32: their norm's scalar, written by the q|k|v's launch
+        self.sums = None  # both sums in one buffer, which every packed o-proj clears (their readers are done)
         if self.packed:
             self._pack_layers()
         self.sampled_screen_temperature = settings.screen.sampled_temperature
@@ -285,11 +290,15 @@ class FastRunner:
         lane_reduce_gemv, which starts the residual from the token's embedding row (the packed kernel adds into a
         residual that is already there), and so does its gate/up (the packed o-proj clears the sums a packed
         gate/up adds into). A matrix not of whole 16-row tiles by 64-column chunks stays bf16, and so does a
-        gate/up without both neighbours packed. The `glu` kind packs every layer's gate/up as interleave_glu's
+        gate/up without both neighbours packed. A packed q|k|v (layers 1 on, where the o-proj is packed and there are
+        no q|k|v biases) adds into sums that the attention scales and the o-proj clears. The `glu` kind packs every layer's gate/up as interleave_glu's
         [2F, K] (kernels/packed_mma_glu.py writes h itself: no sums, so layer 0's too). Only the kinds of
         settings.packed."""
         for i, w in enumerate(self.layers):
             w.wo_packed = self._packed(w.wo[0], f"layer {i} wo") if i > 0 and "o" in self.packed else None
+            if "qkv" in self.packed and w.wo_packed is not None and w.bqkv is None:
+                w.wqkv_packed = self._packed(w.wqkv[0], f"layer {i} wqkv")
+                w.attention_norm_bf16 = self._as_bf16(w.attention_norm[0], f"layer {i} attention_norm")
             w.w2_packed = self._packed(w.w2[0], f"layer {i} w2") if "down" in self.packed else None
             if "gate_up" in self.packed and w.wo_packed is not None and w.w2_packed is not None:
                 w.w13_packed = self._packed(torch.cat([w.w1[0], w.w3[0]]), f"layer {i} w1|w3")
@@ -297,16 +306,26 @@ class FastRunner:
             if "glu" in self.packed and w.w1.shape[1] % 8 == 0:
                 w.w13_packed = self._packed(interleave_glu(w.w1[0], w.w3[0]), f"layer {i} w1|w3 interleaved")
                 w.ffn_norm_bf16 = self._as_bf16(w.ffn_norm[0], f"layer {i} ffn_norm")
-        if "gate_up" in self.packed and any(w.w13_packed is not None for w in self.layers):
-            self.glu_sums = torch.zeros(2 * self.cfg.ffn_per_lane, device=self.device)
+        qkv_rows = self.qkv.shape[1] if any(w.wqkv_packed is not None for w in self.layers) else 0
+        glu_rows = 2 * self.cfg.ffn_per_lane if "gate_up" in self.packed and any(
+            w.w13_packed is not None for w in self.layers) else 0  # fmt: skip
+        if qkv_rows + glu_rows:
+            self.sums = torch.zeros(qkv_rows + glu_rows, device=self.device)
+        if qkv_rows:
+            self.qkv_sums = self.sums[:qkv_rows].view(1, qkv_rows)
+            self.qkv_rstd = torch.zeros(1, device=self.device)
+        if glu_rows:
+            self.glu_sums = self.sums[qkv_rows:]
             self.glu_rstd = torch.zeros(1, device=self.device)
 
     def packed_bytes(self) -> dict[tuple[int, str], int]:
-        """What each packed matrix reads a step, by (layer, 'o-proj', 'gate/up' or 'down') (the benchmark's
-        bytes)."""
+        """What each packed matrix reads a step, by (layer, 'qkv', 'o-proj', 'gate/up' or 'down') (the
+        benchmark's bytes)."""
         out = {}
         for i, w in enumerate(self.layers):
-            for kind, packed in (("o-proj", w.wo_packed), ("gate/up", w.w13_packed), ("down", w.w2_packed)):
+            kinds = (("qkv", w.wqkv_packed), ("o-proj", w.wo_packed), ("gate/up", w.w13_packed),
+                     ("down", w.w2_packed))  # fmt: skip
+            for kind, packed in kinds:
                 if packed is not None:
                     out[i, kind] = packed.nbytes()
         return out
@@ -457,6 +476,12 @@ class FastRunner:
         first = i == 0
 
         def qkv() -> None:
+            # packed: W @ (x * g) into the sums; the attention applies the norm's scalar
+            if w.wqkv_packed is not None:
+                packed_mma_gemv(group.x[0], w.wqkv_packed, self.qkv_sums[0], norm_weight=w.attention_norm_bf16,
+                                eps=eps, rstd=self.qkv_rstd, use_pdl=pdl, trigger_early="qkv" in self.early,
+                                **self.packed_blocks["qkv"])  # fmt: skip
+                return
             rmsnorm_gemv(
                 self.embed if first else group.x,
                 w.wqkv,
@@ -474,7 +499,7 @@ class FastRunner:
 
         def attention() -> None:
             decode_attention(
-                group.qkv,
+                group.qkv if w.wqkv_packed is None else self.qkv_sums,
                 self.cache.k[i, 0, group.kv_heads],
                 self.cache.v[i, 0, group.kv_heads],
                 self.pos,
@@ -494,6 +519,7 @@ class FastRunner:
                 push=self.attn_push,
                 maxnreg=self.attn_maxnreg,
                 kv_evict_first=self.attn_kv_evict_first,
+                qkv_scale=self.qkv_rstd if w.wqkv_packed is not None else None,
                 **self._next_layer(group, i),
             )
 
@@ -540,10 +566,11 @@ class FastRunner:
         kind = "down" if block else "o"
         packed = w.w2_packed if block else w.wo_packed
         if packed is not None:  # one lane: out += W @ act into the residual, on the tensor cores
-            sums = self.glu_sums is not None and w.w13_packed is not None
-            glu = block == 1 and sums  # the down-proj's input from the gate/up's sums
-            # the o-proj clears them
-            zero = self.glu_sums if block == 0 and sums else None
+            # the down-proj's input: the gate/up's sums
+            glu = block == 1 and self.glu_sums is not None and w.w13_packed is not None
+            # the o-proj clears the sums: this layer's attention has read the q|k|v's, the last down-proj the
+            # gate/up's
+            zero = self.sums if block == 0 else None
             packed_mma_gemv(self.glu_sums if glu else act[0], packed, group.x[0],
                             glu=act.dtype if glu else None, rstd=self.glu_rstd if glu else None, zero=zero,
                             use_pdl=self.use_pdl, trigger_early=kind in self.early,

@@ -97,12 +97,18 @@ ONE_LANE_PREFETCH = {"gate_up": 3}
 # that apply the norm and the SiLU themselves, so it needs neither neighbour packed; not a default (H200, round 36:
 # qwen3-1.7b 1,086 tok/s at 2 M-tiles a program and 12 chunks ahead against 1,095 bf16, llama-3.2-1b 1,663 against
 # gate_up's 1,708).
-PACKED_KINDS = ("o", "gate_up", "down", "glu")
+# `qkv` packs the q|k|v of layers 1 on (layer 0's reads the token's embedding row) as a normed launch into fp32
+# sums that the attention scales by the norm's scalar (decode_attention's qkv_scale); the o-proj clears them, so
+# it needs `o`; a model with q|k|v biases keeps its bf16 q|k|v. Not a default: its own launch is ~17 us a step
+# shorter on qwen3-1.7b, the down-proj before it and the attention after it ~20-35 us longer (H200, round 37:
+# 1,072-1,088 tok/s against 1,090-1,098).
+PACKED_KINDS = ("qkv", "o", "gate_up", "down", "glu")
 DEFAULT_PACKED_KINDS = ("o", "down")  # KOG_PACKED=1's, and a Hopper GPU's without it
 # ... and the gate/up too where a layer's is at least this many bf16 bytes: the packed gate/up saves a quarter of
-# its bytes and costs each layer about the same time (the o-proj clears its sums, the down-proj's programs find
-# room later): H200, scripts/decode_variants.py in turns (kernels/NOTES.md round 35): llama-3.2-1b (64 MiB a
-# layer) 1,719-1,727 tok/s against 1,638-1,650, qwen3-1.7b (48 MiB) 1,073-1,088 against 1,090-1,096.
+# its bytes, and gives part of it back at its edges (the o-proj clears its sums, the down-proj's programs find
+# room later): H200, scripts/decode_variants.py in turns (kernels/NOTES.md rounds 35 and 37): llama-3.2-1b (64 MiB
+# a layer) 1,719-1,727 tok/s against 1,638-1,650; qwen3-1.7b (48 MiB) 1,095-1,114 against 1,098-1,104 in four
+# pairs of runners (round 37, its normed input's two bf16 parts in one mma): no gain beyond the spread.
 PACKED_GATE_UP_MIN_BYTES = 64 << 20
 PACKED_KEYS = ("block_m", "split", "ahead", "items", "before")
 # KOG_PACKED_BLOCKS may leave the last (before: chunks loaded before the wait, of `ahead`; the glu kind's alone) out
@@ -114,6 +120,7 @@ PACKED_OPTIONAL_KEYS = 1
 # 1,076 and 1,634). The o-proj's programs take 2 M-tiles (2 warps): qwen3-1.7b 1,099-1,103 against 1,090-1,093
 # at 1 (run 235, each built twice), llama-3.2-1b 1,650-1,661 against 1,657-1,658.
 PACKED_DEFAULTS = {
+    "qkv": {},
     "o": {"block_m": 2, "ahead": 8},
     "gate_up": {"ahead": 2},
     "down": {"ahead": 2},
@@ -141,6 +148,9 @@ def packed_kinds(spec: bool | str, what: str, default: bool, on_kinds: frozenset
     if "gate_up" in kinds and not {"o", "down"} <= kinds:
         raise ValueError(f"{what}: a packed gate_up needs o and down packed too (the o-proj clears its sums, the "
                          f"down-proj reads them), got {spec!r}")  # fmt: skip
+    if "qkv" in kinds and "o" not in kinds:
+        raise ValueError(f"{what}: a packed qkv needs o packed too (the o-proj clears its sums), "
+                         f"got {spec!r}")  # fmt: skip
     if {"gate_up", "glu"} <= kinds:
         raise ValueError(f"{what}: gate_up and glu are two ways to pack the same matrices, got {spec!r}")
     return kinds

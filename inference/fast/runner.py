@@ -9,7 +9,8 @@ A decode step is five kernels a layer (model.py's math, fused):
 (one-lane models on a GPU: the o-proj from layer 1 on and the down-proj are packed_mma_gemv, the bf16 weights held
 in 12 bits and multiplied on the tensor cores, added into the residual with atomics; where a layer's gate/up is
 64 MiB or more, or KOG_PACKED names gate_up, the gate/up of layers 1 on too, into fp32 sums the o-proj cleared, its
-norm's scalar and SiLU left to the down-proj; settings.packed)
+norm's scalar and SiLU left to the down-proj; KOG_PACKED=qkv+... packs the q|k|v of layers 1 on likewise, into sums
+the attention scales by their norm's scalar; settings.packed)
 then the head: final_norm (L > 1 only) and lm_head (norm, logits, argmax, token and position bookkeeping), or for
 greedy steps on a GPU lm_head_screen (the same argmax from an int8 copy of the head and the candidate rows); sampled
 steps at low temperatures read the screen too, until a request's logits turn out flat (inference/fast/head_choice.py).

@@ -10,7 +10,7 @@ attn.cluster=0|1 for the merge, attn.push=0|1 for its partials through shared me
 gate_up, down) whether a kind lets the next kernel launch before its wait, screen=0|1 the greedy head through its int8
 screen (kernels/lm_head_screen.py) or the whole bf16 head, packed=0|1|o+down the one-lane kinds read from 12-bit
 weights on the tensor cores (kernels/packed_mma_gemv.py; KOG_PACKED's form), packed.down=1/16/4/1 (block_m/split/ahead/items
-of packed.o, packed.gate_up, packed.glu or packed.down; 0 keeps the default; packed.glu takes a fifth, before:
+of packed.qkv, packed.o, packed.gate_up, packed.glu or packed.down; 0 keeps the default; packed.glu takes a fifth, before:
 the chunks of ahead it loads before its wait) their blocks;
 "name:spec" labels one, so a setting can be built twice (two runner instances: what memory placement alone
 does). Every round times each variant once (bench.timing.time_fast: median of --runs after a warm-up), so slow drifts of the clock or

@@ -291,10 +291,10 @@ class FastRunner:
         lane_reduce_gemv, which starts the residual from the token's embedding row (the packed kernel adds into a
         residual that is already there), and so does its gate/up (the packed o-proj clears the sums a packed
         gate/up adds into). A matrix not of whole 16-row tiles by 64-column chunks stays bf16, and so does a
-        gate/up without both neighbours packed. A packed q|k|v (layers 1 on, where the o-proj is packed and there are
-        no q|k|v biases) adds into sums that the attention scales and the o-proj clears. The `glu` kind packs every layer's gate/up as interleave_glu's
-        [2F, K] (kernels/packed_mma_glu.py writes h itself: no sums, so layer 0's too). Only the kinds of
-        settings.packed."""
+        gate/up without both neighbours packed. A packed q|k|v (layers 1 on, where the o-proj is packed and there
+        are no q|k|v biases) adds into sums that the attention scales and the o-proj clears. The `glu` kind packs
+        every layer's gate/up as interleave_glu's [2F, K] (kernels/packed_mma_glu.py writes h itself: no sums, so
+        layer 0's too). Only the kinds of settings.packed."""
         for i, w in enumerate(self.layers):
             w.wo_packed = self._packed(w.wo[0], f"layer {i} wo") if i > 0 and "o" in self.packed else None
             if "qkv" in self.packed and w.wo_packed is not None and w.bqkv is None:

@@ -244,12 +244,13 @@ class Transformer(nn.Module):
 
     @classmethod
     def from_weights(cls, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> Transformer:
-        """Wrap loaded weights (checkpoint.load_weights) without copying them."""
+        """Wrap loaded weights (checkpoint.load_weights) without copying them, for inference: no parameter
+        requires a gradient, so nothing built from them keeps an autograd graph of its temporaries."""
         with torch.device("meta"):
             model = cls(cfg)
         model.load_state_dict(weights, strict=True, assign=True)
         model.rope_cos, model.rope_sin = rope_tables(cfg, weights["tok_embeddings"].device)
-        return model.eval()
+        return model.eval().requires_grad_(False)
 
     @torch.no_grad()
     def init_weights(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:

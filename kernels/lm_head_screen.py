@@ -69,6 +69,7 @@ class HeadScreen:
     e_norm: torch.Tensor
 
     @classmethod
+    @torch.no_grad()  # a head that is a Parameter would otherwise keep every row block's float64 temporaries
     def build(cls, weight: torch.Tensor, rows_at_a_time: int = 8192) -> "HeadScreen":
         if weight.dim() != 2 or not weight.is_contiguous():
             raise ValueError(f"weight: expected a contiguous [V, K] tensor, got {tuple(weight.shape)}")

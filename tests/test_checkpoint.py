@@ -40,6 +40,7 @@ def test_loads_into_the_model_layout_without_copies(tiny_laneformer):
     assert weights["layers.0.attention_norm"].shape == (L, D)
     model = Transformer.from_weights(cfg, weights)
     assert model.layers[0].wq.data_ptr() == weights["layers.0.wq"].data_ptr()
+    assert not any(p.requires_grad for p in model.parameters())  # an inference model
 
 
 def test_sharded_checkpoint_loads_like_a_single_file(tmp_path, tiny_laneformer, monkeypatch):

@@ -376,6 +376,19 @@ def test_which_projections_are_packed():
     assert packed_qkv(FastRunner(qwen2, 32, packed="qkv+o+down")) == [False, False]
 
 
+def test_a_runner_of_parameters_holds_no_autograd_graph():
+    """The model's weights require gradients here (make_model's Parameters): what the runner builds from them (the
+    q|k|v, the packed words, the head screen) must hold none, or each keeps its temporaries alive."""
+    model = bf16_valued(make_model("tiny-qwen3", seed=9, intermediate_size=192))
+    assert model.layers[0].wq.requires_grad
+    runner = FastRunner(model, 32, packed="o+gate_up+down", head_screen=True)
+    built = [w.wqkv for w in runner.layers] + list(vars(runner.head_screen).values())
+    built += [t for w in runner.layers for p in (w.wo_packed, w.w13_packed, w.w2_packed) if p is not None
+              for t in vars(p).values() if isinstance(t, torch.Tensor)]  # fmt: skip
+    assert len(built) > 20
+    assert not any(t.requires_grad or t.grad_fn is not None for t in built)
+
+
 @fp32_only
 def test_packed_generation_is_the_bf16_kernels_generation():
     model = bf16_valued(make_model("tiny-llama", seed=10, intermediate_size=192))

@@ -99,6 +99,15 @@ def test_the_screen_copy_and_its_norms():
     assert screen.nbytes == 33 * 40 + 3 * 33 * 4
 
 
+def test_a_parameters_screen_keeps_no_autograd_graph():
+    """A model's head is a Parameter: built under autograd, the screen's norms would hang on a graph holding every
+    row block's float64 temporaries (~12 GB for qwen3-1.7b's head on the GPU)."""
+    w = torch.nn.Parameter(randn(300, 64))
+    screen = HeadScreen.build(w, rows_at_a_time=128)
+    for t in (screen.q, screen.scale, screen.q_norm, screen.e_norm):
+        assert not t.requires_grad and t.grad_fn is None
+
+
 def test_the_host_ring_gets_the_token():
     vocab, k = 300, 64
     x, w = randn(k), randn(vocab, k)

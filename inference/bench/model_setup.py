@@ -42,7 +42,7 @@ def build_model(
     model.init_weights(generator=generator)
     if init == "peaked":
         make_peaked(model, generator)
-    return model.eval()
+    return model.eval().requires_grad_(False)  # as Transformer.from_weights: an inference model
 
 
 def cuda_missing(tool: str) -> bool:

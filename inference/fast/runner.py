@@ -8,7 +8,7 @@ A decode step is five kernels a layer (model.py's math, fused):
     lane_reduce_gemv   down-proj + reduction + residual add
 (one-lane models on a GPU: the o-proj from layer 1 on and the down-proj are packed_mma_gemv, the bf16 weights held
 in 12 bits and multiplied on the tensor cores, added into the residual with atomics; where a layer's gate/up is
-64 MiB or more, or KOG_PACKED names gate_up, the gate/up of layers 1 on too, into fp32 sums the o-proj cleared, its
+48 MiB or more, or KOG_PACKED names gate_up, the gate/up of layers 1 on too, into fp32 sums the o-proj cleared, its
 norm's scalar and SiLU left to the down-proj; KOG_PACKED=qkv+... packs the q|k|v of layers 1 on likewise, into sums
 the attention scales by their norm's scalar; settings.packed)
 then the head: final_norm (L > 1 only) and lm_head (norm, logits, argmax, token and position bookkeeping), or for
@@ -144,6 +144,9 @@ def reduction(cfg: ModelConfig, layer: int) -> tuple[str, int | None]:
 
 
 class FastRunner:
+    # No autograd while building: a model's Parameters would otherwise tie the runner's copies (the q|k|v,
+    # the packed words, the head screen) to graphs that keep their temporaries (~12 GB for qwen3-1.7b's screen).
+    @torch.no_grad()
     def __init__(self, model: Transformer, max_context: int, vocab_limit: int | None = None, *,
                  use_pdl: bool = True, prefetch: dict[str, int] | None = None,
                  row_blocks: dict[str, int] | None = None,

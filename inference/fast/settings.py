@@ -106,7 +106,7 @@ PACKED_KINDS = ("qkv", "o", "gate_up", "down", "glu")
 DEFAULT_PACKED_KINDS = ("o", "down")  # KOG_PACKED=1's, and a Hopper GPU's without it
 # ... and the gate/up too where a layer's is at least this many bf16 bytes: the packed gate/up saves a quarter of
 # its bytes, and gives part of it back at its edges (the o-proj clears its sums, the down-proj's programs find
-# room later): H200, scripts/decode_variants.py in turns (kernels/NOTES.md rounds 35 and 37): llama-3.2-1b (64 MiB
+# room later): H200, scripts/decode_variants.py in turns (kernels/NOTES.md rounds 35, 37, 38): llama-3.2-1b (64 MiB
 # a layer) 1,719-1,727 tok/s against 1,638-1,650; qwen3-1.7b (48 MiB) 1,094-1,107 against 1,087-1,092 over ten
 # and six runners in runs 257 and 259 (round 38), 1,095-1,114 against 1,098-1,104 in round 37's four pairs: +0.7%
 # over all of them, while the runners of one setting lie 1-1.7% apart.

@@ -624,7 +624,7 @@ def packed_mma_gemv(act: torch.Tensor, packed: MmaPackedWeight, out: torch.Tenso
         raise ValueError(f"split: {split} does not divide the {chunks} chunks of K = {k}")
     if block_m is None:
         block_m = 1
-        while interpreted() and block_m < 8 and m_tiles % (2 * block_m) == 0:
+        while interpreted() and block_m < 8 and m_tiles % (2 * block_m * items) == 0:
             block_m *= 2
     if block_m < 1 or block_m & (block_m - 1) or m_tiles % block_m:
         raise ValueError(f"block_m: {block_m} is not a power of two dividing the {m_tiles} M-tiles")

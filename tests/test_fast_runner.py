@@ -313,9 +313,9 @@ def bf16_valued(model: Transformer) -> Transformer:
 # intermediate_size 192: the down-proj's K in whole 64-column chunks (the presets' 160 is not: that one stays bf16)
 PACKED = {"packed": True, "packed_blocks": {"down": {"split": 3}, "o": {"ahead": 1}}}
 # every kind: layer 1's gate/up too (its sums cleared by the o-proj, read by the down-proj through the SiLU;
-# D = 64: one chunk)
+# D = 64: one chunk), its programs taking 2 items (qwen3-1.7b's blocks: settings.PACKED_SHAPE_DEFAULTS)
 ALL_PACKED = {**PACKED, "packed": "o+gate_up+down", "packed_blocks": {**PACKED["packed_blocks"],
-                                                                       "gate_up": {"ahead": 1}}}  # fmt: skip
+                                                                       "gate_up": {"ahead": 1, "items": 2}}}  # fmt: skip
 # the gate/up of every layer as whole-K programs over interleaved rows, SiLU in the launch (kernels/packed_mma_glu.py)
 GLU_PACKED = {
     **PACKED,

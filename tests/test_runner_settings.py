@@ -11,6 +11,7 @@ from inference.fast.settings import (
     DEFAULT_PREFETCH,
     PACKED_DEFAULTS,
     PACKED_GATE_UP_MIN_BYTES,
+    PACKED_SHAPE_DEFAULTS,
     SAMPLED_SCREEN_TEMPERATURE,
     SCREEN_MIN_HEAD_BYTES,
     RunnerSettings,
@@ -231,11 +232,12 @@ def test_packing_is_the_default_for_one_lane_bf16_models_on_a_gpu(monkeypatch):
     assert resolve(CPU, packed="down+o").packed == {"o", "down"}
     assert resolve(H200, packed="o+gate_up+down").packed == {"o", "gate_up", "down"}
     # a gate/up of PACKED_GATE_UP_MIN_BYTES or more is packed by default too, and with packed=True or KOG_PACKED=1
-    large = PACKED_GATE_UP_MIN_BYTES
-    assert resolve(H200, gate_up_bytes=large).packed == {"o", "gate_up", "down"}
-    assert resolve(H200, gate_up_bytes=large - 1).packed == {"o", "down"}
-    assert resolve(CPU, packed=True, gate_up_bytes=large).packed == {"o", "gate_up", "down"}
-    assert resolve(H200, packed="o+down", gate_up_bytes=large).packed == {"o", "down"}
+    # (gate and up rows as one [N, K] bf16 matrix)
+    large = (PACKED_GATE_UP_MIN_BYTES // 2 // 2048, 2048)
+    assert resolve(H200, gate_up_shape=large).packed == {"o", "gate_up", "down"}
+    assert resolve(H200, gate_up_shape=(large[0] - 1, 2048)).packed == {"o", "down"}
+    assert resolve(CPU, packed=True, gate_up_shape=large).packed == {"o", "gate_up", "down"}
+    assert resolve(H200, packed="o+down", gate_up_shape=large).packed == {"o", "down"}
     with pytest.raises(ValueError, match="packed: a packed gate_up needs o and down"):
         resolve(H200, packed="gate_up+down")  # the o-proj clears the gate/up's sums
     assert resolve(H200, packed="o+qkv").packed == {"o", "qkv"}
@@ -267,3 +269,17 @@ def test_packed_blocks_from_the_environment_then_the_argument(monkeypatch):
     monkeypatch.delenv("KOG_PACKED_BLOCKS")
     with pytest.raises(ValueError, match="packed_blocks"):
         resolve(H200, packed_blocks={"o": {"block_n": 2}})
+
+
+def test_a_gate_up_of_a_measured_shape_takes_its_own_blocks():
+    """PACKED_SHAPE_DEFAULTS: qwen3-1.7b's gate/up shape over the kind's defaults, an override over both; other
+    shapes (llama-3.2-1b's) keep the kind's."""
+    qwen3, llama = (2 * 6144, 2048), (2 * 8192, 2048)
+    assert PACKED_SHAPE_DEFAULTS[("gate_up", *qwen3)] == {"ahead": 1, "items": 2}
+    assert resolve(H200, gate_up_shape=qwen3).packed_blocks == {**PACKED_DEFAULTS,
+                                                                  "gate_up": {"ahead": 1, "items": 2}}  # fmt: skip
+    assert resolve(H200, gate_up_shape=llama).packed_blocks == PACKED_DEFAULTS
+    got = resolve(
+        H200, gate_up_shape=qwen3, packed_blocks={"gate_up": {"ahead": 3, "split": 4}}
+    ).packed_blocks
+    assert got["gate_up"] == {"ahead": 3, "items": 2, "split": 4}

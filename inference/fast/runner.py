@@ -206,7 +206,7 @@ class FastRunner:
             row_blocks=row_blocks, blocks=blocks, head_blocks=head_blocks, attention=attention,
             lane_groups=lane_groups, early=early, head_screen=head_screen, packed=packed,
             bf16=dtype == torch.bfloat16, packed_blocks=packed_blocks,
-            gate_up_bytes=2 * model.layers[0].w1.numel() * model.layers[0].w1.element_size())  # fmt: skip
+            gate_up_shape=(2 * model.layers[0].w1.shape[1], model.layers[0].w1.shape[2]))  # fmt: skip
         # The settings the step reads (scripts/decode_variants.py and the tests read them too).
         self.use_pdl = settings.use_pdl
         at = settings.attention

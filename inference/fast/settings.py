@@ -127,6 +127,15 @@ PACKED_DEFAULTS = {
     "down": {"ahead": 2},
     "glu": {"block_m": 2, "ahead": 12},
 }
+# ... and where one shape measured best apart, its blocks by (kind, N, K), over PACKED_DEFAULTS and under any
+# override. qwen3-1.7b's gate/up ([2 x 6,144, 2,048], 768 M-tiles): 1 chunk before its wait and 2 items a program
+# (3,072 programs of 8 chunks, a chunk in flight across the two): its programs, fewer and lighter before their
+# wait, slow the attention and o-proj they launch beside less (o-proj 75-78 us a step against 85-92) for +4-6 us
+# of their own. H200, scripts/decode_variants.py, four runners of each in turns (kernels/NOTES.md round 39):
+# 1,108-1,114 tok/s against 1,092-1,104 (1 chunk ahead alone 1,088-1,109, with split 4 1,104-1,111; 4 items, or
+# split 4 with 2 items, 997-1,057). llama-3.2-1b's gate/up ([2 x 8,192, 2,048]) lost with the same blocks
+# (1,612-1,630 against 1,635-1,714: its own launch 229 -> 274 us), so it keeps the kind's default.
+PACKED_SHAPE_DEFAULTS = {("gate_up", 2 * 6144, 2048): {"ahead": 1, "items": 2}}
 # The smallest head the screen is on for by default: below it the head's read is short beside the screen's two
 # launches (H200, models/default's 8,192 x 384 head: 16,140 tok/s whole, 15,426 screened; laneformer-2b's 192 MiB
 # +1%, llama-3.2-1b's 501 MiB +9%).
@@ -286,7 +295,8 @@ class RunnerSettings:
     early: frozenset[str]  # the kinds whose next kernel may launch before their wait
     one_lane: bool
     packed: frozenset[str]  # the kinds read from 12-bit weights on the tensor cores (one lane; PACKED_KINDS)
-    packed_blocks: dict[str, dict[str, int]]  # their block_m / split / ahead: PACKED_DEFAULTS, then overrides
+    # their block_m / split / ahead / items: PACKED_DEFAULTS, PACKED_SHAPE_DEFAULTS, then overrides
+    packed_blocks: dict[str, dict[str, int]]
 
     def prefetch_tiles(self, grouped: bool) -> dict[str, int]:
         """Weight tiles before each kind's wait, for a runner with lane groups (grouped) or without."""
@@ -301,13 +311,12 @@ class RunnerSettings:
                 lane_groups: dict[str, int] | None = None, early: dict[str, int] | None = None,
                 head_screen: bool | None = None, packed: bool | str | None = None, bf16: bool = True,
                 packed_blocks: str | dict[str, dict[str, int]] = "",
-                gate_up_bytes: int = 0) -> RunnerSettings:  # fmt: skip
+                gate_up_shape: tuple[int, int] = (0, 0)) -> RunnerSettings:  # fmt: skip
         """FastRunner's keyword arguments (the same names and defaults) over the KOG_* environment, given what the
         device and the model are: lanes (the model's), device_type ('cuda', 'cpu', 'meta'), sm90 (a Hopper GPU or
         later), head_bytes (the head weight's), prefetch_next_possible (decode_attention can prefetch the next
-        layer for the runner's cache), bf16 (the model's weights are bf16), gate_up_bytes (a layer's gate/up in
-        bf16). ValueError names the variable or the
-        argument that is wrong."""
+        layer for the runner's cache), bf16 (the model's weights are bf16), gate_up_shape (a layer's gate and up
+        rows as one [N, K] matrix). ValueError names the variable or the argument that is wrong."""
         attention_settings = AttentionSettings.resolve(
             attention, sm90=sm90, prefetch_possible=prefetch_next_possible
         )
@@ -340,7 +349,7 @@ class RunnerSettings:
         # default for bf16 models on a Hopper GPU; KOG_PACKED=0|1|o+gate_up+down (the kinds) or the argument
         # override (on the CPU the interpreter stands in for the mma; fp32 weights must be bf16 values).
         # the gate/up too where it is large enough (PACKED_GATE_UP_MIN_BYTES)
-        large = gate_up_bytes >= PACKED_GATE_UP_MIN_BYTES
+        large = 2 * math.prod(gate_up_shape) >= PACKED_GATE_UP_MIN_BYTES  # its bf16 bytes
         on_kinds = frozenset(DEFAULT_PACKED_KINDS + (("gate_up",) if large else ()))
         if packed is None:
             on = one_lane and bf16 and device_type == "cuda" and sm90
@@ -358,9 +367,12 @@ class RunnerSettings:
         if any("before" in sizes for kind, sizes in overrides.items() if kind != "glu"):
             raise ValueError(f"KOG_PACKED_BLOCKS / packed_blocks: `before` is the glu kind's alone (the other kinds "
                              f"load all `ahead` chunks before their wait), got {overrides}")  # fmt: skip
+        shapes = {"gate_up": tuple(gate_up_shape)}  # the kinds with a shape of their own measured
         packed_settings = {
-            kind: {**PACKED_DEFAULTS[kind], **overrides.get(kind, {})} for kind in PACKED_KINDS
-        }
+            kind: {**PACKED_DEFAULTS[kind], **PACKED_SHAPE_DEFAULTS.get((kind, *shapes.get(kind, ())), {}),
+                   **overrides.get(kind, {})}
+            for kind in PACKED_KINDS
+        }  # fmt: skip
         return cls(use_pdl=bool(use_pdl and sm90), attention=attention_settings, head_blocks=head,
                    prefill_blocks=prefill_blocks, prefetch=prefetch, row_blocks=row_blocks, blocks=blocks,
                    screen=screen, lane_groups=groups.get("groups"),

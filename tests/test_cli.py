@@ -190,6 +190,7 @@ def test_a_model_given_as_name_equals_path_is_named_so(tiny):
         ("scripts/step_trace.py", ["--model", "tiny-llama", "--out", "trace"]),
         ("scripts/decode_variants.py", ["--model", "tiny-llama"]),
         ("scripts/graph_probe.py", ["--model", "tiny-llama"]),
+        ("scripts/placement_probe.py", ["--model", "tiny-llama", "--move", "residual"]),
     ],
 )
 def test_gpu_scripts_refuse_in_one_line_without_a_gpu(tmp_path, script, args):

@@ -5,6 +5,7 @@ import torch
 from kernel_testing import DEVICE, ON_GPU
 
 import inference.fast.settings as fast_settings
+from inference.bench.placement import MOVABLE, move
 from inference.config import ModelConfig
 from inference.events import SamplingParams
 from inference.fast.head_choice import MIN_STEPS
@@ -387,6 +388,27 @@ def test_a_runner_of_parameters_holds_no_autograd_graph():
               for t in vars(p).values() if isinstance(t, torch.Tensor)]  # fmt: skip
     assert len(built) > 20
     assert not any(t.requires_grad or t.grad_fn is not None for t in built)
+
+
+@fp32_only
+def test_a_runner_with_a_buffer_moved_generates_the_same_tokens():
+    """inference/bench/placement.py (scripts/placement_probe.py): every buffer a move re-allocates, the step's
+    launches must then read and write there, or the tokens part."""
+    model = bf16_valued(make_model("tiny-qwen3", seed=11, intermediate_size=192))
+    prompt, params = list(range(3, 14)), SamplingParams(max_new_tokens=4, temperature=0.0)
+    runner = FastRunner(model, 64, **QKV_PACKED)  # every packed kind: both sums, both norm scalars
+    tokens = list(runner.generate_tokens(prompt, params))
+    for what in MOVABLE:
+        assert move(runner, what, offset=16 * 37)
+        assert list(runner.generate_tokens(prompt, params)) == tokens, what
+    # the residual re-allocated without re-pointing the lanes' view: the layers add into the old buffer, the head
+    # reads the new one's zeros, and the tokens part
+    runner.x = torch.zeros_like(runner.x)
+    runner.graphs.clear()
+    assert list(runner.generate_tokens(prompt, params)) != tokens
+    assert not move(FastRunner(model, 64, packed=False), "sums")
+    with pytest.raises(ValueError, match="offset"):
+        move(runner, "residual", offset=8)
 
 
 @fp32_only

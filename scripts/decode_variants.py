@@ -52,13 +52,17 @@ from inference.fast.settings import (  # noqa: E402
 
 def runner_kwargs(spec: str) -> dict:
     """'o=16,rows.gate_up=8,blocks.down=4/4096/8,head.row_blocks=2' -> FastRunner(prefetch={'o': 16},
-    row_blocks={'gate_up': 8}, blocks={'down': {...}}, head_blocks={'row_blocks': 2})."""
+    row_blocks={'gate_up': 8}, blocks={'down': {...}}, head_blocks={'row_blocks': 2}); 'residual=1' ->
+    residual_candidates=1 (the residual's addresses timed while building: inference/fast/residual_placement.py)."""
     items = [item.strip() for item in spec.split(",") if item.strip()]
     screen = [item.partition("=")[2] for item in items if item.startswith("screen=")]
     if any(value not in ("0", "1") for value in screen):
         raise ValueError(f"screen: expected screen=0 or screen=1, got {spec!r}")
     packed = [item.partition("=")[2] for item in items if item.startswith("packed=")]  # settings.packed_kinds
-    items = [item for item in items if not item.startswith(("screen=", "packed="))]
+    residual = [item.partition("=")[2] for item in items if item.startswith("residual=")]
+    if any(not value.isdigit() or int(value) < 1 for value in residual):
+        raise ValueError(f"residual: expected residual=N, N >= 1 (addresses timed), got {spec!r}")
+    items = [item for item in items if not item.startswith(("screen=", "packed=", "residual="))]
     prefixes = ("rows.", "blocks.", "head.", "attn.", "lanes.", "early.", "packed.")
 
     def group(prefix: str) -> str:
@@ -74,7 +78,8 @@ def runner_kwargs(spec: str) -> dict:
             "early": kind_overrides(group("early."), EARLY_KINDS, "early", EARLY_KINDS),
             "head_screen": bool(int(screen[-1])) if screen else None, "packed": packed[-1] if packed else None,
             "packed_blocks": block_spec(group("packed."), PACKED_KEYS, PACKED_KINDS, "packed_blocks",
-                                        PACKED_OPTIONAL_KEYS)}  # fmt: skip
+                                        PACKED_OPTIONAL_KEYS),
+            "residual_candidates": int(residual[-1]) if residual else None}  # fmt: skip
 
 
 def main() -> int:
@@ -118,13 +123,21 @@ def main() -> int:
                            "prefetch_next": runners[v].attn_prefetch_next},
              "lane_groups": max(1, len(runners[v].groups)), "early": sorted(runners[v].early),
              "packed": sorted(runners[v].packed), "packed_blocks": runners[v].packed_blocks,
+             "residual": {"kept": runners[v].residual_choice,
+                          "step_us": [s * 1e6 for s in runners[v].residual_seconds]},
              "same_tokens_as_first": tokens[v] == tokens[variants[0]], "tok_s": statistics.median(t),
              "rounds": t, "pct_ceiling": 100 * statistics.median(t) / ceiling} for v, t in tok_s.items()]  # fmt: skip
     print(f"{args.model}: ceiling {ceiling:,.0f} tok/s at {bandwidth['read_gbs']:,.0f} GB/s")
     for r in rows:
         spread = ", ".join(f"{t:,.0f}" for t in r["rounds"])
         same = "same tokens" if r["same_tokens_as_first"] else "OTHER TOKENS"
-        print(f"  {r['variant']:<40} {r['tok_s']:>8,.0f} tok/s  {r['pct_ceiling']:5.1f}%  ({spread})  {same}")
+        timed, kept = r["residual"]["step_us"], ""
+        if timed:  # the residual's addresses timed while building, the kept one's index
+            kept = (
+                f"  residual {r['residual']['kept']} of {len(timed)} ({min(timed):,.1f}-{max(timed):,.1f} us)"
+            )
+        line = f"  {r['variant']:<40} {r['tok_s']:>8,.0f} tok/s  {r['pct_ceiling']:5.1f}%  ({spread})  {same}"
+        print(line + kept)
     if args.breakdown:
         for v, r in zip(variants, rows, strict=True):
             b = r["breakdown"] = breakdown(model, runners[v], prompt, 20, bandwidth["read_gbs"])

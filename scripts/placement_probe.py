@@ -6,8 +6,10 @@ built from the same weights, each timed as built and again after each of its buf
         --move words.gate_up [--offsets 0,4096,65536] [--timings 2] [--breakdown] [--json out.json]
 
 A runner whose speed changes with a move, or two runners that trade places, name the buffer; kernels/NOTES.md
-rounds 38-39 tell what was moved before (the sums, the norm's scalar, the down-proj's and gate/up's words: none
-of them). Timing as scripts/decode_variants.py's (bench.timing.time_fast: the median of --runs after a warm-up);
+rounds 38-40 tell what was moved (the sums, the norm's scalar, the down-proj's and gate/up's words, the KV cache
+and the merge scratch: none of them; the residual: it, which inference/fast/residual_placement.py now places).
+The runners are built with KOG_RESIDUAL_CANDIDATES as set (unset: each places its residual as it is built).
+Timing as scripts/decode_variants.py's (bench.timing.time_fast: the median of --runs after a warm-up);
 --breakdown adds the us on the step's critical path of the kinds that share the residual.
 """
 

@@ -222,3 +222,17 @@ def test_worker_takes_every_device_its_help_lists():
     for device in listed:  # --help after --device: exit 0 once the value is taken, before any model loads
         done = worker("--device", device.replace(":N", ":1"), "--help")
         assert done.returncode == 0, done.stderr
+
+
+def test_the_bench_table_says_where_the_residual_was_kept():
+    """inference/bench/table.py: the residual's timed addresses (inference/fast/residual_placement.py) printed with
+    the ceiling, and no line for a runner that timed none."""
+    from inference.bench.table import table
+
+    result = {"model": "qwen3-1.7b", "device": "NVIDIA H200", "prompt_len": 512, "new_tokens": 256,
+              "bandwidth": {"read_gbs": 4300.0, "copy_gbs": 4250.0}, "bytes_per_token": 3.5e9,
+              "ceiling_tok_s": 1228.6, "rows": [{"path": "fast", "tok_s": 1110.0, "ttft_ms": 4.1}]}  # fmt: skip
+    assert "residual" not in table(result)
+    result["residual_placement"] = {"kept": 2, "step_us": [903.25, 899.5, 896.0]}
+    assert "the residual kept at candidate 2 of 3 (inference/fast/residual_placement.py; greedy step us: " \
+           "903.2, 899.5, 896.0)" in table(result).splitlines()  # fmt: skip

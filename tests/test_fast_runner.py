@@ -1,5 +1,7 @@
 """The fast runner against the reference model, on the tiny presets (kernels under the interpreter on CPU)."""
 
+import itertools
+
 import pytest
 import torch
 from kernel_testing import DEVICE, ON_GPU
@@ -9,6 +11,7 @@ from inference.bench.placement import MOVABLE, move
 from inference.config import ModelConfig
 from inference.events import SamplingParams
 from inference.fast.head_choice import MIN_STEPS
+from inference.fast.residual_placement import CANDIDATE_STRIDE, residual_pool
 from inference.fast.runner import RING, FastRunner, reduction
 from inference.fast.settings import block_spec, prefetch_overrides
 from inference.model import KVCache, Transformer
@@ -409,6 +412,33 @@ def test_a_runner_with_a_buffer_moved_generates_the_same_tokens():
     assert not move(FastRunner(model, 64, packed=False), "sums")
     with pytest.raises(ValueError, match="offset"):
         move(runner, "residual", offset=8)
+
+
+def test_a_runner_keeps_its_residual_at_the_fastest_of_the_timed_addresses():
+    """inference/fast/residual_placement.py: the greedy step timed with the residual at each candidate address
+    (CUDA graph replays on a GPU, an eager step here), x kept at the fastest, the step's state left as it was."""
+    model = bf16_valued(make_model("tiny-qwen3", seed=11, intermediate_size=192))
+    still = FastRunner(model, 64, residual_candidates=1, **ALL_PACKED)
+    placed = FastRunner(model, 64, residual_candidates=3, **ALL_PACKED)
+    assert (still.residual_choice, still.residual_seconds) == (0, [])
+    assert len(placed.residual_seconds) == 3 and min(placed.residual_seconds) > 0
+    assert placed.residual_seconds[placed.residual_choice] == min(placed.residual_seconds)
+    # x lies at the kept candidate's place in the pool, and the step starts where a fresh runner's does
+    offset = placed.x.data_ptr() - placed.x.untyped_storage().data_ptr()
+    assert offset == placed.residual_choice * (placed.x.nbytes + CANDIDATE_STRIDE)
+    assert placed.whole.x is placed.x
+    for name in ("token", "pos", "out_tokens", "seen"):
+        assert torch.equal(getattr(placed, name), getattr(still, name)), name
+    prompt, params = list(range(3, 14)), SamplingParams(max_new_tokens=6, temperature=0.0)
+    tokens = list(placed.generate_tokens(prompt, params))
+    if not ON_GPU:  # bf16 atomics add in any order: near-ties may flip there
+        assert tokens == list(still.generate_tokens(prompt, params))
+    views = residual_pool(placed.x, 4)
+    starts = [v.data_ptr() for v in views]
+    assert all(v.shape == placed.x.shape and v.data_ptr() % 16 == 0 for v in views)
+    assert [b - a for a, b in itertools.pairwise(starts)] == [placed.x.nbytes + CANDIDATE_STRIDE] * 3
+    with pytest.raises(ValueError, match="candidates"):
+        residual_pool(placed.x, 0)
 
 
 @fp32_only

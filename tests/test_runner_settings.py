@@ -12,6 +12,7 @@ from inference.fast.settings import (
     PACKED_DEFAULTS,
     PACKED_GATE_UP_MIN_BYTES,
     PACKED_SHAPE_DEFAULTS,
+    RESIDUAL_CANDIDATES,
     SAMPLED_SCREEN_TEMPERATURE,
     SCREEN_MIN_HEAD_BYTES,
     RunnerSettings,
@@ -283,3 +284,21 @@ def test_a_gate_up_of_a_measured_shape_takes_its_own_blocks():
         H200, gate_up_shape=qwen3, packed_blocks={"gate_up": {"ahead": 3, "split": 4}}
     ).packed_blocks
     assert got["gate_up"] == {"ahead": 3, "items": 2, "split": 4}
+
+
+def test_a_gpu_runner_times_its_residual_at_several_addresses(monkeypatch):
+    """inference/fast/residual_placement.py: RESIDUAL_CANDIDATES on a GPU, none elsewhere; the environment, then
+    the argument over it; fewer than one refused by name."""
+    assert RESIDUAL_CANDIDATES > 1
+    assert resolve(H200).residual_candidates == RESIDUAL_CANDIDATES
+    assert resolve(CPU).residual_candidates == resolve(META).residual_candidates == 1
+    monkeypatch.setenv("KOG_RESIDUAL_CANDIDATES", "3")
+    assert resolve(H200).residual_candidates == resolve(CPU).residual_candidates == 3
+    assert resolve(H200, residual_candidates=1).residual_candidates == 1
+    monkeypatch.setenv("KOG_RESIDUAL_CANDIDATES", "0")
+    with pytest.raises(ValueError, match="^KOG_RESIDUAL_CANDIDATES: must be an integer >= 1, got '0'$"):
+        resolve(H200)
+    monkeypatch.delenv("KOG_RESIDUAL_CANDIDATES")
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="^residual_candidates: expected an integer >= 1"):
+            resolve(H200, residual_candidates=bad)

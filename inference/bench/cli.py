@@ -130,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
                       (("qkv", [first.wq, first.wk, first.wv]), ("o-proj", [first.wo]),
                        ("gate/up", [first.w1, first.w3]), ("down", [first.w2]))}  # fmt: skip
         runner_bytes -= sum(bf16_bytes[kind] - n for (_, kind), n in packed.items())
+    if runner.residual_seconds:  # the residual's addresses the runner timed as it was built, and its choice
+        result["residual_placement"] = {"kept": runner.residual_choice,
+                                        "step_us": [s * 1e6 for s in runner.residual_seconds]}  # fmt: skip
     if runner_bytes != result["bytes_per_token"]:
         result["runner_bytes_per_token"] = runner_bytes
     default = (

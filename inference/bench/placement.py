@@ -4,7 +4,7 @@ H200 (kernels/NOTES.md rounds 38-39); a move that turns a slow runner fast (or b
 
 A move allocates the buffer afresh, `offset` bytes into a larger allocation, copies its values (the step reads
 some of them: the packed words, the sums it cleared), re-points every view the step's launches read, and drops
-the captured step graphs, which hold the old addresses. The runner then decodes exactly as before."""
+the captured step and prompt graphs, which hold the old addresses. The runner then decodes exactly as before."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ import dataclasses
 import torch
 
 # what can move: the fp32 residual (the packed o-proj's and down-proj's atomics add into it), the packed
-# kinds' fp32 sums and their norm's scalars, and each packed kind's words
+# kinds' fp32 sums and their norm's scalars, each packed kind's words, the KV cache (what the attention streams)
+# and the attention's split-merge scratch (partials and counters)
 PACKED_ATTRIBUTES = {"qkv": "wqkv_packed", "o": "wo_packed", "gate_up": "w13_packed", "down": "w2_packed"}
-MOVABLE = ("residual", "sums", "norm_scalars", *(f"words.{kind}" for kind in PACKED_ATTRIBUTES))
+WORDS = tuple(f"words.{kind}" for kind in PACKED_ATTRIBUTES)
+MOVABLE = ("residual", "sums", "norm_scalars", *WORDS, "cache", "scratch")
 
 
 # Triton compiles a kernel apart for pointers that are not 16-byte aligned (and the packed launches read fp32
@@ -40,10 +42,7 @@ def move(runner, what: str, offset: int = 0) -> bool:
     if what not in MOVABLE:
         raise ValueError(f"what: expected one of {', '.join(MOVABLE)}, got {what!r}")
     if what == "residual":
-        runner.x = relocated(runner.x, offset)
-        runner.whole.x = runner.x
-        for group in runner.groups:  # lane groups' views of their lanes
-            group.x = runner.x[group.start : group.stop]
+        runner.use_residual(relocated(runner.x, offset))
     elif what == "sums":
         if runner.sums is None:
             return False
@@ -53,6 +52,15 @@ def move(runner, what: str, offset: int = 0) -> bool:
             runner.qkv_sums = runner.sums[:qkv_rows].view(1, qkv_rows)
         if runner.glu_sums is not None:
             runner.glu_sums = runner.sums[qkv_rows:]
+    elif what == "cache":  # the step's launches take their layer's views of cache.k / cache.v as they launch
+        runner.cache.k = relocated(runner.cache.k, offset)
+        runner.cache.v = relocated(runner.cache.v, offset)
+    elif what == "scratch":  # one per lane group, shared by reference: moved in place
+        scratches = {id(each): each for each in [runner.attn_scratch, *(g.scratch for g in runner.groups)]}
+        for scratch in scratches.values():
+            # the counters are copied at zero, as every merge leaves them
+            for name in ("part_o", "part_ml", "counter"):
+                setattr(scratch, name, relocated(getattr(scratch, name), offset))
     elif what == "norm_scalars":
         scalars = [name for name in ("qkv_rstd", "glu_rstd") if getattr(runner, name) is not None]
         if not scalars:
@@ -69,4 +77,5 @@ def move(runner, what: str, offset: int = 0) -> bool:
             setattr(w, attribute, dataclasses.replace(packed, lo=relocated(packed.lo, offset),
                                                       codes=relocated(packed.codes, offset)))  # fmt: skip
     runner.graphs.clear()
+    runner.prefill_graphs.clear()  # the prompt's graphs write the cache and the residual too
     return True

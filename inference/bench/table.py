@@ -18,6 +18,10 @@ def table(result: dict) -> str:
         lines.append(f"the runner's greedy step reads {read / 1e9:.3f} GB (head screen: + the candidates' rows; "
                      f"packed kinds in 12 bits): {bw * 1e9 / read:,.0f} tok/s for those bytes; % of ceiling "
                      "below is against the bf16 bytes")  # fmt: skip
+    if placement := result.get("residual_placement"):
+        steps = ", ".join(f"{us:,.1f}" for us in placement["step_us"])
+        lines.append(f"the residual kept at candidate {placement['kept']} of {len(placement['step_us'])} "
+                     f"(inference/fast/residual_placement.py; greedy step us: {steps})")  # fmt: skip
     lines += [
         "",
         "| path | decode tok/s | us/token | % of ceiling | TTFT ms |",

@@ -49,6 +49,7 @@ from inference.config import ModelConfig
 from inference.events import SamplingParams
 from inference.fast.head_choice import ScreenWatch
 from inference.fast.prefill import forward_prompt
+from inference.fast.residual_placement import place_residual
 from inference.fast.settings import RunnerSettings
 from inference.model import KVCache, Transformer
 from kernels import hopper_features
@@ -153,7 +154,7 @@ class FastRunner:
                  blocks: str | dict[str, dict[str, int]] = "", head_blocks: dict[str, int] | None = None,
                  attention: dict[str, int] | None = None, lane_groups: dict[str, int] | None = None,
                  early: dict[str, int] | None = None, head_screen: bool | None = None, packed: bool | str | None = None,
-                 packed_blocks: str | dict[str, dict[str, int]] = ""):  # fmt: skip
+                 packed_blocks: str | dict[str, dict[str, int]] = "", residual_candidates: int | None = None):  # fmt: skip
         cfg = model.cfg
         if (why := supports(cfg)) is not None:
             raise ValueError(f"model: the fast path does not support {why}")
@@ -206,7 +207,8 @@ class FastRunner:
             row_blocks=row_blocks, blocks=blocks, head_blocks=head_blocks, attention=attention,
             lane_groups=lane_groups, early=early, head_screen=head_screen, packed=packed,
             bf16=dtype == torch.bfloat16, packed_blocks=packed_blocks,
-            gate_up_shape=(2 * model.layers[0].w1.shape[1], model.layers[0].w1.shape[2]))  # fmt: skip
+            gate_up_shape=(2 * model.layers[0].w1.shape[1], model.layers[0].w1.shape[2]),
+            residual_candidates=residual_candidates)  # fmt: skip
         # The settings the step reads (scripts/decode_variants.py and the tests read them too).
         self.use_pdl = settings.use_pdl
         at = settings.attention
@@ -258,6 +260,12 @@ class FastRunner:
             self.prompt_copied = torch.cuda.Event()
             self.host_tokens = torch.zeros(RING, dtype=torch.int32, pin_memory=True)
             self.token_events = [torch.cuda.Event() for _ in range(RING)]
+        # The residual at the fastest of a few addresses, timed (inference/fast/residual_placement.py): before the
+        # step graphs are captured, which hold its address.
+        self.residual_choice, self.residual_seconds = 0, []
+        if settings.residual_candidates > 1:
+            self.residual_seconds = place_residual(self, settings.residual_candidates)
+        if device.type == "cuda":
             # Every step graph a request can replay, so that none waits on a kernel's compile or a capture: greedy,
             # sampled through the whole head, and sampled through the screen (which a request may leave mid-way).
             self.capture(greedy=True)
@@ -266,6 +274,15 @@ class FastRunner:
                 self.capture(greedy=False, screen=True)
             for bucket in self.prefill_buckets:
                 self.prefill_graphs[bucket] = self._capture_prefill(bucket)
+
+    def use_residual(self, x: torch.Tensor) -> None:
+        """x [lanes, D] fp32 becomes the residual stream: every lane group's view re-pointed, and the captured
+        graphs that hold the old address dropped."""
+        self.x = self.whole.x = x
+        for group in self.groups:  # lane groups' views of their lanes
+            group.x = x[group.start : group.stop]
+        self.graphs.clear()
+        self.prefill_graphs.clear()
 
     def _layer_weights(self, i: int, block) -> LayerWeights:
         mode, history_in = reduction(self.cfg, i)

@@ -136,6 +136,9 @@ PACKED_DEFAULTS = {
 # split 4 with 2 items, 997-1,057). llama-3.2-1b's gate/up ([2 x 8,192, 2,048]) lost with the same blocks
 # (1,612-1,630 against 1,635-1,714: its own launch 229 -> 274 us), so it keeps the kind's default.
 PACKED_SHAPE_DEFAULTS = {("gate_up", 2 * 6144, 2048): {"ahead": 1, "items": 2}}
+# The residual's addresses a runner on a GPU times while it builds, keeping the fastest
+# (inference/fast/residual_placement.py): where x lies moves qwen3-1.7b's step by ~0.8% (runs 272-273).
+RESIDUAL_CANDIDATES = 8
 # The smallest head the screen is on for by default: below it the head's read is short beside the screen's two
 # launches (H200, models/default's 8,192 x 384 head: 16,140 tok/s whole, 15,426 screened; laneformer-2b's 192 MiB
 # +1%, llama-3.2-1b's 501 MiB +9%).
@@ -297,6 +300,7 @@ class RunnerSettings:
     packed: frozenset[str]  # the kinds read from 12-bit weights on the tensor cores (one lane; PACKED_KINDS)
     # their block_m / split / ahead / items: PACKED_DEFAULTS, PACKED_SHAPE_DEFAULTS, then overrides
     packed_blocks: dict[str, dict[str, int]]
+    residual_candidates: int  # the residual's addresses timed while building (1: none, x stays where it lies)
 
     def prefetch_tiles(self, grouped: bool) -> dict[str, int]:
         """Weight tiles before each kind's wait, for a runner with lane groups (grouped) or without."""
@@ -311,12 +315,19 @@ class RunnerSettings:
                 lane_groups: dict[str, int] | None = None, early: dict[str, int] | None = None,
                 head_screen: bool | None = None, packed: bool | str | None = None, bf16: bool = True,
                 packed_blocks: str | dict[str, dict[str, int]] = "",
-                gate_up_shape: tuple[int, int] = (0, 0)) -> RunnerSettings:  # fmt: skip
+                gate_up_shape: tuple[int, int] = (0, 0),
+                residual_candidates: int | None = None) -> RunnerSettings:  # fmt: skip
         """FastRunner's keyword arguments (the same names and defaults) over the KOG_* environment, given what the
         device and the model are: lanes (the model's), device_type ('cuda', 'cpu', 'meta'), sm90 (a Hopper GPU or
         later), head_bytes (the head weight's), prefetch_next_possible (decode_attention can prefetch the next
         layer for the runner's cache), bf16 (the model's weights are bf16), gate_up_shape (a layer's gate and up
         rows as one [N, K] matrix). ValueError names the variable or the argument that is wrong."""
+        # KOG_RESIDUAL_CANDIDATES=N (or the argument): the residual's addresses a runner times while building
+        # (inference/fast/residual_placement.py); RESIDUAL_CANDIDATES on a GPU, 1 (none timed) elsewhere.
+        candidates = env_count("KOG_RESIDUAL_CANDIDATES", RESIDUAL_CANDIDATES if device_type == "cuda" else 1,
+                               minimum=1) if residual_candidates is None else residual_candidates  # fmt: skip
+        if not isinstance(candidates, int) or isinstance(candidates, bool) or candidates < 1:
+            raise ValueError(f"residual_candidates: expected an integer >= 1, got {candidates!r}")
         attention_settings = AttentionSettings.resolve(
             attention, sm90=sm90, prefetch_possible=prefetch_next_possible
         )
@@ -377,4 +388,4 @@ class RunnerSettings:
                    prefill_blocks=prefill_blocks, prefetch=prefetch, row_blocks=row_blocks, blocks=blocks,
                    screen=screen, lane_groups=groups.get("groups"),
                    early=frozenset(kind for kind, on in early.items() if on), one_lane=one_lane,
-                   packed=packed, packed_blocks=packed_settings)  # fmt: skip
+                   packed=packed, packed_blocks=packed_settings, residual_candidates=candidates)  # fmt: skip

@@ -1,0 +1,86 @@
+"""Where a runner's residual stream lies (kernels/NOTES.md round 40).
+
+The packed o-proj's and down-proj's programs add their rows into the residual x with atomics (qwen3-1.7b: 3,072
+down-proj programs a layer, each adding 16 rows of the 2,048), and the L2 performs each atomic in the slice that
+holds its line. Which slices hold x's lines follows its physical address, which a program cannot see or choose.
+On an H200 the same runner with x moved to another allocation gains or loses ~7 us a step in the down-proj alone
+(~0.8% of qwen3-1.7b's step; runs 272-273), and keeps that speed for as long as x stays. So a runner on a GPU times
+its greedy step with x at a few candidate addresses while it is built, and keeps the fastest: a measured choice,
+like a kernel's autotuned blocks, that costs a fraction of a second of the build.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+# Bytes between two candidates: past any 64 KiB boundary (run 273 moved x by 64 KiB and flipped a runner's
+# down-proj between ~157 and ~164 us), and not a power of two, so the candidates differ in many address bits.
+CANDIDATE_STRIDE = 64 * 1024 + 4 * 1024 + 512
+
+
+def residual_pool(x: torch.Tensor, candidates: int) -> list[torch.Tensor]:
+    """`candidates` views shaped like x, CANDIDATE_STRIDE bytes apart (plus x's own bytes) in one allocation,
+    16-byte aligned as the packed launches need (they read fp32 buffers as int64)."""
+    if candidates < 1:
+        raise ValueError(f"candidates: expected at least 1, got {candidates}")
+    stride = (x.numel() * x.element_size() + CANDIDATE_STRIDE) // x.element_size()
+    pool = torch.zeros(candidates * stride, dtype=x.dtype, device=x.device)
+    return [pool[k * stride : k * stride + x.numel()].view(x.shape) for k in range(candidates)]
+
+
+def step_seconds(runner, position: int, replays: int, repeats: int) -> float:
+    """The median over `repeats` of the mean time of one greedy step, over `replays` steps from `position` after a
+    warm-up: a CUDA graph's replays between device events on a GPU; eager steps by the host's clock elsewhere."""
+    times = []
+    on_gpu = runner.device.type == "cuda"
+    if on_gpu:
+        graph = runner.capture(greedy=True)
+        runner.pos.fill_(position)
+        graph.replay()  # warm-up: the first replay uploads the graph
+    start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2)) if on_gpu else (None, None)
+    for _ in range(repeats):
+        runner.pos.fill_(position)  # each repeat's steps read and write the same cache rows
+        began = time.perf_counter()
+        if on_gpu:
+            start.record()
+            for _ in range(replays):
+                graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3 / replays)
+        else:
+            for _ in range(replays):
+                runner.decode_step(greedy=True)
+            times.append((time.perf_counter() - began) / replays)
+    return statistics.median(times)
+
+
+@torch.no_grad()
+def place_residual(
+    runner, candidates: int, replays: int | None = None, repeats: int | None = None
+) -> list[float]:
+    """Times the runner's greedy step with its residual at each of `candidates` addresses and leaves it at the
+    fastest. Returns each candidate's step time in seconds, in candidate order (runner.residual_choice: the kept
+    one's index). The step's state (token, position, outputs) is left as it was; the KV cache rows from about the
+    middle of the context hold the timing's keys, which a request's own steps write before they read them."""
+    on_gpu = runner.device.type == "cuda"
+    # ~0.1 s a candidate on a GPU (qwen3-1.7b: 3 x 32 steps of ~0.9 ms, and a capture); one eager step elsewhere
+    replays, repeats = replays or (32 if on_gpu else 1), repeats or (3 if on_gpu else 1)
+    # the steps from about the middle of the context, as a request's decode would take them
+    position = max(0, runner.max_context // 2 - replays)
+    replays = max(1, min(replays, runner.max_context - 2 - position))
+    pool = residual_pool(runner.x, candidates)
+    saved = [t.clone() for t in (runner.token, runner.pos, runner.out_tokens, runner.seen)]
+    runner.token.zero_()
+    seconds = []
+    for x in pool:
+        runner.use_residual(x)
+        seconds.append(step_seconds(runner, position, replays, repeats))
+    runner.residual_choice = min(range(candidates), key=seconds.__getitem__)
+    runner.use_residual(pool[runner.residual_choice])
+    for t, s in zip((runner.token, runner.pos, runner.out_tokens, runner.seen), saved, strict=True):
+        t.copy_(s)
+    return seconds

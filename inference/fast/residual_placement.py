@@ -4,9 +4,9 @@ The packed o-proj's and down-proj's programs add their rows into the residual x 
 down-proj programs a layer, each adding 16 rows of the 2,048), and the L2 performs each atomic in the slice that
 holds its line. Which slices hold x's lines follows its physical address, which a program cannot see or choose.
 On an H200 the same runner with x moved to another allocation gains or loses ~7 us a step in the down-proj alone
-(~0.8% of qwen3-1.7b's step; runs 272-273), and keeps that speed for as long as x stays. So a runner on a GPU times
-its greedy step with x at a few candidate addresses while it is built, and keeps the fastest: a measured choice,
-like a kernel's autotuned blocks, that costs a fraction of a second of the build.
+(run 273), and keeps that speed for as long as x stays; about one address in five makes qwen3-1.7b's whole step
+~2.5% slower (run 274). So a runner on a GPU times its greedy step with x at a few candidate addresses while it is
+built, and keeps the fastest: a measured choice, like a kernel's autotuned blocks, that costs ~1 s of the build.
 """
 
 from __future__ import annotations

@@ -137,7 +137,8 @@ PACKED_DEFAULTS = {
 # (1,612-1,630 against 1,635-1,714: its own launch 229 -> 274 us), so it keeps the kind's default.
 PACKED_SHAPE_DEFAULTS = {("gate_up", 2 * 6144, 2048): {"ahead": 1, "items": 2}}
 # The residual's addresses a runner on a GPU times while it builds, keeping the fastest
-# (inference/fast/residual_placement.py): where x lies moves qwen3-1.7b's step by ~0.8% (runs 272-273).
+# (inference/fast/residual_placement.py): about one address in five makes qwen3-1.7b's step ~2.5% slower on an
+# H200; its runners placed 1,112-1,121 tok/s against 1,076-1,113 (kernels/NOTES.md round 40, run 274).
 RESIDUAL_CANDIDATES = 8
 # The smallest head the screen is on for by default: below it the head's read is short beside the screen's two
 # launches (H200, models/default's 8,192 x 384 head: 16,140 tok/s whole, 15,426 screened; laneformer-2b's 192 MiB

@@ -32,29 +32,31 @@ def residual_pool(x: torch.Tensor, candidates: int) -> list[torch.Tensor]:
 
 
 def step_seconds(runner, position: int, replays: int, repeats: int) -> float:
-    """The median over `repeats` of the mean time of one greedy step, over `replays` steps from `position` after a
-    warm-up: a CUDA graph's replays between device events on a GPU; eager steps by the host's clock elsewhere."""
-    times = []
-    on_gpu = runner.device.type == "cuda"
-    if on_gpu:
-        graph = runner.capture(greedy=True)
-        runner.pos.fill_(position)
-        graph.replay()  # warm-up: the first replay uploads the graph
-    start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2)) if on_gpu else (None, None)
-    for _ in range(repeats):
-        runner.pos.fill_(position)  # each repeat's steps read and write the same cache rows
-        began = time.perf_counter()
-        if on_gpu:
-            start.record()
-            for _ in range(replays):
-                graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3 / replays)
-        else:
+    """The median over `repeats` of the mean time of one greedy step, over `replays` steps from `position`: a CUDA
+    graph's replays between device events on a GPU (after a warm-up replay), eager steps by the host's clock
+    elsewhere (the tests)."""
+    if runner.device.type != "cuda":
+        times = []
+        for _ in range(repeats):
+            runner.pos.fill_(position)
+            began = time.perf_counter()
             for _ in range(replays):
                 runner.decode_step(greedy=True)
             times.append((time.perf_counter() - began) / replays)
+        return statistics.median(times)
+    graph = runner.capture(greedy=True)
+    runner.pos.fill_(position)
+    graph.replay()  # the first replay uploads the graph
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        runner.pos.fill_(position)  # each repeat's steps read and write the same cache rows
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / replays)
     return statistics.median(times)
 
 

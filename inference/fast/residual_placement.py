@@ -75,14 +75,12 @@ def place_residual(
     position = max(0, runner.max_context // 2 - replays)
     replays = max(1, min(replays, runner.max_context - 2 - position))
     pool = residual_pool(runner.x, candidates)
-    saved = [t.clone() for t in (runner.token, runner.pos, runner.out_tokens, runner.seen)]
-    runner.token.zero_()
     seconds = []
-    for x in pool:
-        runner.use_residual(x)
-        seconds.append(step_seconds(runner, position, replays, repeats))
+    with runner.step_state_kept():
+        runner.token.zero_()
+        for x in pool:
+            runner.use_residual(x)
+            seconds.append(step_seconds(runner, position, replays, repeats))
     runner.residual_choice = min(range(candidates), key=seconds.__getitem__)
     runner.use_residual(pool[runner.residual_choice])
-    for t, s in zip((runner.token, runner.pos, runner.out_tokens, runner.seen), saved, strict=True):
-        t.copy_(s)
     return seconds

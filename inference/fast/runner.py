@@ -41,6 +41,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
@@ -630,17 +631,25 @@ class FastRunner:
         key = (greedy, self._screen_choice(greedy, screen), steps)
         if key in self.graphs:
             return self.graphs[key]
-        saved = [t.clone() for t in (self.token, self.pos, self.out_tokens, self.seen)]
 
         def run() -> None:
             for _ in range(steps):
                 self.decode_step(greedy, key[1])
 
-        graph = self._graph_of(run)
-        for t, s in zip((self.token, self.pos, self.out_tokens, self.seen), saved, strict=True):
-            t.copy_(s)
+        with self.step_state_kept():
+            graph = self._graph_of(run)
         self.graphs[key] = graph
         return graph
+
+    @contextmanager
+    def step_state_kept(self) -> Iterator[None]:
+        """Steps taken inside (a capture's eager run, the residual's timing) leave the token, the position, the
+        outputs and the seen ids as they found them."""
+        state = (self.token, self.pos, self.out_tokens, self.seen)
+        saved = [t.clone() for t in state]
+        yield
+        for t, s in zip(state, saved, strict=True):
+            t.copy_(s)
 
     def _screen_choice(self, greedy: bool, screen: bool | None) -> bool:
         """decode_step's `screen`: None is greedy steps when the runner has a screen; True needs one."""

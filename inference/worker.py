@@ -163,6 +163,9 @@ class Worker:
         self.jobs_done = 0
         self.stopping = threading.Event()  # take no new job
         self.retired = threading.Event()  # the loop has ended: no heartbeat either
+        # Held across a heartbeat's check of `retired` and its write, and across retiring: a beat written after
+        # the retirement would list a stopped worker until the beat expires.
+        self.beat_lock = threading.Lock()
         self.beat_now = threading.Event()  # a job began or ended: say so without waiting for the next beat
         self.stall_timeout_s = STALL_TIMEOUT_S
         self.stall_exit_s = STALL_EXIT_S
@@ -196,13 +199,16 @@ class Worker:
         # Until serve_forever has returned, not merely until a stop was asked for: a SIGTERM (docker stop,
         # scaling down) lets the job in progress finish, and its readers must still see it alive.
         health_file = os.environ.get("KOG_HEALTH_FILE")
-        while not self.retired.is_set():
-            try:
-                self.channel.heartbeat(self.info())
-                if health_file:
-                    Path(health_file).touch()
-            except redis.RedisError as exc:
-                log.warning("heartbeat failed: %s", exc)
+        while True:
+            with self.beat_lock:
+                if self.retired.is_set():
+                    return
+                try:
+                    self.channel.heartbeat(self.info())
+                    if health_file:
+                        Path(health_file).touch()
+                except redis.RedisError as exc:
+                    log.warning("heartbeat failed: %s", exc)
             # Every HEARTBEAT_INTERVAL_S, and at once when a job begins or ends: the page's worker pill
             # and the readers that watch for a dropped job then see the change within a poll, not a beat.
             self.beat_now.wait(HEARTBEAT_INTERVAL_S)
@@ -250,10 +256,11 @@ class Worker:
                 redis_down = False
             if spec is not None:
                 self.run_job(spec)
-        self.retired.set()
+        with self.beat_lock:
+            self.retired.set()
+            with contextlib.suppress(redis.RedisError):  # else the heartbeat expires by itself
+                self.channel.retire()
         self.beat_now.set()  # wakes the heartbeat loop to end
-        with contextlib.suppress(redis.RedisError):  # else the heartbeat expires by itself
-            self.channel.retire()
 
     def run_job(self, spec: JobSpec) -> None:
         job = self.job = RunningJob(spec)

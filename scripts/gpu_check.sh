@@ -57,7 +57,7 @@ if [ "$TESTS" = 1 ]; then
   cores=$(nproc)
   $PY -c 'import xdist' 2>/dev/null && parallel="-n $((cores < 16 ? cores : 16))"
   timeout "${TESTS_S:-300}" $PY -m pytest -q -p no:cacheprovider --noconftest $parallel \
-    tests/test_kernels_*.py tests/test_fast_runner.py > "$OUT/tests.log" 2>&1
+    tests/kernels tests/engine/test_fast_runner.py > "$OUT/tests.log" 2>&1
   tail -4 "$OUT/tests.log" | tee -a "$OUT/bench.log"
 fi
 for model in ${WORKER_MODELS-llama-3.2-1b}; do

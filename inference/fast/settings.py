@@ -3,7 +3,7 @@ kinds that let the next kernel launch early, when the head screen is on), the pa
 environment variables and FastRunner's arguments into checked overrides (for sweeps: scripts/decode_variants.py),
 and RunnerSettings.resolve, which FastRunner (inference/fast/runner.py) calls once, when it is built: every
 setting from the environment, then the constructor's argument over it, checked against what the device can do.
-The resolution needs facts about the device and the model, not the model itself (tests/test_runner_settings.py)."""
+The resolution needs facts about the device and the model, not the model itself (tests/engine/test_runner_settings.py)."""
 
 from __future__ import annotations
 

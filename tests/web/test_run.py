@@ -1,0 +1,174 @@
+"""`python -m playground.run` (what `make run` calls) as a person runs it in a terminal, up to Ctrl-C."""
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from inference.redis_server import free_port
+from inference.synth import synth
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(child) for child in path.read_text().split()] if path.exists() else []
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def launched(tmp_path: Path, *args: str, env: dict | None = None, cwd: Path = ROOT):
+    """`python -m playground.run` in its own session, as a terminal runs it (Ctrl-C reaches its whole group),
+    from `cwd`, with a Redis of its own unless `env` names one: (launcher, port), killed at the end if still
+    running."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"} | {
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+        "LOG_FORMAT": "plain",
+        **(env or {}),
+    }
+    launcher = subprocess.Popen([sys.executable, "-m", "playground.run", "--port", str(port), *args], cwd=cwd,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)  # fmt: skip
+    try:
+        yield launcher, port
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+
+
+def ctrl_c(launcher: subprocess.Popen) -> str:
+    """Ctrl-C as a terminal sends it; what the launcher printed until it exited."""
+    os.killpg(launcher.pid, signal.SIGINT)
+    return launcher.communicate(timeout=60)[0]
+
+
+def workers(launcher: subprocess.Popen) -> list[int]:
+    return [pid for pid in children(launcher.pid) if b"inference.worker" in cmdline(pid)]
+
+
+def read_until(launcher: subprocess.Popen, words: str, lines: list[str]) -> None:
+    for line in launcher.stdout:
+        lines.append(line)
+        if words in line:
+            return
+    raise AssertionError(f"{words!r} never came:\n{''.join(lines)}")
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return b""
+
+
+def test_ctrl_c_stops_the_worker_before_its_redis_and_leaves_nothing_running(tmp_path):
+    with launched(tmp_path) as (launcher, port):
+        lines: list[str] = []
+        read_until(launcher, "Playground: http://", lines)
+        assert launcher.poll() is None, "".join(lines)
+        started = children(launcher.pid)  # redis-server, daphne and the worker
+        assert len(started) == 3, "".join(lines)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as page:
+            assert page.status == 200
+        rest = ctrl_c(launcher)
+    assert launcher.returncode == 0, rest
+    assert [pid for pid in started if alive(pid)] == []
+    # the worker retires its heartbeat on the way out: its Redis must still be up then
+    assert "redis unavailable" not in rest and "heartbeat failed" not in rest, rest
+
+
+def test_a_model_given_on_the_command_line_is_what_the_web_offers_and_a_stalled_worker_restarts(tmp_path):
+    stall = {"KOG_STALL_TIMEOUT_S": "1", "KOG_STALL_EXIT_S": "1"}
+    # a token every 20 s: it stalls
+    with launched(tmp_path, "--model", "standin:0.05", env=stall) as (launcher, port):
+        url = f"http://127.0.0.1:{port}"
+        lines: list[str] = []
+        read_until(launcher, "Playground: http://", lines)
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as reply:
+            served = [m["id"] for m in json.load(reply)["data"]]
+        assert served == ["standin:0.05"]  # not the default beside it
+        worker = workers(launcher)
+        body = json.dumps({"model": "standin:0.05", "prompt": "abc", "max_tokens": 4}).encode()
+        request = urllib.request.Request(f"{url}/v1/completions", body, {"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as stalled:
+            urllib.request.urlopen(request, timeout=60)
+        assert stalled.value.code == 503 and json.load(stalled.value)["error"]["code"] == "stalled"
+        read_until(launcher, "starting it again", lines)
+        assert launcher.poll() is None  # the playground stays up
+        restarted = []
+        for _ in range(50):  # the line comes just before the new worker starts
+            restarted = workers(launcher)
+            if restarted:
+                break
+            time.sleep(0.1)
+        assert len(restarted) == 1 and restarted != worker
+        rest = ctrl_c(launcher)
+    assert launcher.returncode == 0, "".join(lines) + rest
+
+
+def test_a_redis_url_that_answers_nothing_ends_the_launch_in_one_line(tmp_path):
+    with launched(tmp_path, env={"REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}) as (launcher, _):
+        output, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode != 0
+    assert output.strip().startswith("cannot reach Redis at REDIS_URL=redis://127.0.0.1:"), output
+    assert "Traceback" not in output and output.strip().count("\n") == 0, output
+
+
+def test_relative_models_are_the_callers_folders_by_the_names_they_give(tmp_path):
+    # The worker and daphne run in the repository: `./my-ft` must be the caller's folder, not one there.
+    here = tmp_path / "checkpoints"
+    synth("tiny-llama", here / "my-ft", seed=0)
+    env = {"MODELS": "./my-ft, alias=./my-ft"}
+    with launched(tmp_path, env=env, cwd=here) as (launcher, port):
+        lines: list[str] = []
+        read_until(launcher, "Playground: http://", lines)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30) as reply:
+            served = {m["id"]: m["workers"] for m in json.load(reply)["data"]}
+        assert served == {"my-ft": 1, "alias": 1}, "".join(lines)
+        rest = ctrl_c(launcher)
+    assert launcher.returncode == 0, "".join(lines) + rest
+
+
+def test_two_models_of_one_name_end_the_launch_in_one_line_naming_both(tmp_path):
+    for run in ("a", "b"):
+        (tmp_path / run / "checkpoint-500").mkdir(parents=True)
+    args = ["--model", "./a/checkpoint-500", "--model", "./b/checkpoint-500"]
+    with launched(tmp_path, *args, cwd=tmp_path) as (launcher, _):
+        output, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode != 0
+    assert output.strip() == (
+        f"'{tmp_path}/a/checkpoint-500' and '{tmp_path}/b/checkpoint-500' would both be served as "
+        f"'checkpoint-500': give one another name with name=path (e.g. checkpoint-500-2={tmp_path}/b/checkpoint-500),"
+        " or rename a folder"
+    ), output
+
+
+def test_relative_entries_are_made_absolute_and_the_rest_left_alone(tmp_path, monkeypatch):
+    from playground.run import absolute_entries
+
+    (tmp_path / "my-ft").mkdir()
+    monkeypatch.chdir(tmp_path)
+    entries = ["./my-ft", "my-ft", "ft=my-ft", "tiny-llama", "standin:5", "~/x", "/abs/y", "./not-here"]
+    assert absolute_entries(entries) == [
+        f"{tmp_path}/my-ft", f"{tmp_path}/my-ft", f"ft={tmp_path}/my-ft", "tiny-llama", "standin:5", "~/x",
+        "/abs/y", "./not-here",
+    ]  # fmt: skip

@@ -296,7 +296,7 @@ class Transformer(nn.Module):
     def _reduce(self, layer: int, partial: torch.Tensor, history: list[torch.Tensor]) -> torch.Tensor:
         """What each lane adds to its residual stream from this block's lane partials [L, B*T, D].
 
-        The delayed cross-lane sum of LANEFORMER.md, reproduced exactly (including its reading of the
+        The delayed cross-lane sum of docs/laneformer.md, reproduced exactly (including its reading of the
         partials of layers d <= i < 2d). `history` holds this block type's raw partials of earlier layers.
         """
         cfg, L, d = self.cfg, self.cfg.num_lanes, self.cfg.broadcast_delay

@@ -1,6 +1,6 @@
 """Named model configurations, written as the Hugging Face config.json each checkpoint carries.
 
-The full-size presets repeat the public configs of those models (and LANEFORMER.md's preset for the
+The full-size presets repeat the public configs of those models (and docs/laneformer.md's preset for the
 Laneformer 2B); the tiny ones exercise the same code paths fast enough for unit tests.
 `chat_format` picks the tokenizer synth.py builds (tokenizer_build.CHAT_FORMATS): its style, special
 tokens and chat template follow that family's real checkpoints.

@@ -454,8 +454,8 @@ def decode_attention(
     wherever it can run (None: a Hopper or later GPU and at most 16 splits).
     push: with the cluster merge, the splits push their partials into each other's shared memory (st.async,
     counted by an mbarrier: _push_merge, True) or store them to global memory before a cluster barrier
-    (_cluster_merge, False); None: the first wherever the cluster merge runs. On an H200 (kernels/NOTES.md,
-    round 27; scripts/decode_variants.py in turns at 512 + 256) the push is +1.7% on qwen3-1.7b, +1.9% on
+    (_cluster_merge, False); None: the first wherever the cluster merge runs. On an H200 (docs/fast-path.md,
+    in turns at 512 + 256) the push is +1.7% on qwen3-1.7b, +1.9% on
     llama-3.2-1b and +0.6% on laneformer-2b.
     maxnreg: a register cap per thread for the compiler (None: its own choice; for sweeps).
     next_layer: (k_cache, v_cache, window) of the next layer, or None. Given, each program asks L2 (a bulk
@@ -467,7 +467,7 @@ def decode_attention(
     its RMSNorm scalar rstd, kernels/packed_mma_gemv.py's NORMED kind): q, k and v are qkv * qkv_scale[0].
     kv_evict_first: the cached keys and values are read with L2's evict-first hint, as the weights are (False:
     plain loads that skip L1). Read once a step, they would otherwise stay in L2 at normal priority, beside the
-    weight stream that needs the room: on an H200 (kernels/NOTES.md, round 15) +0.5% (qwen3-1.7b), +0.3%
+    weight stream that needs the room: on an H200 (docs/fast-path.md) +0.5% (qwen3-1.7b), +0.3%
     (laneformer-2b) and +0.1% (llama-3.2-1b) tok/s at 512 + 256, within 0.6% either way at 3,840.
     """
     if (

@@ -1,7 +1,7 @@
 """o-proj / down-proj of every lane, fused with Laneformer's cross-lane reduction and the residual add.
 
     p[l, n]  = sum_k W[l, n, k] * act[l, k]                       (lane l's partial output; L = 1 for Llama)
-    x[l, n] += r[l, n], with r chosen per layer (LANEFORMER.md, "Reduction"):
+    x[l, n] += r[l, n], with r chosen per layer (docs/laneformer.md, the reduction rule):
         SUM      r[l] = sum_m p[m]                                (layers i < d with early comm; L = 1; d = 0)
         DELAYED  r[l] = p[l] + sum_{m != l} p_past[m]             (p_past: the raw partials of layer i - d)
         SCALED   r[l] = sqrt(L) * p[l]                            (no communication)

@@ -165,7 +165,7 @@ def _pick_blocks(vocab: int, k: int) -> tuple[int, int, int]:
     while block_n > 1 and block_n * k > 96 * 256:
         block_n //= 2
     # 4 warps: on an H200 the Llama-3.2-1B head (8 x 2048 tiles) streams at 80% of read bandwidth with 4 and
-    # 62% with 8 (151 vs 196 us a launch, run 5 of kernels/NOTES.md)
+    # 62% with 8 (151 vs 196 us a launch; docs/fast-path.md)
     return block_n, block_k, 4
 
 

@@ -19,7 +19,7 @@ Layout (pack_weight): the columns go by tiles of TILE_K; a tile's 8 planes j = 0
   `words >> 4a & 0x0F0F0F0F` lines the codes of lo word a up byte for byte.
 A program decodes 4 weights a word with integer arithmetic on the whole word (each byte's result lies in 0..255,
 so the word holds them side by side) and a byte permute that interleaves the low and high bytes into two bf16
-numbers (`prmt` on the GPU), then widens each to fp32 for an FFMA. kernels/NOTES.md round 33: ~8-9 instructions a
+numbers (`prmt` on the GPU), then widens each to fp32 for an FFMA. docs/fast-path.md: ~8-9 instructions a
 weight in all, which keeps it from streaming faster than the bf16 kernels; scripts/packed_mma_probe.py feeds the
 same pairs to the tensor cores instead.
 

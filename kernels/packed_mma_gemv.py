@@ -8,7 +8,7 @@ The encoding is kernels/packed_gemv.py's (the low byte kept, the sign and top ex
 under the row's largest, weights further down kept exactly in a list beside the matrix). What this kernel adds is
 where the decoded weights go: a decoded pair of bf16 numbers is exactly what `mma.sync.m16n8k16` takes in an A
 register, so the decode feeds the tensor cores with no fp32 widening and no FFMA a weight (~2.3 instructions a
-weight where the CUDA-core kernel needs ~8; kernels/NOTES.md, round 33).
+weight where the CUDA-core kernel needs ~8; docs/fast-path.md).
 
 Layout (pack_mma). A program holds [BM, 128] int32 tiles, 4 consecutive words a thread and 32 threads along a
 row (Triton's blocked layout for 16-byte loads), so word c of row r lies in lane c // 4, slot c % 4 of warp r.
@@ -25,8 +25,8 @@ A program takes BM M-tiles and 1 / SPLIT of K and adds its sums into out with at
 holds x; the order of the splits' adds is the only difference from one sum). The exceptions of its M-tiles (true
 weight times act at its column, less the floor each decodes to times the same) are shared out over the SPLIT
 programs of those tiles and added the same way. The next kernel reads out after its griddepcontrol wait, which
-waits for this grid's completion and its memory (atomics included). In the decode step (kernels/NOTES.md round
-34) 4 chunks a program ran fastest, the down-proj 2 of them loaded before its wait (inference/fast/settings.py).
+waits for this grid's completion and its memory (atomics included). In the decode step (docs/fast-path.md)
+4 chunks a program ran fastest, the down-proj 2 of them loaded before its wait (inference/fast/settings.py).
 
 The gate/up (NORMED) builds B from the residual x times the norm weight g (a bf16 hi and lo part) and leaves
 RMSNorm's scalar rstd out of its sums: one program writes it, and the down-proj (GLU) builds its B as
@@ -567,7 +567,7 @@ def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_
 
 def pick_split(chunks: int, most: int = 4) -> int:
     """The fewest programs along K that leave each at most `most` chunks (of a divisor of the chunks): in the
-    decode step on an H200 (kernels/NOTES.md round 34) 4 chunks a program, one M-tile, ran fastest for the
+    decode step on an H200 (docs/fast-path.md) 4 chunks a program, one M-tile, ran fastest for the
     o-proj (qwen3-1.7b's 32 chunks over 8 programs) and the down-proj (qwen3-1.7b's 96 over 24: 1,083 tok/s, at 6
     or 3 chunks 1,075 and 1,021; llama-3.2-1b's 128 over 32: 1,643, at 8 or 2 chunks 1,637 and 1,479)."""
     return next(s for s in range(1, chunks + 1) if chunks % s == 0 and chunks // s <= most)

@@ -23,7 +23,7 @@ their sums before the SiLU.
 Under Triton's interpreter (no inline asm) the decoded weights' products are summed in fp32 in the mma's place,
 as packed_mma_gemv does: the tests check the layout, the decode and the exceptions on the CPU, the mma on the GPU.
 
-On an H200 (kernels/NOTES.md round 36) the unrolled form of this loop read its 1.5 bytes a weight at up to ~85%
+On an H200 (docs/fast-path.md) the unrolled form of this loop read its 1.5 bytes a weight at up to ~85%
 of the bandwidth with 12-16 chunks loaded before its wait, but those loads slowed the o-proj it overlaps by about
 as much: qwen3-1.7b 1,086 tok/s against 1,095 with the bf16 gate/up, so it is not the default (KOG_PACKED's kind
 `glu`). Its SASS showed why a deep ring was needed before the wait: ptxas moved the unrolled ring's later loads

@@ -1,6 +1,6 @@
 """One of a FastRunner's buffers moved to a new address (scripts/placement_probe.py): whether a runner's decode
 speed follows where that buffer lies. Runners of one setting, built from the same weights, differ by ~1% on an
-H200 (kernels/NOTES.md rounds 38-39); a move that turns a slow runner fast (or back) names the buffer.
+H200 (docs/fast-path.md); a move that turns a slow runner fast (or back) names the buffer.
 
 A move allocates the buffer afresh, `offset` bytes into a larger allocation, copies its values (the step reads
 some of them: the packed words, the sums it cleared), re-points every view the step's launches read, and drops

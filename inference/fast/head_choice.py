@@ -4,11 +4,11 @@ A sampled step through the screen (kernels/lm_head_screen.py `screened_logits`) 
 then again in bf16 every row within reach of the draw. On a trained model's peaked logits those are a few rows and
 the step reads about half the head's bytes. On flat logits (random weights, or a stretch of text where the model
 has no idea) they are most of the vocabulary, read in small gathered rounds, and the step costs more than the
-whole bf16 head (H200, kernels/NOTES.md round 21: llama-3.2-1b with random weights 1,158 tok/s screened, 1,408
+whole bf16 head (H200, docs/fast-path.md: llama-3.2-1b with random weights 1,158 tok/s screened, 1,408
 whole).
 
 The screen pays while the rows it reads again stay under about a quarter of the vocabulary. The head alone on the
-H200 (scripts/head_screen_probe.py, kernels/NOTES.md round 22): llama-3.2-1b's sampled head took 118 us whole and
+H200 (scripts/head_screen_probe.py, docs/fast-path.md): llama-3.2-1b's sampled head took 118 us whole and
 68 us screened on peaked logits (3 rows read again), 267 us screened on random weights' (all 128K rows), ~1.55 ns a
 row, so the screen breaks even at ~32K rows (25%).
 

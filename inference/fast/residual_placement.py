@@ -1,4 +1,4 @@
-"""Where a runner's residual stream lies (kernels/NOTES.md round 40).
+"""Where a runner's residual stream lies (docs/fast-path.md).
 
 The packed o-proj's and down-proj's programs add their rows into the residual x with atomics (qwen3-1.7b: 3,072
 down-proj programs a layer, each adding 16 rows of the 2,048), and the L2 performs each atomic in the slice that

@@ -23,7 +23,7 @@ Lane groups (Laneformer): from the first layer whose reductions are delayed, a l
 lanes' partials of layer i - d only, so two groups of lanes decode as independent chains of launches, one CUDA
 stream each (forked and joined inside the step's graph), meeting only through those old partials. While one
 group's attention waits on its chain of dependent reads, or one group's kernel drains, the other's kernels keep
-the memory busy (`lane_groups`; the default on a GPU for large layers; kernels/NOTES.md, round 8).
+the memory busy (`lane_groups`; the default on a GPU for large layers; docs/fast-path.md).
 
 Prefill (inference/fast/prefill.py) is the reference model's math over the whole prompt: cuBLAS matrix
 products, Triton flash attention with RoPE and the KV-cache write, one kernel per block boundary; graphs for
@@ -752,7 +752,7 @@ class FastRunner:
         prompt's start (its kernels each finish before the next is queued), so this is one write into a pinned
         buffer through numpy (~4x faster than torch.tensor of a list) and one asynchronous copy, where a
         Python scalar or list written into a device tensor would be a pageable copy that synchronizes the stream
-        (kernels/NOTES.md, rounds 9 and 14)."""
+        (docs/fast-path.md)."""
         n, on_gpu, vocab = len(prompt_ids), self.device.type == "cuda", self.embed.shape[0]
         if on_gpu:
             self.prompt_copied.synchronize()  # the previous prompt has left the pinned buffer

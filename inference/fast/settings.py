@@ -81,7 +81,7 @@ EARLY_KINDS = ("qkv", "o", "gate_up", "down")
 # One-lane models (Llama, Qwen3): the q|k|v and o-proj kernels trigger early, so the attention's programs are
 # resident (and load their first key block) while q|k|v streams, and the gate/up programs while the attention and
 # the o-proj run, each with 3 tiles of the pair in flight before its wait. H200, scripts/decode_variants.py in
-# turns (kernels/NOTES.md round 11): llama-3.2-1b 1,402 -> 1,419 tok/s, qwen3-1.7b 942 -> 958; 2 or 4 tiles, or
+# turns (docs/fast-path.md): llama-3.2-1b 1,402 -> 1,419 tok/s, qwen3-1.7b 942 -> 958; 2 or 4 tiles, or
 # either trigger alone, gained less; an early down-proj lost 8% on qwen3. Laneformer's lane groups: no change.
 ONE_LANE_EARLY = {"qkv": 1, "o": 1}
 ONE_LANE_PREFETCH = {"gate_up": 3}
@@ -92,7 +92,7 @@ ONE_LANE_PREFETCH = {"gate_up": 3}
 # PACKED_DEFAULTS, then the launcher's choice; sweeps). A packed gate/up needs the other two: the o-proj clears
 # the sums it adds into, the down-proj reads them. Its input is x * g, the norm's scalar written once a launch
 # (round 34's, rmsnorm(x) * g built in every program, ran far slower than the bf16 kernel: H200, qwen3-1.7b 947
-# tok/s against 1,089; kernels/NOTES.md).
+# tok/s against 1,089; docs/fast-path.md).
 # `glu` packs the gate/up another way (kernels/packed_mma_glu.py): gate and up rows interleaved, whole-K programs
 # that apply the norm and the SiLU themselves, so it needs neither neighbour packed; not a default (H200, round 36:
 # qwen3-1.7b 1,086 tok/s at 2 M-tiles a program and 12 chunks ahead against 1,095 bf16, llama-3.2-1b 1,663 against
@@ -106,7 +106,7 @@ PACKED_KINDS = ("qkv", "o", "gate_up", "down", "glu")
 DEFAULT_PACKED_KINDS = ("o", "down")  # KOG_PACKED=1's, and a Hopper GPU's without it
 # ... and the gate/up too where a layer's is at least this many bf16 bytes: the packed gate/up saves a quarter of
 # its bytes, and gives part of it back at its edges (the o-proj clears its sums, the down-proj's programs find
-# room later): H200, scripts/decode_variants.py in turns (kernels/NOTES.md rounds 35, 37, 38): llama-3.2-1b (64 MiB
+# room later): H200, scripts/decode_variants.py in turns (docs/fast-path.md): llama-3.2-1b (64 MiB
 # a layer) 1,719-1,727 tok/s against 1,638-1,650; qwen3-1.7b (48 MiB) 1,094-1,107 against 1,087-1,092 over ten
 # and six runners in runs 257 and 259 (round 38), 1,095-1,114 against 1,098-1,104 in round 37's four pairs: +0.7%
 # over all of them, while the runners of one setting lie 1-1.7% apart.
@@ -116,7 +116,7 @@ PACKED_KEYS = ("block_m", "split", "ahead", "items", "before")
 PACKED_OPTIONAL_KEYS = 1
 # Chunks a program loads before its wait (and keeps in flight). The o-proj takes all of its (4): the attention
 # before it reads little. The down-proj takes 2 of its 4: its programs launch while gate/up streams, and loading
-# all of their weights then slows gate/up (H200, scripts/decode_variants.py in turns, kernels/NOTES.md round 34:
+# all of their weights then slows gate/up (H200, scripts/decode_variants.py in turns, docs/fast-path.md:
 # qwen3-1.7b 1,083 tok/s at 2, 1,065 at 1, 1,014 at all 4; llama-3.2-1b 1,643, 1,617, 1,598; the o-proj at 2:
 # 1,076 and 1,634). The o-proj's programs take 2 M-tiles (2 warps): qwen3-1.7b 1,099-1,103 against 1,090-1,093
 # at 1 (run 235, each built twice), llama-3.2-1b 1,650-1,661 against 1,657-1,658.
@@ -131,14 +131,14 @@ PACKED_DEFAULTS = {
 # override. qwen3-1.7b's gate/up ([2 x 6,144, 2,048], 768 M-tiles): 1 chunk before its wait and 2 items a program
 # (3,072 programs of 8 chunks, a chunk in flight across the two): its programs, fewer and lighter before their
 # wait, slow the attention and o-proj they launch beside less (o-proj 75-78 us a step against 85-92) for +4-6 us
-# of their own. H200, scripts/decode_variants.py, four runners of each in turns (kernels/NOTES.md round 39):
+# of their own. H200, scripts/decode_variants.py, four runners of each in turns (docs/fast-path.md):
 # 1,108-1,114 tok/s against 1,092-1,104 (1 chunk ahead alone 1,088-1,109, with split 4 1,104-1,111; 4 items, or
 # split 4 with 2 items, 997-1,057). llama-3.2-1b's gate/up ([2 x 8,192, 2,048]) lost with the same blocks
 # (1,612-1,630 against 1,635-1,714: its own launch 229 -> 274 us), so it keeps the kind's default.
 PACKED_SHAPE_DEFAULTS = {("gate_up", 2 * 6144, 2048): {"ahead": 1, "items": 2}}
 # The residual's addresses a runner on a GPU times while it builds, keeping the fastest
 # (inference/fast/residual_placement.py): about one address in five makes qwen3-1.7b's step ~2.5% slower on an
-# H200; its runners placed 1,112-1,121 tok/s against 1,076-1,113 (kernels/NOTES.md round 40, run 274).
+# H200; its runners placed 1,112-1,121 tok/s against 1,076-1,113 (docs/fast-path.md).
 RESIDUAL_CANDIDATES = 8
 # The smallest head the screen is on for by default: below it the head's read is short beside the screen's two
 # launches (H200, models/default's 8,192 x 384 head: 16,140 tok/s whole, 15,426 screened; laneformer-2b's 192 MiB

@@ -1,4 +1,4 @@
-"""The Laneformer path against a deliberately simple reference written here from LANEFORMER.md:
+"""The Laneformer path against a deliberately simple reference written here from docs/laneformer.md:
 einsum over lanes, float64, the whole prefix recomputed for every position, no cache."""
 
 import json
@@ -44,7 +44,7 @@ def laneformer_checkpoint(path, seed=0, **overrides):
 
 
 def reference_logits(raw: dict, w: dict, ids: list[int]) -> torch.Tensor:
-    """LANEFORMER.md's forward pass, read literally. Returns [T, V] float64."""
+    """docs/laneformer.md's forward pass, read literally. Returns [T, V] float64."""
     w = {k: v.double() for k, v in w.items()}
     L, D, H, N = raw["num_lanes"], raw["hidden_size"], raw["num_attention_heads"], raw["num_hidden_layers"]
     KV, hd, d = raw["num_key_value_heads"], D // H, raw.get("broadcast_delay", 1)

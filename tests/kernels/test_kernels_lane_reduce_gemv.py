@@ -7,7 +7,7 @@ from tests.support.kernels import DEVICE, ON_GPU, assert_close, dtype_params, la
 
 
 def reference(act, weight, x, mode, history_in=None, base=None):
-    """fp64: the lane partials, then the reduction of LANEFORMER.md, then the residual add."""
+    """fp64: the lane partials, then the reduction of docs/laneformer.md, then the residual add."""
     p = torch.einsum("lnk,lk->ln", weight.double().cpu(), act.double().cpu())
     old = x.double().cpu() if base is None else base.double().cpu().expand_as(p)
     return old + lane_reduction(p, mode, history_in), p
@@ -99,7 +99,7 @@ def test_layer_zero_starts_from_the_embedding_row(dtype):
 
 
 def test_launcher_picks_the_measured_blocks_on_a_gpu(monkeypatch):
-    """The H200 sweep's choices (kernels/NOTES.md, round 5), as the launcher would make them on 132 SMs."""
+    """The H200 sweep's choices (docs/fast-path.md), as the launcher would make them on 132 SMs."""
     monkeypatch.setattr(lane_reduce_module, "interpreted", lambda: False)
     monkeypatch.setattr(lane_reduce_module, "sm_count", lambda device: 132)
     pick = lane_reduce_module._pick_blocks

@@ -31,7 +31,7 @@ def sm_count(device: torch.device) -> int:
 
 def hopper_features(device: torch.device) -> bool:
     """Whether kernels may use sm_90 features (programmatic dependent launch, thread-block clusters) on
-    `device`: a Hopper or later GPU, or meta tensors (scripts/kernel_report.py compiles for sm_90)."""
+    `device`: a Hopper or later GPU, or meta tensors (a step compiled without weights)."""
     if device.type == "meta":
         return True
     return device.type == "cuda" and not interpreted() and torch.cuda.get_device_capability(device)[0] >= 9

@@ -16,7 +16,7 @@ value come from registers, not from a re-read of the cache. The partials are mer
   1/SPLITS of the head group's output elements. By default every split pushes each owner its slice straight
   into the owner's shared memory (st.async, counted in bytes by the owner's mbarrier: _push_merge); or the
   partials go to global memory and the owners read them after a cluster barrier (_cluster_merge, push=False).
-  H200, scripts/decode_variants.py in turns: the barrier merge +2.2% llama-3.2-1b, +2.2% qwen3-1.7b, +1.4%
+  H200, in turns: the barrier merge +2.2% llama-3.2-1b, +2.2% qwen3-1.7b, +1.4%
   laneformer-2b against the counter below, the push +1.9%, +1.7% and +0.6% more;
 - otherwise (the interpreter, or more than 16 splits) the last split of a head to finish, found by an
   atomic counter, merges all of them.
@@ -271,7 +271,7 @@ def _prefetch_next_block(next_k_ptr, next_v_ptr, kv_base, pos, next_window, spli
     """The first block of cached keys and values this program's split will read in the next layer (the same
     split of the same KV head; the next layer may have another window), asked into L2 now.
 
-    Why the first block only, and after this split's own reads (H200, scripts/decode_variants.py in turns,
+    Why the first block only, and after this split's own reads (H200, in turns,
     tok/s with the prefetch off -> on; laneformer-2b / qwen3-1.7b): the first block alone at this point gave
     837 -> 840 / 923 -> 937 at 512 + 256 and 780 -> 780 / 813 -> 814 at 3,839 + 256 tokens. The whole split
     range asked for right after the wait gave 844 / 931 but 765 / 786 at the long context, where those bytes
@@ -446,7 +446,7 @@ def decode_attention(
     k_cache, v_cache: [KV, max_len, hd] of this layer. cos, sin: [max_positions, hd/2] fp32.
     out: [L, H/L * hd]. q_norm, k_norm: [hd] (Qwen3). scratch: from AttentionScratch for this model.
     num_warps: None picks 4, except 2 for head dims up to 64 with the counter merge. On an H200
-    (scripts/decode_variants.py, in turns): with the counter, 2 warps made llama-3.2-1b (head dim 64) 1.1%
+    (in turns): with the counter, 2 warps made llama-3.2-1b (head dim 64) 1.1%
     faster, while qwen3-1.7b (128) and laneformer-2b (96) ran 3-4x slower with them; with the cluster merge,
     whose last step is spread over the threads, 4 warps are 1.2% faster than 2 on llama-3.2-1b. 8 warps were
     slower on all three models both ways.

@@ -164,7 +164,7 @@ def _pick_blocks(lanes: int, n: int, k: int, device: torch.device) -> tuple[int,
     if lanes_p == 1 and k >= 2048:
         # One lane (the o-proj and down-proj of Llama / Qwen3): tiles of 8 warps x 64 elements a thread, as wide
         # as K allows (the largest power of two up to 4096 dividing K). Measured on an H200
-        # (scripts/decode_variants.py, in turns) against the 2 x 512 (down) and 4 x 512 (o-proj) tiles before:
+        # (in turns) against the 2 x 512 (down) and 4 x 512 (o-proj) tiles before:
         # down-proj llama-3.2-1b (K 8192, 4 x 4096) +2.1%, qwen3-1.7b (K 6144, 8 x 2048) +3.5%; o-proj (K 2048,
         # 8 x 2048) +0.8% and +1.3%. Narrower or taller tiles, or 4 warps, were no better; 256 programs still
         # fill the H200 twice.
@@ -176,7 +176,7 @@ def _pick_blocks(lanes: int, n: int, k: int, device: torch.device) -> tuple[int,
     while k % block_k and block_k > 64:  # avoid a half-masked last tile (K = 384 -> 128)
         block_k //= 2
     # With lanes, tiles at most 256 columns wide: laneformer-2b's down-proj (K 1536) as 4 rows x 256 columns
-    # streams faster end to end than 4 x 512 (H200, scripts/decode_variants.py in turns): +4.7% with all 8 lanes
+    # streams faster end to end than 4 x 512 (H200, in turns): +4.7% with all 8 lanes
     # in one launch, +0.7% with the runner's lane groups of 4 (8 rows, 8 warps, 2 x 512 or 4 x 128: slower).
     if lanes_p > 1:
         block_k = min(block_k, 256)

@@ -20,7 +20,7 @@ Layout (pack_weight): the columns go by tiles of TILE_K; a tile's 8 planes j = 0
 A program decodes 4 weights a word with integer arithmetic on the whole word (each byte's result lies in 0..255,
 so the word holds them side by side) and a byte permute that interleaves the low and high bytes into two bf16
 numbers (`prmt` on the GPU), then widens each to fp32 for an FFMA. docs/fast-path.md: ~8-9 instructions a
-weight in all, which keeps it from streaming faster than the bf16 kernels; scripts/packed_mma_probe.py feeds the
+weight in all, which keeps it from streaming faster than the bf16 kernels; kernels/packed_mma_gemv.py feeds the
 same pairs to the tensor cores instead.
 
 Bytes: 1.5 a weight (bf16: 2) plus 4 a row and 8 for each slot of the exception lists (as many a row as the row

@@ -112,7 +112,7 @@ def chunk_columns(k: int, device, normed: bool = False) -> torch.Tensor:
     """[K] long: the weight column at each position of the fragments' order, where position (4 i + j) * 16 + kk
     is column kk of K-part j of chunk i. Column 2t + e + 8h of K-part j (lane t's B pair h, element e) is
     64 i + 32 h + 8 t + 2 j + e, so that a lane's B pairs for its 4 K-parts are 16 contiguous bytes of a bf16
-    input; normed (scripts/packed_mma_probe.py's kinds that build B from fp32 x * g): 64 i + 32 h + 8 t + 4 e + j,
+    input; normed (for kinds that build B from fp32 x * g): 64 i + 32 h + 8 t + 4 e + j,
     so that each element's x and g for the 4 K-parts are contiguous."""
     pos = torch.arange(k, device=device)
     i, j, kk = pos // 64, (pos // 16) % 4, pos % 16
@@ -241,7 +241,7 @@ def unpack_mma(packed: MmaPackedWeight) -> torch.Tensor:
 
 
 def placeholder(n: int, k: int, device) -> MmaPackedWeight:
-    """A MmaPackedWeight of the right shapes and no contents, no exceptions (meta tensors: scripts/kernel_report.py
+    """A MmaPackedWeight of the right shapes and no contents, no exceptions (meta tensors: a step
     compiles the step without weights)."""
     m_tiles, chunks = n // 16, k // CHUNK
 

@@ -1,4 +1,4 @@
-"""One of a FastRunner's buffers moved to a new address (scripts/placement_probe.py): whether a runner's decode
+"""One of a FastRunner's buffers moved to a new address: whether a runner's decode
 speed follows where that buffer lies. Runners of one setting, built from the same weights, differ by ~1% on an
 H200 (docs/fast-path.md); a move that turns a slow runner fast (or back) names the buffer.
 

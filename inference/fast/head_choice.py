@@ -8,7 +8,7 @@ whole bf16 head (H200, docs/fast-path.md: llama-3.2-1b with random weights 1,158
 whole).
 
 The screen pays while the rows it reads again stay under about a quarter of the vocabulary. The head alone on the
-H200 (scripts/head_screen_probe.py, docs/fast-path.md): llama-3.2-1b's sampled head took 118 us whole and
+H200 (docs/fast-path.md): llama-3.2-1b's sampled head took 118 us whole and
 68 us screened on peaked logits (3 rows read again), 267 us screened on random weights' (all 128K rows), ~1.55 ns a
 row, so the screen breaks even at ~32K rows (25%).
 

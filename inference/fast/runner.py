@@ -200,7 +200,7 @@ class FastRunner:
         self.cache = KVCache(cfg, max_context, 1, device, dtype)
         # Every setting, from the environment and the arguments, checked (inference/fast/settings.py): what the
         # device can do decides some. PDL and clusters: Hopper and later (not meta tensors, which
-        # scripts/kernel_report.py builds on); the L2 prefetch asks about the cache's rows too.
+        # a step compiled without weights); the L2 prefetch asks about the cache's rows too.
         self.settings = settings = RunnerSettings.resolve(
             lanes=lanes, device_type=device.type, sm90=device.type == "cuda" and hopper_features(device),
             head_bytes=self.head_weight.numel() * self.head_weight.element_size(),
@@ -210,7 +210,7 @@ class FastRunner:
             bf16=dtype == torch.bfloat16, packed_blocks=packed_blocks,
             gate_up_shape=(2 * model.layers[0].w1.shape[1], model.layers[0].w1.shape[2]),
             residual_candidates=residual_candidates)  # fmt: skip
-        # The settings the step reads (scripts/decode_variants.py and the tests read them too).
+        # The settings the step reads (the tests read them too).
         self.use_pdl = settings.use_pdl
         at = settings.attention
         self.attn_block_t, self.attn_warps, self.attn_maxnreg = at.block_t, at.num_warps, at.maxnreg
@@ -626,7 +626,7 @@ class FastRunner:
     # --- graphs --------------------------------------------------------------------------------------
 
     def capture(self, greedy: bool, steps: int = 1, screen: bool | None = None) -> torch.cuda.CUDAGraph:
-        """Capture `steps` decode steps as one graph (the runner replays one; scripts/graph_probe.py times more),
+        """Capture `steps` decode steps as one graph (the runner replays one),
         leaving token, position and outputs as they were. screen: as decode_step's."""
         key = (greedy, self._screen_choice(greedy, screen), steps)
         if key in self.graphs:

@@ -1,6 +1,6 @@
 """The fast runner's settings: the defaults measured on an H200 (weight tiles before each kernel's wait, the
 kinds that let the next kernel launch early, when the head screen is on), the parsers that turn the KOG_*
-environment variables and FastRunner's arguments into checked overrides (for sweeps: scripts/decode_variants.py),
+environment variables and FastRunner's arguments into checked overrides (for sweeps),
 and RunnerSettings.resolve, which FastRunner (inference/fast/runner.py) calls once, when it is built: every
 setting from the environment, then the constructor's argument over it, checked against what the device can do.
 The resolution needs facts about the device and the model, not the model itself (tests/engine/test_runner_settings.py)."""
@@ -17,7 +17,7 @@ from inference.fast.prefill import block_overrides
 
 # Weight tiles each matrix-vector kind loads before it waits on the previous kernel (kernels' `prefetch`;
 # more than a row has means all). The o-proj takes all of its tiles: attention before it reads little, so
-# its weights stream while attention runs (H200, scripts/decode_variants.py in turns on one machine: llama
+# its weights stream while attention runs (H200, in turns on one machine: llama
 # 1,184 -> 1,212 tok/s, laneformer 698 -> 709). More tiles for the others measured no better (qkv, gate/up)
 # or far worse (laneformer's down-proj at 3 tiles: registers).
 DEFAULT_PREFETCH = {"qkv": 1, "o": 64, "gate_up": 1, "down": 1}
@@ -74,13 +74,13 @@ SWITCH_ENV = (
     ("KOG_ATTN_CLUSTER", "cluster"), ("KOG_ATTN_PUSH", "push"), ("KOG_ATTN_PREFETCH_NEXT", "prefetch_next")
 )  # fmt: skip
 # Lane groups: how many (1: none). Unset: 2 on a GPU wherever the lanes split in two past their first layers
-# (laneformer-2b on an H200, scripts/decode_variants.py in turns: 800 -> 844 tok/s; 4 groups 832).
+# (laneformer-2b on an H200, in turns: 800 -> 844 tok/s; 4 groups 832).
 LANE_GROUP_KEYS = ("groups",)
 # Matrix-vector kinds that let the next kernel launch before their own wait (kernels' `trigger_early`).
 EARLY_KINDS = ("qkv", "o", "gate_up", "down")
 # One-lane models (Llama, Qwen3): the q|k|v and o-proj kernels trigger early, so the attention's programs are
 # resident (and load their first key block) while q|k|v streams, and the gate/up programs while the attention and
-# the o-proj run, each with 3 tiles of the pair in flight before its wait. H200, scripts/decode_variants.py in
+# the o-proj run, each with 3 tiles of the pair in flight before its wait. H200, in
 # turns (docs/fast-path.md): llama-3.2-1b 1,402 -> 1,419 tok/s, qwen3-1.7b 942 -> 958; 2 or 4 tiles, or
 # either trigger alone, gained less; an early down-proj lost 8% on qwen3. Laneformer's lane groups: no change.
 ONE_LANE_EARLY = {"qkv": 1, "o": 1}
@@ -106,7 +106,7 @@ PACKED_KINDS = ("qkv", "o", "gate_up", "down", "glu")
 DEFAULT_PACKED_KINDS = ("o", "down")  # KOG_PACKED=1's, and a Hopper GPU's without it
 # ... and the gate/up too where a layer's is at least this many bf16 bytes: the packed gate/up saves a quarter of
 # its bytes, and gives part of it back at its edges (the o-proj clears its sums, the down-proj's programs find
-# room later): H200, scripts/decode_variants.py in turns (docs/fast-path.md): llama-3.2-1b (64 MiB
+# room later): H200, in turns (docs/fast-path.md): llama-3.2-1b (64 MiB
 # a layer) 1,719-1,727 tok/s against 1,638-1,650; qwen3-1.7b (48 MiB) 1,094-1,107 against 1,087-1,092 over ten
 # and six runners in runs 257 and 259 (round 38), 1,095-1,114 against 1,098-1,104 in round 37's four pairs: +0.7%
 # over all of them, while the runners of one setting lie 1-1.7% apart.
@@ -116,7 +116,7 @@ PACKED_KEYS = ("block_m", "split", "ahead", "items", "before")
 PACKED_OPTIONAL_KEYS = 1
 # Chunks a program loads before its wait (and keeps in flight). The o-proj takes all of its (4): the attention
 # before it reads little. The down-proj takes 2 of its 4: its programs launch while gate/up streams, and loading
-# all of their weights then slows gate/up (H200, scripts/decode_variants.py in turns, docs/fast-path.md:
+# all of their weights then slows gate/up (H200, in turns, docs/fast-path.md:
 # qwen3-1.7b 1,083 tok/s at 2, 1,065 at 1, 1,014 at all 4; llama-3.2-1b 1,643, 1,617, 1,598; the o-proj at 2:
 # 1,076 and 1,634). The o-proj's programs take 2 M-tiles (2 warps): qwen3-1.7b 1,099-1,103 against 1,090-1,093
 # at 1 (run 235, each built twice), llama-3.2-1b 1,650-1,661 against 1,657-1,658.
@@ -131,7 +131,7 @@ PACKED_DEFAULTS = {
 # override. qwen3-1.7b's gate/up ([2 x 6,144, 2,048], 768 M-tiles): 1 chunk before its wait and 2 items a program
 # (3,072 programs of 8 chunks, a chunk in flight across the two): its programs, fewer and lighter before their
 # wait, slow the attention and o-proj they launch beside less (o-proj 75-78 us a step against 85-92) for +4-6 us
-# of their own. H200, scripts/decode_variants.py, four runners of each in turns (docs/fast-path.md):
+# of their own. H200, four runners of each in turns (docs/fast-path.md):
 # 1,108-1,114 tok/s against 1,092-1,104 (1 chunk ahead alone 1,088-1,109, with split 4 1,104-1,111; 4 items, or
 # split 4 with 2 items, 997-1,057). llama-3.2-1b's gate/up ([2 x 8,192, 2,048]) lost with the same blocks
 # (1,612-1,630 against 1,635-1,714: its own launch 229 -> 274 us), so it keeps the kind's default.

@@ -395,7 +395,7 @@ def test_a_runner_of_parameters_holds_no_autograd_graph():
 
 @fp32_only
 def test_a_runner_with_a_buffer_moved_generates_the_same_tokens():
-    """inference/bench/placement.py (scripts/placement_probe.py): every buffer a move re-allocates, the step's
+    """inference/bench/placement.py: every buffer a move re-allocates, the step's
     launches must then read and write there, or the tokens part."""
     model = bf16_valued(make_model("tiny-qwen3", seed=11, intermediate_size=192))
     prompt, params = list(range(3, 14)), SamplingParams(max_new_tokens=4, temperature=0.0)

@@ -19,7 +19,7 @@ from inference.fast.settings import (
     env_count,
 )
 
-# A CPU under the interpreter, a Hopper GPU, and the meta tensors scripts/kernel_report.py builds on (no PDL or
+# A CPU under the interpreter, a Hopper GPU, and the meta tensors a step compiles on (no PDL or
 # clusters there, but its cache rows pass prefetch_next_possible).
 CPU = {"device_type": "cpu", "sm90": False, "prefetch_next_possible": False}
 H200 = {"device_type": "cuda", "sm90": True, "prefetch_next_possible": True}

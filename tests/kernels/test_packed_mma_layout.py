@@ -1,18 +1,22 @@
 """The bookkeeping of kernels/packed_mma_gemv.py's tensor-core layout, on the CPU: reading the packed words back
 the way the kernel's lanes do, one weight at a time (fragment rows and columns, chunk order, code nibbles, bases),
-gives the matrix with its exceptions at their row's floor, as scripts/packed_mma_probe.py's kernels see it."""
-
-import sys
-from pathlib import Path
+gives the matrix with its exceptions at their row's floor, which the kernel's mma see before it adds the exceptions'
+corrections."""
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from kernels.packed_gemv import encode_rows, row_floors
+from kernels.packed_mma_gemv import chunk_columns, fragment_index, pack_mma
 
-from packed_mma_probe import pack_floored  # noqa: E402
 
-from kernels.packed_mma_gemv import chunk_columns, fragment_index  # noqa: E402
+def pack_floored(weight: torch.Tensor, normed: bool = False) -> dict:
+    """pack_mma's words and bases, and the matrix they decode to on their own: every exception at its row's floor."""
+    packed = pack_mma(weight, normed=normed)
+    bits, _, _, base, exception = encode_rows(weight)
+    decoded = torch.where(exception, row_floors(base)[:, None], bits)
+    return {"lo": packed.lo, "codes": packed.codes, "base": packed.base, "n": packed.n, "k": packed.k,
+            "decoded": decoded.to(torch.int16).view(torch.bfloat16)}  # fmt: skip
 
 
 def read_back(packed: dict, normed: bool) -> torch.Tensor:
@@ -45,7 +49,7 @@ def read_back(packed: dict, normed: bool) -> torch.Tensor:
 def test_the_lanes_read_back_the_matrix(normed):
     gen = torch.Generator().manual_seed(0)
     w = (torch.randn(32, 128, generator=gen) * 128**-0.5).to(torch.bfloat16)
-    w[3, 5] = 1e-12  # an exception: decoded to its row's floor, as the probe's kernels see it
+    w[3, 5] = 1e-12  # an exception: decoded to its row's floor before its correction
     packed = pack_floored(w, normed=normed)
     assert torch.equal(read_back(packed, normed).view(torch.int16), packed["decoded"].view(torch.int16))
     assert packed["decoded"][3, 5] != w[3, 5]

@@ -35,7 +35,7 @@ def test_laneformer_2b_preset_matches_laneformer_md():
     assert (cfg.num_lanes, cfg.broadcast_delay, cfg.head_dim, cfg.vocab_size) == (8, 2, 96, 32000)
     assert cfg.window_layers == tuple(range(10)) and cfg.sliding_window == 2048
     assert cfg.rope_interleaved and not cfg.tie_word_embeddings
-    # docs/laneformer.md: the preset's D = 3072, F = 12288 give the released model's 2,320,069,632 parameters
+    # docs/laneformer.md: the preset's D = 3072, F = 12288 give 2,320,069,632 parameters (the published 2.3B)
     assert sum(math.prod(s) for s in checkpoint_shapes(cfg).values()) == 2_320_069_632
 
 

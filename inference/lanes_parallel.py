@@ -52,7 +52,9 @@ class LaneShard:
                                  num_kv_heads=cfg.num_kv_heads // world,
                                  intermediate_size=cfg.intermediate_size // world)  # fmt: skip
         self.blocks = [self._shard_block(layer) for layer in model.layers]
-        self.cache = KVCache(self.shard_cfg, max_len, dtype=model.tok_embeddings.dtype)  # [N, 1, KV/P, T, hd]
+        self.cache = KVCache(
+            self.shard_cfg, max_len, device=model.tok_embeddings.device, dtype=model.tok_embeddings.dtype
+        )  # [N, 1, KV/P, T, hd]
         self.vocab = slice(rank * cfg.vocab_size // world, (rank + 1) * cfg.vocab_size // world)
         head = model.tok_embeddings if model.lm_head is None else model.lm_head
         self.head_rows = head[self.vocab]  # [V/P, D]
@@ -127,9 +129,9 @@ class LaneShard:
         """The whole [V] fp32 logits on every rank: each computes its vocabulary share, then they are gathered."""
         share = (self.head_rows @ y).float()
         size = -(-self.cfg.vocab_size // self.world)  # the largest share; the others padded to it
-        padded = torch.full((size,), float("-inf"))
+        padded = torch.full((size,), float("-inf"), device=y.device)
         padded[: share.numel()] = share
-        gathered = [torch.empty(size) for _ in range(self.world)]
+        gathered = [torch.empty(size, device=y.device) for _ in range(self.world)]
         dist.all_gather(gathered, padded)
         vocab = self.cfg.vocab_size
         sizes = [(r + 1) * vocab // self.world - r * vocab // self.world for r in range(self.world)]
@@ -139,8 +141,10 @@ class LaneShard:
         """The greedy token: each rank's best (logit, id) of its share, the best of those (lowest id on ties)."""
         share = (self.head_rows @ y).float()
         best = int(share.argmax())
-        mine = torch.tensor([share[best].item(), float(self.vocab.start + best)], dtype=torch.float64)
-        gathered = [torch.empty(2, dtype=torch.float64) for _ in range(self.world)]
+        mine = torch.tensor(
+            [share[best].item(), float(self.vocab.start + best)], dtype=torch.float64, device=y.device
+        )
+        gathered = [torch.empty(2, dtype=torch.float64, device=y.device) for _ in range(self.world)]
         dist.all_gather(gathered, mine)
         _, negative_id = max((g[0].item(), -g[1].item()) for g in gathered)
         return int(-negative_id)
@@ -163,9 +167,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# NVLink multicast stays off in every process (no multimem operations): it can take a shared host's GPUs down.
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
 def _run_rank(rank: int, world: int, port: int, backend: str, job: Callable, results) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)  # P processes share the machine's cores
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **NO_MULTICAST)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)  # one GPU a process
+    else:
+        torch.set_num_threads(1)  # P processes share the machine's cores
     dist.init_process_group(backend, rank=rank, world_size=world)
     try:
         results.put((rank, job(rank, world)))
@@ -174,8 +185,9 @@ def _run_rank(rank: int, world: int, port: int, backend: str, job: Callable, res
 
 
 def spawn_lanes(world: int, job: Callable[[int, int], object], backend: str = "gloo") -> list:
-    """Run job(rank, world) in `world` processes joined by torch.distributed; their results by rank. `job`
-    must be picklable (a module-level function or a functools.partial of one)."""
+    """Run job(rank, world) in `world` processes joined by torch.distributed (gloo: CPU tensors; nccl: rank r on
+    GPU r); their results by rank. `job` must be picklable (a module-level function or a partial of one)."""
+    os.environ.update(NO_MULTICAST)  # inherited by the processes
     context = torch.multiprocessing.get_context("spawn")
     results = context.SimpleQueue()
     port = free_port()
@@ -200,6 +212,8 @@ def greedy_job(raw_config: dict, seed: int, prompt: list[int], max_new_tokens: i
     from inference.synth import peaked_model
 
     model = peaked_model(ModelConfig.from_hf(raw_config), seed)
+    if torch.distributed.get_backend() == "nccl":
+        model = model.to(f"cuda:{rank}")
     shard = LaneShard(model, rank, world, len(prompt) + max_new_tokens)
     tokens = greedy(shard, prompt, max_new_tokens)
     last = shard.logits(shard.forward(tokens[-1:], len(prompt) + max_new_tokens - 1))

@@ -1,0 +1,220 @@
+"""One request on several devices: a Laneformer's lanes divided among processes (docs/laneformer.md).
+
+Each process (rank r of P) holds lanes [r*L/P, (r+1)*L/P): their slices of every matrix, their copies of the
+residual stream and their KV heads, so attention and the matrix products never leave the process. What
+crosses processes is the cross-lane sum of each block's partials. With the delayed reduction a lane's layer
+i needs the other lanes' partials of layer i - d only: each layer's local sum is all-reduced asynchronously
+as soon as it exists and waited on d layers later, so the exchange overlaps d layers of work. Layers i < d
+with early communication need their own sum at once (a blocking all-reduce). The head is split by
+vocabulary: every rank normalises its lanes, the lane mean is all-reduced, and each rank produces its share
+of the logits (for greedy decoding only each share's best (value, id) is exchanged).
+
+The math is inference/model.py's, lane for lane, so greedy tokens equal the one-device model's wherever the
+top two logits are further apart than the different order of the fp32 sums. torch.distributed carries the
+exchange (gloo on the CPU, NCCL on GPUs); `spawn_lanes` starts the processes on one machine.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from inference.model import Block, KVCache, Transformer, rms_norm, rope_pairs
+
+
+class LaneShard:
+    """Rank `rank` of `world`'s lanes of `model`, run by forward() in step with the other ranks: every rank
+    calls forward with the same ids and positions.
+
+    Its blocks are the model's own (model.Block) over a shard config, the lanes, heads, KV heads and MLP
+    columns of one rank, whose weights are views of this rank's slices: the attention and MLP math is the
+    one-device model's, and only the reduction and the head know about the other ranks."""
+
+    def __init__(self, model: Transformer, rank: int, world: int, max_len: int):
+        cfg = model.cfg
+        if cfg.num_lanes % world:
+            raise ValueError(f"world: {world} processes cannot share {cfg.num_lanes} lanes evenly")
+        if cfg.lm_head_type != "replicate":
+            raise ValueError(
+                f"lm_head_type {cfg.lm_head_type!r}: the lanes run apart with a replicated head only"
+            )
+        self.model, self.cfg, self.world = model, cfg, world
+        per_rank = cfg.num_lanes // world
+        self.lanes = slice(rank * per_rank, (rank + 1) * per_rank)
+        self.shard_cfg = replace(cfg, num_lanes=per_rank, num_heads=cfg.num_heads // world,
+                                 num_kv_heads=cfg.num_kv_heads // world,
+                                 intermediate_size=cfg.intermediate_size // world)  # fmt: skip
+        self.blocks = [self._shard_block(layer) for layer in model.layers]
+        self.cache = KVCache(
+            self.shard_cfg, max_len, device=model.tok_embeddings.device, dtype=model.tok_embeddings.dtype
+        )  # [N, 1, KV/P, T, hd]
+        self.vocab = slice(rank * cfg.vocab_size // world, (rank + 1) * cfg.vocab_size // world)
+        head = model.tok_embeddings if model.lm_head is None else model.lm_head
+        self.head_rows = head[self.vocab]  # [V/P, D]
+
+    def _shard_block(self, layer: Block) -> Block:
+        with torch.device("meta"):
+            block = Block(self.shard_cfg, layer.layer)
+        lane_weights = {name: tensor[self.lanes] for name, tensor in layer.named_parameters()
+                        if name not in ("q_norm", "k_norm")}  # fmt: skip
+        shared = {
+            name: getattr(layer, name) for name in ("q_norm", "k_norm") if getattr(layer, name) is not None
+        }
+        block.load_state_dict({**lane_weights, **shared}, strict=True, assign=True)
+        return block
+
+    def forward(self, ids: list[int], start_pos: int) -> torch.Tensor:
+        """Positions start_pos ... start_pos + len(ids) - 1 through this rank's lanes; returns the normalised
+        lane mean of the last position, [D] (the head's input, the same on every rank)."""
+        cfg, model = self.cfg, self.model
+        T, D = len(ids), cfg.hidden_size
+        cos, sin = rope_pairs(
+            model.rope_cos[start_pos : start_pos + T], model.rope_sin[start_pos : start_pos + T]
+        )
+        x = (
+            F.embedding(torch.tensor(ids), model.tok_embeddings)
+            .view(1, T, D)
+            .expand(self.shard_cfg.num_lanes, T, D)
+        )
+        exchanges = ({}, {})  # per block type: layer -> (all-reduce handle or None, lane sum [1, T, D])
+        partials = ([], [])  # per block type: this rank's raw partials by layer, [L/P, T, D]
+        for i, block in enumerate(self.blocks):
+            h = rms_norm(x, block.attention_norm[:, None], cfg.norm_eps)
+            x = x + self._reduce(
+                i, block.attention(h, 1, start_pos, cos, sin, self.cache), exchanges[0], partials[0]
+            )
+            x = x + self._reduce(i, block.mlp(rms_norm(x, block.ffn_norm[:, None], cfg.norm_eps)), exchanges[1],
+                                 partials[1])  # fmt: skip
+        return self._head_input(x[:, -1])
+
+    def _reduce(self, layer: int, partial: torch.Tensor, exchanges: dict, history: list) -> torch.Tensor:
+        """Transformer.reduce across processes: partial [L/P, T, D] -> what each of this rank's lanes adds."""
+        cfg, L, d = self.cfg, self.cfg.num_lanes, self.cfg.broadcast_delay
+        history.append(partial)
+        early = layer < d
+        # The lane sum of every layer that one reads: an early layer's own (at once, d = 0 too), else layer
+        # i + d's (sent now, waited on then)
+        needed_now = (early and cfg.use_early_comm) or (d == 0 and cfg.use_comm)
+        needed_later = cfg.use_comm and d > 0 and layer + d < cfg.num_layers
+        if needed_now or needed_later:
+            total = partial.sum(0, keepdim=True)
+            exchanges[layer] = (dist.all_reduce(total, async_op=not needed_now), total)
+        if early:
+            return exchanges[layer][1] if cfg.use_early_comm else partial * math.sqrt(L)
+        if not cfg.use_comm:
+            return partial * math.sqrt(L)
+        handle, past_sum = exchanges.pop(layer - d)
+        if handle is not None:
+            handle.wait()
+        return partial + (past_sum - history[layer - d])
+
+    def _head_input(self, x: torch.Tensor) -> torch.Tensor:  # [L/P, D] -> [D]
+        cfg = self.cfg
+        if cfg.pre_norm_lane_agg:
+            total = x.sum(0)
+            dist.all_reduce(total)
+            return rms_norm(total, self.model.norm[0], cfg.norm_eps)
+        y = rms_norm(x, self.model.norm[self.lanes], cfg.norm_eps).sum(0)
+        dist.all_reduce(y)
+        return y / cfg.num_lanes
+
+    def logits(self, y: torch.Tensor) -> torch.Tensor:
+        """The whole [V] fp32 logits on every rank: each computes its vocabulary share, then they are gathered."""
+        share = (self.head_rows @ y).float()
+        size = -(-self.cfg.vocab_size // self.world)  # the largest share; the others padded to it
+        padded = torch.full((size,), float("-inf"), device=y.device)
+        padded[: share.numel()] = share
+        gathered = [torch.empty(size, device=y.device) for _ in range(self.world)]
+        dist.all_gather(gathered, padded)
+        vocab = self.cfg.vocab_size
+        sizes = [(r + 1) * vocab // self.world - r * vocab // self.world for r in range(self.world)]
+        return torch.cat([g[:n] for g, n in zip(gathered, sizes, strict=True)])
+
+    def argmax(self, y: torch.Tensor) -> int:
+        """The greedy token: each rank's best (logit, id) of its share, the best of those (lowest id on ties)."""
+        share = (self.head_rows @ y).float()
+        best = int(share.argmax())
+        mine = torch.tensor(
+            [share[best].item(), float(self.vocab.start + best)], dtype=torch.float64, device=y.device
+        )
+        gathered = [torch.empty(2, dtype=torch.float64, device=y.device) for _ in range(self.world)]
+        dist.all_gather(gathered, mine)
+        _, negative_id = max((g[0].item(), -g[1].item()) for g in gathered)
+        return int(-negative_id)
+
+
+@torch.no_grad()
+def greedy(shard: LaneShard, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Prefill the prompt across the ranks, then decode greedily; every rank returns the same tokens."""
+    y = shard.forward(prompt, 0)
+    tokens = [shard.argmax(y)]
+    while len(tokens) < max_new_tokens:
+        y = shard.forward(tokens[-1:], len(prompt) + len(tokens) - 1)
+        tokens.append(shard.argmax(y))
+    return tokens
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# NVLink multicast stays off in every process (no multimem operations): it can take a shared host's GPUs down.
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def _run_rank(rank: int, world: int, port: int, backend: str, job: Callable, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **NO_MULTICAST)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)  # one GPU a process
+    else:
+        torch.set_num_threads(1)  # P processes share the machine's cores
+    dist.init_process_group(backend, rank=rank, world_size=world)
+    try:
+        results.put((rank, job(rank, world)))
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_lanes(world: int, job: Callable[[int, int], object], backend: str = "gloo") -> list:
+    """Run job(rank, world) in `world` processes joined by torch.distributed (gloo: CPU tensors; nccl: rank r on
+    GPU r); their results by rank. `job` must be picklable (a module-level function or a partial of one)."""
+    os.environ.update(NO_MULTICAST)  # inherited by the processes
+    context = torch.multiprocessing.get_context("spawn")
+    results = context.SimpleQueue()
+    port = free_port()
+    processes = [context.Process(target=_run_rank, args=(rank, world, port, backend, job, results))
+                 for rank in range(world)]  # fmt: skip
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join()
+    failed = [p.exitcode for p in processes if p.exitcode != 0]
+    if failed:
+        raise RuntimeError(f"lane processes failed with exit codes {failed}")
+    by_rank = dict(results.get() for _ in range(world))  # plain values: their senders have exited
+    return [by_rank[rank] for rank in range(world)]
+
+
+def greedy_job(raw_config: dict, seed: int, prompt: list[int], max_new_tokens: int, rank: int, world: int):
+    """spawn_lanes' job for a synthetic model: every rank builds synth.peaked_model(config, seed) (the same
+    weights everywhere), keeps its lanes and decodes greedily; returns the tokens and the next step's logits
+    (a list: tensors sent between processes need their sender alive)."""
+    from inference.config import ModelConfig
+    from inference.synth import peaked_model
+
+    model = peaked_model(ModelConfig.from_hf(raw_config), seed)
+    if torch.distributed.get_backend() == "nccl":
+        model = model.to(f"cuda:{rank}")
+    shard = LaneShard(model, rank, world, len(prompt) + max_new_tokens)
+    tokens = greedy(shard, prompt, max_new_tokens)
+    last = shard.logits(shard.forward(tokens[-1:], len(prompt) + max_new_tokens - 1))
+    return tokens, last.tolist()

@@ -1,0 +1,81 @@
+"""A Laneformer's lanes divided among processes (inference/lanes_parallel.py), joined by gloo on the CPU: the
+same greedy tokens as the one-process reference model in fp32, for several lane counts, delays, windows and
+process counts."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from inference.config import ModelConfig
+from inference.lanes_parallel import LaneShard, greedy_job, spawn_lanes
+from inference.model import KVCache
+from inference.synth import peaked_model
+
+PROMPT = [5, 17, 300, 42, 9, 77, 128, 3, 250, 64, 11, 199]
+NEW_TOKENS = 12
+
+
+def tiny(lanes: int, delay: int, window: int | None, **extra) -> dict:
+    return {
+        "model_type": "laneformer_tp",
+        "hidden_size": 64,
+        "num_hidden_layers": 5,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "intermediate_size": 128,
+        "vocab_size": 509,  # not divisible by the process counts: the head's uneven shares
+        "num_lanes": lanes,
+        "broadcast_delay": delay,
+        "use_comm": True,
+        "use_early_comm": True,
+        "lm_head_type": "replicate",
+        "sliding_window": window,
+        "sliding_window_n_layers": 3 if window else 0,
+        "rope_theta": 10000.0,
+        "norm_eps": 1e-5,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": False,
+        **extra,
+    }
+
+
+def reference(raw: dict, seed: int) -> tuple[list[int], torch.Tensor]:
+    """The one-process model's greedy tokens and the logits of the step after the last (fp32)."""
+    model = peaked_model(ModelConfig.from_hf(raw), seed)
+    cache = KVCache(model.cfg, len(PROMPT) + NEW_TOKENS)
+    with torch.no_grad():
+        logits = model(torch.tensor([PROMPT]), 0, cache, last_only=True)[0, -1]
+        tokens = [int(logits.argmax())]
+        while len(tokens) <= NEW_TOKENS:
+            logits = model(torch.tensor([tokens[-1:]]), len(PROMPT) + len(tokens) - 1, cache)[0, -1]
+            tokens.append(int(logits.argmax()))
+    return tokens[:NEW_TOKENS], logits
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("lanes", "delay", "window", "world", "extra"),
+    [
+        (2, 1, 4, 2, {}),
+        (4, 2, None, 2, {}),
+        (4, 1, 4, 4, {"use_early_comm": False}),
+        (8, 2, 4, 8, {}),
+        (8, 1, None, 4, {"pre_norm_lane_agg": True}),
+    ],
+)
+def test_lanes_on_several_processes_decode_the_one_process_models_tokens(lanes, delay, window, world, extra):
+    raw = tiny(lanes, delay, window, **extra)
+    expected, expected_logits = reference(raw, seed=lanes + delay)
+    results = spawn_lanes(world, functools.partial(greedy_job, raw, lanes + delay, PROMPT, NEW_TOKENS))
+    for tokens, logits in results:  # every rank holds the same answer
+        assert tokens == expected
+        torch.testing.assert_close(torch.tensor(logits), expected_logits, rtol=1e-4, atol=1e-4)
+
+
+def test_lanes_that_do_not_divide_among_the_processes_are_refused():
+    model = peaked_model(ModelConfig.from_hf(tiny(4, 1, None)), 0)
+    with pytest.raises(ValueError, match="3 processes cannot share 4 lanes"):
+        LaneShard(model, 0, 3, 16)

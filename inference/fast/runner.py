@@ -791,10 +791,10 @@ class FastRunner:
         # A seed repeats its tokens; without one each request draws its own (from torch's CPU generator).
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()))
         self.sample_seed.fill_(seed)
-        start = time.perf_counter()
+        began = time.perf_counter()
         self.prefill(prompt_ids, greedy, start)
         first = int(self.token.item())
-        self.last_prefill_ms = (time.perf_counter() - start) * 1e3
+        self.last_prefill_ms = (time.perf_counter() - began) * 1e3
         yield first
         if first in stop_ids or budget <= 1:
             return

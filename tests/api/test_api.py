@@ -161,7 +161,9 @@ def test_stop_strings_cut_the_text_streamed_or_not(stack):
 
 
 def assert_timings(timings: dict, usage) -> None:
-    assert timings["prompt_n"] == usage.prompt_tokens
+    # prompt_n: the tokens prefilled; cache_n: those an earlier request's KV cache held
+    assert timings["prompt_n"] + timings["cache_n"] == usage.prompt_tokens
+    assert timings["cache_n"] == usage.prompt_tokens_details.cached_tokens
     assert timings["predicted_n"] == usage.completion_tokens
     for name in ("prompt_ms", "predicted_ms", "ttft_ms", "queue_ms"):
         assert timings[name] >= 0, name

@@ -22,22 +22,14 @@ from dataclasses import dataclass
 
 import torch
 
-from inference.config import env_number
+from inference.config import env_prefix_slots
 from inference.failures import is_memory_error
 from inference.model import KVCache
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SLOTS = 4  # KOG_PREFIX_SLOTS: a few conversations in turn; each slot is one full-context cache
 GPU_SHARE = 0.5  # of the memory free after the weights and the graphs: the rest stays for prefill activations
 CPU_SHARE = 0.25  # of the host's available memory
-
-
-def slots_from_env() -> int:
-    """KOG_PREFIX_SLOTS: the most saved caches a runner keeps besides its live one (0: no prefix reuse)."""
-    return int(
-        env_number("KOG_PREFIX_SLOTS", DEFAULT_SLOTS, "an integer >= 0 (KV-cache slots)", integer=True)
-    )
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -83,7 +75,7 @@ class PrefixCache:
     @classmethod
     def sized(cls, live: KVCache, requested: int | None = None) -> PrefixCache:
         """As many slots as asked for (KOG_PREFIX_SLOTS) and the device can spare, one live-cache size each."""
-        requested = slots_from_env() if requested is None else requested
+        requested = env_prefix_slots() if requested is None else requested
         slot_bytes = 2 * live.k.numel() * live.k.element_size()
         fits = spare_bytes(live.k.device) // slot_bytes if requested else 0
         capacity = min(requested, fits)

@@ -104,6 +104,17 @@ def env_max_context() -> int:
     )
 
 
+DEFAULT_PREFIX_SLOTS = 4  # saved KV caches besides the live one: a few conversations served in turn
+
+
+def env_prefix_slots() -> int:
+    """KOG_PREFIX_SLOTS (default 4): the most KV caches of earlier requests a runner keeps besides its live one,
+    for prefix reuse (inference/prefix_cache.py); 0 turns prefix reuse off."""
+    return int(
+        env_number("KOG_PREFIX_SLOTS", DEFAULT_PREFIX_SLOTS, "an integer >= 0 (KV-cache slots)", integer=True)
+    )
+
+
 class ConfigError(ValueError):
     """A config.json the engine cannot run; `field` names the offending key."""
 

@@ -40,6 +40,7 @@ from inference.events import (
 from inference.failures import is_memory_error
 from inference.model import Transformer
 from inference.names import default_model, is_hf_cache_repo, model_source, served_name
+from inference.prefix_cache import PrefixCache
 from inference.presets import PRESETS
 from inference.runner import ReferenceRunner
 from inference.tokenizer import Tokenizer
@@ -228,6 +229,8 @@ class Engine:
         self.name, self.path, self.config, self.tokenizer = name, path, config, tokenizer
         self.sampling_defaults = sampling_defaults(path)
         self.model, self.runner, self.max_context = model, runner, max_context
+        # sized after the runner: from what its weights, buffers and graphs left free
+        self.prefix = PrefixCache.sized(runner.cache)
         self.device, self.dtype = model.tok_embeddings.device, model.tok_embeddings.dtype
         peak = peak_bandwidth_from_env()
         self.peak_bandwidth_gbs = peak if self.device.type == "cuda" else None
@@ -357,12 +360,20 @@ class Engine:
         token_times: list[float] = []
         finish, stop_matched = "length", False
 
-        tokens = self.runner.generate_tokens(prompt_ids, params, stop_ids)
+        # rows [0, cached) of the runner's KV cache already hold this prompt's start: only the rest is prefilled
+        cached = self.prefix.begin(prompt_ids)
+        produced: list[int] = []
+        tokens = self.runner.generate_tokens(prompt_ids, params, stop_ids, start=cached)
         try:
             for token in tokens:
                 now = time.perf_counter() - start
                 if not token_times:
-                    yield Prefilled(prompt_tokens=len(prompt_ids), prefill_ms=self.runner.last_prefill_ms)
+                    yield Prefilled(
+                        prompt_tokens=len(prompt_ids),
+                        prefill_ms=self.runner.last_prefill_ms,
+                        cached_tokens=cached,
+                    )
+                produced.append(token)
                 token_times.append(now)
                 if token in stop_ids:
                     finish = "stop"
@@ -379,6 +390,9 @@ class Engine:
                     break
         finally:
             tokens.close()  # frees the runner at once, even when our caller stops iterating
+            # every token but the last was fed back in, so its keys and values are in the cache
+            if produced:
+                self.prefix.written(prompt_ids + produced[:-1])
 
         if not stop_matched:  # what the decoder and the stop-string filter still hold is part of the text
             tail, stop_matched = stops.push(decoder.flush())
@@ -396,6 +410,7 @@ class Engine:
             prompt_tokens=len(prompt_ids),
             completion_tokens=len(token_times),
             prefill_ms=self.runner.last_prefill_ms,
+            cached_tokens=cached,
             ttft_ms=token_times[0] * 1e3 if token_times else total_ms,
             decode_tok_s=decode_tok_s(token_times),
             total_ms=total_ms,

@@ -100,6 +100,7 @@ class Prefilled:
 
     prompt_tokens: int
     prefill_ms: float
+    cached_tokens: int = 0  # of prompt_tokens, reused from an earlier request's KV cache (not prefilled)
     kind: Literal["prefilled"] = "prefilled"
 
 
@@ -128,6 +129,7 @@ class Stats:
     token_times: list[float] = field(default_factory=list)  # seconds since start, one per token
     bytes_per_token: int = 0  # weight + KV bytes one decode step reads; 0 when unknown
     peak_bandwidth_gbs: float | None = None  # the device's measured or rated read bandwidth; None on CPU
+    cached_tokens: int = 0  # of prompt_tokens, reused from an earlier request's KV cache (not prefilled)
 
     @property
     def bandwidth_gbs(self) -> float:

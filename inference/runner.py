@@ -1,9 +1,11 @@
 """The reference runner: prefill and one-token decode with the plain PyTorch model and the Sampler.
 
-The Engine talks to a runner through two members (the fast CUDA runner in inference/fast/ has the
-same): `generate_tokens(prompt_ids, params, stop_ids)` yields token ids, the first right after
+The Engine talks to a runner through three members (the fast CUDA runner in inference/fast/ has the
+same): `generate_tokens(prompt_ids, params, stop_ids, start)` yields token ids, the first right after
 prefill, and ends after a stop id or `params.max_new_tokens` tokens; `last_prefill_ms` is the
-time that first token took. The caller may close the iterator at any point.
+time that first token took; `cache` is the KV cache it reads and writes in place. With `start` > 0
+the cache's rows [0, start) already hold the prompt's first ids (inference/prefix_cache.py) and only
+the rest is prefilled. The caller may close the iterator at any point.
 """
 
 from __future__ import annotations
@@ -31,20 +33,28 @@ class ReferenceRunner:
 
     @torch.inference_mode()
     def generate_tokens(
-        self, prompt_ids: list[int], params: SamplingParams, stop_ids: frozenset[int] = frozenset()
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        stop_ids: frozenset[int] = frozenset(),
+        start: int = 0,
     ) -> Iterator[int]:
         n = len(prompt_ids)
         if not 0 < n < self.max_context:
             raise ValueError(f"prompt_ids: length must be in [1, {self.max_context - 1}], got {n}")
+        if not 0 <= start < n:
+            raise ValueError(
+                f"start: must be in [0, {n - 1}] (the last prompt id is always prefilled), got {start}"
+            )
         budget = min(params.max_new_tokens, self.max_context - n)
         sample = Sampler(params, self.device)
         history = list(prompt_ids)  # for the repetition penalty
 
-        start = time.perf_counter()
-        prompt = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
-        logits = self.model(prompt, 0, self.cache, last_only=True)[0, -1, : self.vocab_limit]
+        began = time.perf_counter()
+        prompt = torch.tensor([prompt_ids[start:]], dtype=torch.long, device=self.device)
+        logits = self.model(prompt, start, self.cache, last_only=True)[0, -1, : self.vocab_limit]
         token = sample(logits, history)  # reading the id waits for the device
-        self.last_prefill_ms = (time.perf_counter() - start) * 1e3
+        self.last_prefill_ms = (time.perf_counter() - began) * 1e3
 
         for pos in range(n, n + budget):
             yield token

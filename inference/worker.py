@@ -41,7 +41,7 @@ from pathlib import Path
 
 import redis
 
-from inference.config import EnvError, env_max_context, env_number
+from inference.config import EnvError, env_max_context, env_number, env_prefix_slots
 from inference.events import Done, InvalidRequest, Prefilled, TextDelta
 from inference.failures import is_device_error, is_memory_error
 from inference.logs import configure_logging, job_context
@@ -486,6 +486,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         read_settings()
         env_max_context()  # read again by Engine.load
+        env_prefix_slots()  # and this one by the engine's prefix cache
         _setting(None, "KOG_BACKEND", BACKENDS)
         device = _setting(args.device, "KOG_DEVICE", DEVICES)
         dtype = _setting(args.dtype, "KOG_DTYPE", DTYPE_NAMES)

@@ -2,9 +2,10 @@
 straight from the q|k|v matmul output and writing the heads in the layout the o-proj matmul reads.
 
 For query head h (lane l = h // (H/L), head j = h % (H/L) of that lane, KV head g = h // G, G = H/KV) and
-position p < T:
-    q = rope(qknorm(qkv[l, p, j]), p)          (rounded to the input dtype, as model.py rounds it)
-    out[l, p, j] = softmax_t(q . k_t * hd^-0.5) @ v_t   over t in [p - W + 1, p] (window W) or [0, p]
+row r < T of the prompt's part at position p = start + r (start > 0: after a reused prefix, whose keys and
+values the cache holds already):
+    q = rope(qknorm(qkv[l, r, j]), p)          (rounded to the input dtype, as model.py rounds it)
+    out[l, r, j] = softmax_t(q . k_t * hd^-0.5) @ v_t   over t in [p - W + 1, p] (window W) or [0, p]
 with k_t, v_t the cache rows [g, t] that kernels/prefill_kv_write.py writes first (rotated once: see there
 why). The launcher runs both: the cache write, then this kernel. Softmax online in fp32 (exp2, the
 log2(e) folded into the scale); both products on the tensor cores (tl.dot, fp32 accumulation).
@@ -140,7 +141,7 @@ def _attend(
     return acc_a, acc_b, m_i, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["start"])  # a reused prefix's length varies: no compile per its divisibility
 def _prefill_attention_kernel(
     qkv_ptr,
     stride_qkv_lane,
@@ -154,6 +155,7 @@ def _prefill_attention_kernel(
     stride_out_lane,
     stride_out_t,
     T,
+    start,
     heads_per_lane,
     group,
     max_len,
@@ -175,12 +177,14 @@ def _prefill_attention_kernel(
     lane = head // heads_per_lane
     j = head % heads_per_lane
     kv = head // group
-    p_rows = m0 + tl.arange(0, BLOCK_M)
-    row_ok = p_rows < T
+    r_rows = m0 + tl.arange(0, BLOCK_M)  # rows of qkv and out
+    row_ok = r_rows < T
+    p_rows = start + r_rows  # their positions
+    total = start + T  # keys 0 .. total - 1 are in the cache
 
     # This block's queries, normed and rotated once, in the input dtype for tl.dot: [BLOCK_M, HDA], [.., HDB].
     q_cols = qkv_ptr + lane.to(tl.int64) * stride_qkv_lane + j * HD
-    q_rows = p_rows * stride_qkv_t
+    q_rows = r_rows * stride_qkv_t
     rstd = eps  # unused without the norm
     if QK_NORM:
         rstd = head_rstd(q_cols, q_rows, row_ok, eps, HD, HDP)
@@ -197,29 +201,30 @@ def _prefill_attention_kernel(
         acc_b = tl.zeros([1], dtype=tl.float32)  # unused
 
     # Key blocks: [lo, full_lo) and [full_hi, hi) need a mask, [full_lo, full_hi) is visible to every row.
-    # `window` is at most T (no window: T), so every bound below is >= 0.
-    hi_pos = tl.minimum(m0 + BLOCK_M, T)  # the last real row is hi_pos - 1
-    lo = tl.maximum(m0 - window + 1, 0) // BLOCK_N * BLOCK_N
+    # `window` is at most total (no window: total), so every bound below is >= 0. Positions, not rows.
+    p0 = start + m0  # the block's first position
+    hi_pos = start + tl.minimum(m0 + BLOCK_M, T)  # the last real row's position is hi_pos - 1
+    lo = tl.maximum(p0 - window + 1, 0) // BLOCK_N * BLOCK_N
     hi = (hi_pos + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     # the first block past the last real row's window start
     full_lo = (tl.maximum(hi_pos - window, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
-    full_hi = tl.maximum(tl.minimum((m0 + 1) // BLOCK_N * BLOCK_N, hi), full_lo)
+    full_hi = tl.maximum(tl.minimum((p0 + 1) // BLOCK_N * BLOCK_N, hi), full_lo)
 
     cache = kv.to(tl.int64) * max_len * HD
     k_ptr = k_cache_ptr + cache
     v_ptr = v_cache_ptr + cache
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc_a, acc_b, m_i, l_i = _attend(acc_a, acc_b, m_i, l_i, q_a, q_b, k_ptr, v_ptr, p_rows, lo, full_lo, T,
+    acc_a, acc_b, m_i, l_i = _attend(acc_a, acc_b, m_i, l_i, q_a, q_b, k_ptr, v_ptr, p_rows, lo, full_lo, total,
                                      window, scale_log2e, HD, HDA, HDB, BLOCK_N, True, FOR_LOOP)  # fmt: skip
-    acc_a, acc_b, m_i, l_i = _attend(acc_a, acc_b, m_i, l_i, q_a, q_b, k_ptr, v_ptr, p_rows, full_lo, full_hi, T,
+    acc_a, acc_b, m_i, l_i = _attend(acc_a, acc_b, m_i, l_i, q_a, q_b, k_ptr, v_ptr, p_rows, full_lo, full_hi, total,
                                      window, scale_log2e, HD, HDA, HDB, BLOCK_N, False, FOR_LOOP)  # fmt: skip
-    acc_a, acc_b, m_i, l_i = _attend(acc_a, acc_b, m_i, l_i, q_a, q_b, k_ptr, v_ptr, p_rows, full_hi, hi, T,
+    acc_a, acc_b, m_i, l_i = _attend(acc_a, acc_b, m_i, l_i, q_a, q_b, k_ptr, v_ptr, p_rows, full_hi, hi, total,
                                      window, scale_log2e, HD, HDA, HDB, BLOCK_N, True, FOR_LOOP)  # fmt: skip
 
     l_i = tl.where(row_ok, l_i, 1.0)  # every real row saw at least its own key: l_i >= 1
-    out_rows = out_ptr + lane.to(tl.int64) * stride_out_lane + (p_rows * stride_out_t + j * HD)[:, None]
+    out_rows = out_ptr + lane.to(tl.int64) * stride_out_lane + (r_rows * stride_out_t + j * HD)[:, None]
     da = tl.arange(0, HDA)
     tl.store(out_rows + da[None, :], (acc_a / l_i[:, None]).to(out_ptr.dtype.element_ty),
              mask=row_ok[:, None] & (da < HD)[None, :])  # fmt: skip
@@ -272,16 +277,18 @@ def prefill_attention(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    start: int = 0,
 ) -> torch.Tensor:
-    """Attention of positions 0 .. T-1 of a prompt over themselves; writes their keys and values into the
-    cache first (prefill_kv_write) and returns the heads [L, T, H/L * hd] (in `out` when given).
+    """Attention of positions start .. start + T - 1 of a prompt over themselves and the start positions before
+    them (already in the cache: a reused prefix); writes their keys and values into the cache first
+    (prefill_kv_write) and returns the heads [L, T, H/L * hd] (in `out` when given).
 
     qkv: [L, T, (H/L + 2 KV/L) * hd], per lane and position: q heads, then k heads, then v heads (before RoPE).
-    k_cache, v_cache: [KV, max_len, hd] of this layer, qkv's dtype. cos, sin: [>= T, hd/2] fp32.
+    k_cache, v_cache: [KV, max_len, hd] of this layer, qkv's dtype. cos, sin: [>= start + T, hd/2] fp32.
     window: keys p - window + 1 .. p (None: causal). q_norm, k_norm: [hd] (Qwen3) or None.
     """
     lanes, T, heads_per_lane, _ = check_prefill_layout(qkv, k_cache, v_cache, cos, sin, num_heads, q_norm,
-                                                       k_norm)  # fmt: skip
+                                                       k_norm, start)  # fmt: skip
     num_kv, max_len, hd = k_cache.shape
     if window is not None and window < 1:
         raise ValueError(f"window: expected None or >= 1, got {window}")
@@ -297,7 +304,7 @@ def prefill_attention(
         raise ValueError(f"block_m: block_m and block_n must be powers of two >= 16, got {bm}, {bn}")
 
     launch_prefill_kv_write(qkv, k_cache, v_cache, cos, sin, num_heads=num_heads, interleaved=interleaved,
-                            k_norm=k_norm, eps=eps)  # fmt: skip
+                            k_norm=k_norm, eps=eps, start=start)  # fmt: skip
     _prefill_attention_kernel[(num_heads, triton.cdiv(T, bm))](
         qkv,
         qkv.stride(0),
@@ -311,10 +318,11 @@ def prefill_attention(
         out.stride(0),
         out.stride(1),
         T,
+        start,
         heads_per_lane,
         num_heads // num_kv,
         max_len,
-        min(window or T, T),  # a window at least as long as the prompt is plain causal
+        min(window or start + T, start + T),  # a window at least as long as the prompt is plain causal
         hd**-0.5 * LOG2E,
         eps,
         HD=hd,

@@ -76,7 +76,7 @@ def rope_rows(
     return (x * cos + sign[None, :] * x_partner * sin).to(dtype).to(tl.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["start"])  # a reused prefix's length varies: no compile per its divisibility
 def _prefill_kv_write_kernel(
     qkv_ptr,
     stride_qkv_lane,
@@ -87,6 +87,7 @@ def _prefill_kv_write_kernel(
     sin_ptr,
     k_norm_ptr,
     T,
+    start,
     heads_per_lane,
     kv_per_lane,
     max_len,
@@ -110,10 +111,11 @@ def _prefill_kv_write_kernel(
     rstd = eps  # unused without the norm
     if QK_NORM:
         rstd = head_rstd(k_cols, rows, t_ok, eps, HD, HDP)
-    k = rope_rows(k_cols, rows, t_ok, t, cos_ptr, sin_ptr, k_norm_ptr, rstd, HD, 0, HDP, INTERLEAVED, QK_NORM)
+    p = start + t  # qkv row t is position start + t: its RoPE angle and its cache row
+    k = rope_rows(k_cols, rows, t_ok, p, cos_ptr, sin_ptr, k_norm_ptr, rstd, HD, 0, HDP, INTERLEAVED, QK_NORM)
     v_cols = lane_qkv + (heads_per_lane + kv_per_lane + kv_in_lane) * HD + d[None, :]
     v = tl.load(v_cols + rows[:, None], mask=mask, other=0.0)
-    cache = kv.to(tl.int64) * max_len * HD + t[:, None] * HD + d[None, :]  # [BLOCK_T, HDP]
+    cache = kv.to(tl.int64) * max_len * HD + p[:, None] * HD + d[None, :]  # [BLOCK_T, HDP]
     tl.store(k_cache_ptr + cache, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + cache, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -127,9 +129,10 @@ def check_prefill_layout(
     num_heads: int,
     q_norm: torch.Tensor | None,
     k_norm: torch.Tensor | None,
+    start: int = 0,
 ) -> tuple[int, int, int, int]:
     """The argument checks prefill_kv_write and prefill_attention share: (lanes, T, H/L, KV/L), or a ValueError
-    naming the argument."""
+    naming the argument. Positions start .. start + T - 1 (start > 0: a prompt's part after a reused prefix)."""
     if (
         k_cache.dim() != 3
         or k_cache.shape != v_cache.shape
@@ -155,21 +158,23 @@ def check_prefill_layout(
         raise ValueError(
             f"qkv: expected [{lanes}, T, {(heads_per_lane + 2 * kv_per_lane) * hd}], got {tuple(qkv.shape)}"
         )
-    if not 0 < T <= max_len:
-        raise ValueError(f"qkv: T = {T} positions must be in [1, max_len = {max_len}] of the cache")
+    if not isinstance(start, int) or start < 0:
+        raise ValueError(f"start: expected an integer >= 0, got {start!r}")
+    if not 0 < T <= max_len - start:
+        raise ValueError(f"qkv: T = {T} positions from {start} must fit max_len = {max_len} of the cache")
     if qkv.dtype != k_cache.dtype:
         raise ValueError(f"k_cache: dtype {k_cache.dtype} must be qkv's ({qkv.dtype})")
     if (
         cos.shape != sin.shape
         or cos.dim() != 2
         or cos.shape[1] != hd // 2
-        or cos.shape[0] < T
+        or cos.shape[0] < start + T
         or cos.dtype != torch.float32
         or sin.dtype != torch.float32
         or not (cos.is_contiguous() and sin.is_contiguous())
     ):
         raise ValueError(
-            f"cos: expected contiguous fp32 [>= {T}, {hd // 2}] like sin, got {cos.dtype} {tuple(cos.shape)}"
+            f"cos: expected contiguous fp32 [>= {start + T}, {hd // 2}] like sin, got {cos.dtype} {tuple(cos.shape)}"
         )
     for name, norm in (("q_norm", q_norm), ("k_norm", k_norm)):
         if norm is not None and (norm.shape != (hd,) or not norm.is_contiguous()):
@@ -191,16 +196,17 @@ def prefill_kv_write(
     k_norm: torch.Tensor | None = None,
     eps: float = 1e-6,
     block_t: int | None = None,
+    start: int = 0,
 ) -> None:
-    """Write the rotated keys and the values of positions 0 .. T-1 into the cache.
+    """Write the rotated keys and the values of positions start .. start + T - 1 into the cache.
 
     qkv: [L, T, (H/L + 2 KV/L) * hd], per lane and position: q heads, then k heads, then v heads (before RoPE).
-    k_cache, v_cache: [KV, max_len, hd] of this layer (max_len >= T). cos, sin: [>= T, hd/2] fp32.
+    k_cache, v_cache: [KV, max_len, hd] of this layer (max_len >= start + T). cos, sin: [>= start + T, hd/2] fp32.
     k_norm: [hd] (Qwen3's norm of each key head before RoPE) or None.
     """
-    check_prefill_layout(qkv, k_cache, v_cache, cos, sin, num_heads, k_norm, k_norm)
+    check_prefill_layout(qkv, k_cache, v_cache, cos, sin, num_heads, k_norm, k_norm, start)
     launch_prefill_kv_write(qkv, k_cache, v_cache, cos, sin, num_heads=num_heads, interleaved=interleaved,
-                            k_norm=k_norm, eps=eps, block_t=block_t)  # fmt: skip
+                            k_norm=k_norm, eps=eps, block_t=block_t, start=start)  # fmt: skip
 
 
 def launch_prefill_kv_write(
@@ -215,6 +221,7 @@ def launch_prefill_kv_write(
     k_norm: torch.Tensor | None,
     eps: float,
     block_t: int | None = None,
+    start: int = 0,
 ) -> None:
     """prefill_kv_write on arguments check_prefill_layout has already accepted (prefill_attention's)."""
     lanes, T = qkv.shape[0], qkv.shape[1]
@@ -234,6 +241,7 @@ def launch_prefill_kv_write(
         sin,
         k_norm if k_norm is not None else cos,
         T,
+        start,
         heads_per_lane,
         kv_per_lane,
         max_len,

@@ -19,7 +19,7 @@ a duplicate, whatever reconnects happen.
      "models": [{"name", "chat", "max_context", "workers"}]}       on connect, then on every change
     {"type": "queue", "position": int | null, "workers": int}      jobs ahead; workers serving the model
     {"type": "started", "worker": str, "queue_ms": float}
-    {"type": "prefilled", "prompt_tokens": int, "prefill_ms": float}
+    {"type": "prefilled", "prompt_tokens": int, "prefill_ms": float, "cached_tokens": int}
     {"type": "delta", "text": str, "n": int, "t": float, "t_first": float}
         n tokens so far; t and t_first are the worker's clock (s) at the last and first token, so
         decode tokens/s = (n - 1) / (t - t_first) whenever the bytes arrive
@@ -196,7 +196,9 @@ class GenerateConsumer(AsyncWebsocketConsumer):
                             key: data[key] for key in ("text", "n", "t", "t_first")
                         }  # token ids stay home
                     elif kind == "prefilled":
-                        data = {key: data[key] for key in ("prompt_tokens", "prefill_ms")}
+                        data = {
+                            key: data.get(key, 0) for key in ("prompt_tokens", "prefill_ms", "cached_tokens")
+                        }
                     elif kind in ("done", "error"):
                         await metrics.observe_finished(
                             self.jobs.r, spec.id, spec.model, spec.source, kind, data, queue_ms

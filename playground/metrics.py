@@ -60,6 +60,15 @@ JOBS = Counter(
     "kog_jobs_total", "Finished jobs by how they ended", ["model", "source", "outcome"], registry=REGISTRY
 )
 GENERATED_TOKENS = Counter("kog_generated_tokens_total", "Tokens generated", ["model"], registry=REGISTRY)
+PROMPT_TOKENS = Counter(
+    "kog_prompt_tokens_total", "Prompt tokens of finished jobs", ["model"], registry=REGISTRY
+)
+CACHED_PROMPT_TOKENS = Counter(
+    "kog_prompt_cached_tokens_total",
+    "Prompt tokens whose KV a worker reused from an earlier request (not prefilled again)",
+    ["model"],
+    registry=REGISTRY,
+)
 ERRORS = Counter("kog_errors_total", "Errors sent to clients, by kind", ["kind"], registry=REGISTRY)
 RATE_LIMITED = Counter(
     "kog_rate_limited_total", "Requests refused by a rate limit", ["limit"], registry=REGISTRY
@@ -97,6 +106,8 @@ async def observe_finished(
     if not stats:  # cancelled before it started
         return
     GENERATED_TOKENS.labels(model).inc(stats.get("completion_tokens", 0))
+    PROMPT_TOKENS.labels(model).inc(stats.get("prompt_tokens", 0))
+    CACHED_PROMPT_TOKENS.labels(model).inc(stats.get("cached_tokens", 0))
     if stats.get("completion_tokens"):
         TTFT.labels(model).observe(stats["ttft_ms"] / 1000)
     if stats.get("decode_tok_s"):

@@ -39,8 +39,10 @@ if TYPE_CHECKING:
 
 
 @torch.no_grad()
-def forward_prompt(runner: FastRunner, ids: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-    """model.forward over a prompt ids [T] into runner.cache; the logits [V] at position last [1]."""
+def forward_prompt(runner: FastRunner, ids: torch.Tensor, last: torch.Tensor, start: int = 0) -> torch.Tensor:
+    """model.forward over a prompt ids [T] at positions start .. start + T - 1 into runner.cache (whose rows
+    before start hold the keys and values of what came before: a reused prefix); the logits [V] at row last [1]
+    of ids. Every other thing a layer carries across rows (the delayed reduction's partials) is per position."""
     cfg, model = runner.cfg, runner.model
     lanes, dim, eps = cfg.num_lanes, cfg.hidden_size, cfg.norm_eps
     T = ids.shape[0]
@@ -59,11 +61,11 @@ def forward_prompt(runner: FastRunner, ids: torch.Tensor, last: torch.Tensor) ->
         if w.bqkv is not None:
             qkv = qkv + w.bqkv[:, None]
         if i == len(runner.layers) - 1:
-            return _last_layer(runner, i, w, x, qkv, last, attn_partials, mlp_partials)
-        # the cache rows 0 .. T-1 of layer i written, and the heads [L, T, H/L * hd] for the o-proj
+            return _last_layer(runner, i, w, x, qkv, last, attn_partials, mlp_partials, start)
+        # the cache rows start .. start + T - 1 of layer i written, and the heads [L, T, H/L * hd] for the o-proj
         heads = prefill_attention(qkv, runner.cache.k[i, 0], runner.cache.v[i, 0], model.rope_cos,
                                   model.rope_sin, num_heads=cfg.num_heads, window=w.window, q_norm=w.q_norm,
-                                  k_norm=w.k_norm, eps=eps, **attn_blocks)  # fmt: skip
+                                  k_norm=w.k_norm, eps=eps, start=start, **attn_blocks)  # fmt: skip
         next_norm = runner.layers[i + 1].attention_norm if i + 1 < len(runner.layers) else None
         attn_partials.append(heads @ w.wo.mT)  # [L, T, D] raw lane partials
         x, h = _residual_norm(runner, i, w, x, attn_partials, w.ffn_norm, norm_blocks)
@@ -81,7 +83,7 @@ def forward_prompt(runner: FastRunner, ids: torch.Tensor, last: torch.Tensor) ->
 
 def _last_layer(runner: FastRunner, i: int, w: LayerWeights, x: torch.Tensor, qkv: torch.Tensor,
                 last: torch.Tensor, attn_partials: list[torch.Tensor | None],
-                mlp_partials: list[torch.Tensor | None]) -> torch.Tensor:  # fmt: skip
+                mlp_partials: list[torch.Tensor | None], start: int = 0) -> torch.Tensor:  # fmt: skip
     """The last layer, where only the position `last` goes on: every position's keys and values still go into
     the cache, but attention, the o-proj, the MLP and the head run for that one row, as a decode step would
     (kernels/decode_attention.py reads q from qkv's row `last` and the keys before it from the cache). The
@@ -94,9 +96,10 @@ def _last_layer(runner: FastRunner, i: int, w: LayerWeights, x: torch.Tensor, qk
     lanes, eps = cfg.num_lanes, cfg.norm_eps
     k_cache, v_cache = runner.cache.k[i, 0], runner.cache.v[i, 0]
     launch_prefill_kv_write(qkv, k_cache, v_cache, model.rope_cos, model.rope_sin, num_heads=cfg.num_heads,
-                            interleaved=True, k_norm=w.k_norm, eps=eps)  # fmt: skip
+                            interleaved=True, k_norm=w.k_norm, eps=eps, start=start)  # fmt: skip
     heads = torch.empty(lanes, cfg.heads_per_lane * cfg.head_dim, dtype=qkv.dtype, device=qkv.device)
-    decode_attention(qkv.index_select(1, last).view(lanes, -1), k_cache, v_cache, last.to(torch.int32),
+    position = (last + start).to(torch.int32)  # row `last` of the prompt's part sits at this position
+    decode_attention(qkv.index_select(1, last).view(lanes, -1), k_cache, v_cache, position,
                      model.rope_cos, model.rope_sin, heads, runner.attn_scratch, num_heads=cfg.num_heads,
                      window=w.window, q_norm=w.q_norm, k_norm=w.k_norm, eps=eps,
                      block_t=runner.attn_block_t)  # fmt: skip

@@ -707,9 +707,10 @@ class FastRunner:
     # --- the runner contract -------------------------------------------------------------------------
 
     @torch.no_grad()
-    def forward_prompt(self, ids: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-        """model.forward over a prompt ids [T] into the cache; the logits [V] at position last [1]."""
-        return forward_prompt(self, ids, last)
+    def forward_prompt(self, ids: torch.Tensor, last: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """model.forward over a prompt ids [T] at positions start .. start + T - 1 into the cache (rows before
+        start already hold the prompt's first ids); the logits [V] at row last [1] of ids."""
+        return forward_prompt(self, ids, last, start)
 
     def _capture_prefill(self, bucket: int) -> torch.cuda.CUDAGraph:
         """forward_prompt over the first `bucket` positions of prompt_ids as a graph: prompts up to the bucket
@@ -719,17 +720,24 @@ class FastRunner:
         )
 
     @torch.no_grad()
-    def prefill(self, prompt_ids: list[int], greedy: bool = True) -> None:
+    def prefill(self, prompt_ids: list[int], greedy: bool = True, start: int = 0) -> None:
         """The prompt into the cache; leaves the first token in token/out_tokens and pos = len(prompt_ids),
         exactly as a decode step would. Short prompts replay a captured graph (their launches would otherwise
-        cost more than their arithmetic)."""
+        cost more than their arithmetic). start > 0: the cache's rows [0, start) hold the prompt's first ids
+        already (inference/prefix_cache.py); the rest is prefilled eagerly."""
         n = len(prompt_ids)
         if not 0 < n < self.max_context:
             raise ValueError(f"prompt_ids: length must be in [1, {self.max_context - 1}], got {n}")
+        if not 0 <= start < n:
+            raise ValueError(
+                f"start: must be in [0, {n - 1}] (the last prompt id is always prefilled), got {start}"
+            )
         self._stage_prompt(prompt_ids)
         ids = self.prompt_ids[:n]
         bucket = next((b for b in self.prefill_buckets if b >= n), None)
-        if bucket is None:
+        if start:
+            self.logits.copy_(self.forward_prompt(ids[start:], self.prompt_last - start, start))
+        elif bucket is None:
             self.logits.copy_(self.forward_prompt(ids, self.prompt_last))
         else:
             if bucket not in self.prefill_graphs:
@@ -769,9 +777,9 @@ class FastRunner:
             self.prompt_copied.record()
 
     def generate_tokens(self, prompt_ids: list[int], params: SamplingParams,
-                        stop_ids: frozenset[int] = frozenset()) -> Iterator[int]:  # fmt: skip
-        """Token ids after the prompt, the first from prefill; stops after a stop id or max_new_tokens
-        (clipped to the context)."""
+                        stop_ids: frozenset[int] = frozenset(), start: int = 0) -> Iterator[int]:  # fmt: skip
+        """Token ids after the prompt, the first from prefill (from position start: see prefill); stops after a
+        stop id or max_new_tokens (clipped to the context)."""
         budget = min(params.max_new_tokens, self.max_context - len(prompt_ids))
         greedy = params.greedy and params.repetition_penalty == 1
         screen = self.uses_screen(params)
@@ -783,10 +791,10 @@ class FastRunner:
         # A seed repeats its tokens; without one each request draws its own (from torch's CPU generator).
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()))
         self.sample_seed.fill_(seed)
-        start = time.perf_counter()
-        self.prefill(prompt_ids, greedy)
+        began = time.perf_counter()
+        self.prefill(prompt_ids, greedy, start)
         first = int(self.token.item())
-        self.last_prefill_ms = (time.perf_counter() - start) * 1e3
+        self.last_prefill_ms = (time.perf_counter() - began) * 1e3
         yield first
         if first in stop_ids or budget <= 1:
             return

@@ -456,16 +456,25 @@ def reply_envelope(spec: JobSpec, object_type: str) -> dict:
 
 
 def usage(stats: dict) -> dict:
+    """OpenAI's usage: the prompt tokens read from a cache (an earlier request's prefix) among the prompt's."""
     prompt, completion = stats["prompt_tokens"], stats["completion_tokens"]
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": stats.get("cached_tokens", 0)},
+    }
 
 
 def timings(stats: dict, queue_ms: float) -> dict:
-    """llama.cpp's server timings (prompt = prefill, predicted = the tokens after it) plus ttft and queue."""
+    """llama.cpp's server timings (prompt = prefill of the tokens not in the cache, cache_n = those that were;
+    predicted = the tokens after it) plus ttft and queue."""
     prompt_ms = stats["prefill_ms"]
     predicted_ms = max(stats["total_ms"] - prompt_ms, 0.0)
-    prompt_n, predicted_n = stats["prompt_tokens"], stats["completion_tokens"]
+    cache_n = stats.get("cached_tokens", 0)
+    prompt_n, predicted_n = stats["prompt_tokens"] - cache_n, stats["completion_tokens"]
     return {
+        "cache_n": cache_n,
         "prompt_n": prompt_n,
         "prompt_ms": prompt_ms,
         "prompt_per_second": prompt_n * 1000 / prompt_ms if prompt_ms > 0 else 0.0,

@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 from django.test import AsyncClient
 
 from inference.protocol import JobSpec, cancel_key, events_key
-from playground.api.views import JobRun, job_error, timings
+from playground.api.views import JobRun, job_error, timings, usage
 from playground.jobs import job_client
 
 STATS = {"prompt_tokens": 40, "completion_tokens": 11, "prefill_ms": 20.0, "ttft_ms": 25.0, "total_ms": 120.0}
@@ -18,6 +18,7 @@ STATS = {"prompt_tokens": 40, "completion_tokens": 11, "prefill_ms": 20.0, "ttft
 
 def test_timings_follow_llama_cpp_and_add_ttft_and_queue():
     assert timings(STATS, queue_ms=7.5) == {
+        "cache_n": 0,
         "prompt_n": 40,
         "prompt_ms": 20.0,
         "prompt_per_second": 2000.0,
@@ -29,6 +30,17 @@ def test_timings_follow_llama_cpp_and_add_ttft_and_queue():
     }
     instant = timings({**STATS, "prefill_ms": 0.0, "total_ms": 0.0}, queue_ms=0.0)
     assert instant["prompt_per_second"] == instant["predicted_per_second"] == 0.0  # no division by zero
+
+
+def test_cached_prompt_tokens_are_cache_n_and_left_out_of_the_prefill_rate():
+    cached = timings({**STATS, "cached_tokens": 36}, queue_ms=0.0)
+    assert (cached["cache_n"], cached["prompt_n"], cached["prompt_per_second"]) == (36, 4, 200.0)
+    assert usage({**STATS, "cached_tokens": 36}) == {
+        "prompt_tokens": 40,
+        "completion_tokens": 11,
+        "total_tokens": 51,
+        "prompt_tokens_details": {"cached_tokens": 36},
+    }
 
 
 @pytest.mark.parametrize(

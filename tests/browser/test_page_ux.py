@@ -888,7 +888,7 @@ def test_a_follow_up_sends_the_earlier_turns_keeps_them_over_a_reload_and_a_new_
     tokenizer = Tokenizer.from_dir(default_model)
 
     def prompt_tokens(messages: list[dict]) -> str:  # as the page shows them, counted here independently
-        return f"{len(tokenizer.encode(tokenizer.apply_chat_template(messages), add_special=False))} tokens"
+        return f"{len(tokenizer.encode(tokenizer.apply_chat_template(messages), add_special=False)):,} tokens"
 
     open_playground(page, server.url, model=default_model.name)
     page.fill("#temperature", "0")
@@ -928,7 +928,10 @@ def test_a_follow_up_sends_the_earlier_turns_keeps_them_over_a_reload_and_a_new_
         {"role": "assistant", "content": first_answer},
         {"role": "user", "content": follow_up},
     ]
-    assert page.text_content("#stat-prompt-tokens") == prompt_tokens(turns)  # the model read all three
+    # the model read all three; the worker's KV cache still held the first turn and its answer: not prefilled
+    read, cached = page.text_content("#stat-prompt-tokens").split(", ")
+    assert read == prompt_tokens(turns) and cached.endswith(" cached")
+    assert 0 < int(cached.removesuffix(" cached").replace(",", "")) < int(read.split()[0].replace(",", ""))
     share = page.get_attribute("#share", "href")
 
     page.fill("#prompt", "# a third question, typed before Follow up\n")

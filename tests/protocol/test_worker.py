@@ -90,6 +90,7 @@ def run_worker(*args: str, env: dict | None = None) -> tuple[int, list[dict], st
         ("KOG_DEVICE", "gpu", "one of cpu, cuda, cuda:N"),
         ("KOG_DEVICE", "cuda:x", "one of cpu, cuda, cuda:N"),
         ("KOG_BACKEND", "turbo", "one of reference, fast"),
+        ("KOG_PREFIX_SLOTS", "many", "an integer >= 0 (KV-cache slots)"),
     ],
 )
 def test_a_setting_it_cannot_use_ends_it_in_one_line_naming_the_variable(redis_url, variable, value, expects):

@@ -130,3 +130,19 @@ async def test_a_metrics_token_keeps_strangers_out(monkeypatch):
     assert (await scrape())[0] == 401
     assert (await scrape({"Authorization": "Bearer wrong"}))[0] == 401
     assert (await scrape({"Authorization": "Bearer s3cret"}))[0] == 200
+
+
+async def test_prompt_tokens_and_those_a_worker_reused_are_counted():
+    r = jobs.job_client().r
+    done = {
+        "finish_reason": "stop",
+        "text": "ok",
+        "stats": {"prompt_tokens": 1840, "cached_tokens": 1796, "completion_tokens": 2, "ttft_ms": 9.0},
+    }
+    sample = metrics.REGISTRY.get_sample_value
+    before = sample("kog_prompt_cached_tokens_total", {"model": "m-prefix"}) or 0
+    prompt_before = sample("kog_prompt_tokens_total", {"model": "m-prefix"}) or 0
+    for _ in range(2):  # seen twice, counted once
+        await metrics.observe_finished(r, "job-prefix", "m-prefix", "api", "done", done, queue_ms=None)
+    assert sample("kog_prompt_cached_tokens_total", {"model": "m-prefix"}) == before + 1796
+    assert sample("kog_prompt_tokens_total", {"model": "m-prefix"}) == prompt_before + 1840

@@ -65,10 +65,13 @@
         run.queue = 0;
         follow("streaming", "prefilling…");
         break;
-      case "prefilled":
+      case "prefilled": {
         takePane();
-        follow("streaming", `${frame.prompt_tokens} prompt tokens`);
+        // cached: tokens an earlier request's KV cache held, which the worker did not prefill again
+        const cached = frame.cached_tokens > 0 ? `, ${frame.cached_tokens} cached` : "";
+        follow("streaming", `${frame.prompt_tokens} prompt tokens${cached}`);
         break;
+      }
       case "delta":
         takePane();
         run.pending.push(frame.text);

@@ -140,7 +140,9 @@
   function showFinalStats(stats) {
     if (!stats) return;
     const ms = (v) => (v >= 1000 ? (v / 1000).toFixed(2) + " s" : v.toFixed(1) + " ms");
-    setText(ui.statPromptTokens, `${stats.prompt_tokens} tokens`);
+    // the tokens an earlier request's KV cache held: prefill computed only the rest
+    const cached = stats.cached_tokens > 0 ? `, ${stats.cached_tokens.toLocaleString("en-US")} cached` : "";
+    setText(ui.statPromptTokens, `${stats.prompt_tokens.toLocaleString("en-US")} tokens${cached}`);
     // the wait for a worker comes before the worker's own clock starts: the first token's time leaves it out
     const queued = typeof stats.queue_ms === "number";
     ui.queueRow.hidden = !queued;

@@ -1,0 +1,43 @@
+"""The prefill kernels from a start position: a prompt's part after a prefix whose keys and values the cache holds
+already (prefix reuse) gives the rows a prefill of the whole prompt gives, and writes the cache rows after start."""
+
+import pytest
+import torch
+
+from kernels.prefill_attention import prefill_attention
+from tests.kernels.test_kernels_prefill_attention import make_inputs, reference
+from tests.support.kernels import assert_close, poisoned
+
+
+@pytest.mark.parametrize(
+    "lanes,num_heads,num_kv,hd,T,start,window",
+    [
+        (1, 2, 2, 64, 37, 20, None),  # causal, the part starting mid-block
+        (2, 4, 2, 48, 45, 32, 10),  # two lanes, GQA, a window that ends inside the reused prefix
+        (2, 8, 2, 96, 40, 39, 16),  # one new row (the last prompt token, always prefilled again)
+        (1, 4, 2, 32, 50, 16, 64),  # a window longer than the prompt: plain causal
+    ],
+)
+def test_a_prefill_from_start_matches_the_whole_prompts(lanes, num_heads, num_kv, hd, T, start, window):
+    dtype, qk_norm = torch.float32, num_heads == 4
+    max_len = T + 5
+    qkv, cos, sin, q_norm, k_norm = make_inputs(dtype, lanes, num_heads, num_kv, hd, T, max_len, qk_norm)
+    want, want_k, want_v = reference(qkv, cos, sin, num_heads, num_kv, window, True, q_norm, k_norm, 1e-6)
+    k_cache, v_cache = poisoned(num_kv, max_len, hd, dtype=dtype), poisoned(num_kv, max_len, hd, dtype=dtype)
+    kwargs = {"num_heads": num_heads, "window": window, "q_norm": q_norm, "k_norm": k_norm, "eps": 1e-6}
+    prefill_attention(qkv[:, :start], k_cache, v_cache, cos, sin, **kwargs)  # an earlier request's prompt
+    out = prefill_attention(qkv[:, start:], k_cache, v_cache, cos, sin, start=start, **kwargs)
+    assert out.shape == (lanes, T - start, want.shape[-1])
+    assert_close(out, want[:, start:], dtype, "out")
+    assert_close(k_cache[:, :T], want_k, dtype, "cached k")
+    assert torch.equal(v_cache[:, :T].cpu(), want_v)
+    assert k_cache[:, T:].isnan().all() and v_cache[:, T:].isnan().all(), "cache past the prompt: written"
+
+
+def test_a_start_past_the_cache_is_refused():
+    qkv, cos, sin, _, _ = make_inputs(torch.float32, 1, 2, 2, 64, 8, 16)
+    cache = poisoned(2, 16, 64, dtype=torch.float32)
+    with pytest.raises(ValueError, match="max_len"):
+        prefill_attention(qkv, cache, cache.clone(), cos, sin, num_heads=2, start=10)
+    with pytest.raises(ValueError, match="start"):
+        prefill_attention(qkv, cache, cache.clone(), cos, sin, num_heads=2, start=-1)

@@ -54,9 +54,9 @@ import redis
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from inference.events import InvalidRequest
-from inference.logs import job_context
-from inference.protocol import JobClient, JobSpec, QueueFull
+from common.events import InvalidRequest
+from common.logs import job_context
+from common.protocol import JobClient, JobSpec, QueueFull
 from playground import limits, metrics
 from playground.jobs import Lease, job_client, redis_back, served_models, spec_from_frame, worker_summary
 from playground.store import save_generation

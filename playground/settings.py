@@ -24,7 +24,7 @@ PLAYGROUND_RETENTION_DAYS   when set (whole days, 1 or more), saved generations 
 Rate limits (PLAYGROUND_IP_*, PLAYGROUND_KEY_*, PLAYGROUND_TRUSTED_PROXIES): see playground/limits.py.
 A value that is not what its variable takes stops the process at its start (settings, or the app's ready() for
 the rate limits) with one line naming the variable, rather than failing requests once it serves.
-LOG_FORMAT, LOG_LEVEL   json (default) or plain log lines; see inference/logs.py
+LOG_FORMAT, LOG_LEVEL   json (default) or plain log lines; see common/logs.py
 PLAYGROUND_READY_TIMEOUT_S, PLAYGROUND_READY_CACHE_S, PLAYGROUND_METRICS_TOKEN: see health.py, metrics.py
 PLAYGROUND_API_CORS_ORIGINS: see playground/api/cors.py
 """
@@ -39,11 +39,11 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from redis.connection import parse_url
 
-from inference.config import EnvError
-from inference.config import env_number as config_env_number
-from inference.logs import logging_config
-from inference.names import ModelNameError, configured_models, served_names
-from inference.redis_server import redacted_url, url_problem
+from common.env import EnvError
+from common.env import env_number as config_env_number
+from common.logs import logging_config
+from common.names import ModelNameError, configured_models, served_names
+from common.redis_server import redacted_url, url_problem
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -198,7 +198,7 @@ PLAYGROUND_STATUS_INTERVAL_S = env_number(
     "PLAYGROUND_STATUS_INTERVAL_S", 1.0, float, above=True, unit="seconds"
 )
 # A page's job that no socket follows (the tab closed, or its web process died) is cancelled by its worker
-# after this long unless a client resumes it (API jobs get no grace: see inference/protocol.py, followers).
+# after this long unless a client resumes it (API jobs get no grace: see common/protocol.py, followers).
 PLAYGROUND_ORPHAN_GRACE_S = env_number("PLAYGROUND_ORPHAN_GRACE_S", 15.0, float, unit="seconds")
 
 AUTH_PASSWORD_VALIDATORS = [

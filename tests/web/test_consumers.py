@@ -280,7 +280,7 @@ async def test_resuming_a_job_whose_record_lost_its_spec_is_unknown_not_a_crash(
     # an unknown job, and the socket stays usable.
     import redis.asyncio as aioredis
 
-    from inference.protocol import job_key
+    from common.protocol import job_key
 
     start_worker(models=["standin:1000"])
     stub = "e" * 32

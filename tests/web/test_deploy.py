@@ -17,7 +17,7 @@ import openai
 import pytest
 from ruamel.yaml import YAML
 
-from inference.redis_server import free_port, redis_binary
+from common.redis_server import free_port, redis_binary
 from tests.support import WebServer, WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from django.test import AsyncClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inference.events import InvalidRequest
+from common.events import InvalidRequest
 from playground import jobs
 from playground.limits import LimitConfig
 from tests.support import SAME_ORIGIN

@@ -138,7 +138,8 @@ ASGI_APPLICATION = "playground.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        # the site's pages live at the top of the checkout, beside the code; APP_DIRS finds the admin's own
+        "DIRS": [BASE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -213,9 +214,10 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 
-# Served by Django's ASGIStaticFilesHandler (see asgi.py) straight from the app folders: daphne
-# serves them with DEBUG off and no collectstatic step. STATIC_ROOT is for a CDN or proxy.
+# Served by Django's ASGIStaticFilesHandler (see asgi.py) straight from static/ (and the admin's app folder):
+# daphne serves them with DEBUG off and no collectstatic step. STATIC_ROOT is for a CDN or proxy.
 STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "staticfiles"
 # URLs with a hash of each file's content, so that a page never runs a cached older script
 STORAGES = {

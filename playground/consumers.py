@@ -69,9 +69,8 @@ _orphan_checks: set[asyncio.Task] = set()  # strong references, so pending check
 
 
 class GenerateConsumer(AsyncWebsocketConsumer):
-    # Jobs travel through their Redis streams, not the channel layer: a layer subscription would
-    # only be one more Redis connection whose loss (a Redis restart) kills the socket.
-    channel_layer_alias = "unused"
+    # Jobs travel through their Redis streams, not a channel layer (settings configure none): a layer
+    # subscription would only be one more Redis connection whose loss (a Redis restart) kills the socket.
     spec: JobSpec | None = None  # the job this socket follows
     lease: Lease | None = None  # this socket's lease on that job
     follower: asyncio.Task | None = None  # streams that job's events to the socket

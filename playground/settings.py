@@ -9,7 +9,7 @@ DJANGO_BEHIND_HTTPS_PROXY    1 when a TLS-terminating proxy sets X-Forwarded-Pro
                              and plain-HTTP requests redirected to HTTPS
 DJANGO_HSTS_SECONDS     Strict-Transport-Security max-age behind TLS (default 31536000; 0: no header)
 DATABASE_URL            sqlite:///path or postgres://user:pass@host/db (default var/db.sqlite3)
-REDIS_URL               the job queue and the channel layer: redis://host:port/db, redis://:password@host:port/db
+REDIS_URL               the job queue: redis://host:port/db, redis://:password@host:port/db
                         with a password (default redis://127.0.0.1:6379/0)
 MODELS                  the models to offer, as the workers' MODELS (comma-separated; empty: the shipped default)
 PLAYGROUND_MAX_QUEUE    jobs that may wait per model before new ones are refused (default 32; 0: no bound)
@@ -73,8 +73,8 @@ def env_number(
 
 
 def redis_url() -> str:
-    """REDIS_URL (default redis://127.0.0.1:6379/0), checked as redis-py reads it for the job queue and the
-    channel layer alike: `127.0.0.1:6379` without its scheme would otherwise pass here and fail every request."""
+    """REDIS_URL (default redis://127.0.0.1:6379/0), checked as redis-py reads it for the job queue:
+    `127.0.0.1:6379` without its scheme would otherwise pass here and fail every request."""
     url = os.environ.get("REDIS_URL", "").strip() or "redis://127.0.0.1:6379/0"
     try:
         parse_url(url)
@@ -159,10 +159,8 @@ if "DATABASE_URL" not in os.environ:
 DATABASES = {"default": dj_database_url.config(default=f"sqlite:///{DEFAULT_SQLITE}", conn_max_age=0)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# No CHANNEL_LAYERS: jobs travel through their own Redis streams (common/protocol.py), not a channel layer.
 REDIS_URL = redis_url()
-CHANNEL_LAYERS = {
-    "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}},
-}
 
 # The names the workers serve MODELS under (the shipped default when MODELS is empty, as for the worker):
 # the models the page and the API offer, and /readyz checks, even while no worker is up.

@@ -26,9 +26,6 @@ TERMINAL = ("done", "error")
 @pytest.fixture(autouse=True)
 async def web_settings(settings, redis_url):
     settings.REDIS_URL = redis_url
-    settings.CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [redis_url]}}
-    }
     settings.PLAYGROUND_STATUS_INTERVAL_S = 0.2
     settings.PLAYGROUND_ORPHAN_GRACE_S = 0.5
     yield settings

@@ -208,7 +208,7 @@ def test_worker_healthcheck_follows_the_heartbeat_file(start_worker, tmp_path):
 def test_compose_keeps_redis_private_and_always_behind_its_password():
     services = YAML(typ="safe").load(COMPOSE.read_text())["services"]
     redis = services["redis"]
-    assert "ports" not in redis  # published only by the operator's own choice (README: "Hosting it")
+    assert "ports" not in redis  # published only by the operator's own choice (docs/hosting.md)
     # no password, no playground: compose refuses to start rather than run an open Redis
     for where in (redis["command"], redis["environment"], services["web"]["environment"]["REDIS_URL"],
                   services["worker"]["environment"]["REDIS_URL"]):  # fmt: skip
@@ -238,7 +238,7 @@ def start_compose_redis(data_dir: Path, password: str) -> tuple[subprocess.Popen
 
 
 def test_the_secrets_file_compose_reads_stays_out_of_git_and_the_image():
-    """README: DJANGO_SECRET_KEY and REDIS_PASSWORD go in ./.env, which docker compose reads by itself."""
+    """docs/hosting.md: DJANGO_SECRET_KEY and REDIS_PASSWORD go in ./.env, which docker compose reads by itself."""
     ignored = subprocess.run(["git", "check-ignore", "--quiet", ".env"], cwd=ROOT)
     assert ignored.returncode == 0, ".env is not in .gitignore"
     patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()]
@@ -248,7 +248,7 @@ def test_the_secrets_file_compose_reads_stays_out_of_git_and_the_image():
 
 
 def test_web_and_worker_join_the_compose_redis_with_the_password_in_redis_url(tmp_path):
-    password = os.urandom(16).hex()  # letters and digits, as the README and the file ask
+    password = os.urandom(16).hex()  # letters and digits, as docs/hosting.md and the file ask
     compose = YAML(typ="safe").load(COMPOSE.read_text())["services"]
     redis, port = start_compose_redis(tmp_path, password)
     worker = web = None

@@ -28,7 +28,8 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# The CPU wheel of torch lies on disk here; an unpinned torch would pull gigabytes of CUDA packages.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	# Both roles on one machine (`make run` starts the web process and a worker), and the tests' tools.
+	$(PY) -m pip install -q -e '.[web,worker,test]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -1,5 +1,5 @@
 """The batch-1 decode engine, its worker and its benchmark.
 
-Importing this package (and `inference.events`, `inference.protocol`) must stay free of torch:
-the web process imports them and never loads model code.
+What the web process shares with the worker (events, the job protocol, names, logs) lives in `common/`,
+which imports no torch; this package is the worker's side.
 """

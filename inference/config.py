@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.env import env_number
+
 MODEL_TYPES = ("laneformer_tp", "llama", "qwen2", "qwen3")
 LM_HEAD_TYPES = ("replicate", "lane", "vocab_parallel")
 QWEN3_HEAD_DIM = 128  # transformers' Qwen3Config default, for a config.json that leaves head_dim out
@@ -52,40 +54,6 @@ def read_json_file(path: Path) -> dict:
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
     return data
-
-
-class EnvError(ValueError):
-    """A setting in the environment that cannot be used; the message names the variable and what it takes."""
-
-
-def env_number(
-    name: str,
-    default: float,
-    expects: str,
-    integer: bool = False,
-    minimum: float = 0,
-    above: bool = False,
-    maximum: float = math.inf,
-) -> float:
-    """The number in environment variable `name` (unset or blank: `default`); EnvError names the variable,
-    what it takes (`expects`) and what it holds when that is no finite number in [`minimum`, `maximum`]
-    (`above`: greater than `minimum`). The one parser of numbers from the environment: the worker's, the
-    engine's, the fast runner's and the web's settings (playground/settings.py wraps it for Django)."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw) if integer else float(raw)
-    except ValueError:
-        value = None
-    if (
-        value is None
-        or not math.isfinite(value)
-        or not minimum <= value <= maximum
-        or (above and value == minimum)
-    ):
-        raise EnvError(f"{name}: must be {expects}, got {raw!r}")
-    return value
 
 
 DEFAULT_MAX_CONTEXT = 4096  # tokens; KOG_MAX_CONTEXT caps the KV cache of long-context models

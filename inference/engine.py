@@ -23,9 +23,8 @@ from pathlib import Path
 
 import torch
 
-from inference.checkpoint import CheckpointError, checkpoint_shapes, load_weights
-from inference.config import ModelConfig, check_link, env_max_context, env_number, read_json_file
-from inference.events import (
+from common.env import env_number
+from common.events import (
     MAX_API_TEMPERATURE,
     Done,
     Event,
@@ -37,9 +36,11 @@ from inference.events import (
     decode_tok_s,
     unicode_text,
 )
+from common.names import default_model, is_hf_cache_repo, model_source, served_name
+from inference.checkpoint import CheckpointError, checkpoint_shapes, load_weights
+from inference.config import ModelConfig, check_link, env_max_context, read_json_file
 from inference.failures import is_memory_error
 from inference.model import Transformer
-from inference.names import default_model, is_hf_cache_repo, model_source, served_name
 from inference.prefix_cache import PrefixCache
 from inference.presets import PRESETS
 from inference.runner import ReferenceRunner

@@ -25,8 +25,8 @@ from collections import Counter
 
 import torch
 
+from common.events import Done, SamplingParams
 from inference.engine import DEFAULT_MODEL, Engine
-from inference.events import Done, SamplingParams
 from inference.train import bits_per_byte, read_source, split_of, stdlib_files, stdlib_root
 
 SPEED_PROMPT = "import os\n\n\ndef walk_tree(top):\n"

@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from inference.events import Done, SamplingParams, TextDelta
+from common.events import Done, SamplingParams, TextDelta
 
 EXIT_USAGE, EXIT_FAILED = 2, 1
 
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as e:  # noqa: BLE001 - every failure is reported as one line, never a traceback
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        known = type(e).__module__.startswith("inference.") or isinstance(e, ValueError)
+        known = type(e).__module__.startswith(("inference.", "common.")) or isinstance(e, ValueError)
         print(f"error: {message}" if known else f"error: {type(e).__name__}: {message}", file=sys.stderr)
         return EXIT_FAILED
     return 0

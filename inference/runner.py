@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import torch
 
-from inference.events import SamplingParams
+from common.events import SamplingParams
 from inference.model import KVCache, Transformer
 from inference.sampling import Sampler
 

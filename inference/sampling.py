@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from inference.events import SamplingParams
+from common.events import SamplingParams
 
 
 class Sampler:

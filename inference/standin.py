@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from inference.events import (
+from common.events import (
     Done,
     Event,
     InvalidRequest,
@@ -22,8 +22,9 @@ from inference.events import (
     TextDelta,
     decode_tok_s,
 )
+from common.names import STANDIN_PREFIX
 
-PREFIX = "standin:"
+PREFIX = STANDIN_PREFIX
 
 
 class StandinTokenizer:

@@ -21,9 +21,9 @@ from pathlib import Path
 from jinja2.exceptions import TemplateError
 from tokenizers import Tokenizer as HFTokenizer
 
-from inference.chat_template import check_template_kwargs, compile_template, json_strings
+from common.chat_template import check_template_kwargs, compile_template, json_strings
+from common.events import InvalidRequest
 from inference.config import CheckpointError, check_link, read_json_file
-from inference.events import InvalidRequest
 from inference.stream_decoder import StreamDecoder
 
 # The special tokens a template may name, as tokenizer_config.json (or special_tokens_map.json) spells them

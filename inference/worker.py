@@ -41,19 +41,19 @@ from pathlib import Path
 
 import redis
 
-from inference.config import EnvError, env_max_context, env_number, env_prefix_slots
-from inference.events import Done, InvalidRequest, Prefilled, TextDelta
+from common.env import EnvError, env_number
+from common.events import Done, InvalidRequest, Prefilled, TextDelta
+from common.logs import configure_logging, job_context
+from common.names import ModelNameError, configured_models, model_source, served_name, served_names
+from common.protocol import HEARTBEAT_INTERVAL_S, STALL_EXIT_CODE, JobSpec, WorkerChannel, connect
+from common.redis_server import redacted_url, url_problem
+from inference.config import env_max_context, env_prefix_slots
 from inference.failures import is_device_error, is_memory_error
-from inference.logs import configure_logging, job_context
-from inference.names import ModelNameError, configured_models, model_source, served_name, served_names
-from inference.protocol import HEARTBEAT_INTERVAL_S, JobSpec, WorkerChannel, connect
-from inference.redis_server import redacted_url, url_problem
 from inference.standin import PREFIX as STANDIN_PREFIX
 from inference.standin import StandinEngine
 
 log = logging.getLogger("inference.worker")
 
-STALL_EXIT_CODE = 75  # EX_TEMPFAIL: "restart me"
 LOAD_EXIT_CODE = 78  # EX_CONFIG: what it was told to serve cannot be served
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 USAGE_EXIT_CODE = 2  # a setting it cannot use, found before anything loads
@@ -410,7 +410,7 @@ def load_failure(exc: Exception) -> tuple[str, bool]:
     not fit). Any other RuntimeError (a shape mismatch, NotImplementedError, RecursionError) is a bug."""
     lines = str(exc).strip().splitlines()
     text = lines[0] if lines else type(exc).__name__
-    if type(exc).__module__.startswith("inference.") or isinstance(exc, ValueError | OSError):
+    if type(exc).__module__.startswith(("inference.", "common.")) or isinstance(exc, ValueError | OSError):
         return text, True
     if is_memory_error(exc) or is_device_error(exc):
         return (f"{type(exc).__name__}: {text}" if lines else text), True

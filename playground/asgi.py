@@ -62,7 +62,7 @@ class StaticFilesHandler(ASGIStaticFilesHandler):
 
 application = ProtocolTypeRouter(
     {
-        # /static/ straight from the app folders, with DEBUG off too: no collectstatic, no extra server
+        # /static/ straight from static/ (and the admin's app folder), DEBUG off too: no collectstatic step
         "http": StaticFilesHandler(django_asgi_app),
         # only pages of the playground's own origin (host and port) or a trusted one open a socket
         "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),

@@ -54,9 +54,9 @@ import redis
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from inference.events import InvalidRequest
-from inference.logs import job_context
-from inference.protocol import JobClient, JobSpec, QueueFull
+from common.events import InvalidRequest
+from common.logs import job_context
+from common.protocol import JobClient, JobSpec, QueueFull
 from playground import limits, metrics
 from playground.jobs import Lease, job_client, redis_back, served_models, spec_from_frame, worker_summary
 from playground.store import save_generation
@@ -69,9 +69,8 @@ _orphan_checks: set[asyncio.Task] = set()  # strong references, so pending check
 
 
 class GenerateConsumer(AsyncWebsocketConsumer):
-    # Jobs travel through their Redis streams, not the channel layer: a layer subscription would
-    # only be one more Redis connection whose loss (a Redis restart) kills the socket.
-    channel_layer_alias = "unused"
+    # Jobs travel through their Redis streams, not a channel layer (settings configure none): a layer
+    # subscription would only be one more Redis connection whose loss (a Redis restart) kills the socket.
     spec: JobSpec | None = None  # the job this socket follows
     lease: Lease | None = None  # this socket's lease on that job
     follower: asyncio.Task | None = None  # streams that job's events to the socket

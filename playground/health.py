@@ -24,7 +24,7 @@ import redis
 from django.conf import settings
 from django.http import JsonResponse
 
-from inference.protocol import PREFIX, JobSpec, QueueFull
+from common.protocol import PREFIX, JobSpec, QueueFull
 from playground.jobs import job_client
 
 CACHE_KEY = f"{PREFIX}web:readyz"

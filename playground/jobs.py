@@ -15,8 +15,8 @@ from django.conf import settings
 from redis import Redis
 from redis.exceptions import RedisError
 
-from inference.events import InvalidRequest, SamplingParams, unicode_text
-from inference.protocol import LEASE_INTERVAL_S, JobClient, JobSpec, connect, release_leases
+from common.events import InvalidRequest, SamplingParams, unicode_text
+from common.protocol import LEASE_INTERVAL_S, JobClient, JobSpec, connect, release_leases
 
 log = logging.getLogger("playground.jobs")
 
@@ -54,7 +54,7 @@ class Lease:
     """One follower's hold on a job (a page's socket following it, an API request streaming or waiting for
     it): renewed every LEASE_INTERVAL_S in the background until released or the job has ended. A job whose
     leases have all lapsed for longer than its grace is cancelled by its worker, so a web process that dies,
-    SIGKILL included, stops the jobs it alone followed (inference/protocol.py: followers)."""
+    SIGKILL included, stops the jobs it alone followed (common/protocol.py: followers)."""
 
     def __init__(self, jobs: JobClient, job_id: str):
         self.jobs, self.job_id = jobs, job_id

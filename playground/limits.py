@@ -32,8 +32,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from inference.config import env_number
-from inference.protocol import PREFIX
+from common.env import env_number
+from common.protocol import PREFIX
 from playground import metrics
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -25,7 +25,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from inference.protocol import EVENTS_TTL_S, PREFIX, queue_key
+from common.protocol import EVENTS_TTL_S, PREFIX, queue_key
 from playground.jobs import job_client
 
 REGISTRY = CollectorRegistry()

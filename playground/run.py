@@ -21,10 +21,9 @@ from pathlib import Path
 
 import redis
 
-from inference.names import ModelNameError, served_names, split_entry
-from inference.protocol import worker_key
-from inference.redis_server import redacted_url, start_redis, url_problem
-from inference.worker import STALL_EXIT_CODE
+from common.names import ModelNameError, served_names, split_entry
+from common.protocol import STALL_EXIT_CODE, worker_key
+from common.redis_server import redacted_url, start_redis, url_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,7 +9,7 @@ DJANGO_BEHIND_HTTPS_PROXY    1 when a TLS-terminating proxy sets X-Forwarded-Pro
                              and plain-HTTP requests redirected to HTTPS
 DJANGO_HSTS_SECONDS     Strict-Transport-Security max-age behind TLS (default 31536000; 0: no header)
 DATABASE_URL            sqlite:///path or postgres://user:pass@host/db (default var/db.sqlite3)
-REDIS_URL               the job queue and the channel layer: redis://host:port/db, redis://:password@host:port/db
+REDIS_URL               the job queue: redis://host:port/db, redis://:password@host:port/db
                         with a password (default redis://127.0.0.1:6379/0)
 MODELS                  the models to offer, as the workers' MODELS (comma-separated; empty: the shipped default)
 PLAYGROUND_MAX_QUEUE    jobs that may wait per model before new ones are refused (default 32; 0: no bound)
@@ -24,7 +24,7 @@ PLAYGROUND_RETENTION_DAYS   when set (whole days, 1 or more), saved generations 
 Rate limits (PLAYGROUND_IP_*, PLAYGROUND_KEY_*, PLAYGROUND_TRUSTED_PROXIES): see playground/limits.py.
 A value that is not what its variable takes stops the process at its start (settings, or the app's ready() for
 the rate limits) with one line naming the variable, rather than failing requests once it serves.
-LOG_FORMAT, LOG_LEVEL   json (default) or plain log lines; see inference/logs.py
+LOG_FORMAT, LOG_LEVEL   json (default) or plain log lines; see common/logs.py
 PLAYGROUND_READY_TIMEOUT_S, PLAYGROUND_READY_CACHE_S, PLAYGROUND_METRICS_TOKEN: see health.py, metrics.py
 PLAYGROUND_API_CORS_ORIGINS: see playground/api/cors.py
 """
@@ -39,11 +39,11 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from redis.connection import parse_url
 
-from inference.config import EnvError
-from inference.config import env_number as config_env_number
-from inference.logs import logging_config
-from inference.names import ModelNameError, configured_models, served_names
-from inference.redis_server import redacted_url, url_problem
+from common.env import EnvError
+from common.env import env_number as config_env_number
+from common.logs import logging_config
+from common.names import ModelNameError, configured_models, served_names
+from common.redis_server import redacted_url, url_problem
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -73,8 +73,8 @@ def env_number(
 
 
 def redis_url() -> str:
-    """REDIS_URL (default redis://127.0.0.1:6379/0), checked as redis-py reads it for the job queue and the
-    channel layer alike: `127.0.0.1:6379` without its scheme would otherwise pass here and fail every request."""
+    """REDIS_URL (default redis://127.0.0.1:6379/0), checked as redis-py reads it for the job queue:
+    `127.0.0.1:6379` without its scheme would otherwise pass here and fail every request."""
     url = os.environ.get("REDIS_URL", "").strip() or "redis://127.0.0.1:6379/0"
     try:
         parse_url(url)
@@ -138,7 +138,8 @@ ASGI_APPLICATION = "playground.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        # the site's pages live at the top of the checkout, beside the code; APP_DIRS finds the admin's own
+        "DIRS": [BASE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -158,10 +159,8 @@ if "DATABASE_URL" not in os.environ:
 DATABASES = {"default": dj_database_url.config(default=f"sqlite:///{DEFAULT_SQLITE}", conn_max_age=0)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# No CHANNEL_LAYERS: jobs travel through their own Redis streams (common/protocol.py), not a channel layer.
 REDIS_URL = redis_url()
-CHANNEL_LAYERS = {
-    "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}},
-}
 
 # The names the workers serve MODELS under (the shipped default when MODELS is empty, as for the worker):
 # the models the page and the API offer, and /readyz checks, even while no worker is up.
@@ -198,7 +197,7 @@ PLAYGROUND_STATUS_INTERVAL_S = env_number(
     "PLAYGROUND_STATUS_INTERVAL_S", 1.0, float, above=True, unit="seconds"
 )
 # A page's job that no socket follows (the tab closed, or its web process died) is cancelled by its worker
-# after this long unless a client resumes it (API jobs get no grace: see inference/protocol.py, followers).
+# after this long unless a client resumes it (API jobs get no grace: see common/protocol.py, followers).
 PLAYGROUND_ORPHAN_GRACE_S = env_number("PLAYGROUND_ORPHAN_GRACE_S", 15.0, float, unit="seconds")
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -213,9 +212,10 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 
-# Served by Django's ASGIStaticFilesHandler (see asgi.py) straight from the app folders: daphne
-# serves them with DEBUG off and no collectstatic step. STATIC_ROOT is for a CDN or proxy.
+# Served by Django's ASGIStaticFilesHandler (see asgi.py) straight from static/ (and the admin's app folder):
+# daphne serves them with DEBUG off and no collectstatic step. STATIC_ROOT is for a CDN or proxy.
 STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "staticfiles"
 # URLs with a hash of each file's content, so that a page never runs a cached older script
 STORAGES = {

@@ -1,6 +1,6 @@
 """Static file URLs that change when the file does: /static/playground/playground.js?v=<content hash>.
 
-The files are served straight from the app folders (asgi.py), with a Last-Modified header and no
+The files are served straight from static/ (asgi.py), with a Last-Modified header and no
 collectstatic step, so nothing renames them when they change. A browser that cached playground.js
 under a heuristic lifetime would then run last version's script against this version's page (ids and
 frames that no longer match) until the cache expires. With the hash in the URL a new page asks for the

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import IntegrityError, connections
 from django.utils import timezone
 
-from inference.protocol import JobSpec
+from common.protocol import JobSpec
 from playground.models import Generation
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.utils.http import urlencode
 from django.utils.text import Truncator
 
-from inference.events import SamplingParams
+from common.events import SamplingParams
 from playground.jobs import PARAM_FIELDS, job_client, worker_summary
 from playground.models import Generation
 

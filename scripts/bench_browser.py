@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from inference.redis_server import free_port, start_redis  # noqa: E402
+from common.redis_server import free_port, start_redis  # noqa: E402
 from tests.support import CHROMIUM, CHROMIUM_ARGS  # noqa: E402  (the flags the browser tests use)
 
 CODE = '''def merge(left: list[int], right: list[int]) -> list[int]:

@@ -7,7 +7,7 @@ In one run on one GPU:
   1. the engine in this process: the benchmark's figure (inference.bench.timing.time_fast: prefill, then
      back-to-back graph replays, device-timed) and the runner contract's figure, on the same prompt;
   2. a private redis-server and `python -m inference.worker` in its own process on the same model; jobs go in
-     through inference.protocol.JobClient and their streams are read to the end, as the web side does;
+     through common.protocol.JobClient and their streams are read to the end, as the web side does;
      the worker's figure is the median `decode_tok_s` of the `done` stats (token arrival times on the host,
      after detokenisation, stop-string filtering and publishing).
 The product keeps the speed when worker / benchmark >= 97%.
@@ -72,7 +72,7 @@ def bench_figures(engine, text: str, new_tokens: int, runs: int) -> dict:
 async def run_jobs(url: str, model: str, text: str, new_tokens: int, jobs: int, wait_s: float) -> list[dict]:
     import redis.asyncio as aioredis
 
-    from inference.protocol import JobClient, JobSpec
+    from common.protocol import JobClient, JobSpec
 
     r = aioredis.from_url(url, decode_responses=True)
     client = JobClient(r)
@@ -112,9 +112,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from common.redis_server import start_redis
     from inference.bench.model_setup import cuda_missing
     from inference.engine import Engine
-    from inference.redis_server import start_redis
 
     if cuda_missing("bench_worker"):
         return 2

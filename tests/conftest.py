@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from inference.redis_server import start_redis
+from common.redis_server import start_redis
 from tests.support import CHROMIUM, CHROMIUM_ARGS, WebServer, WorkerProcess, e2e_model
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from common.events import SamplingParams
 from inference.bench.ceiling import measure_bandwidth, step_bytes
 from inference.bench.correctness import check, check_prompt
 from inference.bench.model_setup import INITS, build_model, cuda_missing
@@ -43,7 +44,6 @@ from inference.bench.timing import (
     time_contract,
     time_fast,
 )
-from inference.events import SamplingParams
 
 
 def main(argv: list[str] | None = None) -> int:

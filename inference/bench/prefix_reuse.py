@@ -24,9 +24,9 @@ import time
 
 import torch
 
+from common.events import SamplingParams
 from inference.bench.model_setup import build_model
 from inference.engine import _make_runner, parse_device, parse_dtype
-from inference.events import SamplingParams
 from inference.prefix_cache import PrefixCache
 
 FIRST_TOKEN = SamplingParams(max_new_tokens=1)

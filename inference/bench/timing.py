@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from inference.events import SamplingParams, decode_tok_s
+from common.events import SamplingParams, decode_tok_s
 
 
 def median_ms(fn, repeats: int = 10, before=None) -> float:

@@ -46,8 +46,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from common.events import SamplingParams
 from inference.config import ModelConfig
-from inference.events import SamplingParams
 from inference.fast.head_choice import ScreenWatch
 from inference.fast.prefill import forward_prompt
 from inference.fast.residual_placement import place_residual

@@ -11,7 +11,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from inference.config import env_number
+from common.env import env_number
 from inference.fast.head_choice import BREAK_EVEN_SHARE
 from inference.fast.prefill import block_overrides
 

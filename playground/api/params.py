@@ -16,9 +16,9 @@ import json
 import re
 from dataclasses import asdict, dataclass, replace
 
-from inference.chat_template import check_template_kwargs
-from inference.events import MAX_API_TEMPERATURE, InvalidRequest, SamplingParams, unicode_text
-from inference.protocol import JobSpec
+from common.chat_template import check_template_kwargs
+from common.events import MAX_API_TEMPERATURE, InvalidRequest, SamplingParams, unicode_text
+from common.protocol import JobSpec
 
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # OpenAI's own limit; every stop string is searched for after every token, so a long list would

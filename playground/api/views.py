@@ -23,8 +23,8 @@ from django.http import JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
 
-from inference.events import InvalidRequest
-from inference.protocol import TERMINAL, JobSpec, QueueFull
+from common.events import InvalidRequest
+from common.protocol import TERMINAL, JobSpec, QueueFull
 from playground import metrics
 from playground.api.auth import authenticate
 from playground.api.errors import ApiError, body_too_large

@@ -15,8 +15,8 @@ import openai
 import pytest
 import redis
 
-from inference.events import SamplingParams
-from inference.protocol import job_key
+from common.events import SamplingParams
+from common.protocol import job_key
 from tests.support import ROOT, WebServer, WorkerProcess, e2e_model
 
 STANDIN = "standin:200"  # echoes its prompt at 200 tokens/s: a generation as long as a test needs

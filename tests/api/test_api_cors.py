@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from inference.redis_server import free_port
+from common.redis_server import free_port
 
 pytestmark = pytest.mark.browser
 

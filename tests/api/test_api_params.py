@@ -2,8 +2,8 @@
 
 import pytest
 
-from inference.events import InvalidRequest
-from inference.protocol import JobSpec
+from common.events import InvalidRequest
+from common.protocol import JobSpec
 from playground.api.params import parse_request
 
 CAP = 100

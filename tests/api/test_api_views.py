@@ -9,7 +9,7 @@ import pytest
 import redis.asyncio as aioredis
 from django.test import AsyncClient
 
-from inference.protocol import JobSpec, cancel_key, events_key
+from common.protocol import JobSpec, cancel_key, events_key
 from playground.api.views import JobRun, job_error, timings, usage
 from playground.jobs import job_client
 
@@ -99,7 +99,7 @@ async def test_a_cancel_swallowed_below_us_still_stops_the_run(queue):
 async def test_a_full_queue_is_a_429_with_a_retry_after(queue, settings, redis_url):
     import redis
 
-    from inference.protocol import WorkerChannel
+    from common.protocol import WorkerChannel
     from playground.limits import LimitConfig
 
     settings.PLAYGROUND_MAX_QUEUE = 1
@@ -119,7 +119,7 @@ async def test_a_full_queue_is_a_429_with_a_retry_after(queue, settings, redis_u
 async def test_template_variables_go_only_to_a_worker_that_renders_them(queue, settings, redis_url):
     import redis
 
-    from inference.protocol import WorkerChannel
+    from common.protocol import WorkerChannel
     from playground.limits import LimitConfig
 
     settings.PLAYGROUND_MODELS = ["m"]

@@ -17,7 +17,7 @@ import pytest
 import redis
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
-from inference.protocol import events_key, job_key
+from common.protocol import events_key, job_key
 from tests.support import WorkerProcess, e2e_model
 from tests.support.page import (
     STANDIN,

@@ -16,7 +16,7 @@ import sys
 import pytest
 import redis
 
-from inference.protocol import PREFIX, job_key
+from common.protocol import PREFIX, job_key
 from tests.support import ROOT, WebServer, WorkerProcess
 from tests.support.page import LEFT_EDGES, TROJAN
 

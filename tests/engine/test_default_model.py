@@ -6,10 +6,10 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from common.events import Done, Prefilled, SamplingParams, TextDelta
+from common.names import DEFAULT_MODEL_DIR
 from inference.engine import Engine
 from inference.eval_default import check_completion, cut_at_column_zero
-from inference.events import Done, Prefilled, SamplingParams, TextDelta
-from inference.names import DEFAULT_MODEL_DIR
 from inference.train import TrainConfig, bits_per_byte, split_of, stdlib_files, stdlib_root, train
 
 PROMPT = 'def clamp(value, low, high):\n    """Return value limited to the range [low, high]."""\n'

@@ -5,9 +5,9 @@ import shutil
 import pytest
 import torch
 
+from common.events import Done, InvalidRequest, Prefilled, SamplingParams, TextDelta, decode_tok_s
 from inference.checkpoint import CheckpointError, checkpoint_shapes
 from inference.engine import Engine, LoadOutOfMemory, StopStrings, resolve_model
-from inference.events import Done, InvalidRequest, Prefilled, SamplingParams, TextDelta, decode_tok_s
 from inference.synth import synth
 from tests.support.chosen_ids import ChosenIds
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import inference.fast.settings as fast_settings
+from common.events import SamplingParams
 from inference.bench.placement import MOVABLE, move
 from inference.config import ModelConfig
-from inference.events import SamplingParams
 from inference.fast.head_choice import MIN_STEPS
 from inference.fast.residual_placement import CANDIDATE_STRIDE, residual_pool
 from inference.fast.runner import RING, FastRunner, reduction

@@ -1,4 +1,4 @@
-"""Web and workers agree on model names (inference/names.py): the web, which never loads a model, names
+"""Web and workers agree on model names (common/names.py): the web, which never loads a model, names
 each MODELS entry as the worker that loads it does, so a hoster's `MODELS=/models/<folder>` is one model
 that becomes ready, and a request while no worker is up is told to retry (503), not that the model
 does not exist (400)."""
@@ -11,10 +11,10 @@ import httpx
 import openai
 import pytest
 
-from inference import names
+from common import names
+from common.names import ModelNameError, configured_models, model_source, served_name, served_names
 from inference.checkpoint import CheckpointError
 from inference.engine import Engine, resolve_model
-from inference.names import ModelNameError, configured_models, model_source, served_name, served_names
 from inference.synth import synth
 from tests.support import ROOT
 

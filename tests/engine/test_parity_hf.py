@@ -8,11 +8,11 @@ from dataclasses import replace
 import pytest
 import torch
 
+from common.events import SamplingParams, TextDelta
 from inference import synth
 from inference.checkpoint import load_weights
 from inference.config import ModelConfig
 from inference.engine import Engine
-from inference.events import SamplingParams, TextDelta
 from inference.model import KVCache, Transformer
 from inference.tokenizer_build import write_synthetic_tokenizer
 

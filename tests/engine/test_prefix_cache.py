@@ -7,10 +7,10 @@ import random
 import pytest
 import torch
 
+from common.events import Done, Prefilled, SamplingParams
+from common.names import default_model
 from inference.engine import Engine
-from inference.events import Done, Prefilled, SamplingParams
 from inference.model import KVCache
-from inference.names import default_model
 from inference.prefix_cache import PrefixCache, common_prefix
 from inference.synth import synth
 

@@ -7,9 +7,9 @@ import random
 import pytest
 import torch
 
+from common.events import Done, SamplingParams
 from inference.config import ModelConfig
 from inference.engine import Engine
-from inference.events import Done, SamplingParams
 from inference.fast.runner import FastRunner
 from inference.model import Transformer
 from inference.presets import preset_config

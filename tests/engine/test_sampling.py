@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from inference.events import InvalidRequest, SamplingParams
+from common.events import InvalidRequest, SamplingParams
 from inference.sampling import Sampler
 
 

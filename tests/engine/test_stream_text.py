@@ -10,8 +10,8 @@ import random
 
 import pytest
 
+from common.events import Done, SamplingParams, TextDelta
 from inference.engine import Engine
-from inference.events import Done, SamplingParams, TextDelta
 from inference.synth import synth
 from tests.support.chosen_ids import ChosenIds
 

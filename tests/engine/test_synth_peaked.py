@@ -164,7 +164,7 @@ def test_the_sampled_benchmark_row_uses_the_page_defaults():
     # the benchmark's sampled row times what a visitor gets without touching the settings
     from playground.views import FORM_DEFAULTS
 
-    page = (ROOT / "playground/templates/playground/index.html").read_text()
+    page = (ROOT / "templates/playground/index.html").read_text()
     for name, element in (("temperature", "temperature"), ("top_p", "top-p")):
         tag = page.split(f'id="{element}"', 1)[1].split(">", 1)[0]
         assert f'value="{{{{ form.{name} }}}}"' in tag  # the form shows the view's defaults

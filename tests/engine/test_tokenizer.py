@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer as HFTokenizer
 
-from inference.events import InvalidRequest
+from common.events import InvalidRequest
 from inference.tokenizer import CheckpointError, Tokenizer
 from inference.tokenizer_build import (
     CHAT_TEMPLATES,

@@ -1,6 +1,6 @@
 """A web process killed with SIGKILL mid-run: its jobs do not run on for nobody. Every follower of a job (a
 page's socket, an API request) holds a lease on it in Redis; once none is live for the job's grace, its
-worker cancels it (inference/protocol.py, followers). Live daphnes, a real worker, the official `openai`
+worker cancels it (common/protocol.py, followers). Live daphnes, a real worker, the official `openai`
 client and websocket clients of the page's protocol, against the suite's Redis."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import openai
 import pytest
 import redis
 
-from inference.protocol import LEASE_TTL_S, JobClient, JobSpec, connect, job_key
+from common.protocol import LEASE_TTL_S, JobClient, JobSpec, connect, job_key
 from tests.support.sockets import PageSocket
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

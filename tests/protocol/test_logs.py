@@ -1,4 +1,4 @@
-"""Structured logs (inference/logs.py): JSON lines that carry the job id wherever the job's code runs."""
+"""Structured logs (common/logs.py): JSON lines that carry the job id wherever the job's code runs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from inference.logs import JsonFormatter, PlainFormatter, configure_logging, job_context, logging_config
+from common.logs import JsonFormatter, PlainFormatter, configure_logging, job_context, logging_config
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from inference import protocol
-from inference.protocol import (
+from common import protocol
+from common.protocol import (
     JobClient,
     JobSpec,
     QueueFull,

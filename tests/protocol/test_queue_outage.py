@@ -14,8 +14,8 @@ import openai
 import pytest
 from channels.testing import WebsocketCommunicator
 
-from inference.protocol import job_key
-from inference.redis_server import free_port, start_redis
+from common.protocol import job_key
+from common.redis_server import free_port, start_redis
 from playground import jobs
 from tests.support import SAME_ORIGIN, WebServer, WorkerProcess
 

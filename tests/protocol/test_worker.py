@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
+from common.events import Done, SamplingParams, TextDelta
+from common.redis_server import free_port
 from inference import worker as worker_module
 from inference.engine import DTYPES, Engine
-from inference.events import Done, SamplingParams, TextDelta
-from inference.redis_server import free_port
 from inference.synth import synth
 from inference.worker import DeltaCoalescer
 from tests.support import ROOT

@@ -18,9 +18,9 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from common.protocol import JobClient, JobSpec, WorkerChannel, connect, events_key, job_key, queue_key
+from common.redis_server import free_port, start_redis
 from inference import worker as worker_module
-from inference.protocol import JobClient, JobSpec, WorkerChannel, connect, events_key, job_key, queue_key
-from inference.redis_server import free_port, start_redis
 from inference.standin import StandinEngine
 from inference.worker import Worker
 from inference.worker import main as worker_main

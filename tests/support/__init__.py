@@ -13,7 +13,7 @@ from pathlib import Path
 
 import redis
 
-from inference.protocol import worker_key
+from common.protocol import worker_key
 
 ROOT = Path(__file__).resolve().parents[2]
 # The model every end-to-end test runs: the shipped default model (a tiny synthetic preset until it exists).
@@ -86,7 +86,7 @@ class WebServer:
     """daphne serving playground.asgi on a free port, against the suite's Redis and a fresh SQLite file."""
 
     def __init__(self, redis_url: str, tmp_path: Path, env: dict | None = None):
-        from inference.redis_server import free_port
+        from common.redis_server import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

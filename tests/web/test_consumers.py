@@ -26,9 +26,6 @@ TERMINAL = ("done", "error")
 @pytest.fixture(autouse=True)
 async def web_settings(settings, redis_url):
     settings.REDIS_URL = redis_url
-    settings.CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [redis_url]}}
-    }
     settings.PLAYGROUND_STATUS_INTERVAL_S = 0.2
     settings.PLAYGROUND_ORPHAN_GRACE_S = 0.5
     yield settings
@@ -280,7 +277,7 @@ async def test_resuming_a_job_whose_record_lost_its_spec_is_unknown_not_a_crash(
     # an unknown job, and the socket stays usable.
     import redis.asyncio as aioredis
 
-    from inference.protocol import job_key
+    from common.protocol import job_key
 
     start_worker(models=["standin:1000"])
     stub = "e" * 32

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from inference.events import InvalidRequest
+from common.events import InvalidRequest
 from playground.jobs import spec_from_frame
 from playground.models import Generation
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -15,9 +16,11 @@ from pathlib import Path
 
 import openai
 import pytest
+from packaging.requirements import Requirement
 from ruamel.yaml import YAML
 
-from inference.redis_server import free_port, redis_binary
+from common.redis_server import free_port, redis_binary
+from scripts.requirements import requirements
 from tests.support import WebServer, WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,6 +58,67 @@ def validate(path: Path) -> subprocess.CompletedProcess:
     )
 
 
+def dockerfile_stages() -> dict[str, tuple[str, str]]:
+    """The Dockerfile's stages: {name: (the image or stage it builds FROM, its instructions without comments)}."""
+    stages = {}
+    text = (ROOT / "Dockerfile").read_text()
+    for block in re.split(r"^(?=FROM )", text, flags=re.MULTILINE)[1:]:
+        start = re.match(r"FROM (\S+) AS (\w+)", block)
+        assert start, f"a stage without a name: {block.splitlines()[0]}"
+        lines = [line for line in block.splitlines() if not line.lstrip().startswith("#")]
+        stages[start[2]] = (start[1], "\n".join(lines))
+    return stages
+
+
+def stage_text(name: str) -> str:
+    """A stage's instructions, after those of the stages it builds on."""
+    stages = dockerfile_stages()
+    parts = []
+    while name in stages:
+        name, text = stages[name]
+        parts.insert(0, text)
+    return "\n".join(parts)
+
+
+def installed_closure(requirements: list[str]) -> set[str]:
+    """The distributions `requirements` pull in, found through this environment's installed metadata (one not
+    installed here counts by its name alone)."""
+    seen: set[str] = set()
+    todo = [Requirement(line).name for line in requirements]
+    while todo:
+        name = todo.pop().lower().replace("_", "-")
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            lines = importlib.metadata.requires(name) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for line in lines:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(requirement.name)
+    return seen
+
+
+def stage_requirements(name: str) -> list[str]:
+    """What a stage installs through scripts/requirements.py, as that script reads pyproject.toml."""
+    roles = re.findall(r"python scripts/requirements\.py ([\w ]+?) >", stage_text(name))
+    assert roles, f"the {name} stage installs nothing from pyproject.toml"
+    return requirements([role for line in roles for role in line.split()])
+
+
+def test_the_web_image_installs_no_torch():
+    """The web process never imports torch (test_no_torch.py); its image does not carry its gigabytes either."""
+    heavy = {"torch", "triton"}
+    web = stage_text("web")
+    assert not heavy & set(re.findall(r"[\w-]+", web)), web
+    assert not heavy & installed_closure(stage_requirements("web"))
+    # the same checks find them in the worker's stage
+    assert "torch" in re.findall(r"[\w-]+", stage_text("worker"))
+    assert heavy <= installed_closure(stage_requirements("worker"))
+
+
 def test_compose_file_follows_the_compose_spec(tmp_path):
     result = validate(COMPOSE)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -64,12 +128,16 @@ def test_compose_file_follows_the_compose_spec(tmp_path):
     assert validate(broken).returncode != 0
 
 
-def test_compose_runs_redis_web_and_a_gpu_worker_from_one_image():
+def test_compose_runs_redis_web_and_a_gpu_worker_from_the_dockerfiles_two_stages():
     services = YAML(typ="safe").load(COMPOSE.read_text())["services"]
     assert set(services) == {"redis", "web", "worker"}
     web, worker = services["web"], services["worker"]
-    assert web["build"] == worker["build"] == "." and web["image"] == worker["image"]
-    assert (ROOT / "Dockerfile").is_file()
+    assert web["build"] == {"context": ".", "target": "web"} and worker["build"] == {
+        "context": ".",
+        "target": "worker",
+    }
+    assert web["image"] != worker["image"]
+    assert {"web", "worker"} <= set(dockerfile_stages())
     assert "python -m playground.serve" in " ".join(
         web["command"]
     )  # daphne with the playground's frame limit
@@ -104,8 +172,9 @@ def test_worker_keeps_its_compiled_kernels_in_a_named_volume_it_can_write():
     mount_point = next(path for path in mounts if cache_dir.is_relative_to(path))
     assert mounts[mount_point] in compose["volumes"]  # a named volume, kept across restarts and rebuilds
     # The worker runs as kog: a fresh named volume takes the owner of the image's folder at its mount point.
-    dockerfile = (ROOT / "Dockerfile").read_text()
+    dockerfile = stage_text("worker")
     commands = [part.split() for part in re.split(r"&&|\\\n|\n", dockerfile)]
+    commands = [words[1:] if words[:1] == ["RUN"] else words for words in commands]  # the shell's commands
     assert any(words[:2] == ["mkdir", "-p"] and str(mount_point) in words for words in commands)
     assert any(words[:2] == ["chown", "kog"] and str(mount_point) in words for words in commands)
     assert dockerfile.index("chown kog") < dockerfile.index("USER kog")
@@ -139,7 +208,7 @@ def test_worker_healthcheck_follows_the_heartbeat_file(start_worker, tmp_path):
 def test_compose_keeps_redis_private_and_always_behind_its_password():
     services = YAML(typ="safe").load(COMPOSE.read_text())["services"]
     redis = services["redis"]
-    assert "ports" not in redis  # published only by the operator's own choice (README: "Hosting it")
+    assert "ports" not in redis  # published only by the operator's own choice (docs/hosting.md)
     # no password, no playground: compose refuses to start rather than run an open Redis
     for where in (redis["command"], redis["environment"], services["web"]["environment"]["REDIS_URL"],
                   services["worker"]["environment"]["REDIS_URL"]):  # fmt: skip
@@ -169,7 +238,7 @@ def start_compose_redis(data_dir: Path, password: str) -> tuple[subprocess.Popen
 
 
 def test_the_secrets_file_compose_reads_stays_out_of_git_and_the_image():
-    """README: DJANGO_SECRET_KEY and REDIS_PASSWORD go in ./.env, which docker compose reads by itself."""
+    """docs/hosting.md: DJANGO_SECRET_KEY and REDIS_PASSWORD go in ./.env, which docker compose reads by itself."""
     ignored = subprocess.run(["git", "check-ignore", "--quiet", ".env"], cwd=ROOT)
     assert ignored.returncode == 0, ".env is not in .gitignore"
     patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()]
@@ -179,7 +248,7 @@ def test_the_secrets_file_compose_reads_stays_out_of_git_and_the_image():
 
 
 def test_web_and_worker_join_the_compose_redis_with_the_password_in_redis_url(tmp_path):
-    password = os.urandom(16).hex()  # letters and digits, as the README and the file ask
+    password = os.urandom(16).hex()  # letters and digits, as docs/hosting.md and the file ask
     compose = YAML(typ="safe").load(COMPOSE.read_text())["services"]
     redis, port = start_compose_redis(tmp_path, password)
     worker = web = None

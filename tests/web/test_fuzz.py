@@ -16,7 +16,7 @@ from django.test import AsyncClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inference.events import InvalidRequest
+from common.events import InvalidRequest
 from playground import jobs
 from playground.limits import LimitConfig
 from tests.support import SAME_ORIGIN
@@ -31,9 +31,6 @@ PROBE = "[]"  # always a bad frame: its answer shows the socket still works, and
 @pytest.fixture(autouse=True)
 async def web_settings(settings, redis_url):
     settings.REDIS_URL = redis_url
-    settings.CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [redis_url]}}
-    }
     settings.PLAYGROUND_MODELS = [MODEL]
     settings.PLAYGROUND_LIMITS = LimitConfig(ip_requests=0, ip_tokens=0, key_requests=0, key_tokens=0)
     yield settings

@@ -9,8 +9,8 @@ import pytest
 import redis
 from django.test import AsyncRequestFactory
 
-from inference.protocol import JobSpec, WorkerChannel, job_key, queue_key
-from inference.redis_server import free_port
+from common.protocol import JobSpec, WorkerChannel, job_key, queue_key
+from common.redis_server import free_port
 from playground import health, jobs
 
 pytestmark = pytest.mark.timeout(60)

@@ -13,7 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 from channels.testing import WebsocketCommunicator
 
-from inference.redis_server import free_port
+from common.redis_server import free_port
 from playground.limits import (
     LimitConfig,
     RateLimiter,
@@ -327,7 +327,7 @@ async def test_a_full_queue_turns_a_request_away_without_spending_its_budget(
     # A client that honours the queue's Retry-After (1 s) must not run out of requests for asking again.
     from django.test import AsyncClient
 
-    from inference.protocol import JobSpec
+    from common.protocol import JobSpec
     from playground import jobs
     from playground.asgi import application
 

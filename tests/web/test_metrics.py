@@ -8,8 +8,8 @@ import redis
 from django.test import AsyncRequestFactory
 from prometheus_client.parser import text_string_to_metric_families
 
-from inference.protocol import JobSpec, WorkerChannel, queue_key
-from inference.redis_server import free_port
+from common.protocol import JobSpec, WorkerChannel, queue_key
+from common.redis_server import free_port
 from playground import jobs, metrics
 
 

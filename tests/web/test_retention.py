@@ -13,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from inference.protocol import JobSpec
+from common.protocol import JobSpec
 from playground import store
 from playground.models import Generation
 from playground.settings import retention_days

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.redis_server import free_port
+from common.redis_server import free_port
 from inference.synth import synth
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

@@ -12,7 +12,7 @@ import pytest
 import websockets
 from django.core.exceptions import ImproperlyConfigured
 
-from inference.redis_server import free_port
+from common.redis_server import free_port
 from playground.serve import APPLICATION, DAPHNE_DEFAULT_MESSAGE_BYTES, daphne_args
 from playground.settings import env_number, redis_url
 from tests.support import ROOT

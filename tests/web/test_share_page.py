@@ -248,7 +248,7 @@ def test_a_chat_stopped_before_any_output_says_so_not_the_playgrounds_placeholde
 
 @pytest.mark.django_db
 def test_a_chats_template_variables_are_stored_and_shown_as_sent(client):
-    from inference.protocol import JobSpec
+    from common.protocol import JobSpec
     from playground.store import row_fields
 
     spec = JobSpec("coder", messages=[{"role": "user", "content": "hi"}], chat=True, params=API_PARAMS,

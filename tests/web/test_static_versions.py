@@ -13,7 +13,7 @@ from django.templatetags.static import static
 from playground.static_versions import IMMUTABLE, REVALIDATE, content_version
 from tests.support import ROOT
 
-SCRIPT = ROOT / "playground" / "static" / "playground" / "playground.js"
+SCRIPT = ROOT / "static" / "playground" / "playground.js"
 
 
 def test_a_static_url_names_the_hash_of_the_file_it_serves():
@@ -40,7 +40,7 @@ def test_the_page_asks_for_versioned_files_that_daphne_serves(start_web):
     assert any("playground/playground.js" in url for url in urls)
     for url in urls:
         name, _, version = url.removeprefix("/static/").partition("?v=")
-        local = ROOT / "playground" / "static" / name
+        local = ROOT / "static" / name
         assert version == hashlib.sha256(local.read_bytes()).hexdigest()[:12], url
         with urllib.request.urlopen(web.url + url, timeout=10) as served:
             assert served.status == 200 and served.read() == local.read_bytes()

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from inference.protocol import JobSpec
+from common.protocol import JobSpec
 from playground.models import Generation
 from playground.store import save_generation
 

@@ -41,7 +41,7 @@ def test_page_has_every_control_and_no_inline_script(client):
 def test_page_lists_the_models_of_live_workers(client, redis_url):
     import redis
 
-    from inference.protocol import WorkerChannel
+    from common.protocol import WorkerChannel
 
     channel = WorkerChannel(
         redis.Redis.from_url(redis_url, decode_responses=True), "w1", ["tiny", "standin:5"]
@@ -105,7 +105,7 @@ def test_the_probes_are_routed_and_the_page_says_when_redis_is_down(client, sett
     assert client.get("/healthz").json() == {"ok": True}
     assert client.get("/readyz").status_code == 503  # no worker is up
     assert b"kog_queue_depth" in client.get("/metrics").content
-    from inference.redis_server import free_port
+    from common.redis_server import free_port
 
     settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     assert client.get("/healthz").status_code == 200  # alive all the same

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from inference.protocol import HEARTBEAT_TTL_S
-from inference.redis_server import free_port, start_redis
+from common.protocol import HEARTBEAT_TTL_S
+from common.redis_server import free_port, start_redis
 from tests.support import WebServer, WorkerProcess
 from tests.support.sockets import PageSocket
 

@@ -15,7 +15,7 @@ from jinja2.exceptions import TemplateError
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from inference.events import InvalidRequest, unicode_text
+from common.events import InvalidRequest, unicode_text
 
 
 class _GenerationMarks(Extension):

@@ -34,9 +34,9 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field, fields
 
-from inference.events import SamplingParams
+from common.events import SamplingParams
 
-log = logging.getLogger("inference.protocol")
+log = logging.getLogger("common.protocol")
 
 PREFIX = os.environ.get("KOG_REDIS_PREFIX", "kog:")
 HEARTBEAT_INTERVAL_S = 1.0
@@ -54,6 +54,9 @@ LEASE_INTERVAL_S = 1.0
 LEASE_TTL_S = 4.0
 
 TERMINAL = ("done", "error")
+# A worker whose generation loop a job stalled exits with this status, for its supervisor (playground/run.py,
+# a container's restart policy) to start it again.
+STALL_EXIT_CODE = 75  # EX_TEMPFAIL: "restart me"
 
 
 def queue_key(model: str) -> str:

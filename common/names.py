@@ -12,13 +12,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from inference.presets import PRESETS
-from inference.standin import PREFIX as STANDIN_PREFIX
-
 # The shipped model (trained by inference/train.py); the tiny synthetic preset stands in until it exists.
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "default"
 # An HF cache's folder for a model repo: models--<org>--<name>/snapshots/<revision hash>/
 HF_CACHE_PREFIX = "models--"
+# A model named `standin:<tokens/s>` is the torch-free stand-in engine (inference/standin.py)
+STANDIN_PREFIX = "standin:"
 # How a MODELS / --model entry that is a path (never `name=path`) may start
 PATH_STARTS = ("/", ".", "~", os.sep)
 
@@ -66,8 +65,7 @@ def served_name(model: str | Path) -> str:
     name, model = split_entry(model)
     if name:
         return name
-    if model in PRESETS:
-        return model
+    # A preset's name (tiny-laneformer, qwen3-1.7b) holds no `/` and no `=`: the folder rule below gives it back.
     if model.startswith(STANDIN_PREFIX):
         try:  # StandinEngine's own spelling of its rate (`standin:5e3` is served as `standin:5000`)
             return f"{STANDIN_PREFIX}{float(model.removeprefix(STANDIN_PREFIX)):g}"

@@ -108,12 +108,16 @@ class TextDelta:
     """New text. `text` may be empty while a multi-byte character is incomplete.
 
     `t` is seconds since `generate` was called, taken when the last of `token_ids` was produced:
-    the live counters come from these worker-side stamps, never from arrival times.
+    the live counters come from these worker-side stamps, never from arrival times. `decode_steps`,
+    `draft_n` and `draft_n_accepted` are the generation's speculation so far (Stats has them too).
     """
 
     text: str
     token_ids: list[int]
     t: float
+    decode_steps: int = 0
+    draft_n: int = 0
+    draft_n_accepted: int = 0
     kind: Literal["delta"] = "delta"
 
 
@@ -128,6 +132,11 @@ class Stats:
     token_times: list[float] = field(default_factory=list)  # seconds since start, one per token
     bytes_per_token: int = 0  # weight + KV bytes one decode step reads; 0 when unknown
     peak_bandwidth_gbs: float | None = None  # the device's measured or rated read bandwidth; None on CPU
+    # Speculative decoding (inference/speculative.py): model steps after the prefill, draft tokens proposed,
+    # and those the model accepted; tokens per step = (completion_tokens - 1) / decode_steps.
+    decode_steps: int = 0
+    draft_n: int = 0
+    draft_n_accepted: int = 0
 
     @property
     def bandwidth_gbs(self) -> float:

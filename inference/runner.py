@@ -82,14 +82,18 @@ class ReferenceRunner:
             counts.decode_steps += 1
             if not draft:  # the plain step
                 self.next_input.fill_(token)
-                logits = self.model(self.next_input, pos, self.cache, last_only=True)[0, -1, : self.vocab_limit]
+                logits = self.model(self.next_input, pos, self.cache, last_only=True)[
+                    0, -1, : self.vocab_limit
+                ]
                 token, pos = sample(logits, history), pos + 1
                 continue
             inputs = torch.tensor([[token, *draft]], dtype=torch.long, device=self.device)
             logits = self.model(inputs, pos, self.cache)[0, :, : self.vocab_limit]  # [k+1, V]
             emitted = accept(draft, partial(_sample_appending, sample, logits, history), stop_ids)
             del history[-len(emitted) :]  # the loop above appends each token as it is yielded
-            last = len(emitted) - 1  # emitted[last] is the model's own choice unless it was an accepted stop id
+            last = (
+                len(emitted) - 1
+            )  # emitted[last] is the model's own choice unless it was an accepted stop id
             accepted = last + int(last < len(draft) and emitted[last] == draft[last])
             counts.draft_n += len(draft)
             counts.draft_n_accepted += accepted

@@ -43,7 +43,9 @@ class SpeculationSettings:
         raw = os.environ.get("KOG_SPECULATIVE", "").strip().lower()
         if raw not in ("", "1", "0", "true", "false", "on", "off"):
             raise EnvError(f"KOG_SPECULATIVE: must be 1 or 0, got {raw!r}")
-        max_draft = int(env_number("KOG_DRAFT_MAX", cls.max_draft, "an integer in [1, 32]", True, 1, maximum=32))
+        max_draft = int(
+            env_number("KOG_DRAFT_MAX", cls.max_draft, "an integer in [1, 32]", True, 1, maximum=32)
+        )
         return cls(enabled=raw not in ("0", "false", "off"), max_draft=max_draft)
 
 
@@ -107,7 +109,9 @@ class DraftLength:
             self.next_pause = 1
 
 
-def accept(draft: list[int], sample_at: Callable[[int], int], stop_ids: frozenset[int] = frozenset()) -> list[int]:
+def accept(
+    draft: list[int], sample_at: Callable[[int], int], stop_ids: frozenset[int] = frozenset()
+) -> list[int]:
     """The tokens one verify step emits: the accepted prefix of `draft`, then the first token the model chose
     differently (or, all accepted, the token after the draft). `sample_at(j)` samples position j's token;
     it is called in order and only for the positions that are emitted (each call draws its own uniform).

@@ -6,12 +6,12 @@ from dataclasses import replace
 
 import pytest
 
+from inference import runner as runner_module
 from inference.bench.workload import WORKLOAD
 from inference.config import EnvError, ModelConfig
 from inference.engine import Engine
 from inference.events import Done, SamplingParams, TextDelta
 from inference.presets import preset_config
-from inference import runner as runner_module
 from inference.runner import ReferenceRunner
 from inference.speculative import DraftLength, SpeculationSettings, SuffixDrafter, accept
 from inference.synth import peaked_model

@@ -8,7 +8,7 @@ Part one, per workload prompt (inference/bench/workload.py), greedy: decode tok/
 engine's figure, generated tokens over decode time), tokens per step, the drafts kept, and whether the two
 outputs are the same tokens (they must be). The runner is the engine's: on a GPU that is the fast runner, which
 does not speculate yet, so there --backend reference times the reference runner both ways as well.
-Part two, per shape named in --curve (random bf16 weights on the device; fp32 on the CPU): the time of one
+Part two, per shape named in --curve (a preset or a checkpoint folder; random bf16 weights on the device; fp32 on the CPU): the time of one
 model step over k+1 positions from a --context-token cache over the one-position step, k = 0..16 (each step a
 CUDA graph on a GPU: launch overhead is not what is measured), and the decode tok/s this implies at the
 acceptance part one measured: a draft of k tokens each kept with probability a yields (1 - a^(k+1)) / (1 - a)
@@ -22,6 +22,7 @@ import json
 import os
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -111,7 +112,8 @@ def step_seconds(
 
 @torch.inference_mode()
 def verify_curve(shape: str, device: torch.device, context: int, accept: float) -> dict:
-    cfg = ModelConfig.from_hf(preset_config(shape))
+    folder = Path(shape) / "config.json"  # a checkpoint folder's shape, or a preset's
+    cfg = ModelConfig.from_hf(json.loads(folder.read_text()) if folder.is_file() else preset_config(shape))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = Transformer(cfg, device=device, dtype=dtype)
     model.init_weights(generator=torch.Generator(device=device).manual_seed(0))

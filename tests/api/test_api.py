@@ -180,7 +180,7 @@ def test_timings_count_drafts_on_a_code_edit(stack, engine):
     the text is the plain greedy decoding's."""
     from inference.bench.workload import WORKLOAD
 
-    prompt = next(p for p in WORKLOAD if p.name == "rename").text
+    prompt = next(p for p in WORKLOAD if p.name == "docstrings").text
     client = api(stack.web)
     reply = client.completions.create(model=stack.model, prompt=prompt, max_tokens=48, temperature=0)
     timings = reply.model_extra["timings"]

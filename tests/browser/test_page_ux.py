@@ -1448,7 +1448,7 @@ def test_speculation_counters_show_tokens_per_step_and_drafts_kept_live(server, 
     the share of drafted tokens the model kept; the final figures agree with the run's stats."""
     from inference.bench.workload import WORKLOAD
 
-    prompt = next(p for p in WORKLOAD if p.name == "rename").text
+    prompt = next(p for p in WORKLOAD if p.name == "docstrings").text
     open_playground(page, server.url, model=default_model.name)
     page.fill("#temperature", "0")
     page.evaluate("""() => {

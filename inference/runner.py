@@ -24,7 +24,14 @@ import torch
 from inference.events import SamplingParams
 from inference.model import KVCache, Transformer
 from inference.sampling import Sampler
-from inference.speculative import DraftLength, SpeculationCounts, SpeculationSettings, SuffixDrafter, accept
+from inference.speculative import (
+    DraftLength,
+    SpeculationCounts,
+    SpeculationSettings,
+    StepClock,
+    SuffixDrafter,
+    accept,
+)
 
 
 class ReferenceRunner:
@@ -65,7 +72,7 @@ class ReferenceRunner:
 
         self.counts = counts = SpeculationCounts()
         drafter = SuffixDrafter(prompt_ids) if self.speculation.enabled else None
-        draft_length = DraftLength(self.speculation.max_draft)
+        draft_length, clock = DraftLength(self.speculation.max_draft), StepClock()
         pos, made = n, 0  # the position of `token` (not yet in the cache); tokens yielded so far
         while True:
             yield token
@@ -80,24 +87,26 @@ class ReferenceRunner:
                 k = min(draft_length.next(), budget - made - 1)
             draft = drafter.draft(k) if k else []
             counts.decode_steps += 1
+            step_start = time.perf_counter()
             if not draft:  # the plain step
                 self.next_input.fill_(token)
-                logits = self.model(self.next_input, pos, self.cache, last_only=True)[
-                    0, -1, : self.vocab_limit
-                ]
-                token, pos = sample(logits, history), pos + 1
+                logits = self.model(self.next_input, pos, self.cache, last_only=True)
+                token, pos = (
+                    sample(logits[0, -1, : self.vocab_limit], history),
+                    pos + 1,
+                )  # waits for the device
+                if drafter is not None:
+                    clock.plain(time.perf_counter() - step_start)
                 continue
             inputs = torch.tensor([[token, *draft]], dtype=torch.long, device=self.device)
             logits = self.model(inputs, pos, self.cache)[0, :, : self.vocab_limit]  # [k+1, V]
             emitted = accept(draft, partial(_sample_appending, sample, logits, history), stop_ids)
             del history[-len(emitted) :]  # the loop above appends each token as it is yielded
-            last = (
-                len(emitted) - 1
-            )  # emitted[last] is the model's own choice unless it was an accepted stop id
+            last = len(emitted) - 1  # emitted[last] is the model's own choice, unless an accepted stop id
             accepted = last + int(last < len(draft) and emitted[last] == draft[last])
             counts.draft_n += len(draft)
             counts.draft_n_accepted += accepted
-            draft_length.update(len(draft), accepted)
+            draft_length.update(len(draft), accepted, clock.cost(time.perf_counter() - step_start))
             for extra in emitted[:-1]:
                 yield extra
                 made += 1

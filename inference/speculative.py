@@ -14,8 +14,9 @@ one uniform (sampling.Sampler.draw), exactly as in plain decoding, so a seed giv
 without speculation, and greedy decoding gives the same tokens by construction.
 
 The draft length adapts (DraftLength): it doubles after a fully accepted draft, shrinks to what was
-accepted after a partial one, and after drafts that were wholly rejected drafting pauses for a growing
-number of steps, so a prompt with nothing to copy runs plain one-token steps.
+accepted after a partial one, and after a draft that was wholly rejected, or that emitted fewer tokens than
+plain steps would have in the same time (StepClock), drafting pauses for a growing number of steps, so a
+prompt with nothing to copy runs plain one-token steps.
 """
 
 from __future__ import annotations
@@ -81,7 +82,9 @@ class SuffixDrafter:
 
 
 class DraftLength:
-    """k for the next step from the acceptance seen so far in this generation."""
+    """k for the next step from the acceptance seen so far in this generation, and from what a verify step
+    costs: a step over k+1 positions takes `cost` times a plain step's time (the runner measures both), so it
+    paid off when it emitted at least `cost` tokens (accepted + 1)."""
 
     def __init__(self, max_draft: int):
         self.max_draft = max_draft
@@ -95,18 +98,32 @@ class DraftLength:
             return 0
         return self.k
 
-    def update(self, drafted: int, accepted: int) -> None:
+    def update(self, drafted: int, accepted: int, cost: float = 1.0) -> None:
         if drafted == 0:
             return
-        if accepted == drafted:
+        if accepted + 1 < cost or accepted == 0:  # slower than plain steps: draft less, and less often
+            self.k = max(1, min(self.k, accepted))
+            self.pause, self.next_pause = self.next_pause, min(2 * self.next_pause, MAX_PAUSE)
+        elif accepted == drafted:
             self.k = min(2 * self.k, self.max_draft)
             self.next_pause = 1
-        elif accepted == 0:
-            self.k = 1
-            self.pause, self.next_pause = self.next_pause, min(2 * self.next_pause, MAX_PAUSE)
         else:
             self.k = max(1, accepted)
             self.next_pause = 1
+
+
+class StepClock:
+    """The mean time of recent plain (one-position) steps, to price a verify step against."""
+
+    def __init__(self):
+        self.plain_s: float | None = None
+
+    def plain(self, seconds: float) -> None:
+        self.plain_s = seconds if self.plain_s is None else 0.8 * self.plain_s + 0.2 * seconds
+
+    def cost(self, verify_seconds: float) -> float:
+        """A verify step's time in plain steps (1 until a plain step was timed)."""
+        return verify_seconds / self.plain_s if self.plain_s else 1.0
 
 
 def accept(

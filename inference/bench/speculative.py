@@ -36,7 +36,7 @@ from inference.speculative import SpeculationSettings
 CURVE_K = range(0, 17)
 
 
-def run_workload(model: str, device: str, max_tokens: int) -> list[dict]:
+def run_workload(model: str, device: str, max_tokens: int, repeats: int) -> list[dict]:
     from inference.engine import Engine
 
     engine = Engine.load(model, device=device)
@@ -54,17 +54,19 @@ def run_workload(model: str, device: str, max_tokens: int) -> list[dict]:
             "prompt_tokens": len(ids),
             "runner": type(runner).__name__,
         }
-        outputs = {}
-        for mode in ("plain", "speculative"):
-            if speculates:
-                runner.speculation = SpeculationSettings(enabled=mode == "speculative")
-            events = engine_run(ids)
-            stats = events[-1].stats
-            outputs[mode] = [t for e in events if isinstance(e, TextDelta) for t in e.token_ids]
-            row[f"{mode}_tok_s"] = round(stats.decode_tok_s, 1)
-            if mode == "speculative":
-                row.update(tokens=stats.completion_tokens, steps=stats.decode_steps)
-                row.update(draft_n=stats.draft_n, draft_n_accepted=stats.draft_n_accepted)
+        outputs, best = {}, {"plain": 0.0, "speculative": 0.0}
+        for _ in range(repeats):  # the modes alternate; each keeps its fastest run (a shared machine's noise)
+            for mode in ("plain", "speculative"):
+                if speculates:
+                    runner.speculation = SpeculationSettings(enabled=mode == "speculative")
+                events = engine_run(ids)
+                stats = events[-1].stats
+                outputs[mode] = [t for e in events if isinstance(e, TextDelta) for t in e.token_ids]
+                best[mode] = max(best[mode], stats.decode_tok_s)
+                if mode == "speculative":
+                    row.update(tokens=stats.completion_tokens, steps=stats.decode_steps)
+                    row.update(draft_n=stats.draft_n, draft_n_accepted=stats.draft_n_accepted)
+        row.update(plain_tok_s=round(best["plain"], 1), speculative_tok_s=round(best["speculative"], 1))
         row["identical"] = outputs["plain"] == outputs["speculative"]
         row["speedup"] = (
             round(row["speculative_tok_s"] / row["plain_tok_s"], 2) if row["plain_tok_s"] else 0.0
@@ -103,11 +105,11 @@ def step_seconds(
         return statistics.median(times)
     step()
     times = []
-    for _ in range(7):
+    for _ in range(15):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return min(times)  # a shared CPU's other work only ever adds time
 
 
 @torch.inference_mode()
@@ -140,6 +142,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument(
+        "--repeats", type=int, default=3, help="runs of each prompt in each mode; the fastest counts"
+    )
+    parser.add_argument(
         "--backend", choices=("", "reference", "fast"), default="", help="KOG_BACKEND for part one"
     )
     parser.add_argument("--curve", default="", help="comma-separated presets for part two (empty: skip it)")
@@ -149,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.backend:
         os.environ["KOG_BACKEND"] = args.backend
-    rows = run_workload(args.model, args.device, args.max_tokens)
+    rows = run_workload(args.model, args.device, args.max_tokens, args.repeats)
     accept = acceptance(rows) if args.acceptance is None else args.acceptance
     summary = {
         "acceptance": round(acceptance(rows), 3),

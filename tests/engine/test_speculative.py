@@ -13,7 +13,7 @@ from inference.engine import Engine
 from inference.events import Done, SamplingParams, TextDelta
 from inference.presets import preset_config
 from inference.runner import ReferenceRunner
-from inference.speculative import DraftLength, SpeculationSettings, SuffixDrafter, accept
+from inference.speculative import DraftLength, SpeculationSettings, StepClock, SuffixDrafter, accept
 from inference.synth import peaked_model
 from tests.support import e2e_model
 
@@ -59,6 +59,18 @@ def test_draft_length_grows_shrinks_and_pauses():
     assert [length.next(), length.next(), length.next()] == [0, 0, 1]
     length.update(1, 1)
     assert length.next() == 2
+    length.update(2, 2, cost=1.5)  # 3 tokens for 1.5 steps' time: worth it
+    assert length.next() == 4
+    length.update(4, 1, cost=2.5)  # 2 tokens for 2.5 steps' time: slower than plain, so a pause
+    assert [length.next(), length.next()] == [0, 1]
+
+
+def test_step_clock_prices_a_verify_step_in_plain_steps():
+    clock = StepClock()
+    assert clock.cost(0.5) == 1.0  # nothing to compare with yet
+    clock.plain(0.010)
+    clock.plain(0.010)
+    assert clock.cost(0.025) == pytest.approx(2.5)
 
 
 def test_accept_stops_at_the_first_disagreement_and_at_a_stop_id():

@@ -86,7 +86,7 @@ class StepTimer:
 
     def __init__(self, model: Transformer, cache: KVCache, context: int, device: torch.device):
         self.model, self.cache, self.context, self.device = model, cache, context, device
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph | None] = {}
         self.inputs: dict[int, torch.Tensor] = {}
 
     def _step(self, positions: int) -> None:
@@ -104,13 +104,22 @@ class StepTimer:
         if positions not in self.graphs:
             self._step(positions)  # warm-up outside the capture (cuBLAS handles, workspaces)
             torch.cuda.synchronize()
-            self.graphs[positions] = graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                self._step(positions)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph):
+                    self._step(positions)
+            except RuntimeError as e:  # timed eagerly then (launches included), and said so
+                print(json.dumps({"note": f"no CUDA graph for {positions} positions: {e}"[:300]}), flush=True)
+                graph = None
+            self.graphs[positions] = graph
+        graph = self.graphs[positions]
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(10):
-            self.graphs[positions].replay()
+            if graph is not None:
+                graph.replay()
+            else:
+                self._step(positions)
         end.record()
         end.synchronize()
         return start.elapsed_time(end) / 10 / 1e3

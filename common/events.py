@@ -109,12 +109,16 @@ class TextDelta:
     """New text. `text` may be empty while a multi-byte character is incomplete.
 
     `t` is seconds since `generate` was called, taken when the last of `token_ids` was produced:
-    the live counters come from these worker-side stamps, never from arrival times.
+    the live counters come from these worker-side stamps, never from arrival times. `decode_steps`,
+    `draft_n` and `draft_n_accepted` are the generation's speculation so far (Stats has them too).
     """
 
     text: str
     token_ids: list[int]
     t: float
+    decode_steps: int = 0
+    draft_n: int = 0
+    draft_n_accepted: int = 0
     kind: Literal["delta"] = "delta"
 
 
@@ -130,6 +134,11 @@ class Stats:
     bytes_per_token: int = 0  # weight + KV bytes one decode step reads; 0 when unknown
     peak_bandwidth_gbs: float | None = None  # the device's measured or rated read bandwidth; None on CPU
     cached_tokens: int = 0  # of prompt_tokens, reused from an earlier request's KV cache (not prefilled)
+    # Speculative decoding (inference/speculative.py): model steps after the prefill, draft tokens proposed,
+    # and those the model accepted; tokens per step = (completion_tokens - 1) / decode_steps.
+    decode_steps: int = 0
+    draft_n: int = 0
+    draft_n_accepted: int = 0
 
     @property
     def bandwidth_gbs(self) -> float:

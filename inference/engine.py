@@ -44,6 +44,7 @@ from inference.model import Transformer
 from inference.prefix_cache import PrefixCache
 from inference.presets import PRESETS
 from inference.runner import ReferenceRunner
+from inference.speculative import SpeculationCounts
 from inference.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -343,6 +344,12 @@ class Engine:
                 code="context_length_exceeded",
             )
 
+    def speculation_counts(self, tokens: int) -> SpeculationCounts:
+        """The current generation's steps and drafts after `tokens` tokens; a runner that does not speculate
+        took one step per token after the first."""
+        counts = getattr(self.runner, "counts", None)
+        return counts if counts is not None else SpeculationCounts(decode_steps=max(tokens - 1, 0))
+
     def generate(
         self, prompt_ids: list[int], params: SamplingParams, should_stop: Callable[[], bool] | None = None
     ) -> Iterator[Event]:
@@ -376,13 +383,15 @@ class Engine:
                     )
                 produced.append(token)
                 token_times.append(now)
+                spec = self.speculation_counts(len(token_times))
+                counts = (spec.decode_steps, spec.draft_n, spec.draft_n_accepted)
                 if token in stop_ids:
                     finish = "stop"
-                    yield TextDelta("", [token], now)
+                    yield TextDelta("", [token], now, *counts)
                     break
                 text, stop_matched = stops.push(decoder.push(token))
                 shown.append(text)
-                yield TextDelta(text, [token], now)
+                yield TextDelta(text, [token], now, *counts)
                 if stop_matched:
                     finish = "stop"
                     break
@@ -407,6 +416,7 @@ class Engine:
 
         total_ms = (time.perf_counter() - start) * 1e3
         context_len = len(prompt_ids) + len(token_times)
+        spec = self.speculation_counts(len(token_times))
         stats = Stats(
             prompt_tokens=len(prompt_ids),
             completion_tokens=len(token_times),
@@ -418,6 +428,9 @@ class Engine:
             token_times=token_times,
             bytes_per_token=self.bytes_per_token(context_len),
             peak_bandwidth_gbs=self.peak_bandwidth_gbs,
+            decode_steps=spec.decode_steps,
+            draft_n=spec.draft_n,
+            draft_n_accepted=spec.draft_n_accepted,
         )
         yield Done(finish_reason=finish, text="".join(shown), stats=stats)
 

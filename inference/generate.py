@@ -74,6 +74,9 @@ def run(args: argparse.Namespace) -> None:
             "completion_tokens": done.stats.completion_tokens,
             "ttft_ms": round(done.stats.ttft_ms, 3),
             "decode_tok_s": round(done.stats.decode_tok_s, 2),
+            "decode_steps": done.stats.decode_steps,
+            "draft_n": done.stats.draft_n,
+            "draft_n_accepted": done.stats.draft_n_accepted,
             "finish_reason": done.finish_reason,
             "model": engine.name,
         }

@@ -5,23 +5,46 @@ same): `generate_tokens(prompt_ids, params, stop_ids, start)` yields token ids, 
 prefill, and ends after a stop id or `params.max_new_tokens` tokens; `last_prefill_ms` is the
 time that first token took; `cache` is the KV cache it reads and writes in place. With `start` > 0
 the cache's rows [0, start) already hold the prompt's first ids (inference/prefix_cache.py) and only
-the rest is prefilled. The caller may close the iterator at any point.
+the rest is prefilled. The caller may close the iterator at any point. `counts` (a
+speculative.SpeculationCounts) says how many model steps, draft tokens and accepted drafts the
+current generation has had so far.
+
+Speculative decoding (speculative.py): when the context has a suffix to copy, one step runs the last
+token and up to k drafted tokens as k+1 positions of the model's multi-position forward, from the cache.
+The cache is written at all k+1 positions; those past the accepted ones are simply overwritten by the
+next step, and no step reads a cached position beyond its own last one, so a rejection needs no undo
+(and the rows a kept prefix claims afterwards are all of accepted tokens).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from functools import partial
 
 import torch
 
 from common.events import SamplingParams
 from inference.model import KVCache, Transformer
 from inference.sampling import Sampler
+from inference.speculative import (
+    DraftLength,
+    SpeculationCounts,
+    SpeculationSettings,
+    StepClock,
+    SuffixDrafter,
+    accept,
+)
 
 
 class ReferenceRunner:
-    def __init__(self, model: Transformer, max_context: int, vocab_limit: int | None = None):
+    def __init__(
+        self,
+        model: Transformer,
+        max_context: int,
+        vocab_limit: int | None = None,
+        speculation: SpeculationSettings | None = None,
+    ):
         cfg = model.cfg
         device, dtype = model.tok_embeddings.device, model.tok_embeddings.dtype
         self.model, self.max_context, self.device = model, max_context, device
@@ -30,6 +53,8 @@ class ReferenceRunner:
         self.cache = KVCache(cfg, max_context, 1, device, dtype)  # allocated once, reused by every request
         self.next_input = torch.zeros(1, 1, dtype=torch.long, device=device)  # the decode step's input
         self.last_prefill_ms = 0.0
+        self.speculation = SpeculationSettings.from_env() if speculation is None else speculation
+        self.counts = SpeculationCounts()
 
     @torch.inference_mode()
     def generate_tokens(
@@ -56,11 +81,53 @@ class ReferenceRunner:
         token = sample(logits, history)  # reading the id waits for the device
         self.last_prefill_ms = (time.perf_counter() - began) * 1e3
 
-        for pos in range(n, n + budget):
+        self.counts = counts = SpeculationCounts()
+        drafter = SuffixDrafter(prompt_ids) if self.speculation.enabled else None
+        draft_length, clock = DraftLength(self.speculation.max_draft), StepClock()
+        pos, made = n, 0  # the position of `token` (not yet in the cache); tokens yielded so far
+        while True:
             yield token
-            if token in stop_ids or pos == n + budget - 1:
+            made += 1
+            if token in stop_ids or made == budget:
                 return
             history.append(token)
-            self.next_input.fill_(token)
-            logits = self.model(self.next_input, pos, self.cache, last_only=True)[0, -1, : self.vocab_limit]
-            token = sample(logits, history)
+            # k drafted tokens may yield k+1, within the budget
+            k = 0
+            if drafter is not None:
+                drafter.extend([token])
+                k = min(draft_length.next(), budget - made - 1)
+            draft = drafter.draft(k) if k else []
+            counts.decode_steps += 1
+            step_start = time.perf_counter()
+            if not draft:  # the plain step
+                self.next_input.fill_(token)
+                logits = self.model(self.next_input, pos, self.cache, last_only=True)
+                token, pos = (
+                    sample(logits[0, -1, : self.vocab_limit], history),
+                    pos + 1,
+                )  # waits for the device
+                if drafter is not None:
+                    clock.plain(time.perf_counter() - step_start)
+                continue
+            inputs = torch.tensor([[token, *draft]], dtype=torch.long, device=self.device)
+            logits = self.model(inputs, pos, self.cache)[0, :, : self.vocab_limit]  # [k+1, V]
+            emitted = accept(draft, partial(_sample_appending, sample, logits, history), stop_ids)
+            del history[-len(emitted) :]  # the loop above appends each token as it is yielded
+            last = len(emitted) - 1  # emitted[last] is the model's own choice, unless an accepted stop id
+            accepted = last + int(last < len(draft) and emitted[last] == draft[last])
+            counts.draft_n += len(draft)
+            counts.draft_n_accepted += accepted
+            draft_length.update(len(draft), accepted, clock.cost(time.perf_counter() - step_start))
+            for extra in emitted[:-1]:
+                yield extra
+                made += 1
+                history.append(extra)
+                drafter.extend([extra])
+            token, pos = emitted[-1], pos + len(emitted)
+
+
+def _sample_appending(sample: Sampler, logits: torch.Tensor, history: list[int], j: int) -> int:
+    """Position j's token of a verify step's logits [k+1, V]; it joins the history the next position sees."""
+    chosen = sample(logits[j], history)
+    history.append(chosen)
+    return chosen

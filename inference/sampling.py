@@ -40,5 +40,15 @@ class Sampler:
             drop = before >= p.top_p
             drop[0] = False
             logits = logits.index_put((order[drop],), torch.tensor(float("-inf"), device=logits.device))
-        probs = logits.softmax(-1)
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        return self.draw(logits.softmax(-1))
+
+    def draw(self, probs: torch.Tensor) -> int:
+        """Inverse-CDF sampling with one uniform per token: the token whose cumulative-probability interval holds
+        u. One uniform per emitted token whatever else happens is what lets speculative decoding (speculative.py)
+        reach, from the same seed, the very tokens plain decoding would."""
+        u = torch.rand((), generator=self.generator, device=probs.device)
+        cdf = probs.cumsum(-1)  # [V]; a zero-probability token has an empty interval and is never drawn
+        token = int(torch.searchsorted(cdf, u[None], right=True))
+        if token >= probs.numel():  # u past a cdf that rounding left just under 1: the last possible token
+            token = int(probs.nonzero()[-1])
+        return token

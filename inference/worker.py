@@ -95,7 +95,9 @@ class DeltaCoalescer:
     """Sends the first token at once, then at most one delta entry per FLUSH_INTERVAL_S.
 
     Each delta carries the worker-side clock: `t` (last token), `t_first` (first token) and `n`
-    (tokens so far), so a client computes decode tokens/s = (n - 1) / (t - t_first) from any entry.
+    (tokens so far), so a client computes decode tokens/s = (n - 1) / (t - t_first) from any entry; and the
+    speculation so far: `steps` (model steps after the first token, so tokens per step = (n - 1) / steps),
+    `draft_n` and `draft_n_accepted` (acceptance rate = draft_n_accepted / draft_n).
     """
 
     def __init__(self, publish, flush_interval_s: float | None = None):
@@ -107,6 +109,7 @@ class DeltaCoalescer:
         self.t_first: float | None = None
         self.t_last = 0.0
         self.last_flush = 0.0
+        self.steps = self.draft_n = self.draft_n_accepted = 0
 
     def add(self, delta: TextDelta) -> bool:
         """Buffer a delta; returns True when it flushed (the moment to look for a cancel)."""
@@ -114,6 +117,11 @@ class DeltaCoalescer:
         self.token_ids.extend(delta.token_ids)
         self.n += len(delta.token_ids)
         self.t_last = delta.t
+        self.steps, self.draft_n, self.draft_n_accepted = (
+            delta.decode_steps,
+            delta.draft_n,
+            delta.draft_n_accepted,
+        )
         if self.t_first is None:
             self.t_first = delta.t
         now = time.monotonic()
@@ -135,6 +143,9 @@ class DeltaCoalescer:
                 "n": self.n,
                 "t": self.t_last,
                 "t_first": self.t_first,
+                "steps": self.steps,
+                "draft_n": self.draft_n,
+                "draft_n_accepted": self.draft_n_accepted,
             },
         )
         self.text, self.token_ids = [], []

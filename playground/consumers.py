@@ -20,9 +20,12 @@ a duplicate, whatever reconnects happen.
     {"type": "queue", "position": int | null, "workers": int}      jobs ahead; workers serving the model
     {"type": "started", "worker": str, "queue_ms": float}
     {"type": "prefilled", "prompt_tokens": int, "prefill_ms": float, "cached_tokens": int}
-    {"type": "delta", "text": str, "n": int, "t": float, "t_first": float}
+    {"type": "delta", "text": str, "n": int, "t": float, "t_first": float,
+     "steps": int, "draft_n": int, "draft_n_accepted": int}
         n tokens so far; t and t_first are the worker's clock (s) at the last and first token, so
-        decode tokens/s = (n - 1) / (t - t_first) whenever the bytes arrive
+        decode tokens/s = (n - 1) / (t - t_first) whenever the bytes arrive; steps: the model steps after
+        the first token (tokens per step = (n - 1) / steps); draft_n, draft_n_accepted: speculative
+        decoding's drafted and accepted tokens so far
     {"type": "done", "finish_reason": "stop" | "length" | "cancelled", "text": str,
      "stats": {...} | null, "share_url": str | null}
         stats: the worker's (prompt and completion tokens, prefill_ms, ttft_ms, decode_tok_s, total_ms, ...)
@@ -65,6 +68,8 @@ log = logging.getLogger("playground.consumers")
 
 ENTRY_ID = re.compile(r"\d+(-\d+)?")
 JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# What a delta frame passes on from the worker's entry (a worker without speculation counters sends 0s).
+DELTA_KEYS = ("text", "n", "t", "t_first", "steps", "draft_n", "draft_n_accepted")
 _orphan_checks: set[asyncio.Task] = set()  # strong references, so pending checks are not collected
 
 
@@ -191,9 +196,7 @@ class GenerateConsumer(AsyncWebsocketConsumer):
                     if kind == "started":
                         queue_ms = data.get("queue_ms")
                     elif kind == "delta":
-                        data = {
-                            key: data[key] for key in ("text", "n", "t", "t_first")
-                        }  # token ids stay home
+                        data = {key: data.get(key, 0) for key in DELTA_KEYS}  # token ids stay home
                     elif kind == "prefilled":
                         data = {
                             key: data.get(key, 0) for key in ("prompt_tokens", "prefill_ms", "cached_tokens")

@@ -468,7 +468,8 @@ def usage(stats: dict) -> dict:
 
 def timings(stats: dict, queue_ms: float) -> dict:
     """llama.cpp's server timings (prompt = prefill of the tokens not in the cache, cache_n = those that were;
-    predicted = the tokens after it) plus ttft and queue."""
+    predicted = the tokens after it; draft_n and draft_n_accepted = speculative decoding's drafted and accepted
+    tokens) plus ttft, queue and the decode steps (tokens per step = (predicted_n - 1) / decode_steps)."""
     prompt_ms = stats["prefill_ms"]
     predicted_ms = max(stats["total_ms"] - prompt_ms, 0.0)
     cache_n = stats.get("cached_tokens", 0)
@@ -481,6 +482,9 @@ def timings(stats: dict, queue_ms: float) -> dict:
         "predicted_n": predicted_n,
         "predicted_ms": predicted_ms,
         "predicted_per_second": predicted_n * 1000 / predicted_ms if predicted_ms > 0 else 0.0,
+        "draft_n": stats.get("draft_n", 0),
+        "draft_n_accepted": stats.get("draft_n_accepted", 0),
+        "decode_steps": stats.get("decode_steps", max(predicted_n - 1, 0)),
         "ttft_ms": stats["ttft_ms"],
         "queue_ms": queue_ms,
     }

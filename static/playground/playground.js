@@ -85,6 +85,7 @@
       actions: "actions", runTokS: "run-tok-s", runTokens: "run-tokens",
       result: "result", output: "output", context: "output-context", outputBox: "output-box",
       status: "state", note: "note", retry: "retry", tokS: "tok-s", ttft: "ttft", tokens: "tokens",
+      tokStep: "tok-step", accepted: "accepted",
       queue: "queue", elapsed: "elapsed", copy: "copy", shareActions: "share-actions", share: "share",
       copyLink: "copy-link", copyCode: "copy-code", finalStats: "final-stats", statPromptTokens: "stat-prompt-tokens",
       statPrefill: "stat-prefill", statTtft: "stat-ttft", statDecode: "stat-decode", statTotal: "stat-total",

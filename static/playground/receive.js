@@ -79,6 +79,9 @@
         run.n = frame.n;
         run.t = frame.t;
         run.tFirst = frame.t_first;
+        run.steps = frame.steps || 0;
+        run.draftN = frame.draft_n || 0;
+        run.draftAccepted = frame.draft_n_accepted || 0;
         if (run.phase !== "streaming" || resumed) follow("streaming", resumed ? "resumed" : "");
         page.view.requestRender();
         break;

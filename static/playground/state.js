@@ -36,6 +36,7 @@
       phase: "idle", jobId: null, lastId: "0-0", note: "", model: "", maxTokens: null,
       chat: false, prompt: "", system: "", context: "", stopRequested: false, restored: false,
       pending: [], text: "", n: 0, t: 0, tFirst: null, queue: null,
+      steps: 0, draftN: 0, draftAccepted: 0, // model steps after the first token; drafted and kept tokens
       startedAt: 0, endedAt: null, stats: null, outcome: "", outcomeNote: "",
       shown: false, // its output has the pane (from its prefill on)
       replaying: false, // a finished run brought back by a reload, replayed without announcing it

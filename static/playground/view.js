@@ -132,6 +132,12 @@
     if (s && s.ttft_ms) setText(ui.ttft, s.ttft_ms.toFixed(0));
     else setText(ui.ttft, run.tFirst === null ? "–" : (run.tFirst * 1000).toFixed(0));
     setText(ui.tokens, String(run.n));
+    // speculative decoding, live: tokens per model step (1 without drafts) and the drafted tokens kept
+    const steps = s ? s.decode_steps : run.steps;
+    const drafted = s ? s.draft_n : run.draftN;
+    const kept = s ? s.draft_n_accepted : run.draftAccepted;
+    setText(ui.tokStep, steps > 0 && run.n > 1 ? ((run.n - 1) / steps).toFixed(2) : "–");
+    setText(ui.accepted, drafted > 0 ? ((100 * kept) / drafted).toFixed(0) : "–");
     setText(ui.queue, run.phase === "queued" && run.queue !== null ? String(run.queue) : "–");
     const clock = run.endedAt ?? run.frozenAt ?? now; // stopped while the connection is down
     setText(ui.elapsed, run.startedAt ? ((clock - run.startedAt) / 1000).toFixed(2) : "–");

@@ -179,6 +179,29 @@ def assert_timings(timings: dict, usage) -> None:
         timings["predicted_n"] * 1000 / timings["predicted_ms"]
     )
     assert timings["ttft_ms"] >= timings["prompt_ms"]  # the first token comes after the prefill
+    assert 0 <= timings["draft_n_accepted"] <= timings["draft_n"]
+    # every token after the first came from a step: one each, or one plus the accepted drafts of a verify step
+    assert timings["decode_steps"] <= max(timings["predicted_n"] - 1, 0)
+
+
+def test_timings_count_drafts_on_a_code_edit(stack, engine):
+    """A prompt whose answer copies it: the worker speculates (on by default), the timings say how much, and
+    the text is the plain greedy decoding's."""
+    from inference.bench.workload import WORKLOAD
+
+    prompt = next(p for p in WORKLOAD if p.name == "docstrings").text
+    client = api(stack.web)
+    reply = client.completions.create(model=stack.model, prompt=prompt, max_tokens=48, temperature=0)
+    timings = reply.model_extra["timings"]
+    assert_timings(timings, reply.usage)
+    assert timings["draft_n_accepted"] > 0
+    assert timings["decode_steps"] < reply.usage.completion_tokens - 1  # fewer steps than tokens
+    local = list(
+        engine.generate(
+            engine.tokenizer.encode_text(prompt), SamplingParams(max_new_tokens=48, temperature=0)
+        )
+    )
+    assert reply.choices[0].text == local[-1].text
 
 
 def test_sse_framing_ends_with_done(stack):

@@ -1444,3 +1444,36 @@ def test_the_sampling_fields_follow_the_models_advice_until_the_person_sets_them
         "Top-p": "0.9",
         "Max tokens": "40",
     }
+
+
+def test_speculation_counters_show_tokens_per_step_and_drafts_kept_live(server, default_model, page):
+    """A code edit copies its prompt: while it streams, the page shows more than one token per model step and
+    the share of drafted tokens the model kept; the final figures agree with the run's stats."""
+    from inference.bench.workload import WORKLOAD
+
+    prompt = next(p for p in WORKLOAD if p.name == "docstrings").text
+    open_playground(page, server.url, model=default_model.name)
+    page.fill("#temperature", "0")
+    page.evaluate("""() => {
+        window.seenCounters = [];
+        const state = document.getElementById("state");
+        for (const id of ["tok-step", "accepted"]) {
+            const el = document.getElementById(id);
+            new MutationObserver(() => window.seenCounters.push([id, el.textContent, state.dataset.state]))
+                .observe(el, {childList: true, characterData: true, subtree: true});
+        }
+    }""")
+    generate(page, prompt, 120)
+    wait_for_state(page, "done", timeout=60_000)
+    seen = page.evaluate("window.seenCounters")
+    live = [(id, value) for id, value, state in seen if state == "streaming" and value != "–"]
+    assert any(id == "tok-step" and float(value) > 1 for id, value in live), seen
+    assert any(id == "accepted" and 0 < float(value) <= 100 for id, value in live), seen
+    stats = page.evaluate("kogPage.state.run.stats")
+    tokens = int(page.text_content("#tokens"))
+    assert float(page.text_content("#tok-step")) == pytest.approx(
+        (tokens - 1) / stats["decode_steps"], abs=0.006
+    )
+    assert float(page.text_content("#accepted")) == pytest.approx(
+        100 * stats["draft_n_accepted"] / stats["draft_n"], abs=0.51
+    )

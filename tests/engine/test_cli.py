@@ -52,6 +52,11 @@ def test_streams_text_and_json_agrees(tiny):
     assert len(result["token_ids"]) == result["completion_tokens"] == 16
     assert result["prompt_tokens"] > 3 and result["ttft_ms"] > 0 and result["decode_tok_s"] > 0
     assert result["finish_reason"] == "length"
+    # 15 tokens after the first: one per plain step, one plus the accepted drafts per verify step
+    assert (
+        result["decode_steps"] + result["draft_n_accepted"] >= 15
+        and result["draft_n_accepted"] <= result["draft_n"]
+    )
 
 
 def test_chat_sampling_and_bfloat16(tiny):

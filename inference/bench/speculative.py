@@ -1,0 +1,214 @@
+"""What speculative decoding gives a user: the workload's prompts decoded plain and with drafts, and the cost
+of a verify step.
+
+    python -m inference.bench.speculative [--model models/default] [--device cpu|cuda] [--max-tokens 128]
+        [--curve laneformer-2b,qwen3-1.7b,qwen2.5-coder-1.5b] [--context 512] [--json out.json]
+
+Part one, per workload prompt (inference/bench/workload.py), greedy: decode tok/s plain and with drafts (the
+engine's figure, generated tokens over decode time), tokens per step, the drafts kept, and whether the two
+outputs are the same tokens (they must be). The runner is the engine's: on a GPU that is the fast runner, which
+does not speculate yet, so there --backend reference times the reference runner both ways as well.
+Part two, per shape named in --curve (a preset or a checkpoint folder; random bf16 weights on the device; fp32 on the CPU): the time of one
+model step over k+1 positions from a --context-token cache over the one-position step, k = 0..16 (each step a
+CUDA graph on a GPU: launch overhead is not what is measured), and the decode tok/s this implies at the
+acceptance part one measured: a draft of k tokens each kept with probability a yields (1 - a^(k+1)) / (1 - a)
+tokens per step (drafts kept independently, an approximation), so tok/s = plain tok/s * tokens / cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from common.events import SamplingParams, TextDelta
+from inference.bench.workload import WORKLOAD
+from inference.config import ModelConfig
+from inference.model import KVCache, Transformer
+from inference.presets import preset_config
+from inference.speculative import SpeculationSettings
+
+CURVE_K = range(0, 17)
+
+
+def run_workload(model: str, device: str, max_tokens: int, repeats: int) -> list[dict]:
+    from inference.engine import Engine
+
+    engine = Engine.load(model, device=device)
+    runner = engine.runner
+    speculates = hasattr(runner, "speculation")
+    params = SamplingParams(max_new_tokens=max_tokens, temperature=0)
+    engine_run = lambda ids: list(engine.generate(ids, params))  # noqa: E731
+    engine_run(engine.encode_prompt(WORKLOAD[0].text))  # warm-up: first-call allocations, kernels, graphs
+    rows = []
+    for prompt in WORKLOAD:
+        ids = engine.encode_prompt(prompt.text)
+        row = {
+            "prompt": prompt.name,
+            "kind": prompt.kind,
+            "prompt_tokens": len(ids),
+            "runner": type(runner).__name__,
+        }
+        outputs, best = {}, {"plain": 0.0, "speculative": 0.0}
+        for _ in range(repeats):  # the modes alternate; each keeps its fastest run (a shared machine's noise)
+            for mode in ("plain", "speculative"):
+                if speculates:
+                    runner.speculation = SpeculationSettings(enabled=mode == "speculative")
+                events = engine_run(ids)
+                stats = events[-1].stats
+                outputs[mode] = [t for e in events if isinstance(e, TextDelta) for t in e.token_ids]
+                best[mode] = max(best[mode], stats.decode_tok_s)
+                if mode == "speculative":
+                    row.update(tokens=stats.completion_tokens, steps=stats.decode_steps)
+                    row.update(draft_n=stats.draft_n, draft_n_accepted=stats.draft_n_accepted)
+        row.update(plain_tok_s=round(best["plain"], 1), speculative_tok_s=round(best["speculative"], 1))
+        row["identical"] = outputs["plain"] == outputs["speculative"]
+        row["speedup"] = (
+            round(row["speculative_tok_s"] / row["plain_tok_s"], 2) if row["plain_tok_s"] else 0.0
+        )
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def acceptance(rows: list[dict]) -> float:
+    drafted = sum(r["draft_n"] for r in rows)
+    return sum(r["draft_n_accepted"] for r in rows) / drafted if drafted else 0.0
+
+
+class StepTimer:
+    """One forward over T new positions after `context` cached ones, timed: a CUDA graph per T on a GPU (10
+    replays between two events), the eager call on the CPU."""
+
+    def __init__(self, model: Transformer, cache: KVCache, context: int, device: torch.device):
+        self.model, self.cache, self.context, self.device = model, cache, context, device
+        self.graphs: dict[int, torch.cuda.CUDAGraph | None] = {}
+        self.inputs: dict[int, torch.Tensor] = {}
+
+    def _step(self, positions: int) -> None:
+        if positions not in self.inputs:
+            self.inputs[positions] = torch.randint(
+                0, self.model.cfg.vocab_size, (1, positions), device=self.device
+            )
+        self.model(self.inputs[positions], self.context, self.cache)
+
+    def seconds(self, positions: int) -> float:
+        if self.device.type != "cuda":
+            start = time.perf_counter()
+            self._step(positions)
+            return time.perf_counter() - start
+        if positions not in self.graphs:
+            self._step(positions)  # warm-up outside the capture (cuBLAS handles, workspaces)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph):
+                    self._step(positions)
+            except RuntimeError as e:  # timed eagerly then (launches included), and said so
+                print(json.dumps({"note": f"no CUDA graph for {positions} positions: {e}"[:300]}), flush=True)
+                graph = None
+            self.graphs[positions] = graph
+        graph = self.graphs[positions]
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(10):
+            if graph is not None:
+                graph.replay()
+            else:
+                self._step(positions)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 10 / 1e3
+
+    def cost(self, positions: int, rounds: int = 15) -> tuple[float, float]:
+        """(the one-position step's seconds, this step's time over it): the two alternate, each keeping its
+        fastest round (a shared machine's other work only ever adds time)."""
+        self.seconds(1), self.seconds(positions)  # warm-up, captures
+        ones, these = [], []
+        for _ in range(rounds):
+            ones.append(self.seconds(1))
+            these.append(self.seconds(positions))
+        return min(ones), min(these) / min(ones)
+
+
+@torch.inference_mode()
+def verify_curve(shape: str, device: torch.device, context: int, accept: float) -> dict:
+    folder = Path(shape) / "config.json"  # a checkpoint folder's shape, or a preset's
+    cfg = ModelConfig.from_hf(json.loads(folder.read_text()) if folder.is_file() else preset_config(shape))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = Transformer(cfg, device=device, dtype=dtype)
+    model.init_weights(generator=torch.Generator(device=device).manual_seed(0))
+    model.eval().requires_grad_(False)
+    if device.type == "cpu":  # the threads the engine would give this model (engine.SMALL_MODEL_BYTES)
+        from inference.engine import SMALL_MODEL_BYTES
+
+        size = sum(p.numel() * p.element_size() for p in model.parameters())
+        torch.set_num_threads(1 if size < SMALL_MODEL_BYTES else os.cpu_count())
+    cache = KVCache(cfg, context + max(CURVE_K) + 1, 1, device, dtype)
+    model(torch.randint(0, cfg.vocab_size, (1, context), device=device), 0, cache, last_only=True)
+    timer = StepTimer(model, cache, context, device)
+    curve, ones = [], []
+    for k in CURVE_K:
+        one, cost = timer.cost(k + 1) if k else (timer.cost(1)[0], 1.0)
+        ones.append(one)
+        tokens = (1 - accept ** (k + 1)) / (1 - accept) if accept < 1 else k + 1.0
+        curve.append(
+            {"k": k, "cost": round(cost, 3), "tokens_per_step": round(tokens, 2), "tok_s": tokens / cost}
+        )
+    one = min(ones)
+    for point in curve:  # plain tok/s * tokens per step / cost
+        point["tok_s"] = round(point["tok_s"] / one, 1)
+    best = max(curve, key=lambda c: c["tok_s"])
+    del model, cache, timer
+    return {"shape": shape, "device": device.type, "context": context, "one_step_ms": round(one * 1e3, 3),
+            "acceptance": round(accept, 3), "best_k": best["k"], "curve": curve}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    from common.names import default_model
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=default_model())
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="runs of each prompt in each mode; the fastest counts"
+    )
+    parser.add_argument(
+        "--backend", choices=("", "reference", "fast"), default="", help="KOG_BACKEND for part one"
+    )
+    parser.add_argument("--curve", default="", help="comma-separated presets for part two (empty: skip it)")
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--acceptance", type=float, default=None, help="for part two; default: part one's")
+    parser.add_argument("--json", default="", help="write the results here too")
+    parser.add_argument("--no-workload", action="store_true", help="part two alone (give --acceptance)")
+    args = parser.parse_args(argv)
+    if args.backend:
+        os.environ["KOG_BACKEND"] = args.backend
+    if args.no_workload and args.acceptance is None:
+        parser.error("--no-workload needs --acceptance")
+    rows = [] if args.no_workload else run_workload(args.model, args.device, args.max_tokens, args.repeats)
+    accept = acceptance(rows) if args.acceptance is None else args.acceptance
+    summary = {}
+    if rows:
+        summary = {
+            "acceptance": round(acceptance(rows), 3),
+            "edit_acceptance": round(acceptance([r for r in rows if r["kind"] == "edit"]), 3),
+            "all_identical": all(r["identical"] for r in rows),
+        }
+        print(json.dumps(summary), flush=True)
+    curves = []
+    for shape in filter(None, args.curve.split(",")):
+        curves.append(verify_curve(shape.strip(), torch.device(args.device), args.context, accept))
+        print(json.dumps(curves[-1]), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"workload": rows, "summary": summary, "curves": curves}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -25,7 +25,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from inference.config import EnvError, env_number
+from common.env import EnvError, env_number
 
 # Suffixes longer than this are not looked for: a match of 8 tokens already predicts a copy well.
 MAX_NGRAM = 8

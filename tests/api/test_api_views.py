@@ -25,6 +25,9 @@ def test_timings_follow_llama_cpp_and_add_ttft_and_queue():
         "predicted_n": 11,
         "predicted_ms": 100.0,
         "predicted_per_second": 110.0,
+        "draft_n": 0,
+        "draft_n_accepted": 0,
+        "decode_steps": 10,
         "ttft_ms": 25.0,
         "queue_ms": 7.5,
     }

@@ -6,10 +6,11 @@ from dataclasses import replace
 
 import pytest
 
+from common.env import EnvError
 from common.events import Done, SamplingParams, TextDelta
 from inference import runner as runner_module
 from inference.bench.workload import WORKLOAD
-from inference.config import EnvError, ModelConfig
+from inference.config import ModelConfig
 from inference.engine import Engine
 from inference.presets import preset_config
 from inference.runner import ReferenceRunner

@@ -244,7 +244,7 @@ def default_blocks(head_dim: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages). On an H200, for laneformer-2b at 4,094 tokens (hd 96, 15
     layers): 64 query rows and 64 keys on 4 warps (one warpgroup of wgmma), the next two key/value blocks in
     flight, 6.1 ms; 128 rows on 8 warps (two warpgroups, ~243 registers, one program a multiprocessor) 7.6 ms;
-    128 x 32 on 8 warps 8.4 ms; 64 x 64 on 8 warps 9.9 ms (kernels/NOTES.md, run 9). Above 128 dims the
+    128 x 32 on 8 warps 8.4 ms; 64 x 64 on 8 warps 9.9 ms. Above 128 dims the
     accumulator alone would fill the registers: 64 rows and 32 keys on 8 warps (no spills at 256). Under the
     interpreter: the smallest blocks tl.dot takes."""
     if interpreted():

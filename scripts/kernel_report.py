@@ -8,6 +8,7 @@ launch intercepted, and each distinct specialisation is compiled with the block 
 pick on an H200 (132 multiprocessors).
 """
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -32,6 +33,7 @@ DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", 
 def intercepted_launches(preset: str) -> list[tuple[JITFunction, dict, dict, int]]:
     from inference.config import ModelConfig
     from inference.fast.runner import FastRunner
+    from inference.fast.settings import Device, RunnerSettings
     from inference.model import Transformer
     from inference.presets import preset_config
 
@@ -47,7 +49,7 @@ def intercepted_launches(preset: str) -> list[tuple[JITFunction, dict, dict, int
 
     decode_attention.launch_clusters = fake_cluster_launch
     for module in ("rmsnorm_gemv", "lane_reduce_gemv", "decode_attention", "lm_head", "lm_head_screen", "final_norm",
-                   "sample", "packed_mma_gemv", "packed_mma_glu"):  # fmt: skip
+                   "sample", "packed_mma_gemv"):  # fmt: skip
         mod = __import__(f"kernels.{module}", fromlist=["x"])
         mod.sm_count = lambda device: 132
         if hasattr(mod, "interpreted"):
@@ -56,16 +58,13 @@ def intercepted_launches(preset: str) -> list[tuple[JITFunction, dict, dict, int
     JITFunction.run = fake_run
     cfg = ModelConfig.from_hf(preset_config(preset))
     model = Transformer(cfg, device="meta", dtype=torch.bfloat16)
-    # every kind's kernel: both ways to pack the gate/up
-    for packed in ("qkv+o+gate_up+down", "o+glu+down") if cfg.num_lanes == 1 else (False,):
-        runner = FastRunner(model, min(4096, cfg.max_position_embeddings), use_pdl=False, head_screen=True,
-                            packed=packed)  # fmt: skip
-        runner.use_pdl = True
-        runner.decode_step(greedy=True)
-        runner.decode_step(greedy=False)  # the sampled step: its head, then kernels/sample.py
-        runner.decode_step(
-            greedy=False, screen=True
-        )  # ... its head through the screen (lm_head_screen's logits)
+    # an H200's settings for this model, the head screen on whatever its size
+    h200 = RunnerSettings.resolve(cfg, Device(gpu=True, hopper=True, multiprocessors=132), torch.bfloat16)
+    settings = dataclasses.replace(h200, head_screen=True)
+    runner = FastRunner(model, min(4096, cfg.max_position_embeddings), settings=settings)
+    runner.decode_step(greedy=True)
+    runner.decode_step(greedy=False)  # the sampled step: its head, then kernels/sample.py
+    runner.decode_step(greedy=False, screen=True)  # ... its head through the screen (lm_head_screen's logits)
     return launches
 
 

@@ -99,7 +99,7 @@ def test_layer_zero_starts_from_the_embedding_row(dtype):
 
 
 def test_launcher_picks_the_measured_blocks_on_a_gpu(monkeypatch):
-    """The H200 sweep's choices (kernels/NOTES.md, round 5), as the launcher would make them on 132 SMs."""
+    """The H200 sweep's choices (docs/fast-path.md), as the launcher would make them on 132 SMs."""
     monkeypatch.setattr(lane_reduce_module, "interpreted", lambda: False)
     monkeypatch.setattr(lane_reduce_module, "sm_count", lambda device: 132)
     pick = lane_reduce_module._pick_blocks

@@ -117,7 +117,7 @@ def test_rejects_mismatched_shapes():
 
 
 def test_launcher_picks_the_measured_blocks_on_a_gpu(monkeypatch):
-    """The H200 sweeps' choices (kernels/NOTES.md), as the launcher would make them on 132 SMs."""
+    """The H200 sweeps' choices (docs/fast-path.md), as the launcher would make them on 132 SMs."""
     monkeypatch.setattr(rmsnorm_module, "interpreted", lambda: False)
     monkeypatch.setattr(rmsnorm_module, "sm_count", lambda device: 132)
     pick = rmsnorm_module._pick_blocks

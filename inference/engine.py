@@ -490,7 +490,11 @@ def _make_runner(model: Transformer, max_context: int, vocab_limit: int):
         except ImportError as e:
             why = f"its imports ({e})"
         if why is None:
-            return FastRunner(model, max_context, vocab_limit)
+            runner = FastRunner(model, max_context, vocab_limit)
+            # the residual at the fastest of a few addresses, timed once (inference/fast/residual_placement.py)
+            if on_gpu:
+                runner.place_residual()
+            return runner
         if forced == "fast":
             raise ValueError(f"KOG_BACKEND=fast: the fast path does not support {why}")
         log.warning("fast path unavailable for this model (%s); using the reference runner", why)

@@ -294,14 +294,14 @@ class Transformer(nn.Module):
             p = layer.attention(
                 rms_norm(x, layer.attention_norm[:, None], cfg.norm_eps), B, start_pos, cos, sin, cache
             )
-            x = x + self._reduce(i, p, attn_partials)
+            x = x + self.reduce(i, p, attn_partials)
             p = layer.mlp(rms_norm(x, layer.ffn_norm[:, None], cfg.norm_eps))
-            x = x + self._reduce(i, p, mlp_partials)
+            x = x + self.reduce(i, p, mlp_partials)
         if last_only:
             x, T = x.view(L, B, T, D)[:, :, -1], 1
-        return self._head(x).view(B, T, -1).float()
+        return self.head(x).view(B, T, -1).float()
 
-    def _reduce(self, layer: int, partial: torch.Tensor, history: list[torch.Tensor]) -> torch.Tensor:
+    def reduce(self, layer: int, partial: torch.Tensor, history: list[torch.Tensor]) -> torch.Tensor:
         """What each lane adds to its residual stream from this block's lane partials [L, B*T, D].
 
         The delayed cross-lane sum of docs/laneformer.md, reproduced exactly (including its reading of the
@@ -319,7 +319,8 @@ class Transformer(nn.Module):
         past = history[layer - d]
         return partial + (past.sum(0, keepdim=True) - past)
 
-    def _head(self, x: torch.Tensor) -> torch.Tensor:  # [L, M, D] -> [M, V]
+    def head(self, x: torch.Tensor) -> torch.Tensor:  # [L, M, D] -> [M, V]
+        """The logits of the residual streams x: the final norm and the head, by the model's lm_head_type."""
         cfg, L = self.cfg, self.cfg.num_lanes
         weight = self.tok_embeddings if self.lm_head is None else self.lm_head
         if cfg.pre_norm_lane_agg:

@@ -1,20 +1,14 @@
 """Thread-block clusters for plain Triton kernels on Hopper: a launch that groups programs into clusters, and
-the cluster barrier, so that the programs of a cluster can hand each other data through memory without an
-atomic arrival counter.
+the helpers with which the programs of a cluster hand each other data through shared memory, without an atomic
+arrival counter.
 
 Triton's own `num_ctas` makes one program span the CTAs of a cluster (its tensors split across them). Here
 every program stays one CTA: the kernel is compiled as usual and launched with a cluster dimension along x,
 so program_id(0) = cluster * size + rank, and a cluster's programs are resident together on one GPC.
 
-A program's global stores before `cluster_sync` are visible to every program of its cluster after it: the
-barrier's arrive has release and its wait acquire semantics at cluster scope (the PTX memory model), which
-is what a counter's `atom.acq_rel.gpu` plus a last-arriver test gave before, without the round trip to L2
-for the atomic or the serial tail of one program merging everything.
-
-Cheaper still, programs can write straight into each other's shared memory (the exchange helpers below): a
-program arms an mbarrier with the bytes it expects, peers push data to it with st.async, and it waits for its
-own mbarrier instead of a cluster barrier, so no store needs a GPU-scope release first. Nothing here runs under
-the interpreter: kernels keep another path for it.
+Programs write straight into each other's shared memory (the exchange helpers below): a program arms an mbarrier
+with the bytes it expects, peers push data to it with st.async, and it waits for its own mbarrier, so no store
+needs a GPU-scope release first. Nothing here runs under the interpreter: kernels keep another path for it.
 """
 
 import ctypes
@@ -28,19 +22,6 @@ CLUSTER_SIZES = (1, 2, 4, 8, 16)  # 16 is non-portable; the H100 and H200 allow 
 _DEFAULT_DYNAMIC_SHARED = 48 * 1024  # what a launch may take without the function's opt-in
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute
 _opted_in: set[tuple[int, int]] = set()
-
-# Every thread arrives (release) and then waits for all threads of the cluster (acquire).
-_SYNC = tl.constexpr(
-    "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned; mov.u32 $0, $1;"
-)
-
-
-@triton.jit
-def cluster_sync(token):
-    """The cluster barrier; every thread of every program in the cluster must reach it. Returns `token` (an
-    int32 scalar): loads whose addresses depend on the result cannot move above the barrier, and stores in
-    program order before it stay there (the asm is an ordered side effect)."""
-    return tl.inline_asm_elementwise(_SYNC, "=r,r", [token], dtype=tl.int32, is_pure=False, pack=1)
 
 
 def _allow_dynamic_shared(function: int, nbytes: int) -> None:

@@ -12,12 +12,10 @@ with the next block's loads in flight while it computes the current one, and han
 (o, max, sum) to the merge. The G query heads of a KV head are padded to 16 rows so that both products run on
 the tensor cores (tl.dot), as in flash-decoding; the padding costs no memory traffic. The token's own key and
 value come from registers, not from a re-read of the cache. The partials are merged in the same launch:
-- on a GPU, a KV head's splits form one thread-block cluster (kernels/cluster.py) and each split merges
-  1/SPLITS of the head group's output elements. By default every split pushes each owner its slice straight
-  into the owner's shared memory (st.async, counted in bytes by the owner's mbarrier: _push_merge); or the
-  partials go to global memory and the owners read them after a cluster barrier (_cluster_merge, push=False).
-  H200, in turns: the barrier merge +2.2% llama-3.2-1b, +2.2% qwen3-1.7b, +1.4%
-  laneformer-2b against the counter below, the push +1.9%, +1.7% and +0.6% more;
+- on a Hopper GPU, a KV head's splits form one thread-block cluster (kernels/cluster.py) and each split merges
+  1/SPLITS of the head group's output elements: every split pushes each owner its slice straight into the
+  owner's shared memory (st.async, counted in bytes by the owner's mbarrier: _push_merge). Against the counter
+  below it saves the partials' round trip through global memory and the merge's tail (docs/fast-path.md);
 - otherwise (the interpreter, or more than 16 splits) the last split of a head to finish, found by an
   atomic counter, merges all of them.
 
@@ -34,10 +32,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels import hopper_features, interpreted, pdl_kwargs, sm_count
+from kernels import hopper_features, interpreted, pdl_kwargs
 from kernels.cluster import (
     CLUSTER_SIZES,
-    cluster_sync,
     exchange_arm,
     exchange_ready,
     exchange_region,
@@ -61,7 +58,6 @@ def _decode_attention_kernel(
     sin_ptr,
     q_norm_ptr,
     k_norm_ptr,
-    qkv_scale_ptr,
     part_o_ptr,
     part_ml_ptr,
     counter_ptr,
@@ -85,13 +81,9 @@ def _decode_attention_kernel(
     BLOCK_T: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     QK_NORM: tl.constexpr,
-    QKV_SCALED: tl.constexpr,
     CLUSTER: tl.constexpr,
     USE_PDL: tl.constexpr,
     PREFETCH_NEXT: tl.constexpr,
-    KV_CACHE: tl.constexpr,
-    KV_EVICT: tl.constexpr,
-    PUSH: tl.constexpr,
     PUSH_E: tl.constexpr,
     PUSH_VEC: tl.constexpr,
     PUSH_MLP: tl.constexpr,
@@ -101,9 +93,9 @@ def _decode_attention_kernel(
     if CLUSTER:  # one cluster of SPLITS programs a KV head (kernels/cluster.py)
         kv = tl.program_id(0) // SPLITS
         split = tl.program_id(0) % SPLITS
-        if PUSH:  # the inbox the peers push their partials into, armed before anything waits (_push_merge)
-            region = exchange_region(split * 0 + PUSH_BYTES)
-            armed = exchange_arm(region, split * 0 + SPLITS * (PUSH_E + PUSH_MLP) * 4)
+        # the inbox the peers push their partials into, armed before anything waits (_push_merge)
+        region = exchange_region(split * 0 + PUSH_BYTES)
+        armed = exchange_arm(region, split * 0 + SPLITS * (PUSH_E + PUSH_MLP) * 4)
     else:
         kv = tl.program_id(0)
         split = tl.program_id(1)
@@ -128,13 +120,11 @@ def _decode_attention_kernel(
     t = lo + tl.arange(0, BLOCK_T)
     kv_offs = kv_base + t[:, None] * HD + d[None, :]
     kv_mask = (t < hi_cached)[:, None] & d_ok[None, :]
-    # The first block of cached keys was written by earlier steps: in flight before we wait for q, k, v.
-    k_next = tl.load(
-        k_cache_ptr + kv_offs, mask=kv_mask, other=0.0, cache_modifier=KV_CACHE, eviction_policy=KV_EVICT
-    )
-    v_next = tl.load(
-        v_cache_ptr + kv_offs, mask=kv_mask, other=0.0, cache_modifier=KV_CACHE, eviction_policy=KV_EVICT
-    )
+    # The first block of cached keys was written by earlier steps: in flight before we wait for q, k, v. Read
+    # once a step, the keys and values take L2's evict-first hint, as the weights do: the weight stream needs
+    # the room.
+    k_next = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0, eviction_policy="evict_first")
+    v_next = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0, eviction_policy="evict_first")
     # So are Qwen3's q/k norm weights (they do not come from the previous kernel either).
     if QK_NORM:
         q_gain = tl.load(q_norm_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
@@ -155,14 +145,6 @@ def _decode_attention_kernel(
     k_partner = tl.load(k_row + partner, mask=d_ok, other=0.0).to(tl.float32)
     v_row = lane_qkv + (heads_per_lane + kv_per_lane + kv_in_lane) * HD
     v = tl.load(v_row + d, mask=d_ok, other=0.0)
-    # a packed q|k|v's sums W @ (x * g): RMSNorm's scalar, which its launch wrote, applied here
-    if QKV_SCALED:
-        qkv_scale = tl.load(qkv_scale_ptr)
-        q = q * qkv_scale
-        q_partner = q_partner * qkv_scale
-        k = k * qkv_scale
-        k_partner = k_partner * qkv_scale
-        v = v * qkv_scale
     cos = tl.load(cos_ptr + pos * (HD // 2) + pair, mask=d_ok, other=0.0)
     sin = tl.load(sin_ptr + pos * (HD // 2) + pair, mask=d_ok, other=0.0)
     # Qwen3's q/k norm: the gains before RoPE, the scalar 1 / rms after it (a rotation keeps the norm). In this
@@ -201,10 +183,8 @@ def _decode_attention_kernel(
         t_next = t + BLOCK_T
         next_offs = kv_base + t_next[:, None] * HD + d[None, :]
         next_mask = (t_next < hi_cached)[:, None] & d_ok[None, :]
-        k_next = tl.load(k_cache_ptr + next_offs, mask=next_mask, other=0.0, cache_modifier=KV_CACHE,
-                         eviction_policy=KV_EVICT)  # fmt: skip
-        v_next = tl.load(v_cache_ptr + next_offs, mask=next_mask, other=0.0, cache_modifier=KV_CACHE,
-                         eviction_policy=KV_EVICT)  # fmt: skip
+        k_next = tl.load(k_cache_ptr + next_offs, mask=next_mask, other=0.0, eviction_policy="evict_first")
+        v_next = tl.load(v_cache_ptr + next_offs, mask=next_mask, other=0.0, eviction_policy="evict_first")
 
         s = tl.dot(q_dot, tl.trans(k_blk), input_precision="ieee")  # [BLOCK_H, BLOCK_T]
         s = tl.where((t < hi_cached)[None, :], s, float("-inf"))
@@ -218,7 +198,7 @@ def _decode_attention_kernel(
         m = m_new
         t0 += BLOCK_T
 
-    if not PUSH:  # the partials go through global memory
+    if not CLUSTER:  # the partials go through global memory
         part = kv * SPLITS + split
         row_ok = heads < GP  # the padding rows beyond GP are not kept
         tl.store(part_o_ptr + (part * GP + heads[:, None]) * HDP + d[None, :], acc, mask=row_ok[:, None])
@@ -227,11 +207,9 @@ def _decode_attention_kernel(
     if PREFETCH_NEXT:  # once this split's own reads are done (see _prefetch_next_block)
         _prefetch_next_block(next_k_ptr, next_v_ptr, kv_base, pos, next_window, split, HD, SPLITS, BLOCK_T)
     group_out = out_ptr + lane * stride_out_lane + kv_in_lane * G * HD
-    if PUSH:
+    if CLUSTER:
         _push_merge(acc, m, l_sum, region, armed, split, heads, d, group_out, HD, HDP, G, GP, SPLITS, PUSH_E,
                     PUSH_VEC, PUSH_MLP, THREADS)  # fmt: skip
-    elif CLUSTER:
-        _cluster_merge(part_o_ptr, part_ml_ptr, kv, split, group_out, HD, HDP, G, GP, SPLITS)
     else:
         # Every thread's partial is written before one thread publishes it; the last split merges.
         tl.debug_barrier()
@@ -271,12 +249,9 @@ def _prefetch_next_block(next_k_ptr, next_v_ptr, kv_base, pos, next_window, spli
     """The first block of cached keys and values this program's split will read in the next layer (the same
     split of the same KV head; the next layer may have another window), asked into L2 now.
 
-    Why the first block only, and after this split's own reads (H200, in turns,
-    tok/s with the prefetch off -> on; laneformer-2b / qwen3-1.7b): the first block alone at this point gave
-    837 -> 840 / 923 -> 937 at 512 + 256 and 780 -> 780 / 813 -> 814 at 3,839 + 256 tokens. The whole split
-    range asked for right after the wait gave 844 / 931 but 765 / 786 at the long context, where those bytes
-    (16 MB a layer for qwen3-1.7b) compete with this layer's own reads. Asked for after the wait, the first
-    block gave 843 / 931 and 779 / 810."""
+    Why the first block only, and after this split's own reads: the whole split range, asked for earlier,
+    competes with this layer's own reads at long contexts (qwen3-1.7b: 16 MB a layer), where it lost more than
+    it gained at short ones (docs/fast-path.md)."""
     start = tl.where(next_window > 0, tl.maximum(pos - next_window + 1, 0), 0)
     chunk = tl.cdiv(tl.cdiv(pos + 1 - start, SPLITS), BLOCK_T) * BLOCK_T
     lo = start + split * chunk
@@ -290,38 +265,14 @@ def _prefetch_next_block(next_k_ptr, next_v_ptr, kv_base, pos, next_window, spli
 
 
 @triton.jit
-def _cluster_merge(part_o_ptr, part_ml_ptr, kv, split, out_ptr, HD: tl.constexpr, HDP: tl.constexpr,
-                   G: tl.constexpr, GP: tl.constexpr, SPLITS: tl.constexpr):  # fmt: skip
-    """The partials of a KV head's SPLITS programs (one cluster), each stored by its program, merged without an
-    arrival counter: the cluster syncs (release / acquire: the partials are visible to every program of the
-    cluster), and each program merges its own 1/SPLITS of the G heads' output elements, flattened (head row,
-    dim), and writes them at out_ptr. Sharing the merge keeps the tail short."""
-    ready = cluster_sync(split * 0)  # an ordered side effect after the stores; the loads depend on its result
-
-    E: tl.constexpr = GP * HDP // SPLITS  # >= 1: HDP >= 16 >= SPLITS
-    e = split * E + tl.arange(0, E)
-    row, dim = e // HDP, e % HDP
-    parts = kv * SPLITS + tl.arange(0, SPLITS)[:, None] + ready  # [SPLITS, 1]
-    ml_offs = (parts * 2) * GP + row[None, :]  # [SPLITS, E]
-    ms = tl.load(part_ml_ptr + ml_offs, cache_modifier=".cg")
-    ls = tl.load(part_ml_ptr + ml_offs + GP, cache_modifier=".cg")
-    os = tl.load(part_o_ptr + (parts * GP + row[None, :]) * HDP + dim[None, :], cache_modifier=".cg")
-    m_all = tl.max(ms, axis=0)
-    m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
-    w = tl.exp2(ms - m_all[None, :])  # [SPLITS, E]; empty splits weigh 0
-    o = tl.sum(os * w, axis=0) / tl.sum(w * ls, axis=0)
-    tl.store(out_ptr + row * HD + dim, o.to(out_ptr.dtype.element_ty), mask=(row < G) & (dim < HD))
-
-
-@triton.jit
 def _push_merge(acc, m, l_sum, region, armed, split, heads, d, out_ptr, HD: tl.constexpr, HDP: tl.constexpr,
                 G: tl.constexpr, GP: tl.constexpr, SPLITS: tl.constexpr, E: tl.constexpr, VEC: tl.constexpr,
                 MLP: tl.constexpr, THREADS: tl.constexpr):  # fmt: skip
     """The cluster merge without global memory or a cluster barrier after the key loop: every split pushes each
     owner its 1/SPLITS of the output elements (and its m, l) straight into the owner's shared memory with
     st.async, which the owner's mbarrier counts in bytes; the owner merges once its inbox is full. What it
-    saves against _cluster_merge: the partial stores' GPU-scope release before the cluster barrier and the
-    merge's round trip to L2 (H200, round 19's stamps: ~0.8 and ~0.6 us of a launch's 5.1 on qwen3-1.7b)."""
+    saves against a merge through global memory: the partial stores' GPU-scope release before a cluster barrier
+    and the merge's round trip to L2."""
     STAGE_ML: tl.constexpr = 16 + GP * HDP * 4
     INBOX: tl.constexpr = STAGE_ML + MLP * 4
     INBOX_ML: tl.constexpr = INBOX + SPLITS * E * 4
@@ -406,10 +357,10 @@ def prefetch_next_possible(k_cache: torch.Tensor) -> bool:
     return hopper_features(k_cache.device) and k_cache.shape[-1] * k_cache.element_size() % 16 == 0
 
 
-def default_splits(num_kv_heads: int, device: torch.device) -> int:
-    """Enough (power-of-two) splits that the KV heads together fill the multiprocessors once."""
+def default_splits(num_kv_heads: int, multiprocessors: int) -> int:
+    """Enough (power-of-two) splits that the KV heads together fill the multiprocessors (sm_count) once."""
     splits = 1
-    while splits * 2 * num_kv_heads <= sm_count(device) and splits < 64:
+    while splits * 2 * num_kv_heads <= multiprocessors and splits < 64:
         splits *= 2
     return splits
 
@@ -433,42 +384,22 @@ def decode_attention(
     use_pdl: bool = False,
     block_t: int = 64,
     num_warps: int | None = None,
-    cluster: bool | None = None,
-    push: bool | None = None,
-    maxnreg: int | None = None,
     next_layer: tuple[torch.Tensor, torch.Tensor, int | None] | None = None,
-    kv_evict_first: bool = True,
-    qkv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of the token at position pos[0] (a device int tensor) over the cache, writing its k, v there.
 
     qkv: [L, (H/L + 2 KV/L) * hd]: per lane this token's q heads, then k heads, then v heads (before RoPE).
     k_cache, v_cache: [KV, max_len, hd] of this layer. cos, sin: [max_positions, hd/2] fp32.
     out: [L, H/L * hd]. q_norm, k_norm: [hd] (Qwen3). scratch: from AttentionScratch for this model.
-    num_warps: None picks 4, except 2 for head dims up to 64 with the counter merge. On an H200
-    (in turns): with the counter, 2 warps made llama-3.2-1b (head dim 64) 1.1%
-    faster, while qwen3-1.7b (128) and laneformer-2b (96) ran 3-4x slower with them; with the cluster merge,
-    whose last step is spread over the threads, 4 warps are 1.2% faster than 2 on llama-3.2-1b. 8 warps were
-    slower on all three models both ways.
-    cluster: merge the splits in a thread-block cluster (True), through the counter (False), or the first
-    wherever it can run (None: a Hopper or later GPU and at most 16 splits).
-    push: with the cluster merge, the splits push their partials into each other's shared memory (st.async,
-    counted by an mbarrier: _push_merge, True) or store them to global memory before a cluster barrier
-    (_cluster_merge, False); None: the first wherever the cluster merge runs. On an H200 (docs/fast-path.md,
-    in turns at 512 + 256) the push is +1.7% on qwen3-1.7b, +1.9% on
-    llama-3.2-1b and +0.6% on laneformer-2b.
-    maxnreg: a register cap per thread for the compiler (None: its own choice; for sweeps).
+    num_warps: None picks 4, except 2 for head dims up to 64 with the counter merge (the cluster merge spreads
+    its last step over the threads, so it keeps 4).
+    The splits merge in a thread-block cluster wherever one can run (a Hopper GPU, at most 16 splits), else
+    through an arrival counter.
     next_layer: (k_cache, v_cache, window) of the next layer, or None. Given, each program asks L2 (a bulk
     prefetch, sm_90), once its own reads are done, for the first block of cached keys and values its split
     will read in the next layer: that launch's first block, loaded before its wait, then comes from L2, not HBM.
     The bytes are the ones the next layer reads anyway, asked for while this layer's merge leaves the memory
     idle. Needs a Hopper GPU and cache rows of a multiple of 16 bytes (prefetch_next_possible).
-    qkv_scale: [1] fp32, or None. Given, qkv holds fp32 sums to be scaled by it (a packed q|k|v's W @ (x * g) and
-    its RMSNorm scalar rstd, kernels/packed_mma_gemv.py's NORMED kind): q, k and v are qkv * qkv_scale[0].
-    kv_evict_first: the cached keys and values are read with L2's evict-first hint, as the weights are (False:
-    plain loads that skip L1). Read once a step, they would otherwise stay in L2 at normal priority, beside the
-    weight stream that needs the room: on an H200 (docs/fast-path.md) +0.5% (qwen3-1.7b), +0.3%
-    (laneformer-2b) and +0.1% (llama-3.2-1b) tok/s at 512 + 256, within 0.6% either way at 3,840.
     """
     if (
         k_cache.dim() != 3
@@ -499,28 +430,16 @@ def decode_attention(
         q_norm is not None and (q_norm.shape != (hd,) or k_norm.shape != (hd,))
     ):
         raise ValueError(f"q_norm: expected q_norm and k_norm both [{hd}] or both None")
-    if qkv_scale is not None and (
-        qkv_scale.shape != (1,) or qkv_scale.dtype != torch.float32 or qkv.dtype != torch.float32
-    ):
-        raise ValueError(f"qkv_scale: expected a [1] fp32 beside fp32 sums in qkv, got {qkv_scale.dtype} "
-                         f"{tuple(qkv_scale.shape)} and qkv {qkv.dtype}")  # fmt: skip
     group = num_heads // num_kv
     if scratch.part_o.shape[:3] != (num_kv, scratch.splits, triton.next_power_of_2(group)):
         raise ValueError("scratch: allocated for another head layout")
 
-    clusters_possible = hopper_features(k_cache.device) and scratch.splits in CLUSTER_SIZES
-    if cluster is None:
-        cluster = clusters_possible
-    elif cluster and not clusters_possible:
-        raise ValueError(f"cluster: needs a Hopper GPU and splits in {CLUSTER_SIZES}, got {scratch.splits} splits"
-                         + (" under the interpreter" if interpreted() else ""))  # fmt: skip
-    if push is None:
-        push = cluster
-    if push and not cluster:
-        raise ValueError("push: the push merge runs inside a thread-block cluster (cluster=True)")
+    cluster = hopper_features(k_cache.device) and scratch.splits in CLUSTER_SIZES
     if num_warps is None:
         num_warps = 2 if padded_head_dim(hd) <= 64 and not cluster else 4
-    push_e, push_vec, push_mlp, push_bytes = push_layout(group, hd, scratch.splits) if push else (0, 0, 0, 0)
+    push_e, push_vec, push_mlp, push_bytes = (
+        push_layout(group, hd, scratch.splits) if cluster else (0, 0, 0, 0)
+    )
     if next_layer is not None:
         if any(
             t.shape != k_cache.shape or not t.is_contiguous() or t.data_ptr() % 16 for t in next_layer[:2]
@@ -543,7 +462,6 @@ def decode_attention(
         sin,
         q_norm if q_norm is not None else cos,
         k_norm if k_norm is not None else cos,
-        qkv_scale if qkv_scale is not None else cos,
         scratch.part_o,
         scratch.part_ml,
         scratch.counter,
@@ -569,9 +487,7 @@ def decode_attention(
         BLOCK_T=block_t,
         INTERLEAVED=interleaved,
         QK_NORM=q_norm is not None,
-        QKV_SCALED=qkv_scale is not None,
         CLUSTER=cluster,
-        PUSH=push,
         PUSH_E=push_e,
         PUSH_VEC=push_vec,
         PUSH_MLP=push_mlp,
@@ -579,11 +495,8 @@ def decode_attention(
         THREADS=32 * num_warps,
         USE_PDL=use_pdl,
         PREFETCH_NEXT=next_layer is not None,
-        KV_CACHE="" if kv_evict_first else ".cg",  # ptxas takes no L2 eviction hint beside .cg
-        KV_EVICT="evict_first" if kv_evict_first else "",
         num_warps=num_warps,
         **pdl_kwargs(use_pdl),
-        **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     if cluster:
         launch_clusters(

@@ -1,7 +1,7 @@
 """o-proj / down-proj of every lane, fused with Laneformer's cross-lane reduction and the residual add.
 
     p[l, n]  = sum_k W[l, n, k] * act[l, k]                       (lane l's partial output; L = 1 for Llama)
-    x[l, n] += r[l, n], with r chosen per layer (docs/laneformer.md, the reduction rule):
+    x[l, n] += r[l, n], with r chosen per layer (docs/laneformer.md, "Reduction"):
         SUM      r[l] = sum_m p[m]                                (layers i < d with early comm; L = 1; d = 0)
         DELAYED  r[l] = p[l] + sum_{m != l} p_past[m]             (p_past: the raw partials of layer i - d)
         SCALED   r[l] = sqrt(L) * p[l]                            (no communication)
@@ -61,7 +61,7 @@ def _lane_reduce_gemv_kernel(
     # Modes whose addend to x needs no partial of this layer but the lane's own: the residual (and, DELAYED, the
     # other lanes' past partials) can enter the sum over K (below). Not for 8 lanes in one launch (Laneformer on
     # one stream): the past rows held beside the tiles took the o-proj from 128 to 190 registers and the down-proj
-    # from 158 to 255 with spills (sm_90): one stream fell from ~800 to 764 tok/s, 807 without (H200, runs 116, 119).
+    # from 158 to 255 with spills (sm_90): one stream ran ~5% slower on an H200.
     FOLD_RESIDUAL: tl.constexpr = (LANES == 1 and MODE == 0) or (MODE == 1 and LANES_P <= 4)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     lanes = tl.arange(0, LANES_P)
@@ -164,7 +164,7 @@ def _pick_blocks(lanes: int, n: int, k: int, device: torch.device) -> tuple[int,
     if lanes_p == 1 and k >= 2048:
         # One lane (the o-proj and down-proj of Llama / Qwen3): tiles of 8 warps x 64 elements a thread, as wide
         # as K allows (the largest power of two up to 4096 dividing K). Measured on an H200
-        # (in turns) against the 2 x 512 (down) and 4 x 512 (o-proj) tiles before:
+        # against the 2 x 512 (down) and 4 x 512 (o-proj) tiles before:
         # down-proj llama-3.2-1b (K 8192, 4 x 4096) +2.1%, qwen3-1.7b (K 6144, 8 x 2048) +3.5%; o-proj (K 2048,
         # 8 x 2048) +0.8% and +1.3%. Narrower or taller tiles, or 4 warps, were no better; 256 programs still
         # fill the H200 twice.
@@ -176,11 +176,11 @@ def _pick_blocks(lanes: int, n: int, k: int, device: torch.device) -> tuple[int,
     while k % block_k and block_k > 64:  # avoid a half-masked last tile (K = 384 -> 128)
         block_k //= 2
     # With lanes, tiles at most 256 columns wide: laneformer-2b's down-proj (K 1536) as 4 rows x 256 columns
-    # streams faster end to end than 4 x 512 (H200, in turns): +4.7% with all 8 lanes
+    # streams faster end to end than 4 x 512 (H200): +4.7% with all 8 lanes
     # in one launch, +0.7% with the runner's lane groups of 4 (8 rows, 8 warps, 2 x 512 or 4 x 128: slower).
     if lanes_p > 1:
         block_k = min(block_k, 256)
-    # Measured on an H200 (python -m inference.bench --sweep): with lanes, 4 rows (8 for short K) and four
+    # Measured on an H200: with lanes, 4 rows (8 for short K) and four
     # warps; one lane with a short K, 4 rows and four warps.
     if lanes_p > 1:
         block_n, num_warps = (4 if k >= 1024 else 8), 4

@@ -4,11 +4,11 @@ fp32 sums that the down-proj reads through the SiLU.
 
     out[n] += sum_k W[n, k] * act[k]        W: [N, K] (N % 16 == 0, K % 64 == 0); act: [K] bf16 (or fp32); out fp32
 
-The encoding is kernels/packed_gemv.py's (the low byte kept, the sign and top exponent bits as a 4-bit depth
+The encoding is kernels/packed_format.py's (the low byte kept, the sign and top exponent bits as a 4-bit depth
 under the row's largest, weights further down kept exactly in a list beside the matrix). What this kernel adds is
 where the decoded weights go: a decoded pair of bf16 numbers is exactly what `mma.sync.m16n8k16` takes in an A
 register, so the decode feeds the tensor cores with no fp32 widening and no FFMA a weight (~2.3 instructions a
-weight where the CUDA-core kernel needs ~8; docs/fast-path.md).
+weight, where a decode into FFMAs on the CUDA cores needs ~8 and streams no faster than bf16).
 
 Layout (pack_mma). A program holds [BM, 128] int32 tiles, 4 consecutive words a thread and 32 threads along a
 row (Triton's blocked layout for 16-byte loads), so word c of row r lies in lane c // 4, slot c % 4 of warp r.
@@ -25,8 +25,8 @@ A program takes BM M-tiles and 1 / SPLIT of K and adds its sums into out with at
 holds x; the order of the splits' adds is the only difference from one sum). The exceptions of its M-tiles (true
 weight times act at its column, less the floor each decodes to times the same) are shared out over the SPLIT
 programs of those tiles and added the same way. The next kernel reads out after its griddepcontrol wait, which
-waits for this grid's completion and its memory (atomics included). In the decode step (docs/fast-path.md)
-4 chunks a program ran fastest, the down-proj 2 of them loaded before its wait (inference/fast/settings.py).
+waits for this grid's completion and its memory (atomics included). In the decode step 4 chunks a program ran
+fastest (pick_split), with the blocks of inference/fast/settings.py.
 
 The gate/up (NORMED) builds B from the residual x times the norm weight g (a bf16 hi and lo part) and leaves
 RMSNorm's scalar rstd out of its sums: one program writes it, and the down-proj (GLU) builds its B as
@@ -48,7 +48,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import interpreted, pdl_kwargs
-from kernels.packed_gemv import (
+from kernels.packed_format import (
     as_int32_words,
     bf16_pair,
     encode_rows,
@@ -108,16 +108,15 @@ def fragment_index(device) -> tuple[torch.Tensor, torch.Tensor]:
     return rows, cols
 
 
-def chunk_columns(k: int, device, normed: bool = False) -> torch.Tensor:
+def chunk_columns(k: int, device) -> torch.Tensor:
     """[K] long: the weight column at each position of the fragments' order, where position (4 i + j) * 16 + kk
     is column kk of K-part j of chunk i. Column 2t + e + 8h of K-part j (lane t's B pair h, element e) is
     64 i + 32 h + 8 t + 2 j + e, so that a lane's B pairs for its 4 K-parts are 16 contiguous bytes of a bf16
-    input; normed (for kinds that build B from fp32 x * g): 64 i + 32 h + 8 t + 4 e + j,
-    so that each element's x and g for the 4 K-parts are contiguous."""
+    input."""
     pos = torch.arange(k, device=device)
     i, j, kk = pos // 64, (pos // 16) % 4, pos % 16
     h, t, e = kk // 8, (kk % 8) // 2, kk % 2
-    return 64 * i + 32 * h + 8 * t + (4 * e + j if normed else 2 * j + e)
+    return 64 * i + 32 * h + 8 * t + 2 * j + e
 
 
 @dataclass
@@ -134,7 +133,6 @@ class MmaPackedWeight:
     tile_exceptions: list[int]  # each M-tile's count, on the host: the launches' rounds over them (below)
     n: int
     k: int
-    normed: bool = False  # columns in chunk_columns' normed order (the probe's kinds)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -163,7 +161,7 @@ def fits(n: int, k: int) -> bool:
     return n > 0 and k > 0 and n % 16 == 0 and k % CHUNK == 0
 
 
-def pack_mma(weight: torch.Tensor, normed: bool = False) -> MmaPackedWeight:
+def pack_mma(weight: torch.Tensor) -> MmaPackedWeight:
     """weight [N, K] bf16 (fits) -> its MmaPackedWeight on the same device; unpack_mma gives every bit back."""
     if weight.dim() != 2 or weight.dtype != torch.bfloat16:
         raise ValueError(f"weight: expected a [N, K] bf16 matrix, got {weight.dtype} {tuple(weight.shape)}")
@@ -172,7 +170,7 @@ def pack_mma(weight: torch.Tensor, normed: bool = False) -> MmaPackedWeight:
         raise ValueError(f"weight: [{n}, {k}] is not whole 16-row tiles by 64-column chunks")
     device = weight.device
     bits, low, code, base, exception = encode_rows(weight)
-    order = chunk_columns(k, device, normed)  # the encoding is per weight: the columns move with it
+    order = chunk_columns(k, device)  # the encoding is per weight: the columns move with it
     low, code = low[:, order], code[:, order]
     rows, cols = fragment_index(device)
     m_tiles, chunks = n // 16, k // CHUNK
@@ -207,7 +205,7 @@ def pack_mma(weight: torch.Tensor, normed: bool = False) -> MmaPackedWeight:
         lo=as_int32_words(lo), codes=as_int32_words(words), base=as_int32_words(base_words.to(torch.int64)),
         exc_start=exc_start, exc_row=at_least_one(exc_rows.to(torch.int32)),
         exc_col=at_least_one(exc_cols.to(torch.int32)), exc_value=at_least_one(weight[exc_rows, exc_cols].float()),
-        tile_exceptions=per_tile.tolist(), n=n, k=k, normed=normed,
+        tile_exceptions=per_tile.tolist(), n=n, k=k,
     )  # fmt: skip
 
 
@@ -232,7 +230,7 @@ def unpack_mma(packed: MmaPackedWeight) -> torch.Tensor:
             out[:, rows[a, b], :, cols[a, b]] = (top << 8 | low).permute(2, 0, 1)
     permuted = out.view(n, k)
     bits = torch.empty_like(permuted)
-    bits[:, chunk_columns(k, device, packed.normed)] = permuted
+    bits[:, chunk_columns(k, device)] = permuted
     weight = bits.to(torch.int16).view(torch.bfloat16).float()
     count = packed.exceptions
     exc_rows, exc_cols = packed.exc_row[:count].long(), packed.exc_col[:count].long()
@@ -241,8 +239,8 @@ def unpack_mma(packed: MmaPackedWeight) -> torch.Tensor:
 
 
 def placeholder(n: int, k: int, device) -> MmaPackedWeight:
-    """A MmaPackedWeight of the right shapes and no contents, no exceptions (meta tensors: a step
-    compiles the step without weights)."""
+    """A MmaPackedWeight of the right shapes and no contents, no exceptions: a runner built on the meta device
+    (its shapes without its weights) holds these."""
     m_tiles, chunks = n // 16, k // CHUNK
 
     def empty(*shape: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
@@ -258,8 +256,7 @@ def move(packed: MmaPackedWeight, device) -> MmaPackedWeight:
     """The same MmaPackedWeight with its tensors on `device`."""
     tensors = ("lo", "codes", "base", "exc_start", "exc_row", "exc_col", "exc_value")
     return MmaPackedWeight(**{name: getattr(packed, name).to(device) for name in tensors},
-                           tile_exceptions=packed.tile_exceptions, n=packed.n, k=packed.k,
-                           normed=packed.normed)  # fmt: skip
+                           tile_exceptions=packed.tile_exceptions, n=packed.n, k=packed.k)  # fmt: skip
 
 
 @triton.jit
@@ -567,9 +564,8 @@ def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_
 
 def pick_split(chunks: int, most: int = 4) -> int:
     """The fewest programs along K that leave each at most `most` chunks (of a divisor of the chunks): in the
-    decode step on an H200 (docs/fast-path.md) 4 chunks a program, one M-tile, ran fastest for the
-    o-proj (qwen3-1.7b's 32 chunks over 8 programs) and the down-proj (qwen3-1.7b's 96 over 24: 1,083 tok/s, at 6
-    or 3 chunks 1,075 and 1,021; llama-3.2-1b's 128 over 32: 1,643, at 8 or 2 chunks 1,637 and 1,479)."""
+    decode step on an H200 4 chunks a program ran fastest for the o-proj and the down-proj of qwen3-1.7b and
+    llama-3.2-1b (more chunks leave too few programs, fewer make each one's fixed cost count)."""
     return next(s for s in range(1, chunks + 1) if chunks % s == 0 and chunks // s <= most)
 
 

@@ -4,7 +4,7 @@ then the next block's RMSNorm.
     x_out[l, t] = x[l, t] + reduce(partial, past)[l, t]
     h[l, t]     = norm_weight[l] * rmsnorm(x_out[l, t])        (fp32 statistics, rounded as the reference does)
 
-with reduce as model.Transformer._reduce (the runner's `reduction` modes):
+with reduce as model.Transformer.reduce (the runner's `reduction` modes):
     sum      sum over lanes of partial[:, t]                (one lane: the partial itself)
     scaled   partial[l, t] * sqrt(L)
     delayed  partial[l, t] + sum over lanes of past[:, t] - past[l, t]   (past: the raw partials d layers back)
@@ -108,10 +108,10 @@ def _prefill_residual_norm_kernel(
 def default_blocks(lanes: int, dim: int, itemsize: int = 2) -> tuple[int, int, int]:
     """(BLOCK_D, num_warps, stages): chunks of 16 KB an input ([8, 1024] in bf16 at 8 lanes, one [1, 2048] row at
     one lane) on 4 warps, 2 chunks ahead in shared memory (3 * 3 * 16 KB a program with its three inputs). On
-    an H200, laneformer-2b's [8, 4,094, 3,072] bf16 alone (docs/fast-path.md; us per call, sum / delayed
+    an H200, laneformer-2b's [8, 4,094, 3,072] bf16 alone (us per call, sum / delayed
     mode): [8, 1024] x 4 warps x 3 stages 200 / 297, [8, 512] x 4 warps x 4 stages (before) 276 / 327, [8, 512] x
-    2 warps x 4 stages 214 / 303, [8, 1024] x 8 warps 407 / 448; [8, 256] chunks were twice as slow as [8, 512]
-    (run 9). Under the interpreter: 128 columns, no pipeline."""
+    2 warps x 4 stages 214 / 303, [8, 1024] x 8 warps 407 / 448; [8, 256] chunks were twice as slow as [8, 512].
+    Under the interpreter: 128 columns, no pipeline."""
     if interpreted():
         return min(triton.next_power_of_2(dim), 128), 4, 1
     chunk = 16384 // itemsize  # elements of one input a stage

@@ -14,7 +14,6 @@
 #                                      # package and a redis-server on PATH; default: llama-3.2-1b)
 #   PEER_MODELS="llama-3.2-1b"         # peers for these models only, after everything else
 #   TTFT_FLAGS="--prefill-profile"     # where the long prefill's GPU time goes, by kernel
-#   ATTN_SPLITS_AB="4 8"               # llama-3.2-1b again with KOG_ATTN_SPLITS set to each (end-to-end A/B)
 #   PEAKED_MODELS="llama-3.2-1b"       # the check on these presets with --init peaked (synth.make_peaked: logits
 #                                      # with a trained model's margins); "" skips them
 set -uo pipefail
@@ -50,9 +49,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 $PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/bench.log"
 
 if [ "$TESTS" = 1 ]; then
-  # one test process a core, up to 16, where pytest-xdist is installed: compiling the kernels is most of it (an
-  # H200 machine's 16 cores, a fresh machine: ~91-95% of the tests in 300 s, runs 261 and 267; on Triton's warm
-  # cache all of them in ~60 s, runs 268-269). TESTS_S moves the limit.
+  # one test process a core, up to 16, where pytest-xdist is installed: compiling the kernels is most of it (on a
+  # fresh machine most of the tests finish in 300 s; on Triton's warm cache all of them in about a minute).
+  # TESTS_S moves the limit.
   parallel=""
   cores=$(nproc)
   $PY -c 'import xdist' 2>/dev/null && parallel="-n $((cores < 16 ? cores : 16))"
@@ -66,11 +65,8 @@ done
 peers=""
 [ "$PEERS" = 1 ] && peers="--peers"
 [ -n "${PEER_KINDS:-}" ] && peers="--peers $PEER_KINDS"
-SWEEP_MODELS=${SWEEP_MODELS-""}
 for model in $MODELS; do
-  sweep=""
-  case " $SWEEP_MODELS " in *" $model "*) sweep="--sweep";; esac
-  run 300 $PY -m inference.bench --model "$model" $BENCH_FLAGS $sweep $peers --json "$OUT/$model.512.json"
+  run 300 $PY -m inference.bench --model "$model" $BENCH_FLAGS $peers --json "$OUT/$model.512.json"
 done
 # the check again on peaked random weights: random presets' flat logits leave the argmax rule meaningless
 for model in $PEAKED_MODELS; do
@@ -87,10 +83,6 @@ for model in $LONG_MODELS; do
     --json "$OUT/$model.4096.json"
   [ "${TTFT_LONG:-1}" = 1 ] && run 60 $PY -m inference.bench --model "$model" --prompt-len 4094 --new-tokens 2 \
     --no-pdl-row --runs 5 ${TTFT_FLAGS:-} --json "$OUT/$model.ttft4094.json"
-done
-for splits in ${ATTN_SPLITS_AB:-}; do
-  KOG_ATTN_SPLITS=$splits run 90 $PY -m inference.bench --model llama-3.2-1b --no-pdl-row \
-    --json "$OUT/llama-3.2-1b.splits$splits.json"
 done
 for model in ${PEER_MODELS:-}; do
   run 400 $PY -m inference.bench --model "$model" --no-pdl-row --peers --json "$OUT/$model.peers.json"

@@ -1,16 +1,16 @@
 """Batch-1 decode on one GPU against its memory-bandwidth limit, with the peers measured in the same run.
 
     python -m inference.bench --model laneformer-2b [--prompt-len 512] [--new-tokens 256] [--peers]
-                              [--check] [--breakdown] [--sweep] [--prefill-profile] [--json out.json]
+                              [--check] [--breakdown] [--prefill-profile] [--json out.json]
 
 In one run: the device's read bandwidth (a large reduction; a copy too), the bytes one decode step reads,
-the fast runner's decode tokens/s (median of >= 5 timed runs after a warm-up, device-synchronised) with and
-without programmatic dependent launch and through the runner contract the engine uses, the time to first
-token, and each as a % of the ceiling (bandwidth / bytes per token).
+the fast runner's decode tokens/s (median of >= 5 timed runs after a warm-up, device-synchronised) with its
+default settings (inference/fast/settings.py, the residual placed as the engine places it), each default turned
+off in turn (the head screen, the packed weights, PDL, lane groups), and through the runner contract the engine
+uses, the time to first token, and each as a % of the ceiling (bandwidth / bytes per token).
     --check      teacher-forced decode (tokens from an fp32 copy of the reference) against the bf16 reference
                  and the fp32 one, with the argmax agreement on the steps the bf16 reference can resolve
     --breakdown  time per kernel of the captured step against the bytes each kernel must read
-    --sweep      block variants of the matrix-vector kernels, the head and attention
     --prefill-profile  GPU time of one prefill by kernel
     --peers      the reference model under torch.compile (reduce-overhead) and, for HF families,
                  transformers with a static cache + torch.compile
@@ -22,6 +22,7 @@ A preset gets random weights generated on the GPU (no checkpoint on disk); a dir
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -34,7 +35,6 @@ from inference.bench.correctness import check, check_prompt
 from inference.bench.model_setup import INITS, build_model, cuda_missing
 from inference.bench.peers import peer_hf_static_compiled, peer_reference_compiled
 from inference.bench.profiling import breakdown, prefill_profile
-from inference.bench.sweeps import sweep
 from inference.bench.table import table
 from inference.bench.timing import (
     PAGE_SAMPLING,
@@ -70,9 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check-steps", type=int, default=512)
     parser.add_argument("--breakdown", action="store_true", help="per-kernel time against bytes")
     parser.add_argument("--no-pdl-row", action="store_true", help="skip the run without PDL")
-    parser.add_argument(
-        "--sweep", action="store_true", help="block-size variants of the matrix-vector kernels"
-    )
     parser.add_argument("--prefill-profile", action="store_true", help="GPU time of one prefill by kernel")
     parser.add_argument("--json", type=Path, help="also write every number to this file")
     args = parser.parse_args(argv)
@@ -85,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.new_tokens < 2 or args.prompt_len < 1:
         raise SystemExit("--new-tokens must be >= 2 and --prompt-len >= 1")
     from inference.fast import FastRunner
+    from inference.fast.settings import RunnerSettings
 
     device = torch.device("cuda")
     torch.manual_seed(0)
@@ -115,8 +113,16 @@ def main(argv: list[str] | None = None) -> int:
 
     # The engine's runner (its defaults), then the same without the head screen (every greedy step reads the whole
     # bf16 head: the like-for-like figure against the ceiling) and the other PDL setting, for comparison.
-    runner = FastRunner(model, max_context)
-    pdl = "PDL" if runner.use_pdl else "no PDL"
+    defaults = RunnerSettings.resolve(cfg, device, torch.bfloat16)
+
+    def build(**changes) -> FastRunner:
+        """A runner as the engine builds it (its residual placed), with `changes` to the default settings."""
+        built = FastRunner(model, max_context, settings=dataclasses.replace(defaults, **changes))
+        built.place_residual()
+        return built
+
+    runner = build()
+    pdl = "PDL" if runner.settings.pdl else "no PDL"
     # What the runner's greedy step reads where it does not read the bf16 weights: the head's int8 screen and the
     # bounds it writes and reads (not the candidates' few bf16 rows), the packed kinds in 12 bits.
     runner_bytes = result["bytes_per_token"]
@@ -138,19 +144,17 @@ def main(argv: list[str] | None = None) -> int:
     default = (
         f"fast, CUDA graph, {pdl}"
         + (", head screen (int8 + bf16 candidates)" if runner.head_screen is not None else "")
-        + (f", {'/'.join(sorted(runner.packed))} in 12 bits" if packed else "")
+        + (f", {'/'.join(sorted({kind for _, kind in packed}))} in 12 bits" if packed else "")
     )
     row(default, lambda: time_fast(runner, prompt, args.new_tokens, args.runs))
-    full_head = (
-        FastRunner(model, max_context, head_screen=False) if runner.head_screen is not None else runner
-    )
+    full_head = build(head_screen=False) if runner.head_screen is not None else runner
     if full_head is not runner:
         row(f"fast, CUDA graph, {pdl}, full bf16 head",
             lambda: time_fast(full_head, prompt, args.new_tokens, args.runs))  # fmt: skip
     if packed:  # the same step over the bf16 weights (lane_reduce_gemv, rmsnorm_gemv)
 
         def unpacked() -> dict:  # built inside the row: a failure is the row's
-            return time_fast(FastRunner(model, max_context, packed=False), prompt, args.new_tokens, args.runs)
+            return time_fast(build(packed=False, packed_gate_up=False), prompt, args.new_tokens, args.runs)
 
         row(f"fast, CUDA graph, {pdl}, bf16 weights (packed off)", unpacked)
     row(
@@ -165,12 +169,11 @@ def main(argv: list[str] | None = None) -> int:
             lambda: time_contract(full_head, prompt, args.new_tokens, args.runs, **PAGE_SAMPLING))  # fmt: skip
         if "tok_s" in sampled:  # the screened draws against the whole head's, seed by seed
             sampled["same_tokens_as_full_head"] = same_draws(runner, full_head, prompt, args.new_tokens)
-    if not args.no_pdl_row:
-        other = "fast, CUDA graph, no PDL" if runner.use_pdl else "fast, CUDA graph, PDL"
-        row(other, lambda: time_fast(FastRunner(model, max_context, use_pdl=not runner.use_pdl), prompt,
-                                     args.new_tokens, args.runs))  # fmt: skip
+    if not args.no_pdl_row and runner.settings.pdl:  # PDL needs a Hopper GPU: the row without it
+        row("fast, CUDA graph, no PDL",
+            lambda: time_fast(build(pdl=False), prompt, args.new_tokens, args.runs))  # fmt: skip
     # With lane groups (two streams) kernels overlap, so the per-kernel breakdown is of the one-stream step.
-    one_stream = FastRunner(model, max_context, lane_groups={"groups": 1}) if runner.groups else runner
+    one_stream = build(lane_groups=1) if runner.groups else runner
     if runner.groups:
         row("fast, CUDA graph, one stream (no lane groups)",
             lambda: time_fast(one_stream, prompt, args.new_tokens, args.runs))  # fmt: skip
@@ -180,11 +183,6 @@ def main(argv: list[str] | None = None) -> int:
             result["breakdown"]["one_stream"] = one_stream is not runner
         except Exception as e:
             result["breakdown"] = {"error": f"{type(e).__name__}: {e}"}
-    if args.sweep and runner is not None:
-        try:
-            result["sweep"] = sweep(model, runner, result["bandwidth"]["read_gbs"])
-        except Exception as e:
-            result["sweep"] = {"error": f"{type(e).__name__}: {e}"}
     if args.prefill_profile:
         try:
             result["prefill_profile"] = prefill_profile(runner, prompt)

@@ -16,7 +16,7 @@ def skip_path_logits(model: Transformer, token: torch.Tensor) -> torch.Tensor:
     residual stream's skip path votes for. [V] fp32."""
     cfg = model.cfg
     x = model.tok_embeddings[token.view(1)].view(1, 1, cfg.hidden_size).expand(cfg.num_lanes, 1, -1)
-    return model._head(x).view(-1).float()
+    return model.head(x).view(-1).float()
 
 
 def logit_shape(margins: list[float], top_shares: list[float], skip_agree: int) -> dict:

@@ -74,7 +74,7 @@ def prefill_profile(runner, prompt: list[int], top: int = 14) -> dict:
     """GPU time of one prefill by kernel name (after a warm-up), largest first: where the TTFT goes. Also the
     timeline of that prefill (call to first token on the host): how long until the GPU's first kernel starts,
     the GPU idle between kernels, and the host's tail after the last one. The first of these holds ~2 ms that
-    the profiler itself adds at the first CUDA call it sees (docs/fast-path.md): untraced, the GPU's
+    the profiler itself adds at the first CUDA call it sees: untraced, the GPU's
     span is the TTFT."""
     prof = profiled_prefill(runner, prompt)
     per_name: dict[str, list] = {}

@@ -1,5 +1,5 @@
-"""The benchmark's printed report: the ceiling, a row per path timed, and the check, breakdown, prefill profile
-and sweep when they ran (the same numbers --json writes)."""
+"""The benchmark's printed report: the ceiling, a row per path timed, and the check, breakdown and prefill profile
+when they ran (the same numbers --json writes)."""
 
 from __future__ import annotations
 
@@ -96,15 +96,4 @@ def table(result: dict) -> str:
                              f"{tl['before_first_kernel']:.2f} before the first kernel + GPU busy + "
                              f"{tl['gpu_idle_between']:.2f} idle between kernels + {tl['after_last_kernel']:.2f} "
                              "after the last one")  # fmt: skip
-    if "sweep" in result:
-        lines.append("\nblock-size sweep (us per launch, GB/s, % of read bandwidth):")
-        for kind, rows in result["sweep"].items():
-            if kind == "error":
-                lines.append(f"  failed: {rows}")
-                continue
-            cells = [f"{r['blocks']}: " + (f"{r['us']:.1f} us {r['gbs']:,.0f} GB/s {r['pct']:.0f}%" if "us" in r
-                                           else r["error"][:60])
-                     + (f" ({r['after_down_us']:.1f} us after down)" if "after_down_us" in r else "")
-                     for r in rows]  # fmt: skip
-            lines.append(f"  {kind}: " + " | ".join(cells))
     return "\n".join(lines)

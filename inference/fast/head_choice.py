@@ -4,20 +4,17 @@ A sampled step through the screen (kernels/lm_head_screen.py `screened_logits`) 
 then again in bf16 every row within reach of the draw. On a trained model's peaked logits those are a few rows and
 the step reads about half the head's bytes. On flat logits (random weights, or a stretch of text where the model
 has no idea) they are most of the vocabulary, read in small gathered rounds, and the step costs more than the
-whole bf16 head (H200, docs/fast-path.md: llama-3.2-1b with random weights 1,158 tok/s screened, 1,408
-whole).
+whole bf16 head.
 
-The screen pays while the rows it reads again stay under about a quarter of the vocabulary. The head alone on the
-H200 (docs/fast-path.md): llama-3.2-1b's sampled head took 118 us whole and
-68 us screened on peaked logits (3 rows read again), 267 us screened on random weights' (all 128K rows), ~1.55 ns a
-row, so the screen breaks even at ~32K rows (25%).
+The screen pays while the rows it reads again stay under about a quarter of the vocabulary: on an H200 a row read
+again costs ~1.5 ns, so llama-3.2-1b's screened head breaks even with the whole one at ~32K of its 128K rows
+(docs/fast-path.md).
 
 The runner reads each step's count from the host ring (the rescore kernel's tally) as it hands out the step's
 token, and leaves the screen for the rest of the request once the mean over the last WINDOW steps passes that
 share. The decision is one-way: the whole head reports no counts to come back by, and a request whose logits were
-flat for a window of steps stays so more often than not. With random weights the page's sampling now runs within
-1% of the whole head's speed (llama-3.2-1b 1,381 against 1,396 tok/s, qwen3-1.7b 942 against 946): the steps
-before the switch, MIN_STEPS and the LOOKAHEAD queued behind them, still read the screen.
+flat for a window of steps stays so more often than not. The steps before the switch, MIN_STEPS and the LOOKAHEAD
+queued behind them, still read the screen, which costs a random-weights request about 1% against the whole head.
 """
 
 from collections import deque

@@ -21,13 +21,12 @@ takes every head dim the runner's models have (even, up to 256; it checks and na
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import torch
 
-from inference.model import rms_norm
-from kernels.decode_attention import decode_attention
+from inference.model import KVCache, Transformer, rms_norm
+from kernels.decode_attention import AttentionScratch, decode_attention
 from kernels.prefill_attention import prefill_attention
 from kernels.prefill_embed_norm import prefill_embed_norm
 from kernels.prefill_kv_write import launch_prefill_kv_write
@@ -35,44 +34,45 @@ from kernels.prefill_residual_norm import prefill_residual_norm
 from kernels.silu_mul import silu_mul
 
 if TYPE_CHECKING:
-    from inference.fast.runner import FastRunner, LayerWeights
+    from inference.fast.layers import LayerWeights
 
 
 @torch.no_grad()
-def forward_prompt(runner: FastRunner, ids: torch.Tensor, last: torch.Tensor, start: int = 0) -> torch.Tensor:
-    """model.forward over a prompt ids [T] at positions start .. start + T - 1 into runner.cache (whose rows
-    before start hold the keys and values of what came before: a reused prefix); the logits [V] at row last [1]
-    of ids. Every other thing a layer carries across rows (the delayed reduction's partials) is per position."""
-    cfg, model = runner.cfg, runner.model
+def forward_prompt(model: Transformer, layers: list[LayerWeights], cache: KVCache, scratch: AttentionScratch,
+                   ids: torch.Tensor, last: torch.Tensor, start: int = 0) -> torch.Tensor:  # fmt: skip
+    """model.forward over a prompt ids [T] at positions start .. start + T - 1 into cache (whose rows before start
+    hold a reused prefix's keys and values); the logits [V] at row last [1] of ids. layers: the model's as the
+    runner holds them (q|k|v as one matrix); scratch: the decode attention's, for the last position. Everything
+    else a layer carries across rows (the delayed reduction's partials) is per position."""
+    cfg = model.cfg
     lanes, dim, eps = cfg.num_lanes, cfg.hidden_size, cfg.norm_eps
     T = ids.shape[0]
-    attn_blocks, norm_blocks = runner.prefill_blocks
     # The embedding rows and the first norm in one launch (kernels/prefill_embed_norm.py): every lane starts from
     # the same row, so x is a broadcast view [L, T, D] and h [L, T, D] the norm with each lane's scale.
-    embedded, h = prefill_embed_norm(ids, runner.embed, runner.layers[0].attention_norm, eps)
+    embedded, h = prefill_embed_norm(ids, model.tok_embeddings, layers[0].attention_norm, eps)
     x = embedded.view(1, T, dim).expand(lanes, T, dim)
     # Raw lane partials [L, T, D] by layer; each is dropped once nothing reads it again (a delayed layer reads
     # the partials of layer i - d), so a long prompt holds ~d + 1 of them, not one per layer.
     attn_partials: list[torch.Tensor | None] = []
     mlp_partials: list[torch.Tensor | None] = []
-    read_later = {w.history_in for w in runner.layers if w.mode == "delayed"}
-    for i, w in enumerate(runner.layers):
+    read_later = {w.history_in for w in layers if w.mode == "delayed"}
+    for i, w in enumerate(layers):
         qkv = h @ w.wqkv.mT  # [L, T, (H/L + 2 KV/L) * hd]
         if w.bqkv is not None:
             qkv = qkv + w.bqkv[:, None]
-        if i == len(runner.layers) - 1:
-            return _last_layer(runner, i, w, x, qkv, last, attn_partials, mlp_partials, start)
+        if i == len(layers) - 1:
+            return _last_layer(model, cache, scratch, i, w, x, qkv, last, attn_partials, mlp_partials, start)
         # the cache rows start .. start + T - 1 of layer i written, and the heads [L, T, H/L * hd] for the o-proj
-        heads = prefill_attention(qkv, runner.cache.k[i, 0], runner.cache.v[i, 0], model.rope_cos,
-                                  model.rope_sin, num_heads=cfg.num_heads, window=w.window, q_norm=w.q_norm,
-                                  k_norm=w.k_norm, eps=eps, start=start, **attn_blocks)  # fmt: skip
-        next_norm = runner.layers[i + 1].attention_norm if i + 1 < len(runner.layers) else None
+        heads = prefill_attention(qkv, cache.k[i, 0], cache.v[i, 0], model.rope_cos, model.rope_sin,
+                                  num_heads=cfg.num_heads, window=w.window, q_norm=w.q_norm, k_norm=w.k_norm,
+                                  eps=eps, start=start)  # fmt: skip
+        next_norm = layers[i + 1].attention_norm if i + 1 < len(layers) else None
         attn_partials.append(heads @ w.wo.mT)  # [L, T, D] raw lane partials
-        x, h = _residual_norm(runner, i, w, x, attn_partials, w.ffn_norm, norm_blocks)
+        x, h = _residual_norm(i, w, x, attn_partials, w.ffn_norm, eps)
         # block.mlp's math: silu(h w1^T) * (h w3^T), rounded as eager rounds it, then w2 (lane partials)
         gate = torch.bmm(h, w.w1.mT)  # [L, T, F/L]
         mlp_partials.append(torch.bmm(silu_mul(gate, torch.bmm(h, w.w3.mT), out=gate), w.w2.mT))
-        x, h = _residual_norm(runner, i, w, x, mlp_partials, next_norm, norm_blocks)
+        x, h = _residual_norm(i, w, x, mlp_partials, next_norm, eps)
         for partials in (attn_partials, mlp_partials):
             if i not in read_later:
                 partials[i] = None
@@ -81,8 +81,8 @@ def forward_prompt(runner: FastRunner, ids: torch.Tensor, last: torch.Tensor, st
     raise AssertionError("unreachable: the last layer returns")
 
 
-def _last_layer(runner: FastRunner, i: int, w: LayerWeights, x: torch.Tensor, qkv: torch.Tensor,
-                last: torch.Tensor, attn_partials: list[torch.Tensor | None],
+def _last_layer(model: Transformer, cache: KVCache, scratch: AttentionScratch, i: int, w: LayerWeights,
+                x: torch.Tensor, qkv: torch.Tensor, last: torch.Tensor, attn_partials: list[torch.Tensor | None],
                 mlp_partials: list[torch.Tensor | None], start: int = 0) -> torch.Tensor:  # fmt: skip
     """The last layer, where only the position `last` goes on: every position's keys and values still go into
     the cache, but attention, the o-proj, the MLP and the head run for that one row, as a decode step would
@@ -92,48 +92,31 @@ def _last_layer(runner: FastRunner, i: int, w: LayerWeights, x: torch.Tensor, qk
 
     x: [L, T, D] the residual after layer i - 1; qkv: [L, T, rows] this layer's projections. Returns the
     logits [V] fp32 at `last`, as model.forward would (its eager math on the selected row)."""
-    cfg, model = runner.cfg, runner.model
+    cfg = model.cfg
     lanes, eps = cfg.num_lanes, cfg.norm_eps
-    k_cache, v_cache = runner.cache.k[i, 0], runner.cache.v[i, 0]
+    k_cache, v_cache = cache.k[i, 0], cache.v[i, 0]
     launch_prefill_kv_write(qkv, k_cache, v_cache, model.rope_cos, model.rope_sin, num_heads=cfg.num_heads,
                             interleaved=True, k_norm=w.k_norm, eps=eps, start=start)  # fmt: skip
     heads = torch.empty(lanes, cfg.heads_per_lane * cfg.head_dim, dtype=qkv.dtype, device=qkv.device)
     position = (last + start).to(torch.int32)  # row `last` of the prompt's part sits at this position
     decode_attention(qkv.index_select(1, last).view(lanes, -1), k_cache, v_cache, position,
-                     model.rope_cos, model.rope_sin, heads, runner.attn_scratch, num_heads=cfg.num_heads,
-                     window=w.window, q_norm=w.q_norm, k_norm=w.k_norm, eps=eps,
-                     block_t=runner.attn_block_t)  # fmt: skip
+                     model.rope_cos, model.rope_sin, heads, scratch, num_heads=cfg.num_heads, window=w.window,
+                     q_norm=w.q_norm, k_norm=w.k_norm, eps=eps)  # fmt: skip
 
     def row(partials: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        # model._reduce appends this layer's partial and reads the one d layers back: the same list, one row
+        # model.reduce appends this layer's partial and reads the one d layers back: the same list, one row
         return [p.index_select(1, last) if p is not None else None for p in partials]
 
     x = x.index_select(1, last)  # [L, 1, D]
-    x = x + model._reduce(i, heads.view(lanes, 1, -1) @ w.wo.mT, row(attn_partials))
+    x = x + model.reduce(i, heads.view(lanes, 1, -1) @ w.wo.mT, row(attn_partials))
     block = model.layers[i]
-    x = x + model._reduce(i, block.mlp(rms_norm(x, w.ffn_norm[:, None], eps)), row(mlp_partials))
-    return model._head(x).view(-1).float()
+    x = x + model.reduce(i, block.mlp(rms_norm(x, w.ffn_norm[:, None], eps)), row(mlp_partials))
+    return model.head(x).view(-1).float()
 
 
-def _residual_norm(runner: FastRunner, i: int, w: LayerWeights, x: torch.Tensor,
-                   partials: list[torch.Tensor | None],
+def _residual_norm(i: int, w: LayerWeights, x: torch.Tensor, partials: list[torch.Tensor | None],
                    norm_weight: torch.Tensor | None,
-                   blocks: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-    """x + model._reduce(i, partials[i], partials), and rms_norm of it with norm_weight [L, D] (or None)."""
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """x + model.reduce(i, partials[i], partials), and rms_norm of it with norm_weight [L, D] (or None)."""
     past = partials[w.history_in] if w.mode == "delayed" else None
-    return prefill_residual_norm(x, partials[i], mode=w.mode, past=past, norm_weight=norm_weight,
-                                 eps=runner.cfg.norm_eps, **blocks)  # fmt: skip
-
-
-def block_overrides(name: str, keys: tuple[str, ...]) -> dict[str, int]:
-    """Block sizes from the environment for sweeps on the device (read once, by the runner), e.g. KOG_PREFILL_ATTN=128,64,8,3 (block_m,
-    block_n, num_warps, num_stages) or KOG_PREFILL_NORM=256,4,4 (block_d, num_warps, stages); unset or 0
-    keeps the kernel's own choice."""
-    parts = [v.strip() for v in os.environ.get(name, "").split(",") if v.strip()]
-    if len(parts) > len(keys) or not all(part.isdigit() for part in parts):
-        raise ValueError(
-            f"{name}: expected up to {len(keys)} non-negative integers ({','.join(keys)}; 0: the kernel's "
-            f"choice), got {os.environ[name]!r}"
-        )
-    values = [int(part) for part in parts]
-    return {key: value for key, value in zip(keys, values, strict=False) if value}
+    return prefill_residual_norm(x, partials[i], mode=w.mode, past=past, norm_weight=norm_weight, eps=eps)

@@ -1,12 +1,13 @@
-"""Where a runner's residual stream lies (docs/fast-path.md).
+"""Where a runner's residual stream lies: one measured step, FastRunner.place_residual(), which the engine calls
+once on a GPU (docs/fast-path.md).
 
 The packed o-proj's and down-proj's programs add their rows into the residual x with atomics (qwen3-1.7b: 3,072
 down-proj programs a layer, each adding 16 rows of the 2,048), and the L2 performs each atomic in the slice that
 holds its line. Which slices hold x's lines follows its physical address, which a program cannot see or choose.
-On an H200 the same runner with x moved to another allocation gains or loses ~7 us a step in the down-proj alone
-(run 273), and keeps that speed for as long as x stays; about one address in five makes qwen3-1.7b's whole step
-~2.5% slower (run 274). So a runner on a GPU times its greedy step with x at a few candidate addresses while it is
-built, and keeps the fastest: a measured choice, like a kernel's autotuned blocks, that costs ~1 s of the build.
+On an H200 the same runner with x moved to another allocation gains or loses several microseconds a step in the
+down-proj alone, and keeps that speed for as long as x stays; about one address in five makes qwen3-1.7b's whole
+step a few percent slower. So the runner times its greedy step with x at a few candidate addresses and keeps the
+fastest: a measured choice, like a kernel's autotuned blocks, that costs about a second.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import time
 
 import torch
 
-# Bytes between two candidates: past any 64 KiB boundary (run 273 moved x by 64 KiB and flipped a runner's
-# down-proj between ~157 and ~164 us), and not a power of two, so the candidates differ in many address bits.
+CANDIDATES = 8  # addresses timed: enough that one of them is very likely among the fast four in five
+# Bytes between two candidates: past any 64 KiB boundary (a move of 64 KiB already changes the down-proj's time),
+# and not a power of two, so the candidates differ in many address bits.
 CANDIDATE_STRIDE = 64 * 1024 + 4 * 1024 + 512
 
 

@@ -6,14 +6,13 @@ A decode step is five kernels a layer (model.py's math, fused):
     lane_reduce_gemv   o-proj of every lane + the cross-lane reduction + the residual add
     rmsnorm_gemv       ffn norm + gate/up + SiLU
     lane_reduce_gemv   down-proj + reduction + residual add
-(one-lane models on a GPU: the o-proj from layer 1 on and the down-proj are packed_mma_gemv, the bf16 weights held
-in 12 bits and multiplied on the tensor cores, added into the residual with atomics; where a layer's gate/up is
-48 MiB or more, or KOG_PACKED names gate_up, the gate/up of layers 1 on too, into fp32 sums the o-proj cleared, its
-norm's scalar and SiLU left to the down-proj; KOG_PACKED=qkv+... packs the q|k|v of layers 1 on likewise, into sums
-the attention scales by their norm's scalar; settings.packed)
-then the head: final_norm (L > 1 only) and lm_head (norm, logits, argmax, token and position bookkeeping), or for
-greedy steps on a GPU lm_head_screen (the same argmax from an int8 copy of the head and the candidate rows); sampled
-steps at low temperatures read the screen too, until a request's logits turn out flat (inference/fast/head_choice.py).
+One-lane models on a Hopper GPU (settings.packed) read the o-proj of layers 1 on and the down-proj through
+packed_mma_gemv: the bf16 weights held losslessly in 12 bits, multiplied on the tensor cores and added into the
+residual with atomics. Where a layer's gate/up is large (settings.packed_gate_up) its layers 1 on go the same way,
+into fp32 sums the o-proj cleared, their norm's scalar and SiLU left to the down-proj.
+Then the head: final_norm (L > 1 only) and lm_head (norm, logits, argmax, token and position bookkeeping), or for
+greedy steps lm_head_screen (the same argmax from an int8 copy of the head and the candidate rows); sampled steps
+at low temperatures read the screen too, until a request's logits turn out flat (inference/fast/head_choice.py).
 
 The step reads its token and position from device buffers and leaves the next ones there, so it is captured
 once as a CUDA graph and replayed per token. The host never waits on the token it is about to launch for:
@@ -22,18 +21,15 @@ it keeps LOOKAHEAD steps queued and reads finished ids from pinned memory behind
 Lane groups (Laneformer): from the first layer whose reductions are delayed, a lane's layer i needs the other
 lanes' partials of layer i - d only, so two groups of lanes decode as independent chains of launches, one CUDA
 stream each (forked and joined inside the step's graph), meeting only through those old partials. While one
-group's attention waits on its chain of dependent reads, or one group's kernel drains, the other's kernels keep
-the memory busy (`lane_groups`; the default on a GPU for large layers; docs/fast-path.md).
+group's attention waits on its chain of dependent reads, the other's kernels keep the memory busy.
 
 Prefill (inference/fast/prefill.py) is the reference model's math over the whole prompt: cuBLAS matrix
 products, Triton flash attention with RoPE and the KV-cache write, one kernel per block boundary; graphs for
-short prompts.
-On the CPU (tests) the same kernels run eagerly under Triton's interpreter.
+short prompts. On the CPU (tests) the same kernels run eagerly under Triton's interpreter.
 
-The runner's settings (the measured defaults, the KOG_* environment variables and the constructor's arguments
-that override them for sweeps) are resolved and checked by inference/fast/settings.py's RunnerSettings.resolve;
-the runner keeps the result as `settings` (and the values its launches read as attributes: attn_block_t,
-head_blocks, prefetch, early, ...) and builds the weights, buffers, scratch and graphs.
+Settings (inference/fast/settings.py) are resolved once from the model's shape and the device, or passed in;
+the launches read them from `settings`. On a GPU the engine then calls place_residual() (one measured choice of
+the residual's address: inference/fast/residual_placement.py). docs/fast-path.md has the why of each default.
 """
 
 from __future__ import annotations
@@ -42,30 +38,23 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
 
 import torch
 
-from common.events import SamplingParams
 from inference.config import ModelConfig
+from inference.events import SamplingParams
+from inference.fast import residual_placement
 from inference.fast.head_choice import ScreenWatch
+from inference.fast.layers import LaneGroup, LayerWeights, split_from
 from inference.fast.prefill import forward_prompt
-from inference.fast.residual_placement import place_residual
 from inference.fast.settings import RunnerSettings
 from inference.model import KVCache, Transformer
-from kernels import hopper_features
-from kernels.decode_attention import (
-    AttentionScratch,
-    decode_attention,
-    default_splits,
-    prefetch_next_possible,
-)
+from kernels.decode_attention import AttentionScratch, decode_attention
 from kernels.final_norm import final_norm
 from kernels.lane_reduce_gemv import lane_reduce_gemv
 from kernels.lm_head import HeadScratch, lm_head
 from kernels.lm_head_screen import HeadScreen, ScreenScratch, screened_argmax, screened_logits
 from kernels.packed_mma_gemv import MmaPackedWeight, fits, pack_mma, packed_mma_gemv, placeholder
-from kernels.packed_mma_glu import interleave_glu, packed_mma_glu
 from kernels.rmsnorm_gemv import rmsnorm_gemv
 from kernels.sample import SampleScratch, sample_token
 
@@ -83,93 +72,30 @@ def supports(cfg: ModelConfig) -> str | None:
     return None
 
 
-@dataclass
-class LayerWeights:
-    attention_norm: torch.Tensor  # [L, D]
-    wqkv: torch.Tensor  # [L, (H/L + 2 KV/L) * hd, D]: each lane's q rows, then k, then v
-    bqkv: torch.Tensor | None  # [L, (H/L + 2 KV/L) * hd]
-    q_norm: torch.Tensor | None  # [hd]
-    k_norm: torch.Tensor | None
-    wo: torch.Tensor  # [L, D, H/L * hd]
-    ffn_norm: torch.Tensor  # [L, D]
-    w1: torch.Tensor  # [L, F/L, D]
-    w3: torch.Tensor
-    w2: torch.Tensor  # [L, D, F/L]
-    window: int | None
-    mode: str  # how the lane partials reach the residual (kernels/lane_reduce_gemv.py)
-    history_in: int | None  # the layer whose partials DELAYED mode adds
-    # One-lane models: the q|k|v, o-proj, gate/up (w1's rows, then w3's) and down-proj in 12 bits a weight for
-    # the tensor cores (settings.packed)
-    wqkv_packed: MmaPackedWeight | None = None
-    wo_packed: MmaPackedWeight | None = None
-    w13_packed: MmaPackedWeight | None = None
-    w2_packed: MmaPackedWeight | None = None
-    ffn_norm_bf16: torch.Tensor | None = None  # [D]: the packed gate/up's norm weight (its kernel reads bf16)
-    attention_norm_bf16: torch.Tensor | None = None  # [D]: the packed q|k|v's
-
-    def lanes(self, start: int, stop: int) -> LayerWeights:
-        """The weights of lanes [start, stop) (views; lanes are the outer dimension)."""
-        per_lane = ("attention_norm", "wqkv", "bqkv", "wo", "ffn_norm", "w1", "w3", "w2")
-        return replace(
-            self, **{f: getattr(self, f)[start:stop] for f in per_lane if getattr(self, f) is not None}
-        )
-
-
-@dataclass
-class LaneGroup:
-    """Lanes [start, stop) of the model with their views of the step's buffers (all lanes: one group)."""
-
-    start: int
-    stop: int
-    layers: list[LayerWeights]
-    x: torch.Tensor  # [lanes, D] fp32
-    qkv: torch.Tensor  # [lanes, (H/L + 2 KV/L) * hd]
-    attn: torch.Tensor  # [lanes, H/L * hd]
-    h: torch.Tensor  # [lanes, F/L]
-    kv_heads: slice  # of the cache's KV heads
-    num_heads: int
-    scratch: AttentionScratch  # its own: groups run at the same time
-
-
-def reduction(cfg: ModelConfig, layer: int) -> tuple[str, int | None]:
-    """model.Transformer._reduce as a kernel mode: (mode, layer whose raw partials it reads)."""
-    lanes, d = cfg.num_lanes, cfg.broadcast_delay
-    if lanes == 1:
-        return "sum", None
-    if layer < d:
-        return ("sum" if cfg.use_early_comm else "scaled"), None
-    if not cfg.use_comm:
-        return "scaled", None
-    if d == 0:
-        return "sum", None
-    return "delayed", layer - d
-
-
 class FastRunner:
     # No autograd while building: a model's Parameters would otherwise tie the runner's copies (the q|k|v,
     # the packed words, the head screen) to graphs that keep their temporaries (~12 GB for qwen3-1.7b's screen).
     @torch.no_grad()
-    def __init__(self, model: Transformer, max_context: int, vocab_limit: int | None = None, *,
-                 use_pdl: bool = True, prefetch: dict[str, int] | None = None,
-                 row_blocks: dict[str, int] | None = None,
-                 blocks: str | dict[str, dict[str, int]] = "", head_blocks: dict[str, int] | None = None,
-                 attention: dict[str, int] | None = None, lane_groups: dict[str, int] | None = None,
-                 early: dict[str, int] | None = None, head_screen: bool | None = None, packed: bool | str | None = None,
-                 packed_blocks: str | dict[str, dict[str, int]] = "", residual_candidates: int | None = None):  # fmt: skip
+    def __init__(self, model: Transformer, max_context: int, vocab_limit: int | None = None,
+                 settings: RunnerSettings | None = None):  # fmt: skip
+        """settings: None resolves the defaults for this model and device (RunnerSettings.resolve)."""
         cfg = model.cfg
         if (why := supports(cfg)) is not None:
             raise ValueError(f"model: the fast path does not support {why}")
         if not 1 < max_context <= cfg.max_position_embeddings:
             raise ValueError(f"max_context: must be in (1, {cfg.max_position_embeddings}], got {max_context}")
-        device = model.tok_embeddings.device
-        self.model, self.cfg, self.device, self.max_context = model, cfg, device, max_context
+        device, dtype = model.tok_embeddings.device, model.tok_embeddings.dtype
+        if settings is None:
+            settings = RunnerSettings.resolve(cfg, device, dtype)
+        settings.check(cfg)
+        self.model, self.cfg, self.settings = model, cfg, settings
+        self.device, self.max_context = device, max_context
         # Ids past the tokenizer's vocabulary (padded embedding rows) are never chosen: nothing decodes them.
         self.vocab_limit = min(vocab_limit or cfg.vocab_size, cfg.vocab_size)
         self.last_prefill_ms = 0.0
         lanes, dim, hd = cfg.num_lanes, cfg.hidden_size, cfg.head_dim
-        dtype = model.tok_embeddings.dtype
 
-        self.layers = [self._layer_weights(i, block) for i, block in enumerate(model.layers)]
+        self.layers = [LayerWeights.of(cfg, i, block) for i, block in enumerate(model.layers)]
         self.history_layers = {w.history_in for w in self.layers if w.history_in is not None}
         self.embed = model.tok_embeddings  # [V, D]
         self.head_weight = model.tok_embeddings if model.lm_head is None else model.lm_head  # [V, D]
@@ -198,49 +124,19 @@ class FastRunner:
         self.host_candidates = torch.zeros(RING, dtype=torch.int32, pin_memory=device.type == "cuda")
         self.screen_left_at: int | None = None  # generate_tokens' last request, for tests and the benchmark
         self.cache = KVCache(cfg, max_context, 1, device, dtype)
-        # Every setting, from the environment and the arguments, checked (inference/fast/settings.py): what the
-        # device can do decides some. PDL and clusters: Hopper and later (not meta tensors, which
-        # a step compiled without weights); the L2 prefetch asks about the cache's rows too.
-        self.settings = settings = RunnerSettings.resolve(
-            lanes=lanes, device_type=device.type, sm90=device.type == "cuda" and hopper_features(device),
-            head_bytes=self.head_weight.numel() * self.head_weight.element_size(),
-            prefetch_next_possible=prefetch_next_possible(self.cache.k), use_pdl=use_pdl, prefetch=prefetch,
-            row_blocks=row_blocks, blocks=blocks, head_blocks=head_blocks, attention=attention,
-            lane_groups=lane_groups, early=early, head_screen=head_screen, packed=packed,
-            bf16=dtype == torch.bfloat16, packed_blocks=packed_blocks,
-            gate_up_shape=(2 * model.layers[0].w1.shape[1], model.layers[0].w1.shape[2]),
-            residual_candidates=residual_candidates)  # fmt: skip
-        # The settings the step reads (the tests read them too).
-        self.use_pdl = settings.use_pdl
-        at = settings.attention
-        self.attn_block_t, self.attn_warps, self.attn_maxnreg = at.block_t, at.num_warps, at.maxnreg
-        self.attn_kv_evict_first, self.attn_prefetch_next = at.kv_evict_first, at.prefetch_next
-        self.attn_cluster, self.attn_push = at.cluster, at.push
-        self.head_blocks, self.prefill_blocks = settings.head_blocks, settings.prefill_blocks
-        self.row_blocks, self.blocks, self.early = settings.row_blocks, settings.blocks, set(settings.early)
-        self.packed, self.packed_blocks = settings.packed, settings.packed_blocks
         self.glu_sums = None  # [2 F] fp32: a packed gate/up's sums (gate, then up), read by the down-proj
         self.glu_rstd = None  # [1] fp32: their norm's scalar, written by the gate/up's launch
-        self.qkv_sums = None  # [1, (H + 2 KV) * hd] fp32: a packed q|k|v's sums, read by the attention
-        self.qkv_rstd = None  # [1] fp32: their norm's scalar, written by the q|k|v's launch
-        self.sums = None  # both sums in one buffer, which every packed o-proj clears (their readers are done)
-        if self.packed:
+        if settings.packed:
             self._pack_layers()
-        self.sampled_screen_temperature = settings.screen.sampled_temperature
-        self.screen_leave_share = settings.screen.leave_share
-        splits = at.splits or default_splits(cfg.num_kv_heads, device)
         group = cfg.num_heads // cfg.num_kv_heads
-        self.attn_scratch = AttentionScratch(cfg.num_kv_heads, group, hd, splits, device)
+        self.attn_scratch = AttentionScratch(cfg.num_kv_heads, group, hd, settings.attention_splits, device)
         self.head_scratch = HeadScratch(cfg.vocab_size, device)
-        # Greedy steps (and sampled ones at low temperatures) read the head through its int8 screen
-        # (kernels/lm_head_screen.py; settings.ScreenSettings says when the runner has one).
-        self.head_screen = HeadScreen.build(self.head_weight) if settings.screen.on else None
-        self.screen_scratch = ScreenScratch(cfg.vocab_size, device) if settings.screen.on else None
+        # Greedy steps (and sampled ones at low temperatures) read the head through its int8 screen.
+        self.head_screen = HeadScreen.build(self.head_weight) if settings.head_screen else None
+        self.screen_scratch = ScreenScratch(cfg.vocab_size, device) if settings.head_screen else None
         self.whole = LaneGroup(0, lanes, self.layers, self.x, self.qkv, self.attn, self.h, slice(None),
                                cfg.num_heads, self.attn_scratch)  # fmt: skip
-        # Lane groups: see the module docstring.
-        self.groups, self.split_from = self._lane_groups(settings.lane_groups, splits)
-        self.prefetch = settings.prefetch_tiles(grouped=bool(self.groups))
+        self.groups, self.split_from = self._lane_groups(settings.lane_groups)
         self.streams = [torch.cuda.Stream(device) for _ in self.groups] if device.type == "cuda" else None
         self.group_events: dict[tuple[int, int, int], torch.cuda.Event] = {}  # (group, layer, kernel) -> done
 
@@ -261,20 +157,30 @@ class FastRunner:
             self.prompt_copied = torch.cuda.Event()
             self.host_tokens = torch.zeros(RING, dtype=torch.int32, pin_memory=True)
             self.token_events = [torch.cuda.Event() for _ in range(RING)]
-        # The residual at the fastest of a few addresses, timed (inference/fast/residual_placement.py): before the
-        # step graphs are captured, which hold its address.
-        self.residual_choice, self.residual_seconds = 0, []
-        if settings.residual_candidates > 1:
-            self.residual_seconds = place_residual(self, settings.residual_candidates)
-        if device.type == "cuda":
-            # Every step graph a request can replay, so that none waits on a kernel's compile or a capture: greedy,
-            # sampled through the whole head, and sampled through the screen (which a request may leave mid-way).
-            self.capture(greedy=True)
-            self.capture(greedy=False, screen=False)
-            if self.head_screen is not None:
-                self.capture(greedy=False, screen=True)
-            for bucket in self.prefill_buckets:
-                self.prefill_graphs[bucket] = self._capture_prefill(bucket)
+        self.residual_choice, self.residual_seconds = 0, []  # place_residual's
+        self._capture_all()
+
+    def _capture_all(self) -> None:
+        """On a GPU, every graph a request can replay, so that none waits on a kernel's compile or a capture:
+        greedy, sampled through the whole head, sampled through the screen (which a request may leave mid-way),
+        and the prompt buckets'."""
+        if self.device.type != "cuda":
+            return
+        self.capture(greedy=True)
+        self.capture(greedy=False, screen=False)
+        if self.head_screen is not None:
+            self.capture(greedy=False, screen=True)
+        for bucket in self.prefill_buckets:
+            self.prefill_graphs[bucket] = self._capture_prefill(bucket)
+
+    @torch.no_grad()
+    def place_residual(self, candidates: int = residual_placement.CANDIDATES) -> list[float]:
+        """Times the greedy step with the residual at `candidates` addresses and keeps the fastest, then captures
+        the graphs again (inference/fast/residual_placement.py says why). The engine calls it once on a GPU.
+        Returns each candidate's step time in seconds (residual_choice: the kept one's index)."""
+        self.residual_seconds = residual_placement.place_residual(self, candidates)
+        self._capture_all()
+        return self.residual_seconds
 
     def use_residual(self, x: torch.Tensor) -> None:
         """x [lanes, D] fp32 becomes the residual stream: every lane group's view re-pointed, and the captured
@@ -285,69 +191,29 @@ class FastRunner:
         self.graphs.clear()
         self.prefill_graphs.clear()
 
-    def _layer_weights(self, i: int, block) -> LayerWeights:
-        mode, history_in = reduction(self.cfg, i)
-        bqkv = None
-        if block.bq is not None:
-            bqkv = torch.cat([block.bq, block.bk, block.bv], dim=1).contiguous()
-        return LayerWeights(
-            attention_norm=block.attention_norm,
-            wqkv=torch.cat([block.wq, block.wk, block.wv], dim=1).contiguous(),
-            bqkv=bqkv,
-            q_norm=block.q_norm,
-            k_norm=block.k_norm,
-            wo=block.wo,
-            ffn_norm=block.ffn_norm,
-            w1=block.w1,
-            w3=block.w3,
-            w2=block.w2,
-            window=block.window,
-            mode=mode,
-            history_in=history_in,
-        )
-
     def _pack_layers(self) -> None:
         """Every layer's down-proj, and the o-proj of layers 1 on, in kernels/packed_mma_gemv.py's 12-bit layout
-        (the bf16 weights stay: the prefill and the reference read them). Layer 0's o-proj stays on
-        lane_reduce_gemv, which starts the residual from the token's embedding row (the packed kernel adds into a
-        residual that is already there), and so does its gate/up (the packed o-proj clears the sums a packed
-        gate/up adds into). A matrix not of whole 16-row tiles by 64-column chunks stays bf16, and so does a
-        gate/up without both neighbours packed. A packed q|k|v (layers 1 on, where the o-proj is packed and there
-        are no q|k|v biases) adds into sums that the attention scales and the o-proj clears. The `glu` kind packs
-        every layer's gate/up as interleave_glu's [2F, K] (kernels/packed_mma_glu.py writes h itself: no sums, so
-        layer 0's too). Only the kinds of settings.packed."""
+        (the bf16 weights stay: the prefill reads them). Layer 0's o-proj stays on lane_reduce_gemv, which starts
+        the residual from the token's embedding row (the packed kernel adds into a residual that is already
+        there), and so does its gate/up (the packed o-proj clears the sums a packed gate/up adds into). A matrix
+        not of whole 16-row tiles by 64-column chunks stays bf16, and so does a gate/up without both neighbours."""
+        gate_up = self.settings.packed_gate_up
         for i, w in enumerate(self.layers):
-            w.wo_packed = self._packed(w.wo[0], f"layer {i} wo") if i > 0 and "o" in self.packed else None
-            if "qkv" in self.packed and w.wo_packed is not None and w.bqkv is None:
-                w.wqkv_packed = self._packed(w.wqkv[0], f"layer {i} wqkv")
-                w.attention_norm_bf16 = self._as_bf16(w.attention_norm[0], f"layer {i} attention_norm")
-            w.w2_packed = self._packed(w.w2[0], f"layer {i} w2") if "down" in self.packed else None
-            if "gate_up" in self.packed and w.wo_packed is not None and w.w2_packed is not None:
+            w.wo_packed = self._packed(w.wo[0], f"layer {i} wo") if i > 0 else None
+            w.w2_packed = self._packed(w.w2[0], f"layer {i} w2")
+            if gate_up and w.wo_packed is not None and w.w2_packed is not None:
                 w.w13_packed = self._packed(torch.cat([w.w1[0], w.w3[0]]), f"layer {i} w1|w3")
                 w.ffn_norm_bf16 = self._as_bf16(w.ffn_norm[0], f"layer {i} ffn_norm")
-            if "glu" in self.packed and w.w1.shape[1] % 8 == 0:
-                w.w13_packed = self._packed(interleave_glu(w.w1[0], w.w3[0]), f"layer {i} w1|w3 interleaved")
-                w.ffn_norm_bf16 = self._as_bf16(w.ffn_norm[0], f"layer {i} ffn_norm")
-        qkv_rows = self.qkv.shape[1] if any(w.wqkv_packed is not None for w in self.layers) else 0
-        glu_rows = 2 * self.cfg.ffn_per_lane if "gate_up" in self.packed and any(
-            w.w13_packed is not None for w in self.layers) else 0  # fmt: skip
-        if qkv_rows + glu_rows:
-            self.sums = torch.zeros(qkv_rows + glu_rows, device=self.device)
-        if qkv_rows:
-            self.qkv_sums = self.sums[:qkv_rows].view(1, qkv_rows)
-            self.qkv_rstd = torch.zeros(1, device=self.device)
-        if glu_rows:
-            self.glu_sums = self.sums[qkv_rows:]
+        if any(w.w13_packed is not None for w in self.layers):
+            # the sums every packed o-proj clears (their last reader, the down-proj before it, is done)
+            self.glu_sums = torch.zeros(2 * self.cfg.ffn_per_lane, device=self.device)
             self.glu_rstd = torch.zeros(1, device=self.device)
 
     def packed_bytes(self) -> dict[tuple[int, str], int]:
-        """What each packed matrix reads a step, by (layer, 'qkv', 'o-proj', 'gate/up' or 'down') (the
-        benchmark's bytes)."""
+        """What each packed matrix reads a step, by (layer, 'o-proj', 'gate/up' or 'down') (the benchmark's)."""
         out = {}
         for i, w in enumerate(self.layers):
-            kinds = (("qkv", w.wqkv_packed), ("o-proj", w.wo_packed), ("gate/up", w.w13_packed),
-                     ("down", w.w2_packed))  # fmt: skip
-            for kind, packed in kinds:
+            for kind, packed in (("o-proj", w.wo_packed), ("gate/up", w.w13_packed), ("down", w.w2_packed)):
                 if packed is not None:
                     out[i, kind] = packed.nbytes()
         return out
@@ -371,29 +237,15 @@ class FastRunner:
             raise ValueError(f"packed: {name} holds values bf16 cannot (a bf16 model, or packed off)")
         return bf16
 
-    def _lane_groups(self, count: int | None, splits: int) -> tuple[list[LaneGroup], int]:
-        """`count` groups of lanes (None: 2 on a GPU where they can split and pay, else 1) for the layers from
-        the first one after which no reduction is an immediate sum (every lane's partial of the same layer), and
-        that layer; ([], number of layers) for one group. Each group's attention keeps the whole model's split count: half
-        the KV heads then take half the programs, which measured faster than filling the GPU per group (the
-        two groups run at once: laneformer-2b 823 tok/s at 8 splits a KV head, 780 at 16, 814 at 4)."""
+    def _lane_groups(self, count: int) -> tuple[list[LaneGroup], int]:
+        """`count` groups of lanes for the layers from split_from on, and that layer; ([], number of layers) for
+        one group. Each group's attention keeps the whole model's split count: half the KV heads then take half
+        the programs, which measured faster than filling the GPU per group (the two groups run at once)."""
         cfg, n = self.cfg, len(self.layers)
-        split_from = max((i + 1 for i, w in enumerate(self.layers) if w.mode == "sum"), default=0)
-        if count is None:
-            # Two streams pay where a layer's kernels stream for tens of microseconds (laneformer-2b: ~300 MB a
-            # layer, +4.9%); the trained default model's (~5 MB) are launch-bound and lost 1.8%.
-            w = self.layers[0]
-            layer_bytes = sum(t.numel() * t.element_size() for t in (w.wqkv, w.wo, w.w1, w.w3, w.w2))
-            splittable = cfg.num_lanes % 2 == 0 and split_from < n and layer_bytes >= 32 * 2**20
-            count = 2 if splittable and self.device.type == "cuda" else 1
         if count == 1:
             return [], n
-        lanes = cfg.num_lanes
-        if lanes % count:
-            raise ValueError(f"lane_groups: {count} groups do not divide the model's {lanes} lanes")
-        if split_from == n:
-            raise ValueError("lane_groups: every layer sums all lanes' partials at once (nothing to split)")
-        per, kv = lanes // count, cfg.num_kv_heads // count
+        lanes, start_layer = cfg.num_lanes, split_from(cfg)
+        per, kv, splits = lanes // count, cfg.num_kv_heads // count, self.settings.attention_splits
         group_size = cfg.num_heads // cfg.num_kv_heads
         groups = []
         for start in range(0, lanes, per):
@@ -403,7 +255,7 @@ class FastRunner:
                 self.qkv[start:stop], self.attn[start:stop], self.h[start:stop],
                 slice(start // per * kv, (start // per + 1) * kv), cfg.num_heads // count,
                 AttentionScratch(kv, group_size, cfg.head_dim, splits, self.device)))  # fmt: skip
-        return groups, split_from
+        return groups, start_layer
 
     # --- one decode step -------------------------------------------------------------------------------
 
@@ -412,7 +264,7 @@ class FastRunner:
         (all but greedy steps through the head screen, which compute the token alone; sampled steps through it
         leave -inf at the rows that cannot weigh in the draw). screen: whether the head is read through its int8
         screen (None: greedy steps when the runner has one; uses_screen says when sampled steps gain by it)."""
-        cfg, eps, pdl = self.cfg, self.cfg.norm_eps, self.use_pdl
+        cfg, eps, pdl = self.cfg, self.cfg.norm_eps, self.settings.pdl
         screen = self._screen_choice(greedy, screen)
         for i in range(self.split_from):
             for launch in self._layer_launches(self.whole, i):
@@ -441,8 +293,7 @@ class FastRunner:
         else:
             lm_head(head_x, self.head_weight, self.logits, self.head_scratch, norm_weight=head_norm, eps=eps,
                     greedy=greedy, vocab_limit=self.vocab_limit, token=self.token, pos=self.pos,
-                    out_tokens=self.out_tokens, host_ring=ring if greedy else None, use_pdl=pdl,
-                    **self.head_blocks)  # fmt: skip
+                    out_tokens=self.out_tokens, host_ring=ring if greedy else None, use_pdl=pdl)  # fmt: skip
         if not greedy:
             self._sample_next(ring)
 
@@ -494,77 +345,30 @@ class FastRunner:
 
     def _layer_launches(self, group: LaneGroup, i: int) -> list:
         """Layer i's five launches for a group of lanes, as closures (in order)."""
-        eps, pdl, w = self.cfg.norm_eps, self.use_pdl, group.layers[i]
-        first = i == 0
+        eps, w, first, settings = self.cfg.norm_eps, group.layers[i], i == 0, self.settings
+        pdl, early, prefetch = settings.pdl, settings.early, settings.prefetch
 
         def qkv() -> None:
-            # packed: W @ (x * g) into the sums; the attention applies the norm's scalar
-            if w.wqkv_packed is not None:
-                packed_mma_gemv(group.x[0], w.wqkv_packed, self.qkv_sums[0], norm_weight=w.attention_norm_bf16,
-                                eps=eps, rstd=self.qkv_rstd, use_pdl=pdl, trigger_early="qkv" in self.early,
-                                **self.packed_blocks["qkv"])  # fmt: skip
-                return
-            rmsnorm_gemv(
-                self.embed if first else group.x,
-                w.wqkv,
-                group.qkv,
-                norm_weight=w.attention_norm,
-                eps=eps,
-                bias=w.bqkv,
-                token=self.token if first else None,
-                use_pdl=pdl,
-                trigger_early="qkv" in self.early,
-                prefetch=self.prefetch["qkv"],
-                row_blocks=self.row_blocks.get("qkv"),
-                **self.blocks.get("qkv", {}),
-            )
+            rmsnorm_gemv(self.embed if first else group.x, w.wqkv, group.qkv, norm_weight=w.attention_norm, eps=eps,
+                         bias=w.bqkv, token=self.token if first else None, use_pdl=pdl,
+                         trigger_early="qkv" in early, prefetch=prefetch["qkv"])  # fmt: skip
 
         def attention() -> None:
-            decode_attention(
-                group.qkv if w.wqkv_packed is None else self.qkv_sums,
-                self.cache.k[i, 0, group.kv_heads],
-                self.cache.v[i, 0, group.kv_heads],
-                self.pos,
-                self.model.rope_cos,
-                self.model.rope_sin,
-                group.attn,
-                group.scratch,
-                num_heads=group.num_heads,
-                window=w.window,
-                q_norm=w.q_norm,
-                k_norm=w.k_norm,
-                eps=eps,
-                use_pdl=pdl,
-                block_t=self.attn_block_t,
-                num_warps=self.attn_warps,
-                cluster=self.attn_cluster,
-                push=self.attn_push,
-                maxnreg=self.attn_maxnreg,
-                kv_evict_first=self.attn_kv_evict_first,
-                qkv_scale=self.qkv_rstd if w.wqkv_packed is not None else None,
-                **self._next_layer(group, i),
-            )
+            decode_attention(group.qkv, self.cache.k[i, 0, group.kv_heads], self.cache.v[i, 0, group.kv_heads],
+                             self.pos, self.model.rope_cos, self.model.rope_sin, group.attn, group.scratch,
+                             num_heads=group.num_heads, window=w.window, q_norm=w.q_norm, k_norm=w.k_norm, eps=eps,
+                             use_pdl=pdl, **self._next_layer(group, i))  # fmt: skip
 
         def gate_up() -> None:
-            # glu: h written by the packed launch itself, norm and SiLU included
-            if w.w13_packed is not None and "glu" in self.packed:
-                blocks = self.packed_blocks["glu"]  # settings.PACKED_DEFAULTS under any overrides
-                block_m = blocks["block_m"]
-                while w.w13_packed.n // 16 % block_m:  # M-tiles a program: a power of two dividing them
-                    block_m //= 2
-                packed_mma_glu(group.x[0], w.ffn_norm_bf16, w.w13_packed, group.h[0], eps=eps, use_pdl=pdl,
-                               trigger_early="gate_up" in self.early, block_m=block_m,
-                               ahead=blocks["ahead"], before=blocks.get("before"))  # fmt: skip
-                return
-            # gate_up: into the sums the o-proj cleared; the down-proj applies the norm's scalar and the SiLU
-            if w.w13_packed is not None:
+            if (
+                w.w13_packed is not None
+            ):  # into the sums the o-proj cleared; the down-proj applies rstd and SiLU
                 packed_mma_gemv(group.x[0], w.w13_packed, self.glu_sums, norm_weight=w.ffn_norm_bf16, eps=eps,
-                                rstd=self.glu_rstd, use_pdl=pdl, trigger_early="gate_up" in self.early,
-                                **self.packed_blocks["gate_up"])  # fmt: skip
+                                rstd=self.glu_rstd, use_pdl=pdl, trigger_early="gate_up" in early,
+                                **settings.packed_blocks["gate_up"])  # fmt: skip
                 return
             rmsnorm_gemv(group.x, w.w1, group.h, norm_weight=w.ffn_norm, eps=eps, weight_up=w.w3, use_pdl=pdl,
-                         trigger_early="gate_up" in self.early, prefetch=self.prefetch["gate_up"],
-                         row_blocks=self.row_blocks.get("gate_up"), **self.blocks.get("gate_up", {}))  # fmt: skip
+                         trigger_early="gate_up" in early, prefetch=prefetch["gate_up"])  # fmt: skip
 
         return [
             qkv,
@@ -576,52 +380,39 @@ class FastRunner:
 
     def _next_layer(self, group: LaneGroup, i: int) -> dict:
         """decode_attention's next_layer argument for layer i of a group (the same KV heads one layer on)."""
-        if not self.attn_prefetch_next or i + 1 == len(self.layers):
+        if not self.settings.attention_prefetch_next or i + 1 == len(self.layers):
             return {}
         heads = group.kv_heads
         return {"next_layer": (self.cache.k[i + 1, 0, heads], self.cache.v[i + 1, 0, heads],
                                self.layers[i + 1].window)}  # fmt: skip
 
     def _add_partials(self, i: int, w: LayerWeights, block: int, act: torch.Tensor, weight: torch.Tensor,
-                      first: bool, group: LaneGroup | None = None) -> None:  # fmt: skip
-        group = group or self.whole
-        kind = "down" if block else "o"
+                      first: bool, group: LaneGroup) -> None:  # fmt: skip
+        kind, settings = ("down" if block else "o"), self.settings
         packed = w.w2_packed if block else w.wo_packed
         if packed is not None:  # one lane: out += W @ act into the residual, on the tensor cores
-            # the down-proj's input: the gate/up's sums
-            glu = block == 1 and self.glu_sums is not None and w.w13_packed is not None
-            # the o-proj clears the sums: this layer's attention has read the q|k|v's, the last down-proj the
-            # gate/up's
-            zero = self.sums if block == 0 else None
-            packed_mma_gemv(self.glu_sums if glu else act[0], packed, group.x[0],
-                            glu=act.dtype if glu else None, rstd=self.glu_rstd if glu else None, zero=zero,
-                            use_pdl=self.use_pdl, trigger_early=kind in self.early,
-                            **self.packed_blocks[kind])  # fmt: skip
+            # the down-proj after a packed gate/up reads its sums; the o-proj clears them (the last reader is done)
+            glu = block == 1 and w.w13_packed is not None
+            packed_mma_gemv(self.glu_sums if glu else act[0], packed, group.x[0], glu=act.dtype if glu else None,
+                            rstd=self.glu_rstd if glu else None, zero=self.glu_sums if block == 0 else None,
+                            use_pdl=settings.pdl, trigger_early=kind in settings.early,
+                            **settings.packed_blocks[kind])  # fmt: skip
             return
         history = self.history
-        lane_reduce_gemv(
-            act,
-            weight,
-            group.x,
-            mode=w.mode,
-            history_out=history[block, i] if i in self.history_layers else None,
-            history_in=history[block, w.history_in] if w.history_in is not None else None,
-            embedding=self.embed if first else None,
-            token=self.token if first else None,
-            use_pdl=self.use_pdl,
-            trigger_early=kind in self.early,
-            prefetch=self.prefetch[kind],
-            lane_start=group.start,
-            total_lanes=self.cfg.num_lanes,
-            **self.blocks.get(kind, {}),
-        )
+        lane_reduce_gemv(act, weight, group.x, mode=w.mode,
+                         history_out=history[block, i] if i in self.history_layers else None,
+                         history_in=history[block, w.history_in] if w.history_in is not None else None,
+                         embedding=self.embed if first else None, token=self.token if first else None,
+                         use_pdl=settings.pdl, trigger_early=kind in settings.early,
+                         prefetch=settings.prefetch[kind],
+                         lane_start=group.start, total_lanes=self.cfg.num_lanes)  # fmt: skip
 
     def _sample_next(self, host_ring: torch.Tensor | None = None) -> None:
         """The sampled token from the logits, on the device without a host sync (kernels/sample.py: repetition
         penalty, temperature, top-k, top-p, a draw keyed by the request's seed); temperature 0 is greedy."""
         sample_token(self.logits, self.seen, self.sampling, self.sample_seed, self.sample_scratch, token=self.token,
                      pos=self.pos, out_tokens=self.out_tokens, vocab_limit=self.vocab_limit, host_ring=host_ring,
-                     use_pdl=self.use_pdl)  # fmt: skip
+                     use_pdl=self.settings.pdl)  # fmt: skip
 
     # --- graphs --------------------------------------------------------------------------------------
 
@@ -654,7 +445,7 @@ class FastRunner:
     def _screen_choice(self, greedy: bool, screen: bool | None) -> bool:
         """decode_step's `screen`: None is greedy steps when the runner has a screen; True needs one."""
         if screen and self.head_screen is None:
-            raise ValueError("screen: this runner was built without the head screen (head_screen=False)")
+            raise ValueError("screen: this runner was built without the head screen (settings.head_screen)")
         return greedy and self.head_screen is not None if screen is None else screen
 
     def uses_screen(self, params: SamplingParams) -> bool:
@@ -664,7 +455,7 @@ class FastRunner:
         rows would cost about what the whole head does)."""
         if self.head_screen is None:
             return False
-        return params.greedy or params.temperature <= self.sampled_screen_temperature
+        return params.greedy or params.temperature <= self.settings.screen_sampled_temperature
 
     @property
     def token_ring(self) -> torch.Tensor | None:
@@ -710,7 +501,7 @@ class FastRunner:
     def forward_prompt(self, ids: torch.Tensor, last: torch.Tensor, start: int = 0) -> torch.Tensor:
         """model.forward over a prompt ids [T] at positions start .. start + T - 1 into the cache (rows before
         start already hold the prompt's first ids); the logits [V] at row last [1] of ids."""
-        return forward_prompt(self, ids, last, start)
+        return forward_prompt(self.model, self.layers, self.cache, self.attn_scratch, ids, last, start)
 
     def _capture_prefill(self, bucket: int) -> torch.cuda.CUDAGraph:
         """forward_prompt over the first `bucket` positions of prompt_ids as a graph: prompts up to the bucket
@@ -759,8 +550,7 @@ class FastRunner:
         """[n - 1, ids...] into prompt_staged, without waiting for the GPU. The host is the limit at a long
         prompt's start (its kernels each finish before the next is queued), so this is one write into a pinned
         buffer through numpy (~4x faster than torch.tensor of a list) and one asynchronous copy, where a
-        Python scalar or list written into a device tensor would be a pageable copy that synchronizes the stream
-        (docs/fast-path.md)."""
+        Python scalar or list written into a device tensor would be a pageable copy that synchronizes the stream."""
         n, on_gpu, vocab = len(prompt_ids), self.device.type == "cuda", self.embed.shape[0]
         if on_gpu:
             self.prompt_copied.synchronize()  # the previous prompt has left the pinned buffer
@@ -784,7 +574,11 @@ class FastRunner:
         greedy = params.greedy and params.repetition_penalty == 1
         screen = self.uses_screen(params)
         # sampled steps through the screen report their candidates; flat logits send the request to the whole head
-        watch = ScreenWatch(self.cfg.vocab_size, self.screen_leave_share) if screen and not greedy else None
+        watch = (
+            ScreenWatch(self.cfg.vocab_size, self.settings.screen_leave_share)
+            if screen and not greedy
+            else None
+        )
         self.screen_left_at = None  # the position whose step's count made this request leave the screen
         self.sampling.copy_(torch.tensor([params.temperature, params.top_k, params.top_p,
                                           params.repetition_penalty]))  # fmt: skip

@@ -1,18 +1,19 @@
 """The fast runner against the reference model, on the tiny presets (kernels under the interpreter on CPU)."""
 
+import dataclasses
 import itertools
 
 import pytest
 import torch
+from inference.events import SamplingParams
 
 import inference.fast.settings as fast_settings
-from common.events import SamplingParams
-from inference.bench.placement import MOVABLE, move
 from inference.config import ModelConfig
 from inference.fast.head_choice import MIN_STEPS
+from inference.fast.layers import reduction
 from inference.fast.residual_placement import CANDIDATE_STRIDE, residual_pool
-from inference.fast.runner import RING, FastRunner, reduction
-from inference.fast.settings import block_spec, prefetch_overrides
+from inference.fast.runner import RING, FastRunner
+from inference.fast.settings import RunnerSettings
 from inference.model import KVCache, Transformer
 from inference.presets import preset_config
 from inference.sampling import Sampler
@@ -36,6 +37,12 @@ def make_model(preset: str, seed: int = 0, **overrides) -> Transformer:
     return model.eval()
 
 
+def build(model: Transformer, max_context: int, **changes) -> FastRunner:
+    """A runner with `changes` to the settings this model resolves to here (dataclasses.replace)."""
+    defaults = RunnerSettings.resolve(model.cfg, model.tok_embeddings.device, model.tok_embeddings.dtype)
+    return FastRunner(model, max_context, settings=dataclasses.replace(defaults, **changes))
+
+
 # Exact token equality with the reference holds in fp32; in bf16 near-ties may flip (the per-step logit
 # comparison above covers the GPU).
 fp32_only = pytest.mark.skipif(ON_GPU, reason="exact token equality is an fp32 property")
@@ -46,12 +53,10 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def teacher_forced(
-    model: Transformer, prompt: list[int], steps: int, max_context: int = 128, **runner_kwargs
-):
+def teacher_forced(model: Transformer, prompt: list[int], steps: int, max_context: int = 128, **changes):
     """Feed the reference's own greedy tokens to both paths; yield (fast logits, reference logits, fast token).
     The greedy steps' logits come from the whole head (the head screen computes the token alone)."""
-    runner = FastRunner(model, max_context, **{"head_screen": False, **runner_kwargs})
+    runner = build(model, max_context, **{"head_screen": False, **changes})
     ref_cache = KVCache(model.cfg, max_context, 1, DEVICE, DTYPE)
     ids = torch.tensor([prompt], device=DEVICE)
     ref_logits = model(ids, 0, ref_cache, last_only=True).view(-1)
@@ -135,21 +140,19 @@ def test_laneformer_reductions_and_windows():
 
 
 @pytest.mark.parametrize(
-    "overrides,lane_groups",
-    [({}, {"groups": 2}), ({}, {"groups": 4}), ({"sliding_window": 8, "broadcast_delay": 1}, {"groups": 2}),
-     ({"use_comm": False, "use_early_comm": False}, {"groups": 2})],
-)  # fmt: skip
-def test_lane_groups_match_the_reference(overrides, lane_groups):
+    "overrides",
+    [{}, {"sliding_window": 8, "broadcast_delay": 1}, {"use_comm": False, "use_early_comm": False}],
+)
+def test_lane_groups_match_the_reference(overrides):
     # groups of lanes as their own chains of launches (streams on a GPU) from the first delayed layer on;
     # without communication every layer is split, layer 0's embedding row included
     model = make_model("tiny-laneformer", seed=3, **overrides)
-    runner = FastRunner(model, 64, lane_groups=lane_groups)
+    runner = build(model, 64, lane_groups=2)
     first_split = 0 if overrides.get("use_comm") is False else model.cfg.broadcast_delay
     assert runner.split_from == first_split
-    assert [(g.start, g.stop) for g in runner.groups] == [
-        (s, s + 4 // lane_groups["groups"]) for s in range(0, 4, 4 // lane_groups["groups"])
-    ]
-    for fast, ref, _ in teacher_forced(model, list(range(5, 17)), steps=3, lane_groups=lane_groups):
+    assert [(g.start, g.stop) for g in runner.groups] == [(0, 2), (2, 4)]
+    assert runner.settings.prefetch["gate_up"] == 2
+    for fast, ref, _ in teacher_forced(model, list(range(5, 17)), steps=3, lane_groups=2):
         assert rel_err(fast, ref) < LOGIT_TOL
 
 
@@ -158,7 +161,7 @@ def test_lane_groups_generate_the_same_tokens():
     model = make_model("tiny-laneformer", seed=11, sliding_window=8)
     prompt, params = [4, 8, 15, 16, 23, 42], SamplingParams(max_new_tokens=12)
     whole = list(FastRunner(model, 64).generate_tokens(prompt, params))
-    grouped = list(FastRunner(model, 64, lane_groups={"groups": 2}).generate_tokens(prompt, params))
+    grouped = list(build(model, 64, lane_groups=2).generate_tokens(prompt, params))
     assert grouped == whole
 
 
@@ -168,8 +171,8 @@ def test_the_head_screen_generates_the_whole_heads_tokens(preset):
     # whole head's argmax, step after step; and a sampled request on the same runner still reads the logits
     model = make_model(preset, seed=12)
     prompt, params = [3, 1, 4, 1, 5, 9, 2, 6], SamplingParams(max_new_tokens=10)
-    whole = FastRunner(model, 64, head_screen=False)
-    screened = FastRunner(model, 64, head_screen=True)
+    whole = build(model, 64, head_screen=False)
+    screened = build(model, 64, head_screen=True)
     assert whole.head_screen is None and screened.head_screen is not None
     assert list(screened.generate_tokens(prompt, params)) == list(whole.generate_tokens(prompt, params))
     sampled = SamplingParams(max_new_tokens=6, temperature=0.7, top_p=0.9, seed=3)
@@ -189,30 +192,28 @@ def test_the_head_screen_is_on_by_default_on_a_gpu_and_set_by_the_environment(mo
     assert (FastRunner(model, 32).head_screen is not None) == ON_GPU
     monkeypatch.setenv("KOG_HEAD_SCREEN", "1")
     assert FastRunner(model, 32).head_screen is not None
-    assert FastRunner(model, 32, head_screen=False).head_screen is None  # the argument wins
+    assert build(model, 32, head_screen=False).head_screen is None  # the settings passed win
+    monkeypatch.setenv("KOG_HEAD_SCREEN", "0")
+    monkeypatch.setattr(fast_settings, "SCREEN_MIN_HEAD_BYTES", 0)
+    assert FastRunner(model, 32).head_screen is None
     monkeypatch.setenv("KOG_HEAD_SCREEN", "yes")
-    with pytest.raises(ValueError, match="KOG_HEAD_SCREEN"):
+    with pytest.raises(ValueError, match="KOG_HEAD_SCREEN: expected 0 or 1"):
         FastRunner(model, 32)
 
 
-def test_sampled_steps_take_the_screen_up_to_a_temperature(monkeypatch):
+def test_sampled_steps_take_the_screen_up_to_a_temperature():
     model = make_model("tiny-llama")
-    runner = FastRunner(model, 32, head_screen=True)
+    runner = build(model, 32, head_screen=True)
     cool, warm = SamplingParams(temperature=0.3), SamplingParams(temperature=0.31)
     assert runner.uses_screen(SamplingParams()) and runner.uses_screen(cool) and not runner.uses_screen(warm)
-    assert not FastRunner(model, 32, head_screen=False).uses_screen(SamplingParams())
-    monkeypatch.setenv("KOG_HEAD_SCREEN_SAMPLED", "-1")  # never for sampled steps
-    runner = FastRunner(model, 32, head_screen=True)
+    assert not build(model, 32, head_screen=False).uses_screen(SamplingParams())
+    runner = build(model, 32, head_screen=True, screen_sampled_temperature=-1)  # never for sampled steps
     assert runner.uses_screen(SamplingParams()) and not runner.uses_screen(SamplingParams(temperature=0.01))
-    monkeypatch.setenv("KOG_HEAD_SCREEN_SAMPLED", "warm")
-    with pytest.raises(ValueError, match="KOG_HEAD_SCREEN_SAMPLED"):
-        FastRunner(model, 32, head_screen=True)
-    monkeypatch.delenv("KOG_HEAD_SCREEN_SAMPLED")
     with pytest.raises(ValueError, match="built without the head screen"):
-        FastRunner(model, 32, head_screen=False).decode_step(greedy=False, screen=True)
+        build(model, 32, head_screen=False).decode_step(greedy=False, screen=True)
 
 
-def test_a_sampled_request_on_flat_logits_leaves_the_screen(monkeypatch):
+def test_a_sampled_request_on_flat_logits_leaves_the_screen():
     # random weights: every row lies within reach of the page's draw, so a screened step reads the head twice over;
     # the request leaves the screen once MIN_STEPS steps have said so and draws on from the whole head: the same
     # tokens as a runner without the screen, throughout
@@ -221,28 +222,23 @@ def test_a_sampled_request_on_flat_logits_leaves_the_screen(monkeypatch):
         [2, 7, 1, 8, 2, 8],
         SamplingParams(max_new_tokens=10, temperature=0.2, top_p=0.95, seed=6),
     )
-    whole = list(FastRunner(model, 64, head_screen=False).generate_tokens(prompt, params))
-    runner = FastRunner(model, 64, head_screen=True)
+    whole = list(build(model, 64, head_screen=False).generate_tokens(prompt, params))
+    runner = build(model, 64, head_screen=True)
     assert list(runner.generate_tokens(prompt, params)) == whole
     assert runner.screen_left_at == len(prompt) + MIN_STEPS
     assert runner._candidates(len(prompt) + 1) == model.cfg.vocab_size
     list(runner.generate_tokens(prompt, SamplingParams(max_new_tokens=3)))
     assert runner.screen_left_at is None, "a greedy request reads no counts"
-    monkeypatch.setenv("KOG_HEAD_SCREEN_LEAVE", "1")  # never leave
-    runner = FastRunner(model, 64, head_screen=True)
+    runner = build(model, 64, head_screen=True, screen_leave_share=1)  # never leave
     assert list(runner.generate_tokens(prompt, params)) == whole
     assert runner.screen_left_at is None
-    for bad in ("most", "1.5"):
-        monkeypatch.setenv("KOG_HEAD_SCREEN_LEAVE", bad)
-        with pytest.raises(ValueError, match="KOG_HEAD_SCREEN_LEAVE"):
-            FastRunner(model, 64, head_screen=True)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs")
 def test_a_built_runner_holds_every_graph_a_request_replays():
     # no request waits on a compile or a capture, not even one that leaves the screen mid-way
     model = make_model("tiny-qwen3", seed=13)
-    runner = FastRunner(model, 64, head_screen=True)
+    runner = build(model, 64, head_screen=True)
     built = set(runner.graphs)
     assert built == {(True, True, 1), (False, False, 1), (False, True, 1)}
     list(runner.generate_tokens([1, 2, 3], SamplingParams(max_new_tokens=14, temperature=0.2, seed=1)))
@@ -258,52 +254,25 @@ def test_lane_groups_are_the_default_on_a_gpu_for_large_layers():
     # long enough (not launch-bound): ~54 MB a layer in bf16 here
     big = make_model("tiny-laneformer", hidden_size=1024, intermediate_size=8192)
     assert [(g.start, g.stop) for g in FastRunner(big, 32).groups] == ([(0, 2), (2, 4)] if ON_GPU else [])
-    assert FastRunner(big, 32, lane_groups={"groups": 1}).groups == []
+    assert build(big, 32, lane_groups=1).groups == []
     assert FastRunner(make_model("tiny-laneformer"), 32).groups == []  # ~0.2 MB a layer
     assert FastRunner(make_model("tiny-llama"), 32).groups == []  # one lane
 
 
 def test_lane_groups_reject_what_they_cannot_split():
-    with pytest.raises(ValueError, match="do not divide the model's 4 lanes"):
-        FastRunner(make_model("tiny-laneformer"), 32, lane_groups={"groups": 3})
-    with pytest.raises(ValueError, match="do not divide the model's 1 lanes"):
-        FastRunner(make_model("tiny-llama"), 32, lane_groups={"groups": 2})
-    with pytest.raises(ValueError, match="nothing to split"):  # d = 0: every layer sums at once
-        FastRunner(make_model("tiny-laneformer", broadcast_delay=0), 32, lane_groups={"groups": 2})
-    with pytest.raises(ValueError, match="lane_groups"):
-        FastRunner(make_model("tiny-laneformer"), 32, lane_groups={"streams": 2})
+    with pytest.raises(ValueError, match="lane_groups: expected 1 or 2"):
+        build(make_model("tiny-laneformer"), 32, lane_groups=4)
+    with pytest.raises(ValueError, match="lane_groups: two groups need an even number of lanes"):
+        build(make_model("tiny-llama"), 32, lane_groups=2)
+    with pytest.raises(ValueError, match="lane_groups: two groups"):  # d = 0: every layer sums at once
+        build(make_model("tiny-laneformer", broadcast_delay=0), 32, lane_groups=2)
 
 
-@pytest.mark.parametrize("preset", ["tiny-laneformer", "tiny-qwen3"])
-def test_weights_loaded_before_the_wait_change_nothing(preset):
-    # every matrix-vector kind with all of its weight tiles in flight before it waits on the previous kernel
-    model = make_model(preset, seed=4)
-    deep = {kind: 64 for kind in ("qkv", "o", "gate_up", "down")}
-    for fast, ref, _ in teacher_forced(model, list(range(3, 14)), steps=3, prefetch=deep):
-        assert rel_err(fast, ref) < LOGIT_TOL
-
-
-def test_one_lane_models_trigger_qkv_and_o_early_by_default(monkeypatch):
-    llama = FastRunner(make_model("tiny-llama"), 32)
+def test_one_lane_models_trigger_qkv_and_o_early():
+    llama = FastRunner(make_model("tiny-llama"), 32).settings
     assert llama.early == {"qkv", "o"} and llama.prefetch["gate_up"] == 3
-    lanes = FastRunner(make_model("tiny-laneformer"), 32)
+    lanes = FastRunner(make_model("tiny-laneformer"), 32).settings
     assert lanes.early == set() and lanes.prefetch["gate_up"] == 1
-    assert FastRunner(make_model("tiny-llama"), 32, early={"o": 0, "down": 1}).early == {"qkv", "down"}
-    monkeypatch.setenv("KOG_EARLY", "qkv=0")
-    assert FastRunner(make_model("tiny-llama"), 32).early == {"o"}
-    monkeypatch.delenv("KOG_EARLY")
-    with pytest.raises(ValueError, match="early"):
-        FastRunner(make_model("tiny-llama"), 32, early={"head": 1})
-    with pytest.raises(ValueError, match="early"):
-        FastRunner(make_model("tiny-llama"), 32, early={"o": 2})
-
-
-@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3", "tiny-laneformer"])
-def test_every_kind_triggering_early_matches_the_reference(preset):
-    model = make_model(preset, seed=8)
-    every = {kind: 1 for kind in ("qkv", "o", "gate_up", "down")}
-    for fast, ref, _ in teacher_forced(model, list(range(2, 12)), steps=3, early=every):
-        assert rel_err(fast, ref) < LOGIT_TOL
 
 
 def bf16_valued(model: Transformer) -> Transformer:
@@ -314,30 +283,21 @@ def bf16_valued(model: Transformer) -> Transformer:
     return model
 
 
-# intermediate_size 192: the down-proj's K in whole 64-column chunks (the presets' 160 is not: that one stays bf16)
-PACKED = {"packed": True, "packed_blocks": {"down": {"split": 3}, "o": {"ahead": 1}}}
-# every kind: layer 1's gate/up too (its sums cleared by the o-proj, read by the down-proj through the SiLU;
-# D = 64: one chunk), its programs taking 2 items (qwen3-1.7b's blocks: settings.PACKED_SHAPE_DEFAULTS)
-ALL_PACKED = {**PACKED, "packed": "o+gate_up+down", "packed_blocks": {**PACKED["packed_blocks"],
-                                                                       "gate_up": {"ahead": 1, "items": 2}}}  # fmt: skip
-# the gate/up of every layer as whole-K programs over interleaved rows, SiLU in the launch (kernels/packed_mma_glu.py)
-GLU_PACKED = {
-    **PACKED,
-    "packed": "o+glu+down",
-    "packed_blocks": {**PACKED["packed_blocks"], "glu": {"ahead": 2, "before": 1}},
-}
-
-
-# the q|k|v of layer 1 too, into sums the attention scales by the norm's scalar (qwen2's, with biases, stays bf16)
-QKV_PACKED = {**ALL_PACKED, "packed": "qkv+o+gate_up+down",
-              "packed_blocks": {**ALL_PACKED["packed_blocks"], "qkv": {"split": 1, "ahead": 1}}}  # fmt: skip
+# intermediate_size 192: the down-proj's K in whole 64-column chunks (the presets' 160 is not: that one stays bf16),
+# and its 3 chunks over 3 programs along K, whose atomics add into the residual
+SPLIT_BLOCKS = {**fast_settings.PACKED_BLOCKS, "down": {"ahead": 2, "split": 3}}
+PACKED = {"packed": True, "packed_blocks": SPLIT_BLOCKS}
+# layer 1's gate/up too (its sums cleared by the o-proj, read by the down-proj through the SiLU; D = 64: one chunk),
+# its programs taking 2 items (qwen3-1.7b's blocks)
+ALL_PACKED = {"packed": True, "packed_gate_up": True,
+              "packed_blocks": {**SPLIT_BLOCKS, "gate_up": fast_settings.PACKED_SHAPE_BLOCKS[2 * 6144, 2048]}}  # fmt: skip
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
 @pytest.mark.parametrize(
     "settings",
-    [PACKED, ALL_PACKED, GLU_PACKED, QKV_PACKED],
-    ids=["o+down", "o+gate_up+down", "o+glu+down", "qkv+o+gate_up+down"],
+    [PACKED, ALL_PACKED],
+    ids=["o+down", "o+gate_up+down"],
 )
 def test_packed_projections_match_the_reference(preset, settings):
     model = bf16_valued(make_model(preset, seed=9, intermediate_size=192))
@@ -357,27 +317,11 @@ def test_which_projections_are_packed():
             for w in runner.layers
         ]
 
-    def packed_qkv(runner: FastRunner) -> list[bool]:
-        return [w.wqkv_packed is not None for w in runner.layers]
-
-    assert packed(FastRunner(model, 32, packed=True)) == [(False, False, True), (True, False, True)]
-    assert packed(FastRunner(model, 32, packed="o+gate_up+down")) == [
-        (False, False, True),
-        (True, True, True),
-    ]
-    assert packed(FastRunner(model, 32, packed="glu")) == [(False, True, False), (False, True, False)]
-    assert packed(FastRunner(model, 32, packed="down")) == [(False, False, True), (False, False, True)]
+    assert packed(build(model, 32, packed=True)) == [(False, False, True), (True, False, True)]
+    assert packed(build(model, 32, **ALL_PACKED)) == [(False, False, True), (True, True, True)]
     narrow = bf16_valued(make_model("tiny-qwen3", seed=9))  # intermediate_size 160: no packed down-proj
-    assert packed(FastRunner(narrow, 32, packed="o+gate_up+down")) == [
-        (False, False, False),
-        (True, False, False),
-    ]
-    assert packed(FastRunner(model, 32, packed=False)) == [(False, False, False)] * 2
-    # the q|k|v of layers whose o-proj clears its sums (layer 0's reads the embedding row); none with biases
-    assert packed_qkv(FastRunner(model, 32, packed="qkv+o+down")) == [False, True]
-    assert packed_qkv(FastRunner(model, 32, packed="o+down")) == [False, False]
-    qwen2 = bf16_valued(make_model("tiny-qwen2", seed=9, intermediate_size=192))
-    assert packed_qkv(FastRunner(qwen2, 32, packed="qkv+o+down")) == [False, False]
+    assert packed(build(narrow, 32, **ALL_PACKED)) == [(False, False, False), (True, False, False)]
+    assert packed(build(model, 32, packed=False)) == [(False, False, False)] * 2
 
 
 def test_a_runner_of_parameters_holds_no_autograd_graph():
@@ -385,7 +329,7 @@ def test_a_runner_of_parameters_holds_no_autograd_graph():
     q|k|v, the packed words, the head screen) must hold none, or each keeps its temporaries alive."""
     model = bf16_valued(make_model("tiny-qwen3", seed=9, intermediate_size=192))
     assert model.layers[0].wq.requires_grad
-    runner = FastRunner(model, 32, packed="o+gate_up+down", head_screen=True)
+    runner = build(model, 32, head_screen=True, **ALL_PACKED)
     built = [w.wqkv for w in runner.layers] + list(vars(runner.head_screen).values())
     built += [t for w in runner.layers for p in (w.wo_packed, w.w13_packed, w.w2_packed) if p is not None
               for t in vars(p).values() if isinstance(t, torch.Tensor)]  # fmt: skip
@@ -393,34 +337,14 @@ def test_a_runner_of_parameters_holds_no_autograd_graph():
     assert not any(t.requires_grad or t.grad_fn is not None for t in built)
 
 
-@fp32_only
-def test_a_runner_with_a_buffer_moved_generates_the_same_tokens():
-    """inference/bench/placement.py: every buffer a move re-allocates, the step's
-    launches must then read and write there, or the tokens part."""
-    model = bf16_valued(make_model("tiny-qwen3", seed=11, intermediate_size=192))
-    prompt, params = list(range(3, 14)), SamplingParams(max_new_tokens=4, temperature=0.0)
-    runner = FastRunner(model, 64, **QKV_PACKED)  # every packed kind: both sums, both norm scalars
-    tokens = list(runner.generate_tokens(prompt, params))
-    for what in MOVABLE:
-        assert move(runner, what, offset=16 * 37)
-        assert list(runner.generate_tokens(prompt, params)) == tokens, what
-    # the residual re-allocated without re-pointing the lanes' view: the layers add into the old buffer, the head
-    # reads the new one's zeros, and the tokens part
-    runner.x = torch.zeros_like(runner.x)
-    runner.graphs.clear()
-    assert list(runner.generate_tokens(prompt, params)) != tokens
-    assert not move(FastRunner(model, 64, packed=False), "sums")
-    with pytest.raises(ValueError, match="offset"):
-        move(runner, "residual", offset=8)
-
-
 def test_a_runner_keeps_its_residual_at_the_fastest_of_the_timed_addresses():
     """inference/fast/residual_placement.py: the greedy step timed with the residual at each candidate address
     (CUDA graph replays on a GPU, an eager step here), x kept at the fastest, the step's state left as it was."""
     model = bf16_valued(make_model("tiny-qwen3", seed=11, intermediate_size=192))
-    still = FastRunner(model, 64, residual_candidates=1, **ALL_PACKED)
-    placed = FastRunner(model, 64, residual_candidates=3, **ALL_PACKED)
-    assert (still.residual_choice, still.residual_seconds) == (0, [])
+    still = build(model, 64, **ALL_PACKED)
+    placed = build(model, 64, **ALL_PACKED)
+    assert (still.residual_choice, still.residual_seconds) == (0, [])  # none timed until asked
+    assert placed.place_residual(3) is placed.residual_seconds
     assert len(placed.residual_seconds) == 3 and min(placed.residual_seconds) > 0
     assert placed.residual_seconds[placed.residual_choice] == min(placed.residual_seconds)
     # x lies at the kept candidate's place in the pool, and the step starts where a fresh runner's does
@@ -446,67 +370,28 @@ def test_packed_generation_is_the_bf16_kernels_generation():
     model = bf16_valued(make_model("tiny-llama", seed=10, intermediate_size=192))
     prompt = list(range(5, 17))
     params = SamplingParams(max_new_tokens=12, temperature=0.0)
-    bf16 = list(FastRunner(model, 64, packed=False).generate_tokens(prompt, params))
-    for settings in (PACKED, ALL_PACKED, GLU_PACKED, QKV_PACKED):
-        assert list(FastRunner(model, 64, **settings).generate_tokens(prompt, params)) == bf16
+    bf16 = list(build(model, 64, packed=False).generate_tokens(prompt, params))
+    for settings in (PACKED, ALL_PACKED):
+        assert list(build(model, 64, **settings).generate_tokens(prompt, params)) == bf16
 
 
 def test_packing_refuses_weights_bf16_cannot_hold():
     model = make_model("tiny-llama", seed=11, intermediate_size=192)
     if model.tok_embeddings.dtype == torch.float32:  # random fp32 weights are not bf16 numbers
         with pytest.raises(ValueError, match="packed: layer 0 w2"):
-            FastRunner(model, 32, packed=True)
+            build(model, 32, packed=True)
     with pytest.raises(ValueError, match="one-lane"):
-        FastRunner(make_model("tiny-laneformer"), 32, packed=True)
-
-
-def test_prefetch_overrides():
-    assert prefetch_overrides(" o=4, gate_up=2 ") == {"o": 4, "gate_up": 2}
-    assert prefetch_overrides("") == {}
-    for bad in ("attention=2", "o=0", "o=x", "o"):
-        with pytest.raises(ValueError, match="prefetch:"):
-            prefetch_overrides(bad)
-    with pytest.raises(ValueError, match="prefetch:"):
-        FastRunner(make_model("tiny-llama"), 32, prefetch={"head": 2})
-
-
-def test_block_spec():
-    assert block_spec(" down=4/4096/8, o=0/128/0 ") == {
-        "down": {"block_n": 4, "block_k": 4096, "num_warps": 8},
-        "o": {"block_k": 128},  # 0: the kernel's own choice
-    }
-    assert block_spec("") == {}
-    for bad in ("head=4/512/4", "down=4/512", "down=4/x/4", "down"):
-        with pytest.raises(ValueError, match="blocks:"):
-            block_spec(bad)
-    assert block_spec({"down": {"block_k": 4096}}) == {"down": {"block_k": 4096}}
-    for bad in ({"head": {"block_n": 4}}, {"down": {"block_m": 4}}, {"down": {"block_n": 0}}):
-        with pytest.raises(ValueError, match="blocks"):
-            block_spec(bad)
-
-
-@pytest.mark.parametrize(
-    "kwargs,what",
-    [({"head_blocks": {"rows": 2}}, "head_blocks:"), ({"attention": {"warps": 2}}, "attention:"),
-     ({"blocks": {"down": {"block_n": -1}}}, "blocks.down:"), ({"attention": {"cluster": 2}}, "attention:")]
-    + [({"attention": {"cluster": 0, "push": 1}}, "push: the push merge runs in thread-block clusters")]
-    + ([] if ON_GPU else [({"attention": {"cluster": 1}}, "cluster: thread-block clusters need a Hopper GPU"),
-                          ({"attention": {"push": 1}}, "push: the push merge runs in thread-block clusters")]),
-)  # fmt: skip
-def test_runner_rejects_unknown_block_settings(kwargs, what):
-    with pytest.raises(ValueError, match=what):
-        FastRunner(make_model("tiny-llama"), 32, **kwargs)
+        build(make_model("tiny-laneformer"), 32, packed=True)
 
 
 @pytest.mark.parametrize("preset", ["tiny-laneformer", "tiny-qwen3"])
-@pytest.mark.parametrize("cluster,push", [(0, 0), (1, 0), (1, 1)] if ON_GPU else [(0, 0)])
-def test_attention_merge_by_cluster_or_counter_matches_the_reference(preset, cluster, push):
-    # splits=4 leaves several splits holding keys for the merge to combine (16-token prompt, 16-key blocks);
-    # push: the cluster's partials pushed into shared memory instead of through global memory
+def test_split_keys_merge_to_the_reference(preset):
+    # 4 splits of a 150-token context: several splits hold keys for the merge to combine (a cluster's push on a
+    # Hopper GPU, the arrival counter elsewhere)
     model = make_model(preset, seed=8)
-    attention = {"splits": 4, "block_t": 16, "cluster": cluster, "push": push}
-    runs = teacher_forced(model, list(range(3, 19)), steps=4, attention=attention)
-    for fast, ref, _ in runs:
+    for fast, ref, _ in teacher_forced(
+        model, list(range(3, 153)), steps=3, max_context=160, attention_splits=4
+    ):
         assert rel_err(fast, ref) < LOGIT_TOL
 
 
@@ -514,41 +399,15 @@ def test_attention_merge_by_cluster_or_counter_matches_the_reference(preset, clu
 def test_next_layer_prefetch_is_the_gpu_default_and_changes_nothing(preset):
     # each attention asks L2 for the next layer's keys and values on a Hopper GPU; the logits are the same bits
     model = make_model(preset, seed=9)
-    assert FastRunner(model, 32).attn_prefetch_next is ON_GPU
+    assert FastRunner(model, 32).settings.attention_prefetch_next is ON_GPU
     if not ON_GPU:
-        with pytest.raises(ValueError, match="prefetch_next: the L2 prefetch needs a Hopper GPU"):
-            FastRunner(model, 32, attention={"prefetch_next": 1})
+        with pytest.raises(ValueError, match="next_layer: the L2 prefetch needs a Hopper GPU"):
+            build(model, 32, attention_prefetch_next=True).decode_step()
         return
     prompt = list(range(3, 40))
     on = [fast for fast, _, _ in teacher_forced(model, prompt, steps=4)]
-    off = [fast for fast, _, _ in teacher_forced(model, prompt, steps=4, attention={"prefetch_next": 0})]
+    off = [fast for fast, _, _ in teacher_forced(model, prompt, steps=4, attention_prefetch_next=False)]
     assert all(torch.equal(a, b) for a, b in zip(on, off, strict=True))
-
-
-def test_attention_switches_from_the_environment(monkeypatch):
-    # KOG_ATTN_CLUSTER, KOG_ATTN_PUSH and KOG_ATTN_PREFETCH_NEXT (0|1) are read like the `attention` argument's
-    # keys
-    assert FastRunner(make_model("tiny-llama"), 32).attn_push is None  # the kernel's choice
-    monkeypatch.setenv("KOG_ATTN_CLUSTER", "0")
-    monkeypatch.setenv("KOG_ATTN_PUSH", "0")
-    monkeypatch.setenv("KOG_ATTN_PREFETCH_NEXT", "0")
-    runner = FastRunner(make_model("tiny-llama"), 32)
-    assert runner.attn_cluster is False and runner.attn_push is False and runner.attn_prefetch_next is False
-    monkeypatch.setenv("KOG_ATTN_PREFETCH_NEXT", "2")
-    with pytest.raises(ValueError, match="KOG_ATTN_"):
-        FastRunner(make_model("tiny-llama"), 32)
-
-
-@pytest.mark.parametrize("preset", ["tiny-laneformer", "tiny-llama"])
-def test_explicit_block_sizes_and_head_row_blocks_change_nothing(preset):
-    # every matrix-vector kind and the head on blocks of their own, the head's in several blocks a program
-    model = make_model(preset, seed=6)
-    blocks = "qkv=2/32/2,o=4/16/2,gate_up=2/64/4,down=8/32/4"
-    runs = teacher_forced(
-        model, list(range(2, 11)), steps=3, blocks=blocks, head_blocks={"block_n": 8, "row_blocks": 3}
-    )
-    for fast, ref, _ in runs:
-        assert rel_err(fast, ref) < LOGIT_TOL
 
 
 @fp32_only

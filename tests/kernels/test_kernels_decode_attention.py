@@ -57,16 +57,11 @@ def run_case(
     qk_norm=False,
     splits=4,
     block_t=16,
-    cluster=False,
     next_window="none",
-    kv_evict_first=True,
-    push=False,
-    qkv_scale=None,
 ):
+    """The kernel against the fp64 reference; the splits merge in a cluster on a Hopper GPU (up to 16 of them),
+    through the arrival counter elsewhere."""
     qkv = randn(lanes, (num_heads + 2 * num_kv) // lanes * hd, scale=2.0)
-    # qkv_scale: qkv holds fp32 sums, and q, k, v are those sums times the scale (a packed q|k|v's)
-    scale = None if qkv_scale is None else torch.tensor([qkv_scale], dtype=torch.float32, device=DEVICE)
-    values = qkv if scale is None else qkv.double() * qkv_scale
     # Positions the kernel must not read (beyond pos, before the window) are NaN.
     k_cache, v_cache = randn(num_kv, max_len, hd, dtype=dtype), randn(num_kv, max_len, hd, dtype=dtype)
     start = 0 if window is None else max(0, pos - window + 1)
@@ -77,7 +72,7 @@ def run_case(
     cos, sin = angles.cos().to(DEVICE), angles.sin().to(DEVICE)
     q_norm = randn(hd, dtype=dtype).abs() + 0.5 if qk_norm else None
     k_norm = randn(hd, dtype=dtype).abs() + 0.5 if qk_norm else None
-    want, want_k, want_v = reference(values, k_cache, v_cache, pos, cos, sin, num_heads, window, interleaved,
+    want, want_k, want_v = reference(qkv, k_cache, v_cache, pos, cos, sin, num_heads, window, interleaved,
                                      q_norm, k_norm, 1e-6)  # fmt: skip
     scratch = AttentionScratch(num_kv, num_heads // num_kv, hd, splits, DEVICE)
     out = poisoned(lanes, num_heads // lanes * hd, dtype=torch.float32)
@@ -87,9 +82,8 @@ def run_case(
                                                      randn(*k_cache.shape, dtype=dtype), next_window)  # fmt: skip
     next_before = None if next_layer is None else (next_layer[0].clone(), next_layer[1].clone())
     decode_attention(qkv, k_cache, v_cache, pos_t, cos, sin, out, scratch, num_heads=num_heads, window=window,
-                     interleaved=interleaved, q_norm=q_norm, k_norm=k_norm, block_t=block_t, cluster=cluster,
-                     next_layer=next_layer, kv_evict_first=kv_evict_first, push=push,
-                     qkv_scale=scale)  # fmt: skip
+                     interleaved=interleaved, q_norm=q_norm, k_norm=k_norm, block_t=block_t,
+                     next_layer=next_layer)  # fmt: skip
     if next_layer is not None:
         assert torch.equal(next_layer[0], next_before[0]) and torch.equal(next_layer[1], next_before[1])
     assert_close(out, want, dtype, "out")
@@ -124,26 +118,6 @@ def test_rope_layouts_and_qk_norm(dtype, interleaved):
 @pytest.mark.parametrize("pos,window", [(40, 8), (5, 8), (33, 1)])
 def test_sliding_window_reads_only_the_window(dtype, pos, window):
     run_case(dtype, 2, 4, 2, 16, pos, max_len=48, window=window)
-
-
-@pytest.mark.parametrize("dtype", dtype_params())
-@pytest.mark.parametrize("qk_norm", [False, True])
-def test_scaled_sums_are_the_qkv_they_stand_for(dtype, qk_norm):
-    # 0.37: no power of two, so a scale the kernel dropped or applied twice fails (v and the output scale with it)
-    run_case(dtype, 1, 8, 2, 32, 26, max_len=40, qk_norm=qk_norm, qkv_scale=0.37, cluster=ON_GPU, push=ON_GPU)
-
-
-def test_qkv_scale_needs_fp32_sums():
-    k_cache = randn(2, 16, 8)
-    cos = torch.ones(16, 4, device=DEVICE)
-    scratch = AttentionScratch(2, 2, 8, 2, DEVICE)
-    pos = torch.zeros(1, dtype=torch.int32, device=DEVICE)
-    with pytest.raises(ValueError, match="qkv_scale:"):
-        decode_attention(randn(1, 64, dtype=torch.bfloat16), k_cache, k_cache.clone(), pos, cos, cos, randn(1, 32),
-                         scratch, num_heads=4, qkv_scale=torch.ones(1, device=DEVICE))  # fmt: skip
-    with pytest.raises(ValueError, match="qkv_scale:"):
-        decode_attention(randn(1, 64), k_cache, k_cache.clone(), pos, cos, cos, randn(1, 32), scratch, num_heads=4,
-                         qkv_scale=torch.ones(2, device=DEVICE))  # fmt: skip
 
 
 def test_one_split_and_many_splits_agree():
@@ -197,20 +171,14 @@ def test_rejects_bad_shapes():
         (1, 16, 2, 256, 70, 16, None, False, True),
     ],
 )
-@pytest.mark.parametrize("push", [False, True], ids=["barrier", "push"])
 def test_cluster_merge_matches_reference(dtype, lanes, num_heads, num_kv, hd, pos, splits, window, interleaved,
-                                         qk_norm, push):  # fmt: skip
-    # The split partials merged in a cluster instead of through the counter (kernels/cluster.py): through global
-    # memory and a cluster barrier, or pushed into the owners' shared memory (push). Run twice, at consecutive
-    # positions, so that a program reading a stale partial of the call before would show.
+                                         qk_norm):  # fmt: skip
+    # The split partials pushed into the owners' shared memory in a cluster (kernels/cluster.py) instead of merged
+    # through the counter. Run twice, at consecutive positions, so that a program reading a stale partial of the
+    # call before would show.
     for p in (pos, pos + 1):
         run_case(dtype, lanes, num_heads, num_kv, hd, p, max_len=p + 8, window=window, interleaved=interleaved,
-                 qk_norm=qk_norm, splits=splits, block_t=64, cluster=True, push=push)  # fmt: skip
-
-
-def test_push_merge_needs_the_cluster():
-    with pytest.raises(ValueError, match="push: the push merge runs inside a thread-block cluster"):
-        run_case(torch.float32, 1, 2, 1, 16, 5, max_len=8, cluster=False, push=True)
+                 qk_norm=qk_norm, splits=splits, block_t=64)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -226,20 +194,11 @@ def test_push_layout(group, hd, splits, want):
     assert push_layout(group, hd, splits) == want
 
 
-@pytest.mark.skipif(ON_GPU, reason="the interpreter's refusal")
-def test_cluster_merge_needs_a_gpu():
-    with pytest.raises(ValueError, match="cluster: needs a Hopper GPU"):
-        run_case(torch.float32, 1, 2, 1, 16, 5, max_len=8, cluster=True)
-
-
 @pytest.mark.skipif(not ON_GPU, reason="the choice between clusters and the counter is a GPU's")
 def test_more_splits_than_a_cluster_holds_use_the_counter():
-    # 32 splits: clusters hold at most 16 programs, so the kernel's own choice is the counter, and forcing a
-    # cluster is refused
-    scratch = run_case(torch.float32, 1, 8, 2, 32, 90, max_len=96, splits=32, block_t=16, cluster=None)
+    # 32 splits: clusters hold at most 16 programs, so the kernel merges through the counter
+    scratch = run_case(torch.float32, 1, 8, 2, 32, 90, max_len=96, splits=32, block_t=16)
     assert (scratch.counter == 0).all()
-    with pytest.raises(ValueError, match="cluster: needs a Hopper GPU and splits in"):
-        run_case(torch.float32, 1, 8, 2, 32, 90, max_len=96, splits=32, block_t=16, cluster=True)
 
 
 def test_split_counts_must_be_powers_of_two():
@@ -276,15 +235,13 @@ def test_next_layer_prefetch_changes_nothing(
     # the same output and cache writes as without it (run_case), and the next layer's caches untouched
     for p in (pos, pos + 1):
         run_case(dtype, lanes, num_heads, num_kv, hd, p, max_len=p + 8, window=window, splits=splits, block_t=64,
-                 cluster=True, next_window=next_window)  # fmt: skip
+                 next_window=next_window)  # fmt: skip
 
 
-@pytest.mark.parametrize("kv_evict_first", [True, False])
 @pytest.mark.parametrize("dtype", dtype_params())
-def test_cache_read_hint_changes_nothing(dtype, kv_evict_first):
-    # the evict-first hint on the cache reads (and the plain .cg loads without it) attend the same keys
-    run_case(dtype, 2, 8, 4, 96 if ON_GPU else 24, 150, max_len=160, splits=4, block_t=16 if ON_GPU else 32,
-             cluster=ON_GPU, kv_evict_first=kv_evict_first)  # fmt: skip
+def test_a_long_context_over_several_blocks_a_split(dtype):
+    # the cache's keys and values read in several blocks a split, the next one in flight (evict-first hint)
+    run_case(dtype, 2, 8, 4, 96 if ON_GPU else 24, 150, max_len=160, splits=4, block_t=16 if ON_GPU else 32)
 
 
 def test_next_layer_prefetch_refusals():

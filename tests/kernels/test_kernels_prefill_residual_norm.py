@@ -6,7 +6,7 @@ from tests.support.kernels import DEVICE, assert_close, dtype_params, lane_reduc
 
 
 def reference(x, partial, mode, past, norm_weight, eps):
-    """fp64: model.Transformer._reduce's lane reduction, the residual add, then RMSNorm * weight."""
+    """fp64: model.Transformer.reduce's lane reduction, the residual add, then RMSNorm * weight."""
     new = x.double().cpu() + lane_reduction(partial, mode, past)
     if norm_weight is None:
         return new, None

@@ -27,6 +27,7 @@ from prometheus_client import (
 
 from inference.protocol import EVENTS_TTL_S, PREFIX, queue_key
 from playground.jobs import job_client
+from playground.supervise import RESTARTS_KEY
 
 REGISTRY = CollectorRegistry()
 
@@ -34,6 +35,12 @@ QUEUE_DEPTH = Gauge("kog_queue_depth", "Jobs waiting for a worker, per model", [
 WORKERS = Gauge("kog_workers", "Workers with a live heartbeat", registry=REGISTRY)
 RUNNING_JOBS = Gauge("kog_running_jobs", "Jobs being generated right now", registry=REGISTRY)
 REDIS_UP = Gauge("kog_redis_up", "1 when the job queue answered the scrape", registry=REGISTRY)
+RESTARTS = Gauge(
+    "kog_process_restarts",
+    "Restarts of a process `make run` supervises (worker, daphne, redis) since its launch",
+    ["process"],
+    registry=REGISTRY,
+)
 
 TTFT = Histogram(
     "kog_time_to_first_token_seconds",
@@ -113,7 +120,8 @@ async def refresh_from_redis(jobs, models: list[str]) -> None:
         pipe = jobs.r.pipeline(transaction=False)
         for name in names:
             pipe.llen(queue_key(name))
-        depths = await pipe.execute() if names else []
+        pipe.hgetall(RESTARTS_KEY)
+        *depths, restarts = await pipe.execute()
     except redis.RedisError:
         REDIS_UP.set(0)
         return
@@ -123,6 +131,9 @@ async def refresh_from_redis(jobs, models: list[str]) -> None:
     QUEUE_DEPTH.clear()  # a model no longer served or configured stops being reported
     for name, depth in zip(names, depths, strict=True):
         QUEUE_DEPTH.labels(name).set(depth)
+    RESTARTS.clear()  # only under make run's launcher, which writes them (playground/supervise.py)
+    for process, count in restarts.items():
+        RESTARTS.labels(process).set(int(count))
 
 
 async def metrics_view(request):

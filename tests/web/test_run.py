@@ -1,83 +1,17 @@
 """`python -m playground.run` (what `make run` calls) as a person runs it in a terminal, up to Ctrl-C."""
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from inference.redis_server import free_port
 from inference.synth import synth
+from tests.support.launcher import alive, children, ctrl_c, launched, read_until, workers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def children(pid: int) -> list[int]:
-    path = Path(f"/proc/{pid}/task/{pid}/children")
-    return [int(child) for child in path.read_text().split()] if path.exists() else []
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-@contextlib.contextmanager
-def launched(tmp_path: Path, *args: str, env: dict | None = None, cwd: Path = ROOT):
-    """`python -m playground.run` in its own session, as a terminal runs it (Ctrl-C reaches its whole group),
-    from `cwd`, with a Redis of its own unless `env` names one: (launcher, port), killed at the end if still
-    running."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"} | {
-        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
-        "LOG_FORMAT": "plain",
-        **(env or {}),
-    }
-    launcher = subprocess.Popen([sys.executable, "-m", "playground.run", "--port", str(port), *args], cwd=cwd,
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)  # fmt: skip
-    try:
-        yield launcher, port
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
-
-
-def ctrl_c(launcher: subprocess.Popen) -> str:
-    """Ctrl-C as a terminal sends it; what the launcher printed until it exited."""
-    os.killpg(launcher.pid, signal.SIGINT)
-    return launcher.communicate(timeout=60)[0]
-
-
-def workers(launcher: subprocess.Popen) -> list[int]:
-    return [pid for pid in children(launcher.pid) if b"inference.worker" in cmdline(pid)]
-
-
-def read_until(launcher: subprocess.Popen, words: str, lines: list[str]) -> None:
-    for line in launcher.stdout:
-        lines.append(line)
-        if words in line:
-            return
-    raise AssertionError(f"{words!r} never came:\n{''.join(lines)}")
-
-
-def cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except FileNotFoundError:
-        return b""
 
 
 def test_ctrl_c_stops_the_worker_before_its_redis_and_leaves_nothing_running(tmp_path):

@@ -121,6 +121,14 @@ def local_secret_key() -> str:
     return path.read_text().strip()
 
 
+def debug_requested(env: dict) -> bool:
+    return env.get("DJANGO_DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}  # as settings.env_bool
+
+
+def loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "::1", "localhost")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m playground.run", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
@@ -132,7 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.setdefault("DJANGO_SECRET_KEY", local_secret_key())
+    if debug_requested(env) and not loopback(args.host):
+        raise SystemExit(
+            f"DJANGO_DEBUG is on: its error pages show the settings, so it serves on 127.0.0.1 only, not "
+            f"--host {args.host}; unset DJANGO_DEBUG (make run) to serve others"
+        )
+    if not env.get("DJANGO_SECRET_KEY", "").strip():  # unset or empty: a fresh machine serves all the same
+        env["DJANGO_SECRET_KEY"] = local_secret_key()
     if args.model:  # the web offers (and /readyz probes) the models this worker serves, not the default
         args.model = absolute_entries(args.model)
     models = args.model or absolute_entries([m for m in env.get("MODELS", "").split(",") if m.strip()])

@@ -106,3 +106,33 @@ def test_relative_entries_are_made_absolute_and_the_rest_left_alone(tmp_path, mo
         f"{tmp_path}/my-ft", f"{tmp_path}/my-ft", f"ft={tmp_path}/my-ft", "tiny-llama", "standin:5", "~/x",
         "/abs/y", "./not-here",
     ]  # fmt: skip
+
+
+def test_it_serves_as_production_with_no_debug_page_and_the_enforced_policy(tmp_path):
+    # a fresh machine: no secret key and no DJANGO_DEBUG in the environment (the launcher makes a key in var/)
+    env = {"DJANGO_SECRET_KEY": "", "DJANGO_DEBUG": ""}
+    with launched(tmp_path, "--no-worker", env=env) as (launcher, port):
+        lines: list[str] = []
+        read_until(launcher, "Playground: http://", lines)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as page:
+            assert "default-src 'self'" in page.headers["Content-Security-Policy"]
+            assert page.headers["Content-Security-Policy-Report-Only"] is None
+        foreign = urllib.request.Request(f"http://127.0.0.1:{port}/", headers={"Host": "evil.example"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(foreign, timeout=30)
+        body = refused.value.read().decode()
+        assert refused.value.code == 400 and "Bad Request" in body, body
+        for secret_word in ("DisallowedHost", "SECRET_KEY", "settings", "Traceback", "ALLOWED_HOSTS"):
+            assert secret_word not in body
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/no/such/page", timeout=30)
+        assert missing.value.code == 404 and "URLconf" not in missing.value.read().decode()
+        rest = ctrl_c(launcher)
+    assert launcher.returncode == 0, "".join(lines) + rest
+
+
+def test_debug_pages_are_refused_off_loopback(tmp_path):
+    with launched(tmp_path, "--host", "0.0.0.0", "--no-worker", env={"DJANGO_DEBUG": "1"}) as (launcher, _):
+        output, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode != 0
+    assert output.strip().startswith("DJANGO_DEBUG is on: its error pages show the settings"), output

@@ -99,6 +99,8 @@ class GenerateConsumer(AsyncWebsocketConsumer):
             frame = json.loads(text_data) if text_data is not None else None
         except ValueError:
             frame = None
+        except RecursionError:  # json's decoder recurses once per [ or {: a bad frame, not a bug of ours
+            return await self.send_error("bad_frame", "frames must be JSON objects nested a few levels deep")
         if not isinstance(frame, dict):
             return await self.send_error("bad_frame", "frames must be JSON objects with a type")
         kind = frame.get("type")

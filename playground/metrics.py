@@ -11,9 +11,11 @@ finished job once, by whichever web process sees its end first (a flag in Redis)
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 
 import redis
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpResponse, JsonResponse
 from prometheus_client import (
@@ -27,14 +29,19 @@ from prometheus_client import (
 
 from inference.protocol import EVENTS_TTL_S, PREFIX, queue_key
 from playground.jobs import job_client
+from playground.store import database_bytes
 from playground.supervise import RESTARTS_KEY
 
 REGISTRY = CollectorRegistry()
+log = logging.getLogger(__name__)
 
 QUEUE_DEPTH = Gauge("kog_queue_depth", "Jobs waiting for a worker, per model", ["model"], registry=REGISTRY)
 WORKERS = Gauge("kog_workers", "Workers with a live heartbeat", registry=REGISTRY)
 RUNNING_JOBS = Gauge("kog_running_jobs", "Jobs being generated right now", registry=REGISTRY)
 REDIS_UP = Gauge("kog_redis_up", "1 when the job queue answered the scrape", registry=REGISTRY)
+DATABASE_BYTES = Gauge(
+    "kog_database_bytes", "The database's size on disk (saved generations)", registry=REGISTRY
+)
 RESTARTS = Gauge(
     "kog_process_restarts",
     "Restarts of a process `make run` supervises (worker, daphne, redis) since its launch",
@@ -136,6 +143,16 @@ async def refresh_from_redis(jobs, models: list[str]) -> None:
         RESTARTS.labels(process).set(int(count))
 
 
+async def refresh_database_size() -> None:
+    try:
+        size = await sync_to_async(database_bytes, thread_sensitive=False)()
+    except Exception as exc:  # noqa: BLE001 - a scrape still answers with what it has
+        log.warning("could not read the database's size: %s", exc)
+        return
+    if size is not None:
+        DATABASE_BYTES.set(size)
+
+
 async def metrics_view(request):
     token = os.environ.get("PLAYGROUND_METRICS_TOKEN", "")
     if token:
@@ -145,4 +162,5 @@ async def metrics_view(request):
                 {"error": "metrics need `Authorization: Bearer <PLAYGROUND_METRICS_TOKEN>`"}, status=401
             )
     await refresh_from_redis(job_client(), settings.PLAYGROUND_MODELS)
+    await refresh_database_size()
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

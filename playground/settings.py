@@ -19,8 +19,8 @@ PLAYGROUND_MAX_FRAME_BYTES  the largest websocket frame the page may send (defau
                         prompt at 4 UTF-8 bytes a character, plus 64 KiB for the rest of the frame)
 PLAYGROUND_REDIS_CONNECTIONS  pooled Redis connections per web process (default 500; each socket
                         following a job holds one while it waits for events)
-PLAYGROUND_RETENTION_DAYS   when set (whole days, 1 or more), saved generations older than this are deleted
-                        (a web process prunes at most once an hour, after saving one); unset: kept
+PLAYGROUND_RETENTION_DAYS   saved generations older than this many days are deleted (default 30; 0 keeps them
+                        all): a web process prunes at most once an hour, after saving one
 Rate limits (PLAYGROUND_IP_*, PLAYGROUND_KEY_*, PLAYGROUND_TRUSTED_PROXIES): see playground/limits.py.
 A value that is not what its variable takes stops the process at its start (settings, or the app's ready() for
 the rate limits) with one line naming the variable, rather than failing requests once it serves.
@@ -179,12 +179,19 @@ PLAYGROUND_API_CORS_ORIGINS = env_list("PLAYGROUND_API_CORS_ORIGINS")  # see pla
 PLAYGROUND_REDIS_CONNECTIONS = env_number("PLAYGROUND_REDIS_CONNECTIONS", 500, low=1, unit="connections")
 
 
+DEFAULT_RETENTION_DAYS = 30
+
+
 def retention_days() -> int | None:
-    """None (unset: keep every generation) or a whole number of days, 1 or more."""
-    return env_number("PLAYGROUND_RETENTION_DAYS", None, low=1, unit="days", note="or unset")
+    """A whole number of days, 1 or more (DEFAULT_RETENTION_DAYS when unset), or None (0: keep every one)."""
+    days = env_number(
+        "PLAYGROUND_RETENTION_DAYS", DEFAULT_RETENTION_DAYS, unit="days", note="0 keeps them all"
+    )
+    return days or None
 
 
-# Saved generations older than this many days are pruned (playground/store.py); None keeps them all.
+# Saved generations older than this many days are pruned (playground/store.py); None keeps them all: a public
+# demo's database stays bounded by default.
 PLAYGROUND_RETENTION_DAYS = retention_days()
 # A playground.limits.LimitConfig, or None to read the PLAYGROUND_IP_* / _KEY_* variables.
 PLAYGROUND_LIMITS = None

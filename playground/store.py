@@ -86,6 +86,24 @@ def prune_generations(older_than_days: float, dry_run: bool = False) -> int:
     return deleted
 
 
+def database_bytes() -> int | None:
+    """The database's size: SQLite's pages, PostgreSQL's own count; None for another engine. Sync: call it
+    through sync_to_async."""
+    connection = connections["default"]
+    queries = {
+        "sqlite": "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()",
+        "postgresql": "SELECT pg_database_size(current_database())",
+    }
+    if connection.vendor not in queries:
+        return None
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(queries[connection.vendor])
+            return int(cursor.fetchone()[0])
+    finally:
+        connections.close_all()  # this thread's connections: a pool thread would keep them open
+
+
 # When this process may prune next (time.monotonic()), and the prune under way
 _next_prune = 0.0
 _pruning: asyncio.Task | None = None

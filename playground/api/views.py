@@ -28,7 +28,7 @@ from inference.protocol import TERMINAL, JobSpec, QueueFull
 from playground import metrics
 from playground.api.auth import authenticate
 from playground.api.errors import ApiError, body_too_large
-from playground.api.params import ApiRequest, parse_request
+from playground.api.params import ApiRequest, json_depth, parse_request
 from playground.jobs import Lease, job_client, redis_back, served_models
 from playground.limits import configured as limit_config
 from playground.limits import ip_from_request, limiter
@@ -37,6 +37,7 @@ from playground.store import save_generation
 log = logging.getLogger("playground.api")
 INTERNAL_ERROR = "Internal server error (the details are in the server's log)"
 STREAM_START_GRACE_S = 5.0
+MAX_BODY_DEPTH = 32  # levels of [ and { in a request body
 _background: set[asyncio.Task] = set()
 
 
@@ -154,11 +155,18 @@ def json_body(request):
             415, "Send the body as JSON, with `Content-Type: application/json`", code="unsupported_media_type"
         )
     try:
-        return json.loads(raw)
+        body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"The body is not valid JSON: {exc}", code="invalid_json") from None
     except RecursionError:  # json's decoder recurses once per [ or {: a bad body, not our bug
         raise ApiError(400, "The body is not valid JSON: nested too deeply", code="invalid_json") from None
+    # No request field nests deeper; a body that does would only reach code that recurses (comparisons, the
+    # job's JSON) with it.
+    if json_depth(body) > MAX_BODY_DEPTH:
+        raise ApiError(
+            400, f"The body nests more than {MAX_BODY_DEPTH} levels deep", code="invalid_json"
+        ) from None
+    return body
 
 
 async def complete(request, chat: bool):
@@ -205,6 +213,9 @@ async def complete(request, chat: bool):
         raise ApiError(
             429, str(exc), type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"}
         ) from None
+    except Exception:  # never queued (the queue is down, a bug): the request does not count either
+        await limiter().refund(verdict)
+        raise
 
     try:
         # Wait for the job's first real event before any status line goes out, so that a refusal

@@ -130,3 +130,15 @@ async def test_a_metrics_token_keeps_strangers_out(monkeypatch):
     assert (await scrape())[0] == 401
     assert (await scrape({"Authorization": "Bearer wrong"}))[0] == 401
     assert (await scrape({"Authorization": "Bearer s3cret"}))[0] == 200
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_scrape_gives_the_databases_size_and_it_grows_with_saved_runs():
+    from playground.store import save_generation
+
+    _, before = await scrape()
+    assert value(before, "kog_database_bytes") > 0
+    done = {"finish_reason": "stop", "text": "o" * 200_000, "stats": {"completion_tokens": 1}}
+    await save_generation(JobSpec(model="m", prompt="p"), done)
+    _, after = await scrape()
+    assert value(after, "kog_database_bytes") > value(before, "kog_database_bytes")

@@ -60,12 +60,14 @@ def test_the_command_deletes_runs_older_than_n_days_and_a_dry_run_only_counts_th
         call_command("prune_generations")  # no default: the number of days is the caller's choice
 
 
-def test_the_retention_setting_is_unset_or_a_whole_number_of_days(monkeypatch):
+def test_the_retention_is_30_days_by_default_0_keeps_everything_else_a_whole_number_of_days(monkeypatch):
     monkeypatch.delenv("PLAYGROUND_RETENTION_DAYS", raising=False)
+    assert retention_days() == 30  # a public demo's database stays bounded unless asked otherwise
+    monkeypatch.setenv("PLAYGROUND_RETENTION_DAYS", " 7 ")
+    assert retention_days() == 7
+    monkeypatch.setenv("PLAYGROUND_RETENTION_DAYS", "0")
     assert retention_days() is None
-    monkeypatch.setenv("PLAYGROUND_RETENTION_DAYS", " 30 ")
-    assert retention_days() == 30
-    for wrong in ("0", "-3", "1.5", "a month"):
+    for wrong in ("-3", "1.5", "a month"):
         monkeypatch.setenv("PLAYGROUND_RETENTION_DAYS", wrong)
         with pytest.raises(ImproperlyConfigured, match="PLAYGROUND_RETENTION_DAYS"):
             retention_days()

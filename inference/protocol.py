@@ -2,7 +2,16 @@
 
 Torch-free: the web process imports it. Keys (all under `PREFIX`):
 
-    queue:<model>     list of job ids, RPUSH by the web, BLPOP by a worker serving <model>: FIFO
+    queue:<model>     list of job ids in the order they are served, BLPOP by a worker serving <model>. The web
+                      places a job by its visitor's turn (round robin across visitors, not first come first
+                      served): a job's `round` is one past its visitor's last (turns:<model>) and never
+                      before the round now served (round:<model>, set by the claim); it goes after every
+                      job of its round or an earlier one. A job with no visitor (a probe) takes the
+                      current round.
+    turns:<model>     hash: visitor -> the round of the last job it queued
+    round:<model>     the round of the job a worker claimed last
+    visitor:<v>       set of a visitor's job ids (an address or an API key): at most `max_per_visitor`
+                      of them queued or running at once; the ended ones are dropped as it is counted
     job:<id>          hash: spec (json), model, status, worker, created/started/finished (unix s)
     events:<id>       stream of {type, data(json)}: started, prefilled, delta, done, error.
                       Readers resume from the last entry id they saw, so a reconnect loses nothing
@@ -76,6 +85,18 @@ def followers_key(job_id: str) -> str:
     return f"{PREFIX}followers:{job_id}"
 
 
+def turns_key(model: str) -> str:
+    return f"{PREFIX}turns:{model}"
+
+
+def round_key(model: str) -> str:
+    return f"{PREFIX}round:{model}"
+
+
+def visitor_key(visitor: str) -> str:
+    return f"{PREFIX}visitor:{visitor}"
+
+
 def worker_key(worker_id: str) -> str:
     return f"{PREFIX}worker:{worker_id}"
 
@@ -121,6 +142,10 @@ def connect(
 
 class QueueFull(Exception):
     """The model's queue holds `max_queue` jobs already."""
+
+
+class VisitorBusy(Exception):
+    """The visitor has `max_per_visitor` jobs queued or running already."""
 
 
 @dataclass
@@ -239,6 +264,8 @@ class WorkerChannel:
         return {'orphaned'}
     end
     redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[1], 'started', ARGV[2])
+    local round = redis.call('HGET', KEYS[1], 'round')
+    if round then redis.call('SET', ARGV[5] .. redis.call('HGET', KEYS[1], 'model'), round, 'EX', ARGV[4] * 24) end
     return {'claimed', redis.call('HGET', KEYS[1], 'spec')}
     """
 
@@ -284,7 +311,7 @@ class WorkerChannel:
         when nobody has followed it for longer than its grace (it is then ended as cancelled)."""
         now = time.time()
         keys = [job_key(job_id), followers_key(job_id), events_key(job_id)]
-        args = [self.worker_id, now, json.dumps(_cancelled_before_start()), EVENTS_TTL_S]
+        args = [self.worker_id, now, json.dumps(_cancelled_before_start()), EVENTS_TTL_S, round_key("")]
         claimed = self._claim(keys=keys, args=args)
         if not claimed:  # expired, deleted, cancelled or failed by a reader while queued
             return None
@@ -327,15 +354,34 @@ class WorkerChannel:
 class JobClient:
     """What a web process does to Redis. `r` is a `redis.asyncio.Redis(decode_responses=True)`."""
 
-    # Atomic "push unless the queue is full", with the submitter's lease taken before any worker can pop
-    # the job: KEYS: queue, job hash, followers; ARGV: id, spec, max, now, model, ttl, then the follower
-    # ('' for none: the job is never orphaned), its grace and the lease's lifetime, then the key prefixes of
-    # jobs, followers and events, a cancelled end's data and an ended job's ttl. A full queue first lets go of
-    # the queued jobs nobody follows any more (their web process died, their page closed): ended as cancelled
-    # here, as a worker would end them on popping them, rather than holding their places until then.
+    # Atomic "place unless the queue is full or its visitor has enough jobs", with the submitter's lease taken
+    # before any worker can pop the job: KEYS: queue, job hash, followers, turns, round, visitor's jobs; ARGV: id,
+    # spec, max, now, model, ttl, then the follower ('' for none: the job is never orphaned), its grace and the
+    # lease's lifetime, then the key prefixes of jobs, followers and events, a cancelled end's data and an
+    # ended job's ttl, then the visitor ('' for none), its cap (0: none) and the workers' key prefix. A full
+    # queue first lets go of the queued jobs nobody follows any more (their web process died, their page
+    # closed): ended as cancelled here, as a worker would end them on popping them, rather than holding their
+    # places until then. Returns the queue's length, -1 (full) or -2 (the visitor's cap).
     _SUBMIT = """
     local function full()
         return tonumber(ARGV[3]) > 0 and redis.call('LLEN', KEYS[1]) >= tonumber(ARGV[3])
+    end
+    -- whether a job of the visitor's counts against its cap: queued and followed, or running on a live worker
+    local function active(id)
+        local job = ARGV[10] .. id
+        local status = redis.call('HGET', job, 'status')
+        if status == 'queued' then return not orphaned(job, ARGV[11] .. id) end
+        if status ~= 'running' then return false end
+        local worker = redis.call('HGET', job, 'worker')
+        return worker ~= false and redis.call('EXISTS', ARGV[17] .. worker) == 1
+    end
+    local visitor, cap = ARGV[15], tonumber(ARGV[16])
+    if visitor ~= '' and cap > 0 then
+        local count = 0
+        for _, id in ipairs(redis.call('SMEMBERS', KEYS[6])) do
+            if active(id) then count = count + 1 else redis.call('SREM', KEYS[6], id) end
+        end
+        if count >= cap then return -2 end
     end
     if full() then
         for _, id in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
@@ -347,14 +393,32 @@ class JobClient:
         end
         if full() then return -1 end
     end
-    redis.call('HSET', KEYS[2], 'spec', ARGV[2], 'status', 'queued', 'created', ARGV[4], 'model', ARGV[5])
+    -- the job's round: one past its visitor's last, never before the round being served
+    local round = tonumber(redis.call('GET', KEYS[5]) or 0)
+    if visitor ~= '' then
+        local last = redis.call('HGET', KEYS[4], visitor)
+        if last then round = math.max(round, tonumber(last) + 1) end
+        redis.call('HSET', KEYS[4], visitor, round)
+        redis.call('EXPIRE', KEYS[4], ARGV[6])
+        redis.call('SADD', KEYS[6], ARGV[1])
+        redis.call('EXPIRE', KEYS[6], ARGV[6])
+    end
+    redis.call('HSET', KEYS[2], 'spec', ARGV[2], 'status', 'queued', 'created', ARGV[4], 'model', ARGV[5],
+               'round', round, 'visitor', visitor)
     redis.call('EXPIRE', KEYS[2], ARGV[6])
     if ARGV[7] ~= '' then
         redis.call('HSET', KEYS[2], 'grace', ARGV[8])
         redis.call('ZADD', KEYS[3], now() + tonumber(ARGV[9]), ARGV[7])
         redis.call('EXPIRE', KEYS[3], ARGV[6])
     end
-    return redis.call('RPUSH', KEYS[1], ARGV[1])
+    -- after the last queued job of this round or an earlier one (the queue's rounds never decrease)
+    local queued = redis.call('LRANGE', KEYS[1], 0, -1)
+    for i = #queued, 1, -1 do
+        if tonumber(redis.call('HGET', ARGV[10] .. queued[i], 'round') or 0) <= round then
+            return redis.call('LINSERT', KEYS[1], 'AFTER', queued[i], ARGV[1])
+        end
+    end
+    return redis.call('LPUSH', KEYS[1], ARGV[1])
     """
 
     # A follower's lease renewed, while the job has not ended: KEYS: job, followers; ARGV: follower, the
@@ -407,9 +471,10 @@ class JobClient:
     return 1
     """
 
-    def __init__(self, r, max_queue: int = 0):
+    def __init__(self, r, max_queue: int = 0, max_per_visitor: int = 0):
         self.r = r
         self.max_queue = max_queue  # 0: unbounded
+        self.max_per_visitor = max_per_visitor  # jobs queued or running per visitor; 0: unbounded
         self._submit = r.register_script(_LEASE_LUA + self._SUBMIT)
         self._live_workers = r.register_script(self._LIVE_WORKERS)
         self._mark_lost = r.register_script(self._MARK_LOST)
@@ -417,20 +482,31 @@ class JobClient:
         self._release = r.register_script(_LEASE_LUA + self._RELEASE)
         self._followed = r.register_script(_LEASE_LUA + self._FOLLOWED)
 
-    async def submit(self, spec: JobSpec, follower: str | None = None, grace_s: float = 0.0) -> str:
-        """Queue a job; returns its id. Raises QueueFull when the model's queue is at `max_queue` with jobs
-        someone still follows (or that were submitted without a lease): orphans make room.
+    async def submit(
+        self, spec: JobSpec, follower: str | None = None, grace_s: float = 0.0, visitor: str = ""
+    ) -> str:
+        """Queue a job in its `visitor`'s turn; returns its id. Raises QueueFull when the model's queue is at
+        `max_queue` with jobs someone still follows (or that were submitted without a lease): orphans make
+        room; VisitorBusy when the visitor (an address, an API key; '' for none) has `max_per_visitor` jobs
+        queued or running.
 
         With a `follower` id, that follower's lease is taken in the same step, and the job is cancelled by
         its worker once no lease has been live for `grace_s` (see `lease`); without one it never is."""
         args = [spec.id, spec.to_json(), self.max_queue, spec.created, spec.model, EVENTS_TTL_S * 24]
         args += [follower or "", grace_s, LEASE_TTL_S, job_key(""), followers_key(""), events_key("")]
         args += [json.dumps(_cancelled_before_start()), EVENTS_TTL_S]
+        args += [visitor, self.max_per_visitor, worker_key("")]
         keys = [queue_key(spec.model), job_key(spec.id), followers_key(spec.id)]
+        keys += [turns_key(spec.model), round_key(spec.model), visitor_key(visitor)]
         length = await self._submit(keys=keys, args=args)
         if length == -1:
             raise QueueFull(
                 f"the queue for {spec.model} is full ({self.max_queue} waiting); try again shortly"
+            )
+        if length == -2:
+            raise VisitorBusy(
+                f"you have {self.max_per_visitor} generations queued or running, the most one visitor may "
+                "have at once; try again when one has finished"
             )
         return spec.id
 

@@ -46,6 +46,7 @@ included), the job's worker cancels it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import re
@@ -56,7 +57,7 @@ from django.conf import settings
 
 from inference.events import InvalidRequest
 from inference.logs import job_context
-from inference.protocol import JobClient, JobSpec, QueueFull
+from inference.protocol import JobClient, JobSpec, QueueFull, VisitorBusy
 from playground import limits, metrics
 from playground.jobs import Lease, job_client, redis_back, served_models, spec_from_frame, worker_summary
 from playground.store import save_generation
@@ -66,6 +67,8 @@ log = logging.getLogger("playground.consumers")
 ENTRY_ID = re.compile(r"\d+(-\d+)?")
 JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _orphan_checks: set[asyncio.Task] = set()  # strong references, so pending checks are not collected
+# This process's open sockets per address (rate_identity): PLAYGROUND_MAX_SOCKETS_PER_IP
+_open_sockets: collections.Counter[str] = collections.Counter()
 
 
 class GenerateConsumer(AsyncWebsocketConsumer):
@@ -80,10 +83,22 @@ class GenerateConsumer(AsyncWebsocketConsumer):
     async def connect(self):
         self.jobs: JobClient = job_client()
         self.client_ip = limits.ip_from_scope(self.scope, limits.configured().trusted_proxies)
+        self.address = limits.rate_identity(self.client_ip)
         await self.accept()
+        cap = settings.PLAYGROUND_MAX_SOCKETS_PER_IP
+        if cap and _open_sockets[self.address] >= cap:
+            await self.send_error("too_many_sockets", f"at most {cap} open pages per address; close one")
+            return await self.close(code=1008)
+        _open_sockets[self.address] += 1
+        self.counted = True
         self.status_task = asyncio.create_task(self.watch_workers())
 
     async def disconnect(self, code):
+        if getattr(self, "counted", False):
+            self.counted = False
+            _open_sockets[self.address] -= 1
+            if _open_sockets[self.address] <= 0:
+                del _open_sockets[self.address]
         if self.status_task is not None:
             self.status_task.cancel()
         if self.following():
@@ -116,6 +131,8 @@ class GenerateConsumer(AsyncWebsocketConsumer):
             await self.send_error("invalid_request", str(exc), param=exc.field)
         except QueueFull as exc:
             await self.send_error("queue_full", str(exc))
+        except VisitorBusy as exc:
+            await self.send_error("too_many_jobs", str(exc))
         except redis.RedisError as exc:
             log.warning("redis unavailable: %s", exc)
             await self.send_error("unavailable", "the job queue is unreachable; try again shortly")
@@ -132,8 +149,13 @@ class GenerateConsumer(AsyncWebsocketConsumer):
             return await self.send_error("rate_limited", verdict.message, retry_after_s=verdict.retry_after_s)
         lease = Lease(self.jobs, spec.id)
         try:  # the job's first lease is this socket's, taken with the job: no worker sees it unfollowed
-            await self.jobs.submit(spec, follower=lease.follower, grace_s=settings.PLAYGROUND_ORPHAN_GRACE_S)
-        except QueueFull:
+            await self.jobs.submit(
+                spec,
+                follower=lease.follower,
+                grace_s=settings.PLAYGROUND_ORPHAN_GRACE_S,
+                visitor=limits.visitor(self.client_ip),
+            )
+        except (QueueFull, VisitorBusy):
             await limits.limiter().refund(verdict)  # turned away: the request does not count
             raise
         self.attach(spec, lease)

@@ -46,7 +46,11 @@ def job_client() -> JobClient:
         r = connect(
             url, use_asyncio=True, max_connections=settings.PLAYGROUND_REDIS_CONNECTIONS, socket_timeout=None
         )
-        per_loop[url] = JobClient(r, max_queue=settings.PLAYGROUND_MAX_QUEUE)
+        per_loop[url] = JobClient(
+            r,
+            max_queue=settings.PLAYGROUND_MAX_QUEUE,
+            max_per_visitor=settings.PLAYGROUND_MAX_JOBS_PER_VISITOR,
+        )
     return per_loop[url]
 
 

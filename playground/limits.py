@@ -126,6 +126,12 @@ def rate_identity(ip: str) -> str:
     return str(address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else address or ip)
 
 
+def visitor(ip: str, api_key: str | None = None) -> str:
+    """Who a fair share is kept for (jobs at once, the queue's turns): the API key (its id) when there is one,
+    else the address as its budgets see it."""
+    return f"key:{api_key}" if api_key is not None else f"ip:{rate_identity(ip)}"
+
+
 def ip_from_request(request, trusted: tuple[IPNetwork, ...]) -> str:
     return client_ip(request.META.get("REMOTE_ADDR"), request.META.get("HTTP_X_FORWARDED_FOR"), trusted)
 

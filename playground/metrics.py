@@ -88,6 +88,7 @@ ERROR_KINDS = frozenset(
         *("worker_lost", "stalled", "out_of_memory", "internal_error", "unavailable", "queue_restarted"),
         *("rate_limit_exceeded", "invalid_value", "model_not_found", "invalid_api_key", "unknown_url"),
         *("queue_down", "method_not_allowed", "context_length_exceeded", "unsupported_media_type"),
+        *("too_many_jobs", "too_many_sockets"),
     }
 )
 

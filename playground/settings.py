@@ -17,6 +17,9 @@ PLAYGROUND_MAX_NEW_TOKENS   the largest max_tokens the page may ask for (default
 PLAYGROUND_MAX_PROMPT_CHARS the longest prompt, in characters (default 100000)
 PLAYGROUND_MAX_FRAME_BYTES  the largest websocket frame the page may send (default: room for the longest
                         prompt at 4 UTF-8 bytes a character, plus 64 KiB for the rest of the frame)
+PLAYGROUND_MAX_JOBS_PER_VISITOR  generations one visitor (address or API key) may have queued or running at
+                        once (default 2; 0: no cap); the queue serves visitors in turn
+PLAYGROUND_MAX_SOCKETS_PER_IP    page websockets one address may hold open at once (default 8; 0: no cap)
 PLAYGROUND_REDIS_CONNECTIONS  pooled Redis connections per web process (default 500; each socket
                         following a job holds one while it waits for events)
 PLAYGROUND_RETENTION_DAYS   saved generations older than this many days are deleted (default 30; 0 keeps them
@@ -176,6 +179,14 @@ PLAYGROUND_MAX_FRAME_BYTES = env_number(
     "PLAYGROUND_MAX_FRAME_BYTES", 4 * PLAYGROUND_MAX_PROMPT_CHARS + 64 * 1024, low=1, unit="bytes"
 )
 PLAYGROUND_API_CORS_ORIGINS = env_list("PLAYGROUND_API_CORS_ORIGINS")  # see playground/api/cors.py
+# A fair share per visitor (an address, or an API key): its jobs queued or running at once, and a page's
+# sockets open at once per address (playground/consumers.py).
+PLAYGROUND_MAX_JOBS_PER_VISITOR = env_number(
+    "PLAYGROUND_MAX_JOBS_PER_VISITOR", 2, unit="jobs", note="0: no cap"
+)
+PLAYGROUND_MAX_SOCKETS_PER_IP = env_number(
+    "PLAYGROUND_MAX_SOCKETS_PER_IP", 8, unit="sockets", note="0: no cap"
+)
 PLAYGROUND_REDIS_CONNECTIONS = env_number("PLAYGROUND_REDIS_CONNECTIONS", 500, low=1, unit="connections")
 
 

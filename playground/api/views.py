@@ -24,14 +24,14 @@ from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
 
 from inference.events import InvalidRequest
-from inference.protocol import TERMINAL, JobSpec, QueueFull
+from inference.protocol import TERMINAL, JobSpec, QueueFull, VisitorBusy
 from playground import metrics
 from playground.api.auth import authenticate
 from playground.api.errors import ApiError, body_too_large
 from playground.api.params import ApiRequest, json_depth, parse_request
 from playground.jobs import Lease, job_client, redis_back, served_models
 from playground.limits import configured as limit_config
-from playground.limits import ip_from_request, limiter
+from playground.limits import ip_from_request, limiter, visitor
 from playground.store import save_generation
 
 log = logging.getLogger("playground.api")
@@ -213,6 +213,11 @@ async def complete(request, chat: bool):
         raise ApiError(
             429, str(exc), type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"}
         ) from None
+    except VisitorBusy as exc:
+        await limiter().refund(verdict)
+        raise ApiError(
+            429, str(exc), type="rate_limit_error", code="too_many_jobs", headers={"Retry-After": "2"}
+        ) from None
     except Exception:  # never queued (the queue is down, a bug): the request does not count either
         await limiter().refund(verdict)
         raise
@@ -273,7 +278,9 @@ class JobRun:
 
     async def submit(self) -> None:
         """Queue the job with this request's lease on it (no grace: an API client does not come back)."""
-        await self.jobs.submit(self.spec, follower=self.lease.follower, grace_s=0.0)
+        await self.jobs.submit(
+            self.spec, follower=self.lease.follower, grace_s=0.0, visitor=visitor(self.ip, self.key_id)
+        )
         self.lease.keep()
 
     async def next(self) -> tuple[str, dict]:

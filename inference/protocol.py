@@ -10,6 +10,9 @@ Torch-free: the web process imports it. Keys (all under `PREFIX`):
                       current round.
     turns:<model>     hash: visitor -> the round of the last job it queued
     round:<model>     the round of the job a worker claimed last
+    moved:<model>     stream of ticks (capped), one each time the queue's order changes other than at its tail (a
+                      claim, a cancel, a job placed ahead of others): the followers of queued jobs block on it
+                      beside their job's events instead of polling for their position
     visitor:<v>       set of a visitor's job ids (an address or an API key): at most `max_per_visitor`
                       of them queued or running at once; the ended ones are dropped as it is counted
     job:<id>          hash: spec (json), model, status, worker, created/started/finished (unix s)
@@ -61,6 +64,11 @@ NO_WORKER_WAIT_S = 60.0  # a queued job whose model no live worker serves for th
 # process that dies (SIGKILL included) leaves its jobs unfollowed within LEASE_TTL_S.
 LEASE_INTERVAL_S = 1.0
 LEASE_TTL_S = 4.0
+# A follower of a queued job blocks this long on its events and the queue's ticks before it looks at the
+# job itself (workers come and go, a pop never claimed): a queued job's followers cost Redis about a
+# command a second between ticks, however many there are.
+QUEUED_BLOCK_MS = 4000
+MOVED_MAXLEN = 64  # ticks kept per model: a follower only needs to know that one came
 
 TERMINAL = ("done", "error")
 
@@ -91,6 +99,10 @@ def turns_key(model: str) -> str:
 
 def round_key(model: str) -> str:
     return f"{PREFIX}round:{model}"
+
+
+def moved_key(model: str) -> str:
+    return f"{PREFIX}moved:{model}"
 
 
 def visitor_key(visitor: str) -> str:
@@ -211,6 +223,10 @@ local function orphaned(job, followers)
     local last = redis.call('ZREVRANGE', followers, 0, 0, 'WITHSCORES')
     return now() > tonumber(last[2] or 0) + tonumber(grace)
 end
+-- The queue of `model` changed order: a tick on its moved stream (`prefix`: the moved streams' key prefix).
+local function tick(prefix, model)
+    redis.call('XADD', prefix .. model, 'MAXLEN', '~', 64, '*', 'moved', '1')
+end
 -- A job that never started, ended as cancelled: its `done` event (data: json), its status, its leases gone.
 local function end_unstarted(job, followers, events, finished, data, ttl)
     redis.call('XADD', events, '*', 'type', 'done', 'data', data)
@@ -264,8 +280,9 @@ class WorkerChannel:
         return {'orphaned'}
     end
     redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[1], 'started', ARGV[2])
-    local round = redis.call('HGET', KEYS[1], 'round')
-    if round then redis.call('SET', ARGV[5] .. redis.call('HGET', KEYS[1], 'model'), round, 'EX', ARGV[4] * 24) end
+    local model, round = redis.call('HGET', KEYS[1], 'model'), redis.call('HGET', KEYS[1], 'round')
+    if round then redis.call('SET', ARGV[5] .. model, round, 'EX', ARGV[4] * 24) end
+    tick(ARGV[6], model)
     return {'claimed', redis.call('HGET', KEYS[1], 'spec')}
     """
 
@@ -312,6 +329,7 @@ class WorkerChannel:
         now = time.time()
         keys = [job_key(job_id), followers_key(job_id), events_key(job_id)]
         args = [self.worker_id, now, json.dumps(_cancelled_before_start()), EVENTS_TTL_S, round_key("")]
+        args.append(moved_key(""))
         claimed = self._claim(keys=keys, args=args)
         if not claimed:  # expired, deleted, cancelled or failed by a reader while queued
             return None
@@ -358,7 +376,7 @@ class JobClient:
     # before any worker can pop the job: KEYS: queue, job hash, followers, turns, round, visitor's jobs; ARGV: id,
     # spec, max, now, model, ttl, then the follower ('' for none: the job is never orphaned), its grace and the
     # lease's lifetime, then the key prefixes of jobs, followers and events, a cancelled end's data and an
-    # ended job's ttl, then the visitor ('' for none), its cap (0: none) and the workers' key prefix. A full
+    # ended job's ttl, then the visitor ('' for none), its cap (0: none), the workers' and the ticks' key prefixes. A full
     # queue first lets go of the queued jobs nobody follows any more (their web process died, their page
     # closed): ended as cancelled here, as a worker would end them on popping them, rather than holding their
     # places until then. Returns the queue's length, -1 (full) or -2 (the visitor's cap).
@@ -389,6 +407,7 @@ class JobClient:
             if redis.call('HGET', job, 'status') == 'queued' and orphaned(job, followers) then
                 redis.call('LREM', KEYS[1], 0, id)
                 end_unstarted(job, followers, ARGV[12] .. id, ARGV[4], ARGV[13], ARGV[14])
+                tick(ARGV[18], ARGV[5])
             end
         end
         if full() then return -1 end
@@ -415,9 +434,11 @@ class JobClient:
     local queued = redis.call('LRANGE', KEYS[1], 0, -1)
     for i = #queued, 1, -1 do
         if tonumber(redis.call('HGET', ARGV[10] .. queued[i], 'round') or 0) <= round then
+            if i < #queued then tick(ARGV[18], ARGV[5]) end  -- ahead of others: their positions moved
             return redis.call('LINSERT', KEYS[1], 'AFTER', queued[i], ARGV[1])
         end
     end
+    if #queued > 0 then tick(ARGV[18], ARGV[5]) end
     return redis.call('LPUSH', KEYS[1], ARGV[1])
     """
 
@@ -495,7 +516,7 @@ class JobClient:
         args = [spec.id, spec.to_json(), self.max_queue, spec.created, spec.model, EVENTS_TTL_S * 24]
         args += [follower or "", grace_s, LEASE_TTL_S, job_key(""), followers_key(""), events_key("")]
         args += [json.dumps(_cancelled_before_start()), EVENTS_TTL_S]
-        args += [visitor, self.max_per_visitor, worker_key("")]
+        args += [visitor, self.max_per_visitor, worker_key(""), moved_key("")]
         keys = [queue_key(spec.model), job_key(spec.id), followers_key(spec.id)]
         keys += [turns_key(spec.model), round_key(spec.model), visitor_key(visitor)]
         length = await self._submit(keys=keys, args=args)
@@ -536,7 +557,12 @@ class JobClient:
         job = await self.r.hgetall(job_key(job_id))
         await self.r.set(cancel_key(job_id), "1", ex=EVENTS_TTL_S)
         if job.get("status") == "queued" and await self.r.lrem(queue_key(job["model"]), 0, job_id):
+            await self.tick(job["model"])
             await self._fail_terminal(job_id, "done", _cancelled_before_start())
+
+    async def tick(self, model: str) -> None:
+        """Wake the followers of `model`'s queued jobs: their positions changed."""
+        await self.r.xadd(moved_key(model), {"moved": "1"}, maxlen=MOVED_MAXLEN, approximate=True)
 
     async def outcome(self, job_id: str, block_ms: int = 250, known: bool = False) -> tuple[str, dict]:
         """The job's terminal event, (type, data), once it comes: where events() ends."""
@@ -562,9 +588,21 @@ class JobClient:
         """
         watch = _Watch()
         seen_job = known or after != "0-0"  # a resumed reader knows the job existed
+        queued_in = None  # while the job is queued: its model, whose queue's ticks wake this reader too
+        ticks_after = "0-0"  # the last tick seen
         while True:
-            reply = await self.r.xread({events_key(job_id): after}, block=block_ms, count=512)
-            for _, entries in reply or []:
+            streams = {events_key(job_id): after}
+            if queued_in is not None:
+                streams[moved_key(queued_in)] = ticks_after
+            # never past the doubts' own deadlines (a pop never claimed, a model nobody serves)
+            queued_block = min(QUEUED_BLOCK_MS, int(1000 * min(LOST_CLAIM_S, NO_WORKER_WAIT_S)))
+            block = queued_block if queued_in is not None else block_ms
+            reply = await self.r.xread(streams, block=block, count=512)
+            moved = False
+            for stream, entries in reply or []:
+                if stream != events_key(job_id):
+                    ticks_after, moved = entries[-1][0], True
+                    continue
                 for entry_id, entry in entries:
                     after = entry_id
                     event_type = entry["type"]
@@ -573,7 +611,7 @@ class JobClient:
                         return
                 seen_job = True
                 watch.popped_at = watch.dropped_at = None  # the job moves: the doubts start over
-            if reply:
+            if reply and not moved:
                 continue
             job = await self.r.hgetall(job_key(job_id))
             if not job and seen_job:
@@ -586,11 +624,17 @@ class JobClient:
                 continue
             seen_job = True
             if job["status"] == "queued":
+                if queued_in is None:  # from now on, only the ticks that come after this look
+                    queued_in = job["model"]
+                    last = await self.r.xrevrange(moved_key(queued_in), count=1)
+                    ticks_after = last[0][0] if last else "0-0"
                 update = await self._watch_queued(job_id, job, watch)
                 if update is not None:
                     yield "", "queue", update
-            elif job["status"] == "running":
-                await self._watch_running(job_id, job, watch)
+            else:
+                queued_in = None
+                if job["status"] == "running":
+                    await self._watch_running(job_id, job, watch)
 
     async def _watch_queued(self, job_id: str, job: dict, watch: _Watch) -> dict | None:
         """A queued job's position and workers when they changed; ends the job if it waits in vain."""

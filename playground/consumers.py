@@ -59,7 +59,15 @@ from inference.events import InvalidRequest
 from inference.logs import job_context
 from inference.protocol import JobClient, JobSpec, QueueFull, VisitorBusy
 from playground import limits, metrics
-from playground.jobs import Lease, job_client, redis_back, served_models, spec_from_frame, worker_summary
+from playground.jobs import (
+    Lease,
+    job_client,
+    recent_workers,
+    redis_back,
+    served_models,
+    spec_from_frame,
+    worker_summary,
+)
 from playground.store import save_generation
 
 log = logging.getLogger("playground.consumers")
@@ -178,6 +186,9 @@ class GenerateConsumer(AsyncWebsocketConsumer):
             raise InvalidRequest("after", "must be a stream entry id such as 1700000000000-0")
         if self.following():
             return await self.send_error("busy", "a generation is running on this connection; stop it first")
+        verdict = await limits.limiter().admit(self.client_ip)  # a resume is a request like any other
+        if not verdict.allowed:
+            return await self.send_error("rate_limited", verdict.message, retry_after_s=verdict.retry_after_s)
         job = await self.jobs.status(job_id)
         if "spec" not in job:  # none, or a late status write that outlived an expired job's record
             return await self.send_error("unknown_job", f"job_id: no job {job_id}; finished jobs expire")
@@ -294,7 +305,8 @@ class GenerateConsumer(AsyncWebsocketConsumer):
         last = None
         while True:
             try:
-                summary = worker_summary(await self.jobs.workers())
+                interval = settings.PLAYGROUND_STATUS_INTERVAL_S
+                summary = worker_summary(await recent_workers(self.jobs, max_age_s=interval / 2))
             except redis.RedisError:
                 summary = {**worker_summary([]), "error": "the job queue is unreachable"}
             if summary != last:

@@ -376,3 +376,32 @@ async def test_a_full_queue_turns_a_request_away_without_spending_its_budget(
     assert (await ask())["code"] == "rate_limited"
     await page.disconnect()
     await client.r.aclose()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_resume_counts_against_the_request_budget_like_a_generation(
+    settings, redis_url, start_worker
+):
+    from playground import jobs
+    from playground.asgi import application
+
+    settings.REDIS_URL = redis_url
+    settings.PLAYGROUND_LIMITS = LimitConfig(ip_requests=2, ip_tokens=0, key_requests=0, key_tokens=0)
+    start_worker(["standin:1000"])
+    page = WebsocketCommunicator(application, "/ws/generate/", headers=SAME_ORIGIN)
+    assert (await page.connect())[0]
+
+    async def answer(frame: dict) -> dict:
+        await page.send_json_to(frame)
+        while True:
+            reply = await page.receive_json_from(timeout=30)
+            if reply["type"] in ("done", "error"):
+                return reply
+
+    done = await answer({"type": "generate", "prompt": "hi", "model": "standin:1000", "max_tokens": 2})
+    assert done["type"] == "done"
+    assert (await answer({"type": "resume", "job_id": done["job_id"], "after": "0-0"}))["type"] == "done"
+    refused = await answer({"type": "resume", "job_id": done["job_id"], "after": "0-0"})
+    assert refused["code"] == "rate_limited" and "2 requests per minute" in refused["message"]
+    await page.disconnect()
+    await jobs.job_client().r.aclose()

@@ -20,6 +20,7 @@ PLAYGROUND_MAX_FRAME_BYTES  the largest websocket frame the page may send (defau
 PLAYGROUND_MAX_JOBS_PER_VISITOR  generations one visitor (address or API key) may have queued or running at
                         once (default 2; 0: no cap); the queue serves visitors in turn
 PLAYGROUND_MAX_SOCKETS_PER_IP    page websockets one address may hold open at once (default 8; 0: no cap)
+PLAYGROUND_ADMIN_PATH, PLAYGROUND_ADMIN_LOGINS_PER_MIN: see playground/admin_throttle.py
 PLAYGROUND_REDIS_CONNECTIONS  pooled Redis connections per web process (default 500; each socket
                         following a job holds one while it waits for events)
 PLAYGROUND_RETENTION_DAYS   saved generations older than this many days are deleted (default 30; 0 keeps them
@@ -75,6 +76,14 @@ def env_number(
     return value if value is default else kind(value)
 
 
+def admin_path(value: str) -> str:
+    """PLAYGROUND_ADMIN_PATH as a URL pattern's prefix: `backstage`, `/backstage/` -> `backstage/`."""
+    path = value.strip().strip("/")
+    if not path or any(part in ("", ".", "..") for part in path.split("/")) or "?" in path or "#" in path:
+        raise ImproperlyConfigured(f"PLAYGROUND_ADMIN_PATH: must be a path such as backstage/, got {value!r}")
+    return path + "/"
+
+
 def redis_url() -> str:
     """REDIS_URL (default redis://127.0.0.1:6379/0), checked as redis-py reads it for the job queue and the
     channel layer alike: `127.0.0.1:6379` without its scheme would otherwise pass here and fail every request."""
@@ -123,6 +132,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "playground.admin_throttle.AdminLoginThrottle",  # wrong admin passwords a minute per address (Redis)
     "playground.host_check.ApiHostCheckMiddleware",  # JSON, not HTML, for an API call to a foreign Host
     "playground.api.cors.ApiCorsMiddleware",  # /v1/ from the web apps PLAYGROUND_API_CORS_ORIGINS names
     "django.middleware.security.SecurityMiddleware",
@@ -186,6 +196,11 @@ PLAYGROUND_MAX_JOBS_PER_VISITOR = env_number(
 )
 PLAYGROUND_MAX_SOCKETS_PER_IP = env_number(
     "PLAYGROUND_MAX_SOCKETS_PER_IP", 8, unit="sockets", note="0: no cap"
+)
+# The admin: where it lives, and how many wrong passwords an address may try a minute (playground/admin_throttle.py)
+PLAYGROUND_ADMIN_PATH = admin_path(os.environ.get("PLAYGROUND_ADMIN_PATH", "admin/"))
+PLAYGROUND_ADMIN_LOGINS_PER_MIN = env_number(
+    "PLAYGROUND_ADMIN_LOGINS_PER_MIN", 5, unit="attempts", note="0: no throttle"
 )
 PLAYGROUND_REDIS_CONNECTIONS = env_number("PLAYGROUND_REDIS_CONNECTIONS", 500, low=1, unit="connections")
 

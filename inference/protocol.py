@@ -13,6 +13,8 @@ Torch-free: the web process imports it. Keys (all under `PREFIX`):
     moved:<model>     stream of ticks (capped), one each time the queue's order changes other than at its tail (a
                       claim, a cancel, a job placed ahead of others): the followers of queued jobs block on it
                       beside their job's events instead of polling for their position
+    speed:<model>     hash: tok_s and job_s, moving averages of the finished jobs' decode speed and length
+                      (start to end): the page's estimated wait, the per-address token budget's size
     visitor:<v>       set of a visitor's job ids (an address or an API key): at most `max_per_visitor`
                       of them queued or running at once; the ended ones are dropped as it is counted
     job:<id>          hash: spec (json), model, status, worker, created/started/finished (unix s)
@@ -69,6 +71,7 @@ LEASE_TTL_S = 4.0
 # command a second between ticks, however many there are.
 QUEUED_BLOCK_MS = 4000
 MOVED_MAXLEN = 64  # ticks kept per model: a follower only needs to know that one came
+SPEED_WEIGHT = 0.2  # a finished job's weight in its model's moving averages (speed:<model>)
 
 TERMINAL = ("done", "error")
 
@@ -103,6 +106,10 @@ def round_key(model: str) -> str:
 
 def moved_key(model: str) -> str:
     return f"{PREFIX}moved:{model}"
+
+
+def speed_key(model: str) -> str:
+    return f"{PREFIX}speed:{model}"
 
 
 def visitor_key(visitor: str) -> str:
@@ -502,6 +509,7 @@ class JobClient:
         self._lease = r.register_script(_LEASE_LUA + self._LEASE)
         self._release = r.register_script(_LEASE_LUA + self._RELEASE)
         self._followed = r.register_script(_LEASE_LUA + self._FOLLOWED)
+        self._record_speed = r.register_script(self._RECORD_SPEED)
 
     async def submit(
         self, spec: JobSpec, follower: str | None = None, grace_s: float = 0.0, visitor: str = ""
@@ -560,6 +568,37 @@ class JobClient:
             await self.tick(job["model"])
             await self._fail_terminal(job_id, "done", _cancelled_before_start())
 
+    # A finished job's decode speed and length folded into its model's moving averages (the first one is
+    # taken as it is). KEYS: speed; ARGV: tok_s, job_s, weight, ttl.
+    _RECORD_SPEED = """
+    for i, name in ipairs({'tok_s', 'job_s'}) do
+        local old, new = redis.call('HGET', KEYS[1], name), tonumber(ARGV[i])
+        if old then new = tonumber(old) * (1 - tonumber(ARGV[3])) + new * tonumber(ARGV[3]) end
+        redis.call('HSET', KEYS[1], name, new)
+    end
+    redis.call('EXPIRE', KEYS[1], ARGV[4])
+    """
+
+    async def record_speed(self, model: str, stats: dict) -> None:
+        """Fold a finished job's stats (the worker's: decode_tok_s, total_ms) into `model`'s averages."""
+        tok_s, total_ms = stats.get("decode_tok_s"), stats.get("total_ms")
+        if not tok_s or not total_ms:
+            return  # too short to say (a token or two), or not run
+        args = [float(tok_s), float(total_ms) / 1000, SPEED_WEIGHT, EVENTS_TTL_S * 24 * 7]
+        await self._record_speed(keys=[speed_key(model)], args=args)
+
+    async def speed(self, model: str) -> dict[str, float]:
+        """`model`'s moving averages: {"tok_s", "job_s"}, empty before any job of it was measured."""
+        return {name: float(value) for name, value in (await self.r.hgetall(speed_key(model))).items()}
+
+    async def estimated_wait_s(self, model: str, position: int | None, workers: int) -> float | None:
+        """About how long a job `position` places from the head waits for a worker: the jobs ahead and the
+        one running take a model's average job each, shared by its workers. None when nothing says."""
+        if position is None or not workers:
+            return None
+        job_s = (await self.speed(model)).get("job_s")
+        return None if job_s is None else round((position + 1) * job_s / workers, 1)
+
     async def tick(self, model: str) -> None:
         """Wake the followers of `model`'s queued jobs: their positions changed."""
         await self.r.xadd(moved_key(model), {"moved": "1"}, maxlen=MOVED_MAXLEN, approximate=True)
@@ -581,7 +620,7 @@ class JobClient:
     ) -> AsyncIterator[tuple[str, str, dict]]:
         """Yield (entry_id, type, data) from entry `after` on, until done or error.
 
-        While waiting it also yields ("", "queue", {"position", "workers"}) when the position changes,
+        While waiting it also yields ("", "queue", {"position", "workers", "wait_s"}) when the position changes,
         and turns a dead worker or a lost job into an error event that every reader then sees.
         `known`: the caller knows the job existed (it submitted it, or saw its record), so a job missing
         from Redis was lost to a restart (queue_restarted), never an unknown id, even before its first event.
@@ -653,7 +692,8 @@ class JobClient:
                 await self._fail_terminal(job_id, "error", _unserved(job["model"]))
         elif (position, len(serving)) != watch.last_position:
             watch.last_position = (position, len(serving))
-            return {"position": position, "workers": len(serving)}
+            wait_s = await self.estimated_wait_s(job["model"], position, len(serving))
+            return {"position": position, "workers": len(serving), "wait_s": wait_s}
         return None
 
     async def _watch_running(self, job_id: str, job: dict, watch: _Watch) -> None:

@@ -17,7 +17,9 @@ which are not stream entries): a client that applies each id once, in order, nev
 a duplicate, whatever reconnects happen.
     {"type": "workers", "up": bool, "count": int, "busy": int, "devices": [str],
      "models": [{"name", "chat", "max_context", "workers"}]}       on connect, then on every change
-    {"type": "queue", "position": int | null, "workers": int}      jobs ahead; workers serving the model
+    {"type": "queue", "position": int | null, "workers": int, "wait_s": float | null}
+        jobs ahead; workers serving the model; about how long until it starts (the model's average job
+        length, measured; null before one was)
     {"type": "started", "worker": str, "queue_ms": float}
     {"type": "prefilled", "prompt_tokens": int, "prefill_ms": float}
     {"type": "delta", "text": str, "n": int, "t": float, "t_first": float}
@@ -168,8 +170,10 @@ class GenerateConsumer(AsyncWebsocketConsumer):
             raise
         self.attach(spec, lease)
         position = await self.jobs.position(spec.id, spec.model)
+        workers = models[spec.model]["workers"]
+        wait_s = await self.jobs.estimated_wait_s(spec.model, position, workers)
         await self.send_frame(
-            spec.id, "", "queue", {"position": position, "workers": models[spec.model]["workers"]}
+            spec.id, "", "queue", {"position": position, "workers": workers, "wait_s": wait_s}
         )
         self.follow(after="0-0")
 

@@ -27,7 +27,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from inference.protocol import EVENTS_TTL_S, PREFIX, queue_key
+from inference.protocol import EVENTS_TTL_S, PREFIX, JobClient, queue_key
 from playground.jobs import job_client
 from playground.store import database_bytes
 from playground.supervise import RESTARTS_KEY
@@ -112,6 +112,10 @@ async def observe_finished(
     if not stats:  # cancelled before it started
         return
     GENERATED_TOKENS.labels(model).inc(stats.get("completion_tokens", 0))
+    try:  # what the workers produce: the page's estimated waits, the per-address token budget
+        await JobClient(r).record_speed(model, stats)
+    except redis.RedisError as exc:  # the job is counted; its speed misses one sample
+        log.warning("could not record the speed of %s: %s", job_id, exc)
     if stats.get("completion_tokens"):
         TTFT.labels(model).observe(stats["ttft_ms"] / 1000)
     if stats.get("decode_tok_s"):

@@ -15,6 +15,8 @@ from channels.testing import WebsocketCommunicator
 
 from inference.redis_server import free_port
 from playground.limits import (
+    AUTO,
+    AUTO_FALLBACK_TOKENS,
     LimitConfig,
     RateLimiter,
     client_ip,
@@ -405,3 +407,28 @@ async def test_a_resume_counts_against_the_request_budget_like_a_generation(
     assert refused["code"] == "rate_limited" and "2 requests per minute" in refused["message"]
     await page.disconnect()
     await jobs.job_client().r.aclose()
+
+
+async def test_by_default_the_ip_token_budget_is_half_of_what_the_live_workers_were_measured_to_produce(
+    r, redis_url, monkeypatch
+):
+    import redis as sync_redis
+
+    from inference.protocol import JobClient, WorkerChannel
+
+    monkeypatch.delenv("PLAYGROUND_IP_TOKENS_PER_MIN")
+    config = LimitConfig.from_env()
+    assert config.ip_tokens is AUTO
+    assert (await RateLimiter(r, config).measured_ip_tokens()) == AUTO_FALLBACK_TOKENS  # nothing measured yet
+
+    sync = sync_redis.Redis.from_url(redis_url, decode_responses=True)
+    for worker in ("w1", "w2"):  # two workers of a model measured at 150 tokens/s (~9,000 a minute each)
+        WorkerChannel(sync, worker, ["slow-model"]).heartbeat({})
+    sync.close()
+    await JobClient(r).record_speed("slow-model", {"decode_tok_s": 150.0, "total_ms": 20_000.0})
+    limits = RateLimiter(r, config)
+    assert await limits.measured_ip_tokens() == 150 * 2 * 60 // 2  # half of the two workers' minute
+    assert (await limits.admit("203.0.113.9")).allowed
+    await limits.charge_tokens("203.0.113.9", None, 9_000, "one-long-job")
+    refused = await limits.admit("203.0.113.9")
+    assert not refused.allowed and "9000 generated tokens per minute per IP address" in refused.message

@@ -59,7 +59,11 @@
         run.queue = frame.position;
         if (frame.position === null) follow("queued", "starting…");
         else if (frame.workers === 0) follow("queued", "waiting for a worker to start");
-        else follow("queued", frame.position === 0 ? "next in line" : `${frame.position} ahead`);
+        else {
+          // the server's estimate from the model's measured job length, when it has one
+          const wait = frame.wait_s == null ? "" : `, about ${Math.max(1, Math.round(frame.wait_s))} s`;
+          follow("queued", (frame.position === 0 ? "next in line" : `${frame.position} ahead`) + wait);
+        }
         break;
       case "started":
         run.queue = 0;

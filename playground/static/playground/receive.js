@@ -236,6 +236,10 @@
   // ---- refusals ----------------------------------------------------------------------------------
 
   function requestError(frame) {
+    if (frame.code === "too_many_sockets") {
+      page.connection.retrySlowly(); // the server closes this socket next
+      return page.view.flashNote(frame.message);
+    }
     // A refused request (bad field, busy, queue full) or a broken frame: the socket stays usable.
     if (frame.param) page.view.markInvalid(frame.param, frame.message);
     if (state.request) {

@@ -1,5 +1,6 @@
 """Saving finished generations: one row per job, whoever (page or API) sees the job end first; and
-deleting old ones (PLAYGROUND_RETENTION_DAYS, `manage.py prune_generations`)."""
+deleting old ones (PLAYGROUND_RETENTION_DAYS, 30 days by default: a web process prunes at most hourly, after a
+save or a request; `manage.py prune_generations` by hand)."""
 
 from __future__ import annotations
 

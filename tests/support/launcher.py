@@ -37,6 +37,7 @@ def launched(tmp_path: Path, *args: str, env: dict | None = None, cwd: Path = RO
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"} | {
         "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
         "LOG_FORMAT": "plain",
+        "PYTHONPATH": str(ROOT),  # this checkout's code, also where `cwd` is another folder
         **(env or {}),
     }
     launcher = subprocess.Popen([sys.executable, "-m", "playground.run", "--port", str(port), *args], cwd=cwd,

@@ -232,7 +232,7 @@ local function orphaned(job, followers)
 end
 -- The queue of `model` changed order: a tick on its moved stream (`prefix`: the moved streams' key prefix).
 local function tick(prefix, model)
-    redis.call('XADD', prefix .. model, 'MAXLEN', '~', 64, '*', 'moved', '1')
+    redis.call('XADD', prefix .. model, 'MAXLEN', '~', 64, '*', 'moved', '1')  -- MOVED_MAXLEN
 end
 -- A job that never started, ended as cancelled: its `done` event (data: json), its status, its leases gone.
 local function end_unstarted(job, followers, events, finished, data, ttl)

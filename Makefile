@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # Re-install whenever the dependency list changes.
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-10)
 
-.PHONY: run test setup system-deps lint format gpu-check clean
+.PHONY: run dev test setup system-deps lint format gpu-check clean
 
 # `make run MODEL=/path/to/checkpoint` serves that folder instead of the default model (several: separated by
 # spaces or commas; preset names too), passed on as playground.run's --model; MODEL counts only on make's command
@@ -14,8 +14,13 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-10)
 comma := ,
 RUN_MODELS := $(if $(filter command line,$(origin MODEL)),$(subst $(comma), ,$(MODEL)))
 
+# `make run` serves as a public demo would (DEBUG off, the enforced Content-Security-Policy); `make dev` is the same
+# with Django's debug pages (DJANGO_DEBUG=1), on loopback only, since they show the settings.
 run: setup
-	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(PY) -m playground.run $(strip $(foreach m,$(RUN_MODELS),--model '$(m)') $(RUN_ARGS))
+	$(PY) -m playground.run $(strip $(foreach m,$(RUN_MODELS),--model '$(m)') $(RUN_ARGS))
+
+dev: setup
+	DJANGO_DEBUG=1 $(PY) -m playground.run $(strip $(foreach m,$(RUN_MODELS),--model '$(m)') $(RUN_ARGS))
 
 test: setup system-deps
 	$(PY) -m ruff check .

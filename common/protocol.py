@@ -2,7 +2,21 @@
 
 Torch-free: the web process imports it. Keys (all under `PREFIX`):
 
-    queue:<model>     list of job ids, RPUSH by the web, BLPOP by a worker serving <model>: FIFO
+    queue:<model>     list of job ids in the order they are served, BLPOP by a worker serving <model>. The web
+                      places a job by its visitor's turn (round robin across visitors, not first come first
+                      served): a job's `round` is one past its visitor's last (turns:<model>) and never
+                      before the round now served (round:<model>, set by the claim); it goes after every
+                      job of its round or an earlier one. A job with no visitor (a probe) takes the
+                      current round.
+    turns:<model>     hash: visitor -> the round of the last job it queued
+    round:<model>     the round of the job a worker claimed last
+    moved:<model>     stream of ticks (capped), one each time the queue's order changes other than at its tail (a
+                      claim, a cancel, a job placed ahead of others): the followers of queued jobs block on it
+                      beside their job's events instead of polling for their position
+    speed:<model>     hash: tok_s and job_s, moving averages of the finished jobs' decode speed and length
+                      (start to end): the page's estimated wait, the per-address token budget's size
+    visitor:<v>       set of a visitor's job ids (an address or an API key): at most `max_per_visitor`
+                      of them queued or running at once; the ended ones are dropped as it is counted
     job:<id>          hash: spec (json), model, status, worker, created/started/finished (unix s)
     events:<id>       stream of {type, data(json)}: started, prefilled, delta, done, error.
                       Readers resume from the last entry id they saw, so a reconnect loses nothing
@@ -52,6 +66,12 @@ NO_WORKER_WAIT_S = 60.0  # a queued job whose model no live worker serves for th
 # process that dies (SIGKILL included) leaves its jobs unfollowed within LEASE_TTL_S.
 LEASE_INTERVAL_S = 1.0
 LEASE_TTL_S = 4.0
+# A follower of a queued job blocks this long on its events and the queue's ticks before it looks at the
+# job itself (workers come and go, a pop never claimed): a queued job's followers cost Redis about a
+# command a second between ticks, however many there are.
+QUEUED_BLOCK_MS = 4000
+MOVED_MAXLEN = 64  # ticks kept per model: a follower only needs to know that one came
+SPEED_WEIGHT = 0.2  # a finished job's weight in its model's moving averages (speed:<model>)
 
 TERMINAL = ("done", "error")
 # A worker whose generation loop a job stalled exits with this status, for its supervisor (playground/run.py,
@@ -77,6 +97,26 @@ def cancel_key(job_id: str) -> str:
 
 def followers_key(job_id: str) -> str:
     return f"{PREFIX}followers:{job_id}"
+
+
+def turns_key(model: str) -> str:
+    return f"{PREFIX}turns:{model}"
+
+
+def round_key(model: str) -> str:
+    return f"{PREFIX}round:{model}"
+
+
+def moved_key(model: str) -> str:
+    return f"{PREFIX}moved:{model}"
+
+
+def speed_key(model: str) -> str:
+    return f"{PREFIX}speed:{model}"
+
+
+def visitor_key(visitor: str) -> str:
+    return f"{PREFIX}visitor:{visitor}"
 
 
 def worker_key(worker_id: str) -> str:
@@ -124,6 +164,10 @@ def connect(
 
 class QueueFull(Exception):
     """The model's queue holds `max_queue` jobs already."""
+
+
+class VisitorBusy(Exception):
+    """The visitor has `max_per_visitor` jobs queued or running already."""
 
 
 @dataclass
@@ -189,6 +233,10 @@ local function orphaned(job, followers)
     local last = redis.call('ZREVRANGE', followers, 0, 0, 'WITHSCORES')
     return now() > tonumber(last[2] or 0) + tonumber(grace)
 end
+-- The queue of `model` changed order: a tick on its moved stream (`prefix`: the moved streams' key prefix).
+local function tick(prefix, model)
+    redis.call('XADD', prefix .. model, 'MAXLEN', '~', 64, '*', 'moved', '1')  -- MOVED_MAXLEN
+end
 -- A job that never started, ended as cancelled: its `done` event (data: json), its status, its leases gone.
 local function end_unstarted(job, followers, events, finished, data, ttl)
     redis.call('XADD', events, '*', 'type', 'done', 'data', data)
@@ -242,6 +290,9 @@ class WorkerChannel:
         return {'orphaned'}
     end
     redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[1], 'started', ARGV[2])
+    local model, round = redis.call('HGET', KEYS[1], 'model'), redis.call('HGET', KEYS[1], 'round')
+    if round then redis.call('SET', ARGV[5] .. model, round, 'EX', ARGV[4] * 24) end
+    tick(ARGV[6], model)
     return {'claimed', redis.call('HGET', KEYS[1], 'spec')}
     """
 
@@ -287,7 +338,8 @@ class WorkerChannel:
         when nobody has followed it for longer than its grace (it is then ended as cancelled)."""
         now = time.time()
         keys = [job_key(job_id), followers_key(job_id), events_key(job_id)]
-        args = [self.worker_id, now, json.dumps(_cancelled_before_start()), EVENTS_TTL_S]
+        args = [self.worker_id, now, json.dumps(_cancelled_before_start()), EVENTS_TTL_S, round_key("")]
+        args.append(moved_key(""))
         claimed = self._claim(keys=keys, args=args)
         if not claimed:  # expired, deleted, cancelled or failed by a reader while queued
             return None
@@ -330,15 +382,34 @@ class WorkerChannel:
 class JobClient:
     """What a web process does to Redis. `r` is a `redis.asyncio.Redis(decode_responses=True)`."""
 
-    # Atomic "push unless the queue is full", with the submitter's lease taken before any worker can pop
-    # the job: KEYS: queue, job hash, followers; ARGV: id, spec, max, now, model, ttl, then the follower
-    # ('' for none: the job is never orphaned), its grace and the lease's lifetime, then the key prefixes of
-    # jobs, followers and events, a cancelled end's data and an ended job's ttl. A full queue first lets go of
-    # the queued jobs nobody follows any more (their web process died, their page closed): ended as cancelled
-    # here, as a worker would end them on popping them, rather than holding their places until then.
+    # Atomic "place unless the queue is full or its visitor has enough jobs", with the submitter's lease taken
+    # before any worker can pop the job: KEYS: queue, job hash, followers, turns, round, visitor's jobs; ARGV: id,
+    # spec, max, now, model, ttl, then the follower ('' for none: the job is never orphaned), its grace and the
+    # lease's lifetime, then the key prefixes of jobs, followers and events, a cancelled end's data and an
+    # ended job's ttl, then the visitor ('' for none), its cap (0: none), the workers' and the ticks' key prefixes. A full
+    # queue first lets go of the queued jobs nobody follows any more (their web process died, their page
+    # closed): ended as cancelled here, as a worker would end them on popping them, rather than holding their
+    # places until then. Returns the queue's length, -1 (full) or -2 (the visitor's cap).
     _SUBMIT = """
     local function full()
         return tonumber(ARGV[3]) > 0 and redis.call('LLEN', KEYS[1]) >= tonumber(ARGV[3])
+    end
+    -- whether a job of the visitor's counts against its cap: queued and followed, or running on a live worker
+    local function active(id)
+        local job = ARGV[10] .. id
+        local status = redis.call('HGET', job, 'status')
+        if status == 'queued' then return not orphaned(job, ARGV[11] .. id) end
+        if status ~= 'running' then return false end
+        local worker = redis.call('HGET', job, 'worker')
+        return worker ~= false and redis.call('EXISTS', ARGV[17] .. worker) == 1
+    end
+    local visitor, cap = ARGV[15], tonumber(ARGV[16])
+    if visitor ~= '' and cap > 0 then
+        local count = 0
+        for _, id in ipairs(redis.call('SMEMBERS', KEYS[6])) do
+            if active(id) then count = count + 1 else redis.call('SREM', KEYS[6], id) end
+        end
+        if count >= cap then return -2 end
     end
     if full() then
         for _, id in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
@@ -346,18 +417,39 @@ class JobClient:
             if redis.call('HGET', job, 'status') == 'queued' and orphaned(job, followers) then
                 redis.call('LREM', KEYS[1], 0, id)
                 end_unstarted(job, followers, ARGV[12] .. id, ARGV[4], ARGV[13], ARGV[14])
+                tick(ARGV[18], ARGV[5])
             end
         end
         if full() then return -1 end
     end
-    redis.call('HSET', KEYS[2], 'spec', ARGV[2], 'status', 'queued', 'created', ARGV[4], 'model', ARGV[5])
+    -- the job's round: one past its visitor's last, never before the round being served
+    local round = tonumber(redis.call('GET', KEYS[5]) or 0)
+    if visitor ~= '' then
+        local last = redis.call('HGET', KEYS[4], visitor)
+        if last then round = math.max(round, tonumber(last) + 1) end
+        redis.call('HSET', KEYS[4], visitor, round)
+        redis.call('EXPIRE', KEYS[4], ARGV[6])
+        redis.call('SADD', KEYS[6], ARGV[1])
+        redis.call('EXPIRE', KEYS[6], ARGV[6])
+    end
+    redis.call('HSET', KEYS[2], 'spec', ARGV[2], 'status', 'queued', 'created', ARGV[4], 'model', ARGV[5],
+               'round', round, 'visitor', visitor)
     redis.call('EXPIRE', KEYS[2], ARGV[6])
     if ARGV[7] ~= '' then
         redis.call('HSET', KEYS[2], 'grace', ARGV[8])
         redis.call('ZADD', KEYS[3], now() + tonumber(ARGV[9]), ARGV[7])
         redis.call('EXPIRE', KEYS[3], ARGV[6])
     end
-    return redis.call('RPUSH', KEYS[1], ARGV[1])
+    -- after the last queued job of this round or an earlier one (the queue's rounds never decrease)
+    local queued = redis.call('LRANGE', KEYS[1], 0, -1)
+    for i = #queued, 1, -1 do
+        if tonumber(redis.call('HGET', ARGV[10] .. queued[i], 'round') or 0) <= round then
+            if i < #queued then tick(ARGV[18], ARGV[5]) end  -- ahead of others: their positions moved
+            return redis.call('LINSERT', KEYS[1], 'AFTER', queued[i], ARGV[1])
+        end
+    end
+    if #queued > 0 then tick(ARGV[18], ARGV[5]) end
+    return redis.call('LPUSH', KEYS[1], ARGV[1])
     """
 
     # A follower's lease renewed, while the job has not ended: KEYS: job, followers; ARGV: follower, the
@@ -410,30 +502,43 @@ class JobClient:
     return 1
     """
 
-    def __init__(self, r, max_queue: int = 0):
+    def __init__(self, r, max_queue: int = 0, max_per_visitor: int = 0):
         self.r = r
         self.max_queue = max_queue  # 0: unbounded
+        self.max_per_visitor = max_per_visitor  # jobs queued or running per visitor; 0: unbounded
         self._submit = r.register_script(_LEASE_LUA + self._SUBMIT)
         self._live_workers = r.register_script(self._LIVE_WORKERS)
         self._mark_lost = r.register_script(self._MARK_LOST)
         self._lease = r.register_script(_LEASE_LUA + self._LEASE)
         self._release = r.register_script(_LEASE_LUA + self._RELEASE)
         self._followed = r.register_script(_LEASE_LUA + self._FOLLOWED)
+        self._record_speed = r.register_script(self._RECORD_SPEED)
 
-    async def submit(self, spec: JobSpec, follower: str | None = None, grace_s: float = 0.0) -> str:
-        """Queue a job; returns its id. Raises QueueFull when the model's queue is at `max_queue` with jobs
-        someone still follows (or that were submitted without a lease): orphans make room.
+    async def submit(
+        self, spec: JobSpec, follower: str | None = None, grace_s: float = 0.0, visitor: str = ""
+    ) -> str:
+        """Queue a job in its `visitor`'s turn; returns its id. Raises QueueFull when the model's queue is at
+        `max_queue` with jobs someone still follows (or that were submitted without a lease): orphans make
+        room; VisitorBusy when the visitor (an address, an API key; '' for none) has `max_per_visitor` jobs
+        queued or running.
 
         With a `follower` id, that follower's lease is taken in the same step, and the job is cancelled by
         its worker once no lease has been live for `grace_s` (see `lease`); without one it never is."""
         args = [spec.id, spec.to_json(), self.max_queue, spec.created, spec.model, EVENTS_TTL_S * 24]
         args += [follower or "", grace_s, LEASE_TTL_S, job_key(""), followers_key(""), events_key("")]
         args += [json.dumps(_cancelled_before_start()), EVENTS_TTL_S]
+        args += [visitor, self.max_per_visitor, worker_key(""), moved_key("")]
         keys = [queue_key(spec.model), job_key(spec.id), followers_key(spec.id)]
+        keys += [turns_key(spec.model), round_key(spec.model), visitor_key(visitor)]
         length = await self._submit(keys=keys, args=args)
         if length == -1:
             raise QueueFull(
                 f"the queue for {spec.model} is full ({self.max_queue} waiting); try again shortly"
+            )
+        if length == -2:
+            raise VisitorBusy(
+                f"you have {self.max_per_visitor} generations queued or running, the most one visitor may "
+                "have at once; try again when one has finished"
             )
         return spec.id
 
@@ -463,7 +568,43 @@ class JobClient:
         job = await self.r.hgetall(job_key(job_id))
         await self.r.set(cancel_key(job_id), "1", ex=EVENTS_TTL_S)
         if job.get("status") == "queued" and await self.r.lrem(queue_key(job["model"]), 0, job_id):
+            await self.tick(job["model"])
             await self._fail_terminal(job_id, "done", _cancelled_before_start())
+
+    # A finished job's decode speed and length folded into its model's moving averages (the first one is
+    # taken as it is). KEYS: speed; ARGV: tok_s, job_s, weight, ttl.
+    _RECORD_SPEED = """
+    for i, name in ipairs({'tok_s', 'job_s'}) do
+        local old, new = redis.call('HGET', KEYS[1], name), tonumber(ARGV[i])
+        if old then new = tonumber(old) * (1 - tonumber(ARGV[3])) + new * tonumber(ARGV[3]) end
+        redis.call('HSET', KEYS[1], name, new)
+    end
+    redis.call('EXPIRE', KEYS[1], ARGV[4])
+    """
+
+    async def record_speed(self, model: str, stats: dict) -> None:
+        """Fold a finished job's stats (the worker's: decode_tok_s, total_ms) into `model`'s averages."""
+        tok_s, total_ms = stats.get("decode_tok_s"), stats.get("total_ms")
+        if not tok_s or not total_ms:
+            return  # too short to say (a token or two), or not run
+        args = [float(tok_s), float(total_ms) / 1000, SPEED_WEIGHT, EVENTS_TTL_S * 24 * 7]
+        await self._record_speed(keys=[speed_key(model)], args=args)
+
+    async def speed(self, model: str) -> dict[str, float]:
+        """`model`'s moving averages: {"tok_s", "job_s"}, empty before any job of it was measured."""
+        return {name: float(value) for name, value in (await self.r.hgetall(speed_key(model))).items()}
+
+    async def estimated_wait_s(self, model: str, position: int | None, workers: int) -> float | None:
+        """About how long a job `position` places from the head waits for a worker: the jobs ahead and the
+        one running take a model's average job each, shared by its workers. None when nothing says."""
+        if position is None or not workers:
+            return None
+        job_s = (await self.speed(model)).get("job_s")
+        return None if job_s is None else round((position + 1) * job_s / workers, 1)
+
+    async def tick(self, model: str) -> None:
+        """Wake the followers of `model`'s queued jobs: their positions changed."""
+        await self.r.xadd(moved_key(model), {"moved": "1"}, maxlen=MOVED_MAXLEN, approximate=True)
 
     async def outcome(self, job_id: str, block_ms: int = 250, known: bool = False) -> tuple[str, dict]:
         """The job's terminal event, (type, data), once it comes: where events() ends."""
@@ -482,16 +623,28 @@ class JobClient:
     ) -> AsyncIterator[tuple[str, str, dict]]:
         """Yield (entry_id, type, data) from entry `after` on, until done or error.
 
-        While waiting it also yields ("", "queue", {"position", "workers"}) when the position changes,
+        While waiting it also yields ("", "queue", {"position", "workers", "wait_s"}) when the position changes,
         and turns a dead worker or a lost job into an error event that every reader then sees.
         `known`: the caller knows the job existed (it submitted it, or saw its record), so a job missing
         from Redis was lost to a restart (queue_restarted), never an unknown id, even before its first event.
         """
         watch = _Watch()
         seen_job = known or after != "0-0"  # a resumed reader knows the job existed
+        queued_in = None  # while the job is queued: its model, whose queue's ticks wake this reader too
+        ticks_after = "0-0"  # the last tick seen
         while True:
-            reply = await self.r.xread({events_key(job_id): after}, block=block_ms, count=512)
-            for _, entries in reply or []:
+            streams = {events_key(job_id): after}
+            if queued_in is not None:
+                streams[moved_key(queued_in)] = ticks_after
+            # never past the doubts' own deadlines (a pop never claimed, a model nobody serves)
+            queued_block = min(QUEUED_BLOCK_MS, int(1000 * min(LOST_CLAIM_S, NO_WORKER_WAIT_S)))
+            block = queued_block if queued_in is not None else block_ms
+            reply = await self.r.xread(streams, block=block, count=512)
+            moved = False
+            for stream, entries in reply or []:
+                if stream != events_key(job_id):
+                    ticks_after, moved = entries[-1][0], True
+                    continue
                 for entry_id, entry in entries:
                     after = entry_id
                     event_type = entry["type"]
@@ -500,7 +653,7 @@ class JobClient:
                         return
                 seen_job = True
                 watch.popped_at = watch.dropped_at = None  # the job moves: the doubts start over
-            if reply:
+            if reply and not moved:
                 continue
             job = await self.r.hgetall(job_key(job_id))
             if not job and seen_job:
@@ -513,11 +666,17 @@ class JobClient:
                 continue
             seen_job = True
             if job["status"] == "queued":
+                if queued_in is None:  # from now on, only the ticks that come after this look
+                    queued_in = job["model"]
+                    last = await self.r.xrevrange(moved_key(queued_in), count=1)
+                    ticks_after = last[0][0] if last else "0-0"
                 update = await self._watch_queued(job_id, job, watch)
                 if update is not None:
                     yield "", "queue", update
-            elif job["status"] == "running":
-                await self._watch_running(job_id, job, watch)
+            else:
+                queued_in = None
+                if job["status"] == "running":
+                    await self._watch_running(job_id, job, watch)
 
     async def _watch_queued(self, job_id: str, job: dict, watch: _Watch) -> dict | None:
         """A queued job's position and workers when they changed; ends the job if it waits in vain."""
@@ -536,7 +695,8 @@ class JobClient:
                 await self._fail_terminal(job_id, "error", _unserved(job["model"]))
         elif (position, len(serving)) != watch.last_position:
             watch.last_position = (position, len(serving))
-            return {"position": position, "workers": len(serving)}
+            wait_s = await self.estimated_wait_s(job["model"], position, len(serving))
+            return {"position": position, "workers": len(serving), "wait_s": wait_s}
         return None
 
     async def _watch_running(self, job_id: str, job: dict, watch: _Watch) -> None:

@@ -31,6 +31,7 @@ from playground import body_limit  # noqa: E402
 from playground.routing import websocket_urlpatterns  # noqa: E402
 from playground.security import STATIC_FILE_HEADERS  # noqa: E402
 from playground.static_versions import cache_control  # noqa: E402
+from playground.store import prune_soon  # noqa: E402
 from playground.ws_origin import SameOriginValidator  # noqa: E402
 
 # daphne imports this module before it listens: from then on it refuses oversized bodies as they arrive
@@ -60,10 +61,22 @@ class StaticFilesHandler(ASGIStaticFilesHandler):
         return response
 
 
+class PruningWhileServing:
+    """Every HTTP request lets the process prune old generations (store.prune_soon: at most hourly, in the
+    background): the retention holds by itself whether runs are saved or not, a probe's /healthz enough."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        prune_soon()
+        return await self.app(scope, receive, send)
+
+
 application = ProtocolTypeRouter(
     {
         # /static/ straight from static/ (and the admin's app folder), DEBUG off too: no collectstatic step
-        "http": StaticFilesHandler(django_asgi_app),
+        "http": PruningWhileServing(StaticFilesHandler(django_asgi_app)),
         # only pages of the playground's own origin (host and port) or a trusted one open a socket
         "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }

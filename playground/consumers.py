@@ -17,7 +17,9 @@ which are not stream entries): a client that applies each id once, in order, nev
 a duplicate, whatever reconnects happen.
     {"type": "workers", "up": bool, "count": int, "busy": int, "devices": [str],
      "models": [{"name", "chat", "max_context", "workers"}]}       on connect, then on every change
-    {"type": "queue", "position": int | null, "workers": int}      jobs ahead; workers serving the model
+    {"type": "queue", "position": int | null, "workers": int, "wait_s": float | null}
+        jobs ahead; workers serving the model; about how long until it starts (the model's average job
+        length, measured; null before one was)
     {"type": "started", "worker": str, "queue_ms": float}
     {"type": "prefilled", "prompt_tokens": int, "prefill_ms": float, "cached_tokens": int}
     {"type": "delta", "text": str, "n": int, "t": float, "t_first": float,
@@ -49,6 +51,7 @@ included), the job's worker cancels it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import re
@@ -59,9 +62,17 @@ from django.conf import settings
 
 from common.events import InvalidRequest
 from common.logs import job_context
-from common.protocol import JobClient, JobSpec, QueueFull
+from common.protocol import JobClient, JobSpec, QueueFull, VisitorBusy
 from playground import limits, metrics
-from playground.jobs import Lease, job_client, redis_back, served_models, spec_from_frame, worker_summary
+from playground.jobs import (
+    Lease,
+    job_client,
+    recent_workers,
+    redis_back,
+    served_models,
+    spec_from_frame,
+    worker_summary,
+)
 from playground.store import save_generation
 
 log = logging.getLogger("playground.consumers")
@@ -71,6 +82,8 @@ JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # What a delta frame passes on from the worker's entry (a worker without speculation counters sends 0s).
 DELTA_KEYS = ("text", "n", "t", "t_first", "steps", "draft_n", "draft_n_accepted")
 _orphan_checks: set[asyncio.Task] = set()  # strong references, so pending checks are not collected
+# This process's open sockets per address (rate_identity): PLAYGROUND_MAX_SOCKETS_PER_IP
+_open_sockets: collections.Counter[str] = collections.Counter()
 
 
 class GenerateConsumer(AsyncWebsocketConsumer):
@@ -84,10 +97,22 @@ class GenerateConsumer(AsyncWebsocketConsumer):
     async def connect(self):
         self.jobs: JobClient = job_client()
         self.client_ip = limits.ip_from_scope(self.scope, limits.configured().trusted_proxies)
+        self.address = limits.rate_identity(self.client_ip)
         await self.accept()
+        cap = settings.PLAYGROUND_MAX_SOCKETS_PER_IP
+        if cap and _open_sockets[self.address] >= cap:
+            await self.send_error("too_many_sockets", f"at most {cap} open pages per address; close one")
+            return await self.close(code=1008)
+        _open_sockets[self.address] += 1
+        self.counted = True
         self.status_task = asyncio.create_task(self.watch_workers())
 
     async def disconnect(self, code):
+        if getattr(self, "counted", False):
+            self.counted = False
+            _open_sockets[self.address] -= 1
+            if _open_sockets[self.address] <= 0:
+                del _open_sockets[self.address]
         if self.status_task is not None:
             self.status_task.cancel()
         if self.following():
@@ -103,6 +128,8 @@ class GenerateConsumer(AsyncWebsocketConsumer):
             frame = json.loads(text_data) if text_data is not None else None
         except ValueError:
             frame = None
+        except RecursionError:  # json's decoder recurses once per [ or {: a bad frame, not a bug of ours
+            return await self.send_error("bad_frame", "frames must be JSON objects nested a few levels deep")
         if not isinstance(frame, dict):
             return await self.send_error("bad_frame", "frames must be JSON objects with a type")
         kind = frame.get("type")
@@ -118,6 +145,8 @@ class GenerateConsumer(AsyncWebsocketConsumer):
             await self.send_error("invalid_request", str(exc), param=exc.field)
         except QueueFull as exc:
             await self.send_error("queue_full", str(exc))
+        except VisitorBusy as exc:
+            await self.send_error("too_many_jobs", str(exc))
         except redis.RedisError as exc:
             log.warning("redis unavailable: %s", exc)
             await self.send_error("unavailable", "the job queue is unreachable; try again shortly")
@@ -134,14 +163,21 @@ class GenerateConsumer(AsyncWebsocketConsumer):
             return await self.send_error("rate_limited", verdict.message, retry_after_s=verdict.retry_after_s)
         lease = Lease(self.jobs, spec.id)
         try:  # the job's first lease is this socket's, taken with the job: no worker sees it unfollowed
-            await self.jobs.submit(spec, follower=lease.follower, grace_s=settings.PLAYGROUND_ORPHAN_GRACE_S)
-        except QueueFull:
+            await self.jobs.submit(
+                spec,
+                follower=lease.follower,
+                grace_s=settings.PLAYGROUND_ORPHAN_GRACE_S,
+                visitor=limits.visitor(self.client_ip),
+            )
+        except (QueueFull, VisitorBusy):
             await limits.limiter().refund(verdict)  # turned away: the request does not count
             raise
         self.attach(spec, lease)
         position = await self.jobs.position(spec.id, spec.model)
+        workers = models[spec.model]["workers"]
+        wait_s = await self.jobs.estimated_wait_s(spec.model, position, workers)
         await self.send_frame(
-            spec.id, "", "queue", {"position": position, "workers": models[spec.model]["workers"]}
+            spec.id, "", "queue", {"position": position, "workers": workers, "wait_s": wait_s}
         )
         self.follow(after="0-0")
 
@@ -158,6 +194,9 @@ class GenerateConsumer(AsyncWebsocketConsumer):
             raise InvalidRequest("after", "must be a stream entry id such as 1700000000000-0")
         if self.following():
             return await self.send_error("busy", "a generation is running on this connection; stop it first")
+        verdict = await limits.limiter().admit(self.client_ip)  # a resume is a request like any other
+        if not verdict.allowed:
+            return await self.send_error("rate_limited", verdict.message, retry_after_s=verdict.retry_after_s)
         job = await self.jobs.status(job_id)
         if "spec" not in job:  # none, or a late status write that outlived an expired job's record
             return await self.send_error("unknown_job", f"job_id: no job {job_id}; finished jobs expire")
@@ -274,7 +313,8 @@ class GenerateConsumer(AsyncWebsocketConsumer):
         last = None
         while True:
             try:
-                summary = worker_summary(await self.jobs.workers())
+                interval = settings.PLAYGROUND_STATUS_INTERVAL_S
+                summary = worker_summary(await recent_workers(self.jobs, max_age_s=interval / 2))
             except redis.RedisError:
                 summary = {**worker_summary([]), "error": "the job queue is unreachable"}
             if summary != last:

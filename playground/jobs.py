@@ -46,8 +46,23 @@ def job_client() -> JobClient:
         r = connect(
             url, use_asyncio=True, max_connections=settings.PLAYGROUND_REDIS_CONNECTIONS, socket_timeout=None
         )
-        per_loop[url] = JobClient(r, max_queue=settings.PLAYGROUND_MAX_QUEUE)
+        per_loop[url] = JobClient(
+            r,
+            max_queue=settings.PLAYGROUND_MAX_QUEUE,
+            max_per_visitor=settings.PLAYGROUND_MAX_JOBS_PER_VISITOR,
+        )
     return per_loop[url]
+
+
+async def recent_workers(jobs: JobClient, max_age_s: float) -> list[dict]:
+    """The live workers as read at most `max_age_s` ago: the page's sockets each show the workers' status every
+    PLAYGROUND_STATUS_INTERVAL_S, and one read (shared while it runs) serves every socket of this process."""
+    now = asyncio.get_running_loop().time()
+    read_at, read = getattr(jobs, "_recent_workers", (None, None))
+    if read is None or now - read_at >= max_age_s:
+        read = asyncio.ensure_future(jobs.workers())
+        jobs._recent_workers = (now, read)
+    return await asyncio.shield(read)  # a socket that closes meanwhile does not cancel the others' read
 
 
 class Lease:

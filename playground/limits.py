@@ -6,7 +6,9 @@ generated tokens (charged when a job finishes, checked before the next one start
 switches that limit off.
 
     PLAYGROUND_IP_REQUESTS_PER_MIN     requests per client IP (default 30)
-    PLAYGROUND_IP_TOKENS_PER_MIN       generated tokens per client IP (default 50000)
+    PLAYGROUND_IP_TOKENS_PER_MIN       generated tokens per client IP (default auto: half of what the live
+                                       workers were measured to produce in a window, so that it binds
+                                       whatever the hardware; 50000 until a job was measured)
     PLAYGROUND_KEY_REQUESTS_PER_MIN    requests per API key (default 120)
     PLAYGROUND_KEY_TOKENS_PER_MIN      generated tokens per API key (default 200000)
     PLAYGROUND_RATE_WINDOW_S           the window, in seconds (default 60; the tests shorten it)
@@ -33,7 +35,7 @@ import uuid
 from dataclasses import dataclass
 
 from common.env import env_number
-from common.protocol import PREFIX
+from common.protocol import PREFIX, JobClient
 from playground import metrics
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -61,10 +63,22 @@ def parse_networks(text: str, name: str = "PLAYGROUND_TRUSTED_PROXIES") -> tuple
     return tuple(networks)
 
 
+AUTO = None  # a token budget sized from the workers' measured speed
+AUTO_SHARE = 0.5  # of what the live workers produce in a window: one address may take half
+AUTO_FALLBACK_TOKENS = 50_000  # until a finished job has said how fast the workers are
+AUTO_CACHE_S = 5.0  # how long a sized budget is kept before the workers are looked at again
+
+
+def _env_tokens(name: str) -> int | None:
+    if os.environ.get(name, "").strip().lower() in ("", "auto"):
+        return AUTO
+    return _env_int(name, 0)
+
+
 @dataclass(frozen=True)
 class LimitConfig:
     ip_requests: int = 30
-    ip_tokens: int = 50_000
+    ip_tokens: int | None = AUTO
     key_requests: int = 120
     key_tokens: int = 200_000
     window_s: float = 60.0
@@ -75,7 +89,7 @@ class LimitConfig:
         """Raises ValueError naming the variable and what it takes (check_environment: at the process's start)."""
         return cls(
             ip_requests=_env_int("PLAYGROUND_IP_REQUESTS_PER_MIN", cls.ip_requests),
-            ip_tokens=_env_int("PLAYGROUND_IP_TOKENS_PER_MIN", cls.ip_tokens),
+            ip_tokens=_env_tokens("PLAYGROUND_IP_TOKENS_PER_MIN"),
             key_requests=_env_int("PLAYGROUND_KEY_REQUESTS_PER_MIN", cls.key_requests),
             key_tokens=_env_int("PLAYGROUND_KEY_TOKENS_PER_MIN", cls.key_tokens),
             window_s=_env_seconds("PLAYGROUND_RATE_WINDOW_S", cls.window_s),
@@ -124,6 +138,12 @@ def rate_identity(ip: str) -> str:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is None:
         return str(ipaddress.ip_network(f"{address}/64", strict=False))
     return str(address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else address or ip)
+
+
+def visitor(ip: str, api_key: str | None = None) -> str:
+    """Who a fair share is kept for (jobs at once, the queue's turns): the API key (its id) when there is one,
+    else the address as its budgets see it."""
+    return f"key:{api_key}" if api_key is not None else f"ip:{rate_identity(ip)}"
 
 
 def ip_from_request(request, trusted: tuple[IPNetwork, ...]) -> str:
@@ -211,22 +231,41 @@ class RateLimiter:
         self._admit = r.register_script(_ADMIT)
         self._charge = r.register_script(_CHARGE)
 
-    def _budgets(self, ip: str, api_key: str | None) -> list[tuple[str, str, int]]:
-        """(name, redis key, limit) of the budgets that apply and are switched on."""
+    def _budgets(self, ip: str, api_key: str | None, ip_tokens: int = 1) -> list[tuple[str, str, int]]:
+        """(name, redis key, limit) of the budgets that apply and are switched on; `ip_tokens`: the IP's token
+        budget when the config sizes it from the workers (AUTO)."""
         c = self.config
         if api_key is not None:
             who, budgets = f"key:{api_key}", [("key_requests", c.key_requests), ("key_tokens", c.key_tokens)]
         else:
-            who, budgets = (
-                f"ip:{rate_identity(ip)}",
-                [("ip_requests", c.ip_requests), ("ip_tokens", c.ip_tokens)],
-            )
+            tokens = ip_tokens if c.ip_tokens is AUTO else c.ip_tokens
+            who, budgets = f"ip:{rate_identity(ip)}", [("ip_requests", c.ip_requests), ("ip_tokens", tokens)]
         return [(name, f"{PREFIX}rate:{name}:{who}", limit) for name, limit in budgets if limit > 0]
+
+    async def measured_ip_tokens(self) -> int:
+        """The IP token budget sized from what the live workers produce in a window: AUTO_SHARE of it (each
+        worker at the measured decode speed of the fastest model it serves), kept AUTO_CACHE_S."""
+        now = time.monotonic()
+        sized_at, tokens = getattr(self, "_sized", (None, 0))
+        if sized_at is not None and now - sized_at < AUTO_CACHE_S:
+            return tokens
+        jobs = JobClient(self.r)
+        speeds: dict[str, float] = {}
+        per_s = 0.0
+        for worker in await jobs.workers():
+            for model in worker.get("models", []):
+                if model not in speeds:
+                    speeds[model] = (await jobs.speed(model)).get("tok_s", 0.0)
+            per_s += max((speeds[m] for m in worker.get("models", [])), default=0.0)
+        tokens = math.ceil(per_s * self.config.window_s * AUTO_SHARE) if per_s else AUTO_FALLBACK_TOKENS
+        self._sized = (now, tokens)
+        return tokens
 
     async def admit(self, ip: str, api_key: str | None = None, now: float | None = None) -> Verdict:
         """Check every budget and, when all have room, count this request. `api_key` is an id of the
         key (never the secret); with one, the key's budgets apply instead of the IP's."""
-        budgets = self._budgets(ip, api_key)
+        sized = await self.measured_ip_tokens() if api_key is None and self.config.ip_tokens is AUTO else 1
+        budgets = self._budgets(ip, api_key, sized)
         if not budgets:
             return Verdict(True)
         now = time.time() if now is None else now

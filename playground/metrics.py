@@ -11,9 +11,11 @@ finished job once, by whichever web process sees its end first (a flag in Redis)
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 
 import redis
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpResponse, JsonResponse
 from prometheus_client import (
@@ -25,15 +27,27 @@ from prometheus_client import (
     generate_latest,
 )
 
-from common.protocol import EVENTS_TTL_S, PREFIX, queue_key
+from common.protocol import EVENTS_TTL_S, PREFIX, JobClient, queue_key
 from playground.jobs import job_client
+from playground.store import database_bytes
+from playground.supervise import RESTARTS_KEY
 
 REGISTRY = CollectorRegistry()
+log = logging.getLogger(__name__)
 
 QUEUE_DEPTH = Gauge("kog_queue_depth", "Jobs waiting for a worker, per model", ["model"], registry=REGISTRY)
 WORKERS = Gauge("kog_workers", "Workers with a live heartbeat", registry=REGISTRY)
 RUNNING_JOBS = Gauge("kog_running_jobs", "Jobs being generated right now", registry=REGISTRY)
 REDIS_UP = Gauge("kog_redis_up", "1 when the job queue answered the scrape", registry=REGISTRY)
+DATABASE_BYTES = Gauge(
+    "kog_database_bytes", "The database's size on disk (saved generations)", registry=REGISTRY
+)
+RESTARTS = Gauge(
+    "kog_process_restarts",
+    "Restarts of a process `make run` supervises (worker, daphne, redis) since its launch",
+    ["process"],
+    registry=REGISTRY,
+)
 
 TTFT = Histogram(
     "kog_time_to_first_token_seconds",
@@ -83,6 +97,7 @@ ERROR_KINDS = frozenset(
         *("worker_lost", "stalled", "out_of_memory", "internal_error", "unavailable", "queue_restarted"),
         *("rate_limit_exceeded", "invalid_value", "model_not_found", "invalid_api_key", "unknown_url"),
         *("queue_down", "method_not_allowed", "context_length_exceeded", "unsupported_media_type"),
+        *("too_many_jobs", "too_many_sockets"),
     }
 )
 
@@ -108,6 +123,10 @@ async def observe_finished(
     GENERATED_TOKENS.labels(model).inc(stats.get("completion_tokens", 0))
     PROMPT_TOKENS.labels(model).inc(stats.get("prompt_tokens", 0))
     CACHED_PROMPT_TOKENS.labels(model).inc(stats.get("cached_tokens", 0))
+    try:  # what the workers produce: the page's estimated waits, the per-address token budget
+        await JobClient(r).record_speed(model, stats)
+    except redis.RedisError as exc:  # the job is counted; its speed misses one sample
+        log.warning("could not record the speed of %s: %s", job_id, exc)
     if stats.get("completion_tokens"):
         TTFT.labels(model).observe(stats["ttft_ms"] / 1000)
     if stats.get("decode_tok_s"):
@@ -124,7 +143,8 @@ async def refresh_from_redis(jobs, models: list[str]) -> None:
         pipe = jobs.r.pipeline(transaction=False)
         for name in names:
             pipe.llen(queue_key(name))
-        depths = await pipe.execute() if names else []
+        pipe.hgetall(RESTARTS_KEY)
+        *depths, restarts = await pipe.execute()
     except redis.RedisError:
         REDIS_UP.set(0)
         return
@@ -134,6 +154,19 @@ async def refresh_from_redis(jobs, models: list[str]) -> None:
     QUEUE_DEPTH.clear()  # a model no longer served or configured stops being reported
     for name, depth in zip(names, depths, strict=True):
         QUEUE_DEPTH.labels(name).set(depth)
+    RESTARTS.clear()  # only under make run's launcher, which writes them (playground/supervise.py)
+    for process, count in restarts.items():
+        RESTARTS.labels(process).set(int(count))
+
+
+async def refresh_database_size() -> None:
+    try:
+        size = await sync_to_async(database_bytes, thread_sensitive=False)()
+    except Exception as exc:  # noqa: BLE001 - a scrape still answers with what it has
+        log.warning("could not read the database's size: %s", exc)
+        return
+    if size is not None:
+        DATABASE_BYTES.set(size)
 
 
 async def metrics_view(request):
@@ -145,4 +178,5 @@ async def metrics_view(request):
                 {"error": "metrics need `Authorization: Bearer <PLAYGROUND_METRICS_TOKEN>`"}, status=401
             )
     await refresh_from_redis(job_client(), settings.PLAYGROUND_MODELS)
+    await refresh_database_size()
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

@@ -2,8 +2,9 @@
 
 Migrates the database, starts a Redis server of its own when REDIS_URL is unset, one inference
 worker (the default model, or --model / MODELS; on CUDA when there is a GPU) and daphne on
-http://127.0.0.1:8000. Ctrl-C stops everything; so does any one of them dying, except a worker that exits
-to be restarted (its stall watchdog's code), which is started again.
+http://127.0.0.1:8000, then keeps them up until Ctrl-C: one that dies (a crash, a kill, its stall
+watchdog's restart code) is started again after a backoff (playground.supervise), the restart logged and
+counted in /metrics. Only a start that fails before the playground first serves ends the launch.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from pathlib import Path
 import redis
 
 from common.names import ModelNameError, served_names, split_entry
-from common.protocol import STALL_EXIT_CODE, worker_key
-from common.redis_server import redacted_url, start_redis, url_problem
+from common.protocol import worker_key
+from common.redis_server import free_port, redacted_url, start_redis, url_problem
+from playground.supervise import Child, Supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -119,6 +121,14 @@ def local_secret_key() -> str:
     return path.read_text().strip()
 
 
+def debug_requested(env: dict) -> bool:
+    return env.get("DJANGO_DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}  # as settings.env_bool
+
+
+def loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "::1", "localhost")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m playground.run", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
@@ -130,9 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.setdefault("DJANGO_SECRET_KEY", local_secret_key())
-    processes: dict[str, subprocess.Popen] = {}
-    redis_process = None
+    if debug_requested(env) and not loopback(args.host):
+        raise SystemExit(
+            f"DJANGO_DEBUG is on: its error pages show the settings, so it serves on 127.0.0.1 only, not "
+            f"--host {args.host}; unset DJANGO_DEBUG (make run) to serve others"
+        )
+    if not env.get("DJANGO_SECRET_KEY", "").strip():  # unset or empty: a fresh machine serves all the same
+        env["DJANGO_SECRET_KEY"] = local_secret_key()
     if args.model:  # the web offers (and /readyz probes) the models this worker serves, not the default
         args.model = absolute_entries(args.model)
     models = args.model or absolute_entries([m for m in env.get("MODELS", "").split(",") if m.strip()])
@@ -142,58 +156,84 @@ def main(argv: list[str] | None = None) -> int:
         except ModelNameError as exc:
             raise SystemExit(str(exc)) from None
         env["MODELS"] = ",".join(models)
+    supervisor = Supervisor()
     if not env.get("REDIS_URL"):
-        # its own session too, so that Ctrl-C stops it last, after the worker (see finally below)
-        redis_process, env["REDIS_URL"] = start_redis(ROOT / "var" / "redis", start_new_session=True)
+        port = free_port()
+        env["REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
+
+        def start_own_redis() -> subprocess.Popen:
+            # its own session too, so that Ctrl-C stops it last, after the worker (see finally below); the
+            # same port when it is restarted, where the worker and daphne look for it
+            return start_redis(ROOT / "var" / "redis", port=port, start_new_session=True)[0]
+
+        supervisor.launch(Child("redis", start_own_redis))
         print(f"started redis-server at {env['REDIS_URL']}")
     else:
         check_redis(env["REDIS_URL"])
+    supervisor.redis_url = env["REDIS_URL"]
     for sig in (signal.SIGINT, signal.SIGTERM):  # SIGTERM also when started in the background
         signal.signal(sig, request_stop)
     try:
-        return serve(args, env, processes)
+        return serve(args, env, supervisor)
     finally:
         if stop_requested.is_set():
             print("\nstopping…", flush=True)
-        stop(processes)
-        if redis_process is not None:  # last: the worker retires its heartbeat on the way out
-            stop({"redis": redis_process})
+        stop(supervisor.processes("daphne", "worker"))
+        stop(supervisor.processes("redis"))  # last: the worker retires its heartbeat on the way out
 
 
-def serve(args: argparse.Namespace, env: dict, processes: dict[str, subprocess.Popen]) -> int:
-    """Starts daphne and the worker into `processes` and watches them until a stop is asked for (0) or one of
-    them dies (SystemExit); the caller stops them."""
+class WorkerStarts:
+    """Starts the worker, under a new id each time: readers of a job the last one ran see its id's heartbeat
+    gone (worker_lost), never a namesake's."""
+
+    def __init__(self, args: argparse.Namespace, env: dict):
+        self.env, self.starts, self.worker_id = env, 0, ""
+        self.models = args.model or []
+
+    def __call__(self) -> subprocess.Popen:
+        self.starts += 1
+        self.worker_id = f"local-{os.getpid()}-{self.starts}"
+        # REDIS_URL reaches the worker through its environment, not its argv, where `ps` would show a password
+        worker_args = ["-m", "inference.worker", "--worker-id", self.worker_id]
+        for model in self.models:
+            worker_args += ["--model", model]
+        return spawn(worker_args, self.env)
+
+    def retire(self) -> None:
+        """A worker that died (SIGKILL, a crash) leaves its heartbeat for up to HEARTBEAT_TTL_S: dropped now,
+        so that the clients of its job hear worker_lost at their next look instead of seconds later."""
+        client = redis.Redis.from_url(self.env["REDIS_URL"], socket_connect_timeout=1, socket_timeout=1)
+        client.delete(worker_key(self.worker_id))
+        client.close()
+
+
+def serve(args: argparse.Namespace, env: dict, supervisor: Supervisor) -> int:
+    """Starts daphne and the worker under `supervisor` and keeps them (and its Redis) up until a stop is asked
+    for (0). A start that fails before the playground first serves ends the launch (SystemExit); the caller
+    stops what runs."""
     migrate = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env)
     if stop_requested.is_set():
         return 0
     if migrate.returncode:
         raise SystemExit(f"manage.py migrate failed with code {migrate.returncode}; see its output above")
-    processes["daphne"] = spawn(["-m", "playground.serve", "-b", args.host, "-p", str(args.port)], env)
-    worker_args = None
+    daphne_args = ["-m", "playground.serve", "-b", args.host, "-p", str(args.port)]
+    supervisor.launch(Child("daphne", lambda: spawn(daphne_args, env)))
     if not args.no_worker:
-        worker_id = f"local-{os.getpid()}"
-        # REDIS_URL reaches the worker through its environment, not its argv, where `ps` would show a password
-        worker_args = ["-m", "inference.worker", "--worker-id", worker_id]
-        for model in args.model or []:
-            worker_args += ["--model", model]
-        processes["worker"] = spawn(worker_args, env)
+        worker = WorkerStarts(args, env)
+        supervisor.launch(Child("worker", worker, on_exit=worker.retire))
         print("loading the model…")
-        if not wait_for_worker(env["REDIS_URL"], worker_id, processes):
+        if not wait_for_worker(env["REDIS_URL"], worker.worker_id, supervisor.processes()):
             if stop_requested.is_set():
                 return 0
             raise SystemExit("the worker did not start; see its log above")
-    if not wait_for_port(args.host, args.port, processes):
+    if not wait_for_port(args.host, args.port, supervisor.processes()):
         if stop_requested.is_set():
             return 0
         raise SystemExit(f"daphne did not start on port {args.port}; see its log above")
     print(f"\n  Playground: http://{args.host}:{args.port}/   (Ctrl-C stops it)\n", flush=True)
+    supervisor.publish_counts()
     while not stop_requested.wait(0.5):
-        for name, process in processes.items():
-            if name == "worker" and process.poll() == STALL_EXIT_CODE:
-                print("the worker exited to be restarted (a job stalled it); starting it again", flush=True)
-                processes["worker"] = spawn(worker_args, env)
-            elif process.poll() is not None:
-                raise SystemExit(f"{name} exited with code {process.returncode}; stopping")
+        supervisor.check()
     return 0
 
 

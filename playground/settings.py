@@ -17,10 +17,14 @@ PLAYGROUND_MAX_NEW_TOKENS   the largest max_tokens the page may ask for (default
 PLAYGROUND_MAX_PROMPT_CHARS the longest prompt, in characters (default 100000)
 PLAYGROUND_MAX_FRAME_BYTES  the largest websocket frame the page may send (default: room for the longest
                         prompt at 4 UTF-8 bytes a character, plus 64 KiB for the rest of the frame)
+PLAYGROUND_MAX_JOBS_PER_VISITOR  generations one visitor (address or API key) may have queued or running at
+                        once (default 2; 0: no cap); the queue serves visitors in turn
+PLAYGROUND_MAX_SOCKETS_PER_IP    page websockets one address may hold open at once (default 8; 0: no cap)
+PLAYGROUND_ADMIN_PATH, PLAYGROUND_ADMIN_LOGINS_PER_MIN: see playground/admin_throttle.py
 PLAYGROUND_REDIS_CONNECTIONS  pooled Redis connections per web process (default 500; each socket
                         following a job holds one while it waits for events)
-PLAYGROUND_RETENTION_DAYS   when set (whole days, 1 or more), saved generations older than this are deleted
-                        (a web process prunes at most once an hour, after saving one); unset: kept
+PLAYGROUND_RETENTION_DAYS   saved generations older than this many days are deleted (default 30; 0 keeps them
+                        all): a web process prunes at most once an hour, after saving one
 Rate limits (PLAYGROUND_IP_*, PLAYGROUND_KEY_*, PLAYGROUND_TRUSTED_PROXIES): see playground/limits.py.
 A value that is not what its variable takes stops the process at its start (settings, or the app's ready() for
 the rate limits) with one line naming the variable, rather than failing requests once it serves.
@@ -72,6 +76,14 @@ def env_number(
     return value if value is default else kind(value)
 
 
+def admin_path(value: str) -> str:
+    """PLAYGROUND_ADMIN_PATH as a URL pattern's prefix: `backstage`, `/backstage/` -> `backstage/`."""
+    path = value.strip().strip("/")
+    if not path or any(part in ("", ".", "..") for part in path.split("/")) or "?" in path or "#" in path:
+        raise ImproperlyConfigured(f"PLAYGROUND_ADMIN_PATH: must be a path such as backstage/, got {value!r}")
+    return path + "/"
+
+
 def redis_url() -> str:
     """REDIS_URL (default redis://127.0.0.1:6379/0), checked as redis-py reads it for the job queue:
     `127.0.0.1:6379` without its scheme would otherwise pass here and fail every request."""
@@ -120,6 +132,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "playground.admin_throttle.AdminLoginThrottle",  # wrong admin passwords a minute per address (Redis)
     "playground.host_check.ApiHostCheckMiddleware",  # JSON, not HTML, for an API call to a foreign Host
     "playground.api.cors.ApiCorsMiddleware",  # /v1/ from the web apps PLAYGROUND_API_CORS_ORIGINS names
     "django.middleware.security.SecurityMiddleware",
@@ -175,15 +188,35 @@ PLAYGROUND_MAX_FRAME_BYTES = env_number(
     "PLAYGROUND_MAX_FRAME_BYTES", 4 * PLAYGROUND_MAX_PROMPT_CHARS + 64 * 1024, low=1, unit="bytes"
 )
 PLAYGROUND_API_CORS_ORIGINS = env_list("PLAYGROUND_API_CORS_ORIGINS")  # see playground/api/cors.py
+# A fair share per visitor (an address, or an API key): its jobs queued or running at once, and a page's
+# sockets open at once per address (playground/consumers.py).
+PLAYGROUND_MAX_JOBS_PER_VISITOR = env_number(
+    "PLAYGROUND_MAX_JOBS_PER_VISITOR", 2, unit="jobs", note="0: no cap"
+)
+PLAYGROUND_MAX_SOCKETS_PER_IP = env_number(
+    "PLAYGROUND_MAX_SOCKETS_PER_IP", 8, unit="sockets", note="0: no cap"
+)
+# The admin: where it lives, and how many wrong passwords an address may try a minute (playground/admin_throttle.py)
+PLAYGROUND_ADMIN_PATH = admin_path(os.environ.get("PLAYGROUND_ADMIN_PATH", "admin/"))
+PLAYGROUND_ADMIN_LOGINS_PER_MIN = env_number(
+    "PLAYGROUND_ADMIN_LOGINS_PER_MIN", 5, unit="attempts", note="0: no throttle"
+)
 PLAYGROUND_REDIS_CONNECTIONS = env_number("PLAYGROUND_REDIS_CONNECTIONS", 500, low=1, unit="connections")
 
 
+DEFAULT_RETENTION_DAYS = 30
+
+
 def retention_days() -> int | None:
-    """None (unset: keep every generation) or a whole number of days, 1 or more."""
-    return env_number("PLAYGROUND_RETENTION_DAYS", None, low=1, unit="days", note="or unset")
+    """A whole number of days, 1 or more (DEFAULT_RETENTION_DAYS when unset), or None (0: keep every one)."""
+    days = env_number(
+        "PLAYGROUND_RETENTION_DAYS", DEFAULT_RETENTION_DAYS, unit="days", note="0 keeps them all"
+    )
+    return days or None
 
 
-# Saved generations older than this many days are pruned (playground/store.py); None keeps them all.
+# Saved generations older than this many days are pruned (playground/store.py); None keeps them all: a public
+# demo's database stays bounded by default.
 PLAYGROUND_RETENTION_DAYS = retention_days()
 # A playground.limits.LimitConfig, or None to read the PLAYGROUND_IP_* / _KEY_* variables.
 PLAYGROUND_LIMITS = None

@@ -1,5 +1,6 @@
 """Saving finished generations: one row per job, whoever (page or API) sees the job end first; and
-deleting old ones (PLAYGROUND_RETENTION_DAYS, `manage.py prune_generations`)."""
+deleting old ones (PLAYGROUND_RETENTION_DAYS, 30 days by default: a web process prunes at most hourly, after a
+save or a request; `manage.py prune_generations` by hand)."""
 
 from __future__ import annotations
 
@@ -84,6 +85,24 @@ def prune_generations(older_than_days: float, dry_run: bool = False) -> int:
     while ids := list(old.values_list("pk", flat=True)[:PRUNE_BATCH]):
         deleted += Generation.objects.filter(pk__in=ids).delete()[0]
     return deleted
+
+
+def database_bytes() -> int | None:
+    """The database's size: SQLite's pages, PostgreSQL's own count; None for another engine. Sync: call it
+    through sync_to_async."""
+    connection = connections["default"]
+    queries = {
+        "sqlite": "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()",
+        "postgresql": "SELECT pg_database_size(current_database())",
+    }
+    if connection.vendor not in queries:
+        return None
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(queries[connection.vendor])
+            return int(cursor.fetchone()[0])
+    finally:
+        connections.close_all()  # this thread's connections: a pool thread would keep them open
 
 
 # When this process may prune next (time.monotonic()), and the prune under way

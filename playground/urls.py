@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 
@@ -10,6 +11,6 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),  # alive: no dependency looked at
     path("readyz", health.readyz, name="readyz"),  # Redis, a worker per model, a one-token generation
     path("metrics", metrics.metrics_view, name="metrics"),
-    path("admin/", admin.site.urls),
+    path(settings.PLAYGROUND_ADMIN_PATH, admin.site.urls),  # admin/ unless configured elsewhere
     path("v1/", include("playground.api.urls")),
 ]

@@ -70,6 +70,9 @@ os.environ.setdefault("DJANGO_SECRET_KEY", "test-secret-key-not-for-production")
 # the limits set their own (tests/web/test_limits.py, test_security_browser.py).
 os.environ.setdefault("PLAYGROUND_IP_REQUESTS_PER_MIN", "1000000")
 os.environ.setdefault("PLAYGROUND_IP_TOKENS_PER_MIN", "1000000000")
+# the same for the fair share per visitor (tests/web/test_fairness.py sets its own)
+os.environ.setdefault("PLAYGROUND_MAX_JOBS_PER_VISITOR", "0")
+os.environ.setdefault("PLAYGROUND_MAX_SOCKETS_PER_IP", "0")
 
 
 @pytest.fixture(scope="module")

@@ -41,8 +41,8 @@ from contextlib import contextmanager
 
 import torch
 
+from common.events import SamplingParams
 from inference.config import ModelConfig
-from inference.events import SamplingParams
 from inference.fast import residual_placement
 from inference.fast.head_choice import ScreenWatch
 from inference.fast.layers import LaneGroup, LayerWeights, split_from

@@ -24,6 +24,11 @@ CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assist
 # OpenAI's own limit; every stop string is searched for after every token, so a long list would
 # slow the worker for everyone in the queue.
 MAX_STOP_SEQUENCES = 4
+# What a request may have stored with its run (the saved generation's params) beyond its prompt: each stop
+# string's length, and the chat template's variables as JSON, in characters and levels of nesting.
+MAX_STOP_CHARS = 256
+MAX_TEMPLATE_KWARGS_CHARS = 4096
+MAX_TEMPLATE_KWARGS_DEPTH = 8
 COMPLETIONS_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI's legacy API
 # OpenAI's pattern for a participant's name; it also keeps a control token's spelling (`<|...|>`) out of the
 # chat template, which copies names outside any message's content.
@@ -229,19 +234,47 @@ def _sampling_params(body: dict, max_new_tokens: int, chat: bool, model_defaults
 
 
 def _stop(stop) -> tuple | None:
-    if stop is None or isinstance(stop, list | tuple):
-        if len(stop or ()) > MAX_STOP_SEQUENCES:
-            raise InvalidRequest("stop", f"takes at most {MAX_STOP_SEQUENCES} sequences, got {len(stop)}")
-        return tuple(stop) if stop else None
     if isinstance(stop, str):
-        return (stop,)
-    raise InvalidRequest("stop", "must be a string or a list of strings")
+        stop = [stop]
+    if stop is not None and not isinstance(stop, list | tuple):
+        raise InvalidRequest("stop", "must be a string or a list of strings")
+    if len(stop or ()) > MAX_STOP_SEQUENCES:
+        raise InvalidRequest("stop", f"takes at most {MAX_STOP_SEQUENCES} sequences, got {len(stop)}")
+    for text in stop or ():
+        if isinstance(text, str) and len(text) > MAX_STOP_CHARS:
+            raise InvalidRequest(
+                "stop", f"a stop sequence may be at most {MAX_STOP_CHARS} characters, got {len(text):,}"
+            )
+    return tuple(stop) if stop else None
+
+
+def json_depth(value) -> int:
+    """How deeply a parsed JSON value nests (a scalar: 0), without recursion: a value nested past Python's
+    recursion limit is measured, not a RecursionError."""
+    depth, level = 0, [(value, 0)]
+    while level:
+        item, d = level.pop()
+        if isinstance(item, dict | list):
+            depth = max(depth, d + 1)
+            level.extend((child, d + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return depth
 
 
 def _template_kwargs(value) -> dict | None:
     """vLLM's chat_template_kwargs: further variables for the model's chat template (Qwen3's
-    {"enable_thinking": false}), checked here as the worker checks them; {} or absent: none."""
+    {"enable_thinking": false}), checked here as the worker checks them; {} or absent: none. Bounded in
+    depth and size: they are stored with the run."""
+    if json_depth(value) > MAX_TEMPLATE_KWARGS_DEPTH:
+        raise InvalidRequest(
+            "chat_template_kwargs", f"may nest at most {MAX_TEMPLATE_KWARGS_DEPTH} levels deep"
+        )
     check_template_kwargs(value)
+    size = len(json.dumps(value)) if value else 0
+    if size > MAX_TEMPLATE_KWARGS_CHARS:
+        raise InvalidRequest(
+            "chat_template_kwargs",
+            f"may be at most {MAX_TEMPLATE_KWARGS_CHARS:,} characters as JSON, got {size:,}",
+        )
     return value or None
 
 

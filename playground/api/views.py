@@ -24,19 +24,20 @@ from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
 
 from common.events import InvalidRequest
-from common.protocol import TERMINAL, JobSpec, QueueFull
+from common.protocol import TERMINAL, JobSpec, QueueFull, VisitorBusy
 from playground import metrics
 from playground.api.auth import authenticate
 from playground.api.errors import ApiError, body_too_large
-from playground.api.params import ApiRequest, parse_request
+from playground.api.params import ApiRequest, json_depth, parse_request
 from playground.jobs import Lease, job_client, redis_back, served_models
 from playground.limits import configured as limit_config
-from playground.limits import ip_from_request, limiter
+from playground.limits import ip_from_request, limiter, visitor
 from playground.store import save_generation
 
 log = logging.getLogger("playground.api")
 INTERNAL_ERROR = "Internal server error (the details are in the server's log)"
 STREAM_START_GRACE_S = 5.0
+MAX_BODY_DEPTH = 32  # levels of [ and { in a request body
 _background: set[asyncio.Task] = set()
 
 
@@ -154,11 +155,18 @@ def json_body(request):
             415, "Send the body as JSON, with `Content-Type: application/json`", code="unsupported_media_type"
         )
     try:
-        return json.loads(raw)
+        body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"The body is not valid JSON: {exc}", code="invalid_json") from None
     except RecursionError:  # json's decoder recurses once per [ or {: a bad body, not our bug
         raise ApiError(400, "The body is not valid JSON: nested too deeply", code="invalid_json") from None
+    # No request field nests deeper; a body that does would only reach code that recurses (comparisons, the
+    # job's JSON) with it.
+    if json_depth(body) > MAX_BODY_DEPTH:
+        raise ApiError(
+            400, f"The body nests more than {MAX_BODY_DEPTH} levels deep", code="invalid_json"
+        ) from None
+    return body
 
 
 async def complete(request, chat: bool):
@@ -205,6 +213,14 @@ async def complete(request, chat: bool):
         raise ApiError(
             429, str(exc), type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"}
         ) from None
+    except VisitorBusy as exc:
+        await limiter().refund(verdict)
+        raise ApiError(
+            429, str(exc), type="rate_limit_error", code="too_many_jobs", headers={"Retry-After": "2"}
+        ) from None
+    except Exception:  # never queued (the queue is down, a bug): the request does not count either
+        await limiter().refund(verdict)
+        raise
 
     try:
         # Wait for the job's first real event before any status line goes out, so that a refusal
@@ -262,7 +278,9 @@ class JobRun:
 
     async def submit(self) -> None:
         """Queue the job with this request's lease on it (no grace: an API client does not come back)."""
-        await self.jobs.submit(self.spec, follower=self.lease.follower, grace_s=0.0)
+        await self.jobs.submit(
+            self.spec, follower=self.lease.follower, grace_s=0.0, visitor=visitor(self.ip, self.key_id)
+        )
         self.lease.keep()
 
     async def next(self) -> tuple[str, dict]:

@@ -12,6 +12,7 @@
  * Exposes kogPage.connection:
  *   createSocket(url)   htmx.createWebSocket: a socket whose closes htmx takes for normal ones
  *   reconnectNow()      reconnects at once when the socket is closed (Retry, online, the tab shown)
+ *   retrySlowly()       the next reconnects wait the longest delay (the server turned this tab away)
  *   onOpen(event), onClose(event)   the htmx:wsOpen and htmx:wsClose handlers
  *   setConnection(state)            connecting | open | closed, as the page shows it
  */
@@ -44,6 +45,12 @@
     clearTimeout(retry.timer);
     retry.timer = setTimeout(reconnectNow, RETRY_MS[Math.min(retry.count, RETRY_MS.length - 1)]);
     retry.count += 1;
+  }
+
+  // The server closes a socket over its per-address cap (too_many_sockets): this tab retries at the slowest
+  // pace, not at once, until another tab of the address closes.
+  function retrySlowly() {
+    state.retry.count = Math.max(state.retry.count, RETRY_MS.length - 1);
   }
 
   function reconnectNow() {
@@ -113,5 +120,5 @@
     }
   }
 
-  page.connection = { createSocket, reconnectNow, onOpen, onClose, setConnection };
+  page.connection = { createSocket, reconnectNow, retrySlowly, onOpen, onClose, setConnection };
 })();

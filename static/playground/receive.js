@@ -59,7 +59,11 @@
         run.queue = frame.position;
         if (frame.position === null) follow("queued", "starting…");
         else if (frame.workers === 0) follow("queued", "waiting for a worker to start");
-        else follow("queued", frame.position === 0 ? "next in line" : `${frame.position} ahead`);
+        else {
+          // the server's estimate from the model's measured job length, when it has one
+          const wait = frame.wait_s == null ? "" : `, about ${Math.max(1, Math.round(frame.wait_s))} s`;
+          follow("queued", (frame.position === 0 ? "next in line" : `${frame.position} ahead`) + wait);
+        }
         break;
       case "started":
         run.queue = 0;
@@ -238,6 +242,10 @@
   // ---- refusals ----------------------------------------------------------------------------------
 
   function requestError(frame) {
+    if (frame.code === "too_many_sockets") {
+      page.connection.retrySlowly(); // the server closes this socket next
+      return page.view.flashNote(frame.message);
+    }
     // A refused request (bad field, busy, queue full) or a broken frame: the socket stays usable.
     if (frame.param) page.view.markInvalid(frame.param, frame.message);
     if (state.request) {

@@ -387,3 +387,28 @@ def test_a_models_recommended_sampling_fills_what_the_request_leaves_out():
     assert params({"model": "m", "prompt": "def f():"}, chat=False, defaults=long)["max_new_tokens"] == 300
     assert params({**CHAT, "max_tokens": 7}, defaults=long)["max_new_tokens"] == 7  # the request's own
     assert params(CHAT, defaults={"max_new_tokens": 4096})["max_new_tokens"] == 512  # the server's cap
+
+
+def test_what_a_request_may_store_is_bounded_and_each_refusal_names_its_limit():
+    from playground.api.params import MAX_STOP_CHARS, MAX_TEMPLATE_KWARGS_CHARS, MAX_TEMPLATE_KWARGS_DEPTH
+
+    with pytest.raises(InvalidRequest, match="at most 4 sequences, got 5"):
+        parse({**CHAT, "stop": ["a", "b", "c", "d", "e"]}, chat=True)
+    with pytest.raises(InvalidRequest, match=f"at most {MAX_STOP_CHARS} characters, got 10,000"):
+        parse({**CHAT, "stop": "x" * 10_000}, chat=True)
+    with pytest.raises(InvalidRequest, match=f"at most {MAX_STOP_CHARS} characters"):
+        parse({**CHAT, "stop": ["ok", "y" * (MAX_STOP_CHARS + 1)]}, chat=True)
+    assert parse({**CHAT, "stop": ["z" * MAX_STOP_CHARS]}, chat=True).spec.params["stop"] == [
+        "z" * MAX_STOP_CHARS
+    ]
+
+    big = {"note": "n" * MAX_TEMPLATE_KWARGS_CHARS}
+    with pytest.raises(InvalidRequest, match=f"at most {MAX_TEMPLATE_KWARGS_CHARS:,} characters as JSON"):
+        parse({**CHAT, "chat_template_kwargs": big}, chat=True)
+    nested: dict = {}
+    for _ in range(900):  # past the JSON encoder's recursion limit: measured, never a RecursionError
+        nested = {"k": nested}
+    for kwargs in ({"deep": nested}, {"deep": [[[[[[[[["x"]]]]]]]]]}):
+        with pytest.raises(InvalidRequest, match=f"at most {MAX_TEMPLATE_KWARGS_DEPTH} levels deep") as info:
+            parse({**CHAT, "chat_template_kwargs": kwargs}, chat=True)
+        assert info.value.field == "chat_template_kwargs"

@@ -9,7 +9,7 @@ import pytest
 import redis.asyncio as aioredis
 from django.test import AsyncClient
 
-from common.protocol import JobSpec, cancel_key, events_key
+from common.protocol import JobSpec, cancel_key, events_key, queue_key
 from playground.api.views import JobRun, job_error, timings, usage
 from playground.jobs import job_client
 
@@ -136,4 +136,43 @@ async def test_template_variables_go_only_to_a_worker_that_renders_them(queue, s
     error = json.loads(response.content)["error"]
     assert response.status_code == 400 and error["param"] == "chat_template_kwargs", error
     assert "no worker of this model renders them" in error["message"]
+    sync.close()
+
+
+@pytest.mark.django_db
+async def test_a_body_nested_too_deeply_is_a_400_that_does_not_count_against_the_rate_limit(
+    queue, settings, redis_url
+):
+    import redis
+
+    from common.protocol import WorkerChannel
+    from playground.limits import LimitConfig
+
+    settings.PLAYGROUND_MODELS = ["m"]
+    settings.PLAYGROUND_LIMITS = LimitConfig(ip_requests=1, ip_tokens=0, key_requests=0, key_tokens=0)
+    sync = redis.Redis.from_url(redis_url, decode_responses=True)
+    WorkerChannel(sync, "w", ["m"]).heartbeat({"model_info": {"m": {"chat": True, "template_kwargs": True}}})
+    deep = "[" * 900 + "]" * 900
+    for nested in (f'{{"deep": {deep}}}', "[" * 5000 + "]" * 5000):
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        body = body[:-1] + f', "chat_template_kwargs": {nested}}}' if nested.startswith("{") else nested
+        response = await AsyncClient().post(
+            "/v1/chat/completions", data=body, content_type="application/json"
+        )
+        error = json.loads(response.content)["error"]
+        assert response.status_code == 400 and error["code"] == "invalid_json", error
+        assert "nest" in error["message"]
+    # the one request a minute this address has is still there
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    task = asyncio.ensure_future(
+        AsyncClient().post("/v1/chat/completions", data=body, content_type="application/json")
+    )
+    for _ in range(100):  # queued: no worker takes it, so the request is admitted and waits
+        if await queue.llen(queue_key("m")):
+            break
+        await asyncio.sleep(0.05)
+    assert await queue.llen(queue_key("m")) == 1
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
     sync.close()

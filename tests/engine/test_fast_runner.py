@@ -5,9 +5,9 @@ import itertools
 
 import pytest
 import torch
-from inference.events import SamplingParams
 
 import inference.fast.settings as fast_settings
+from common.events import SamplingParams
 from inference.config import ModelConfig
 from inference.fast.head_choice import MIN_STEPS
 from inference.fast.layers import reduction

@@ -179,7 +179,7 @@ async def test_a_queued_job_no_worker_serves_is_turned_away_and_leaves_the_queue
     monkeypatch.setattr(protocol, "NO_WORKER_WAIT_S", 0.5)
     job_id = await client.submit(JobSpec(model="m", prompt="x"))
     events = await asyncio.wait_for(collect(client, job_id), timeout=5)
-    assert events[0] == ("", "queue", {"position": 0, "workers": 0})
+    assert events[0] == ("", "queue", {"position": 0, "workers": 0, "wait_s": None})
     assert events[-1][1] == "error" and events[-1][2]["code"] == "no_workers"
     assert await client.position(job_id, "m") is None  # no worker that starts later runs it for nobody
 
@@ -232,7 +232,7 @@ async def test_queue_event_reports_position_and_workers(client, channel):
     channel.heartbeat({})
     events = client.events(second, block_ms=50)
     _, kind, data = await events.__anext__()
-    assert kind == "queue" and data == {"position": 1, "workers": 1}
+    assert kind == "queue" and data == {"position": 1, "workers": 1, "wait_s": None}
     await events.aclose()
     assert first != second
 
@@ -361,3 +361,38 @@ async def test_a_reader_that_knows_its_job_reports_it_lost_to_a_restart_not_unkn
     # an id nobody vouches for is still an unknown job
     events = await asyncio.wait_for(collect(client, job_id), timeout=5)
     assert events[-1][2]["code"] == "unknown_job"
+
+
+async def test_visitors_are_served_in_turn_and_each_holds_at_most_its_share(redis_url, channel):
+    r = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    client = JobClient(r, max_per_visitor=2)
+    a1, a2 = [await client.submit(JobSpec(model="m", prompt=f"a{i}"), visitor="ip:a") for i in (1, 2)]
+    with pytest.raises(protocol.VisitorBusy, match="2 generations queued or running"):
+        await client.submit(JobSpec(model="m", prompt="a3"), visitor="ip:a")
+    b1, b2 = [await client.submit(JobSpec(model="m", prompt=f"b{i}"), visitor="ip:b") for i in (1, 2)]
+    probe = await client.submit(JobSpec(model="m", prompt="probe"))  # no visitor: the round being served
+    c1 = await client.submit(JobSpec(model="m", prompt="c1"), visitor="key:7")
+    # round robin: each visitor's first job, then each one's second, whoever asked first
+    assert await r.lrange(queue_key("m"), 0, -1) == [a1, b1, probe, c1, a2, b2]
+    channel.heartbeat({})
+    assert channel.next_job(timeout_s=0.1).id == a1  # running: still one of a's two
+    with pytest.raises(protocol.VisitorBusy):
+        await client.submit(JobSpec(model="m", prompt="a3"), visitor="ip:a")
+    channel.finish(a1, "done", {"finish_reason": "stop", "text": "", "stats": None})
+    a3 = await client.submit(JobSpec(model="m", prompt="a3"), visitor="ip:a")  # a1 ended: room again
+    assert await r.lrange(queue_key("m"), 0, -1) == [b1, probe, c1, a2, b2, a3]
+    await r.aclose()
+
+
+async def test_a_queued_job_hears_its_estimated_wait_from_the_models_measured_job_length(client, channel):
+    channel.heartbeat({"job": "another"})  # the model's one worker, busy
+    ids = [await client.submit(JobSpec(model="m", prompt=f"p{i}")) for i in range(2)]
+    first = await collect(client, ids[1], limit=1)
+    assert first == [("", "queue", {"position": 1, "workers": 1, "wait_s": None})]  # nothing measured yet
+    await client.record_speed("m", {"decode_tok_s": 100.0, "total_ms": 4000.0})
+    await client.record_speed("m", {"decode_tok_s": 100.0, "total_ms": 9000.0})  # averaged: 5 s a job
+    assert await client.speed("m") == {"tok_s": 100.0, "job_s": 5.0}
+    first = await collect(client, ids[1], limit=1)
+    assert first == [
+        ("", "queue", {"position": 1, "workers": 1, "wait_s": 10.0})
+    ]  # the one ahead, the running one

@@ -16,9 +16,11 @@ class PageSocket:
         self.frames: list[dict] = []
 
     @classmethod
-    async def open(cls, web_url: str) -> PageSocket:
+    async def open(cls, web_url: str, address: str | None = None) -> PageSocket:
+        """`address`: the loopback address (127.0.0.2, ...) the socket comes from, as a second visitor's."""
         ws_url = web_url.replace("http://", "ws://") + "/ws/generate/"
-        return cls(await websockets.connect(ws_url, origin=web_url, open_timeout=20))
+        local = {"local_addr": (address, 0)} if address else {}
+        return cls(await websockets.connect(ws_url, origin=web_url, open_timeout=20, **local))
 
     async def send(self, **frame) -> None:
         await self.ws.send(json.dumps(frame))

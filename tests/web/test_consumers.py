@@ -246,6 +246,9 @@ async def test_bad_frames_get_an_error_and_the_socket_stays_usable(start_worker,
 
     assert (await error_for("not json"))["code"] == "bad_frame"
     assert (await error_for([1, 2]))["code"] == "bad_frame"
+    for _ in range(2):  # JSON nested past the decoder's recursion: an error frame each time, no traceback
+        deep = await error_for('{"type": "generate", "x": ' + "[" * 5000 + "]" * 5000 + "}")
+        assert deep["code"] == "bad_frame" and "nested" in deep["message"]
     assert "type" in (await error_for({"type": "launch"}))["message"]
     generate = {"type": "generate", "prompt": "ok", "model": "standin:1000"}
     cases = {

@@ -15,6 +15,8 @@ from channels.testing import WebsocketCommunicator
 
 from common.redis_server import free_port
 from playground.limits import (
+    AUTO,
+    AUTO_FALLBACK_TOKENS,
     LimitConfig,
     RateLimiter,
     client_ip,
@@ -376,3 +378,57 @@ async def test_a_full_queue_turns_a_request_away_without_spending_its_budget(
     assert (await ask())["code"] == "rate_limited"
     await page.disconnect()
     await client.r.aclose()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_resume_counts_against_the_request_budget_like_a_generation(
+    settings, redis_url, start_worker
+):
+    from playground import jobs
+    from playground.asgi import application
+
+    settings.REDIS_URL = redis_url
+    settings.PLAYGROUND_LIMITS = LimitConfig(ip_requests=2, ip_tokens=0, key_requests=0, key_tokens=0)
+    start_worker(["standin:1000"])
+    page = WebsocketCommunicator(application, "/ws/generate/", headers=SAME_ORIGIN)
+    assert (await page.connect())[0]
+
+    async def answer(frame: dict) -> dict:
+        await page.send_json_to(frame)
+        while True:
+            reply = await page.receive_json_from(timeout=30)
+            if reply["type"] in ("done", "error"):
+                return reply
+
+    done = await answer({"type": "generate", "prompt": "hi", "model": "standin:1000", "max_tokens": 2})
+    assert done["type"] == "done"
+    assert (await answer({"type": "resume", "job_id": done["job_id"], "after": "0-0"}))["type"] == "done"
+    refused = await answer({"type": "resume", "job_id": done["job_id"], "after": "0-0"})
+    assert refused["code"] == "rate_limited" and "2 requests per minute" in refused["message"]
+    await page.disconnect()
+    await jobs.job_client().r.aclose()
+
+
+async def test_by_default_the_ip_token_budget_is_half_of_what_the_live_workers_were_measured_to_produce(
+    r, redis_url, monkeypatch
+):
+    import redis as sync_redis
+
+    from common.protocol import JobClient, WorkerChannel
+
+    monkeypatch.delenv("PLAYGROUND_IP_TOKENS_PER_MIN")
+    config = LimitConfig.from_env()
+    assert config.ip_tokens is AUTO
+    assert (await RateLimiter(r, config).measured_ip_tokens()) == AUTO_FALLBACK_TOKENS  # nothing measured yet
+
+    sync = sync_redis.Redis.from_url(redis_url, decode_responses=True)
+    for worker in ("w1", "w2"):  # two workers of a model measured at 150 tokens/s (~9,000 a minute each)
+        WorkerChannel(sync, worker, ["slow-model"]).heartbeat({})
+    sync.close()
+    await JobClient(r).record_speed("slow-model", {"decode_tok_s": 150.0, "total_ms": 20_000.0})
+    limits = RateLimiter(r, config)
+    assert await limits.measured_ip_tokens() == 150 * 2 * 60 // 2  # half of the two workers' minute
+    assert (await limits.admit("203.0.113.9")).allowed
+    await limits.charge_tokens("203.0.113.9", None, 9_000, "one-long-job")
+    refused = await limits.admit("203.0.113.9")
+    assert not refused.allowed and "9000 generated tokens per minute per IP address" in refused.message

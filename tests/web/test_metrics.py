@@ -146,3 +146,15 @@ async def test_prompt_tokens_and_those_a_worker_reused_are_counted():
         await metrics.observe_finished(r, "job-prefix", "m-prefix", "api", "done", done, queue_ms=None)
     assert sample("kog_prompt_cached_tokens_total", {"model": "m-prefix"}) == before + 1796
     assert sample("kog_prompt_tokens_total", {"model": "m-prefix"}) == prompt_before + 1840
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_scrape_gives_the_databases_size_and_it_grows_with_saved_runs():
+    from playground.store import save_generation
+
+    _, before = await scrape()
+    assert value(before, "kog_database_bytes") > 0
+    done = {"finish_reason": "stop", "text": "o" * 200_000, "stats": {"completion_tokens": 1}}
+    await save_generation(JobSpec(model="m", prompt="p"), done)
+    _, after = await scrape()
+    assert value(after, "kog_database_bytes") > value(before, "kog_database_bytes")

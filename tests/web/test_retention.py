@@ -60,12 +60,14 @@ def test_the_command_deletes_runs_older_than_n_days_and_a_dry_run_only_counts_th
         call_command("prune_generations")  # no default: the number of days is the caller's choice
 
 
-def test_the_retention_setting_is_unset_or_a_whole_number_of_days(monkeypatch):
+def test_the_retention_is_30_days_by_default_0_keeps_everything_else_a_whole_number_of_days(monkeypatch):
     monkeypatch.delenv("PLAYGROUND_RETENTION_DAYS", raising=False)
+    assert retention_days() == 30  # a public demo's database stays bounded unless asked otherwise
+    monkeypatch.setenv("PLAYGROUND_RETENTION_DAYS", " 7 ")
+    assert retention_days() == 7
+    monkeypatch.setenv("PLAYGROUND_RETENTION_DAYS", "0")
     assert retention_days() is None
-    monkeypatch.setenv("PLAYGROUND_RETENTION_DAYS", " 30 ")
-    assert retention_days() == 30
-    for wrong in ("0", "-3", "1.5", "a month"):
+    for wrong in ("-3", "1.5", "a month"):
         monkeypatch.setenv("PLAYGROUND_RETENTION_DAYS", wrong)
         with pytest.raises(ImproperlyConfigured, match="PLAYGROUND_RETENTION_DAYS"):
             retention_days()
@@ -138,3 +140,31 @@ def test_the_admin_shows_a_generation_read_only_and_deletes_it_for_a_takedown(ad
     admin_client.post(f"/admin/playground/generation/{row.pk}/delete/", {"post": "yes"})
     assert not Generation.objects.filter(pk=row.pk).exists()
     assert client.get(row.get_absolute_url()).status_code == 404
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_serving_web_process_prunes_by_default_without_a_save(start_web):
+    import subprocess
+    import sys
+
+    from tests.support import ROOT
+
+    first = start_web()  # migrates the database; stopped again, to leave an old run in it
+    first.stop()
+    count = "from playground.models import Generation as G; print(G.objects.count())"
+    shell = [sys.executable, "manage.py", "shell", "--verbosity", "0", "-c"]
+    plant = (
+        "from datetime import timedelta; from django.utils import timezone; "
+        "from playground.models import Generation as G; "
+        "old = G.objects.create(job_id='old-run', model='m', prompt='p', output='o', finish_reason='stop'); "
+        "G.objects.filter(pk=old.pk).update(created=timezone.now() - timedelta(days=31)); "
+        "G.objects.create(job_id='new-run', model='m', prompt='p', output='o', finish_reason='stop')"
+    )
+    subprocess.run([*shell, plant], cwd=ROOT, env=first.env, check=True, capture_output=True)
+    start_web()  # PLAYGROUND_RETENTION_DAYS unset: 30 days; its first request (the page) prunes
+    deadline = time.monotonic() + 30
+    while (left := subprocess.run([*shell, count], cwd=ROOT, env=first.env, capture_output=True, text=True)
+           ).stdout.strip() != "1":  # fmt: skip
+        assert time.monotonic() < deadline, left.stdout + left.stderr
+        time.sleep(0.5)

@@ -1,83 +1,17 @@
 """`python -m playground.run` (what `make run` calls) as a person runs it in a terminal, up to Ctrl-C."""
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from common.redis_server import free_port
 from inference.synth import synth
+from tests.support.launcher import alive, children, ctrl_c, launched, read_until, workers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def children(pid: int) -> list[int]:
-    path = Path(f"/proc/{pid}/task/{pid}/children")
-    return [int(child) for child in path.read_text().split()] if path.exists() else []
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-@contextlib.contextmanager
-def launched(tmp_path: Path, *args: str, env: dict | None = None, cwd: Path = ROOT):
-    """`python -m playground.run` in its own session, as a terminal runs it (Ctrl-C reaches its whole group),
-    from `cwd`, with a Redis of its own unless `env` names one: (launcher, port), killed at the end if still
-    running."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"} | {
-        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
-        "LOG_FORMAT": "plain",
-        **(env or {}),
-    }
-    launcher = subprocess.Popen([sys.executable, "-m", "playground.run", "--port", str(port), *args], cwd=cwd,
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)  # fmt: skip
-    try:
-        yield launcher, port
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
-
-
-def ctrl_c(launcher: subprocess.Popen) -> str:
-    """Ctrl-C as a terminal sends it; what the launcher printed until it exited."""
-    os.killpg(launcher.pid, signal.SIGINT)
-    return launcher.communicate(timeout=60)[0]
-
-
-def workers(launcher: subprocess.Popen) -> list[int]:
-    return [pid for pid in children(launcher.pid) if b"inference.worker" in cmdline(pid)]
-
-
-def read_until(launcher: subprocess.Popen, words: str, lines: list[str]) -> None:
-    for line in launcher.stdout:
-        lines.append(line)
-        if words in line:
-            return
-    raise AssertionError(f"{words!r} never came:\n{''.join(lines)}")
-
-
-def cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except FileNotFoundError:
-        return b""
 
 
 def test_ctrl_c_stops_the_worker_before_its_redis_and_leaves_nothing_running(tmp_path):
@@ -172,3 +106,33 @@ def test_relative_entries_are_made_absolute_and_the_rest_left_alone(tmp_path, mo
         f"{tmp_path}/my-ft", f"{tmp_path}/my-ft", f"ft={tmp_path}/my-ft", "tiny-llama", "standin:5", "~/x",
         "/abs/y", "./not-here",
     ]  # fmt: skip
+
+
+def test_it_serves_as_production_with_no_debug_page_and_the_enforced_policy(tmp_path):
+    # a fresh machine: no secret key and no DJANGO_DEBUG in the environment (the launcher makes a key in var/)
+    env = {"DJANGO_SECRET_KEY": "", "DJANGO_DEBUG": ""}
+    with launched(tmp_path, "--no-worker", env=env) as (launcher, port):
+        lines: list[str] = []
+        read_until(launcher, "Playground: http://", lines)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as page:
+            assert "default-src 'self'" in page.headers["Content-Security-Policy"]
+            assert page.headers["Content-Security-Policy-Report-Only"] is None
+        foreign = urllib.request.Request(f"http://127.0.0.1:{port}/", headers={"Host": "evil.example"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(foreign, timeout=30)
+        body = refused.value.read().decode()
+        assert refused.value.code == 400 and "Bad Request" in body, body
+        for secret_word in ("DisallowedHost", "SECRET_KEY", "settings", "Traceback", "ALLOWED_HOSTS"):
+            assert secret_word not in body
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/no/such/page", timeout=30)
+        assert missing.value.code == 404 and "URLconf" not in missing.value.read().decode()
+        rest = ctrl_c(launcher)
+    assert launcher.returncode == 0, "".join(lines) + rest
+
+
+def test_debug_pages_are_refused_off_loopback(tmp_path):
+    with launched(tmp_path, "--host", "0.0.0.0", "--no-worker", env={"DJANGO_DEBUG": "1"}) as (launcher, _):
+        output, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode != 0
+    assert output.strip().startswith("DJANGO_DEBUG is on: its error pages show the settings"), output

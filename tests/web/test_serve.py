@@ -74,7 +74,7 @@ def launch(env: dict, tmp_path) -> subprocess.CompletedProcess:
         ("PLAYGROUND_MAX_FRAME_BYTES", "1e6", "a whole number of bytes, 1 or more"),
         ("PLAYGROUND_REDIS_CONNECTIONS", "-5", "a whole number of connections, 1 or more"),
         ("PLAYGROUND_ORPHAN_GRACE_S", "15s", "a number of seconds, 0 or more"),
-        ("PLAYGROUND_RETENTION_DAYS", "a month", "a whole number of days, 1 or more"),
+        ("PLAYGROUND_RETENTION_DAYS", "a month", "a whole number of days, 0 or more (0 keeps them all)"),
         (
             "PLAYGROUND_READY_TIMEOUT_S",
             "10s",

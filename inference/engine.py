@@ -38,6 +38,8 @@ from inference.events import (
     unicode_text,
 )
 from inference.failures import is_memory_error
+from inference.fim import find_fim_tokens, no_fim_error
+from inference.logprobs import TokenNames, delta_entry
 from inference.model import Transformer
 from inference.names import default_model, is_hf_cache_repo, model_source, served_name
 from inference.presets import PRESETS
@@ -228,6 +230,9 @@ class Engine:
         self.name, self.path, self.config, self.tokenizer = name, path, config, tokenizer
         self.sampling_defaults = sampling_defaults(path)
         self.model, self.runner, self.max_context = model, runner, max_context
+        self.fim = find_fim_tokens(tokenizer)  # None: the checkpoint cannot fill in the middle
+        self.token_names = TokenNames(tokenizer)
+        self._logprob_runner: ReferenceRunner | None = None
         self.device, self.dtype = model.tok_embeddings.device, model.tok_embeddings.dtype
         peak = peak_bandwidth_from_env()
         self.peak_bandwidth_gbs = peak if self.device.type == "cuda" else None
@@ -321,6 +326,46 @@ class Engine:
         self._check_fits(ids, field)
         return ids
 
+    def encode_fim(self, prefix: str, suffix: str) -> list[int]:
+        """The ids that make the model write what goes between `prefix` and `suffix` (inference/fim.py)."""
+        if self.fim is None:
+            raise no_fim_error(self.name)
+        ids = self.fim.prompt_ids(self.tokenizer, prefix, suffix)
+        self._check_fits(ids)
+        return ids
+
+    def tokenize(
+        self, prompt: str | None = None, messages: list[dict] | None = None, add_special_tokens: bool = True,
+        template_kwargs: dict | None = None,
+    ) -> list[int]:  # fmt: skip
+        """The ids a prompt (its BOS where add_special_tokens and the model takes one) or a chat's rendered
+        template is, as generation reads them; not checked against the context (the caller counts)."""
+        if messages is not None:
+            return self.tokenizer.encode_chat(messages, template_kwargs=template_kwargs)
+        text = unicode_text(prompt or "", "prompt")
+        ids = self.tokenizer.encode_text(text)
+        if not add_special_tokens and self.tokenizer.add_bos and ids[:1] == [self.tokenizer.bos_id]:
+            ids = ids[1:]
+        return ids
+
+    def detokenize(self, ids: list[int]) -> str:
+        limit = self.tokenizer.max_id + 1
+        bad = next((i for i in ids if not (isinstance(i, int) and 0 <= i < limit)), None)
+        if bad is not None:
+            raise InvalidRequest("tokens", f"token ids must be integers in [0, {limit}), got {bad!r}")
+        return self.tokenizer.decode(ids)
+
+    def logprob_runner(self):
+        """The runner for a request with logprobs: the main one where it is the reference runner, else a
+        reference runner on the same weights (its own KV cache, made at first use), which reads the whole head
+        in PyTorch every step where the fast path would screen it or fuse the draw into the head."""
+        if isinstance(self.runner, ReferenceRunner):
+            return self.runner
+        if self._logprob_runner is None:
+            log.info("%s: building the reference runner for requests with logprobs", self.name)
+            self._logprob_runner = ReferenceRunner(self.model, self.max_context, self.tokenizer.max_id + 1)
+        return self._logprob_runner
+
     def _check_fits(self, prompt_ids: list[int], field: str = "prompt") -> None:
         if not prompt_ids:
             raise InvalidRequest(field, "must not be empty")
@@ -340,9 +385,14 @@ class Engine:
             )
 
     def generate(
-        self, prompt_ids: list[int], params: SamplingParams, should_stop: Callable[[], bool] | None = None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        should_stop: Callable[[], bool] | None = None,
+        extra_stop_ids: frozenset[int] = frozenset(),
     ) -> Iterator[Event]:
-        """Prefilled, then one TextDelta per token (its text may be empty), then exactly one Done."""
+        """Prefilled, then one TextDelta per token (its text may be empty), then exactly one Done.
+        `extra_stop_ids`: tokens that end this generation besides the model's end tokens (a FIM middle's)."""
         start = time.perf_counter()
         self._check_fits(prompt_ids)
         if not all(0 <= i < self.config.vocab_size for i in prompt_ids):
@@ -350,19 +400,22 @@ class Engine:
         params = replace(
             params, max_new_tokens=min(params.max_new_tokens, self.max_context - len(prompt_ids))
         )
-        stop_ids = self.tokenizer.stop_ids  # the model's end tokens and the tokenizer's eos_token
+        stop_ids = (
+            self.tokenizer.stop_ids | extra_stop_ids
+        )  # the model's end tokens and the tokenizer's eos_token
         decoder = self.tokenizer.stream_decoder(prompt_ids)
         stops = StopStrings(params.stop)
         shown: list[str] = []
         token_times: list[float] = []
         finish, stop_matched = "length", False
 
-        tokens = self.runner.generate_tokens(prompt_ids, params, stop_ids)
+        runner = self.runner if params.logprobs is None else self.logprob_runner()
+        tokens = runner.generate_tokens(prompt_ids, params, stop_ids)
         try:
             for token in tokens:
                 now = time.perf_counter() - start
                 if not token_times:
-                    yield Prefilled(prompt_tokens=len(prompt_ids), prefill_ms=self.runner.last_prefill_ms)
+                    yield Prefilled(prompt_tokens=len(prompt_ids), prefill_ms=runner.last_prefill_ms)
                 token_times.append(now)
                 if token in stop_ids:
                     finish = "stop"
@@ -370,7 +423,10 @@ class Engine:
                     break
                 text, stop_matched = stops.push(decoder.push(token))
                 shown.append(text)
-                yield TextDelta(text, [token], now)
+                logprobs = None
+                if params.logprobs is not None:
+                    logprobs = [delta_entry(self.token_names, token, *runner.last_logprobs)]
+                yield TextDelta(text, [token], now, logprobs)
                 if stop_matched:
                     finish = "stop"
                     break
@@ -395,7 +451,7 @@ class Engine:
         stats = Stats(
             prompt_tokens=len(prompt_ids),
             completion_tokens=len(token_times),
-            prefill_ms=self.runner.last_prefill_ms,
+            prefill_ms=runner.last_prefill_ms,
             ttft_ms=token_times[0] * 1e3 if token_times else total_ms,
             decode_tok_s=decode_tok_s(token_times),
             total_ms=total_ms,

@@ -103,6 +103,7 @@ class DeltaCoalescer:
         self.flush_interval_s = FLUSH_INTERVAL_S if flush_interval_s is None else flush_interval_s
         self.text: list[str] = []
         self.token_ids: list[int] = []
+        self.logprobs: list[dict] | None = None  # with a request's logprobs: one entry per token of the text
         self.n = 0
         self.t_first: float | None = None
         self.t_last = 0.0
@@ -112,6 +113,8 @@ class DeltaCoalescer:
         """Buffer a delta; returns True when it flushed (the moment to look for a cancel)."""
         self.text.append(delta.text)
         self.token_ids.extend(delta.token_ids)
+        if delta.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + delta.logprobs
         self.n += len(delta.token_ids)
         self.t_last = delta.t
         if self.t_first is None:
@@ -127,17 +130,17 @@ class DeltaCoalescer:
         # unfinished character) until the end.
         if not self.token_ids and not any(self.text):
             return
-        self.publish(
-            "delta",
-            {
-                "text": "".join(self.text),
-                "token_ids": self.token_ids,
-                "n": self.n,
-                "t": self.t_last,
-                "t_first": self.t_first,
-            },
-        )
-        self.text, self.token_ids = [], []
+        delta = {
+            "text": "".join(self.text),
+            "token_ids": self.token_ids,
+            "n": self.n,
+            "t": self.t_last,
+            "t_first": self.t_first,
+        }
+        if self.logprobs is not None:
+            delta["logprobs"] = self.logprobs
+        self.publish("delta", delta)
+        self.text, self.token_ids, self.logprobs = [], [], None
         self.last_flush = now or time.monotonic()
 
 
@@ -190,6 +193,12 @@ class Worker:
                     "max_context": engine.max_context,
                     "sampling_defaults": getattr(engine, "sampling_defaults", {}),
                     "template_kwargs": True,  # it renders a job's template_kwargs (the web asks before sending)
+                    # fill in the middle (the model's tokenizer has FIM tokens), and the jobs it takes besides
+                    # plain generation, which the web asks about before sending one
+                    "fim": getattr(engine, "fim", None) is not None,
+                    "fim_tokens": list(engine.fim.spelling) if getattr(engine, "fim", None) else None,
+                    "logprobs": hasattr(engine, "logprob_runner"),
+                    "tokenize": hasattr(engine, "tokenize"),
                 }
                 for name, engine in self.engines.items()
             },
@@ -316,10 +325,21 @@ class Worker:
             raise InvalidRequest(
                 "model", f"unknown model {spec.model!r}; this worker serves {list(self.engines)}"
             )
+        if spec.task != "generate":
+            self._finish(job, "done", run_task(engine, spec))
+            return
         params = spec.sampling_params()
-        prompt_ids = engine.encode_prompt(
-            prompt=spec.prompt, messages=spec.messages, chat=spec.chat, template_kwargs=spec.template_kwargs
-        )
+        extra_stop_ids: frozenset[int] = frozenset()
+        if spec.suffix is not None:
+            prompt_ids = engine.encode_fim(spec.prompt or "", spec.suffix)
+            extra_stop_ids = engine.fim.stop_ids
+        else:
+            prompt_ids = engine.encode_prompt(
+                prompt=spec.prompt,
+                messages=spec.messages,
+                chat=spec.chat,
+                template_kwargs=spec.template_kwargs,
+            )
         job.prompt_tokens = len(prompt_ids)
         if 0 < MAX_PROMPT_TOKENS < len(prompt_ids):
             raise InvalidRequest(
@@ -345,7 +365,8 @@ class Worker:
             return bool(reason)
 
         job.progress_at = time.monotonic()
-        for event in engine.generate(prompt_ids, params, should_stop=should_stop):
+        events = engine.generate(prompt_ids, params, should_stop=should_stop, extra_stop_ids=extra_stop_ids)
+        for event in events:
             job.progress_at = time.monotonic()
             if isinstance(event, TextDelta):
                 if coalescer.add(event):
@@ -366,6 +387,16 @@ class Worker:
                 self._finish(job, "done", done)
                 return
         raise RuntimeError("the engine ended without a Done event")
+
+
+def run_task(engine, spec: JobSpec) -> dict:
+    """A tokenize or detokenize job's result (vLLM's /tokenize and /detokenize bodies)."""
+    if not hasattr(engine, "tokenize"):
+        raise InvalidRequest("model", f"{spec.model!r} is a stand-in engine without a tokenizer")
+    if spec.task == "detokenize":
+        return {"prompt": engine.detokenize(list(spec.token_ids or []))}
+    ids = engine.tokenize(spec.prompt, spec.messages, spec.add_special_tokens, spec.template_kwargs)
+    return {"tokens": ids, "count": len(ids), "max_model_len": engine.max_context}
 
 
 def _queue_failed() -> dict:

@@ -130,7 +130,9 @@ async def redis_back(jobs: JobClient, deadline: float) -> bool:
 
 
 # What a worker's heartbeat says of each model it serves that the web uses
-MODEL_INFO_KEYS = ("chat", "max_context", "sampling_defaults", "template_kwargs")
+MODEL_INFO_KEYS = (
+    "chat", "max_context", "sampling_defaults", "template_kwargs", "fim", "fim_tokens", "logprobs", "tokenize"
+)  # fmt: skip
 
 
 def served_models(workers: list[dict]) -> dict[str, dict]:
@@ -146,6 +148,10 @@ def served_models(workers: list[dict]) -> dict[str, dict]:
             "max_context": None,
             "sampling_defaults": {},
             "template_kwargs": False,
+            "fim": False,
+            "fim_tokens": None,
+            "logprobs": False,
+            "tokenize": False,
             "workers": 0,
         }
 

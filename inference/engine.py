@@ -39,6 +39,7 @@ from inference.events import (
 )
 from inference.failures import is_memory_error
 from inference.fim import find_fim_tokens, no_fim_error
+from inference.hub import Progress, fetch, parse_repo_ref, resolve_cache_folder
 from inference.logprobs import TokenNames, delta_entry
 from inference.model import Transformer
 from inference.names import default_model, is_hf_cache_repo, model_source, served_name
@@ -98,38 +99,26 @@ def synth_cache_dir() -> Path:
     return Path(root) / "kog-playground" / "synth"
 
 
-def hf_cache_snapshot(repo: Path) -> Path:
-    """An HF cache's folder for a repo (`models--Org--Name`, as huggingface_hub lays one out: snapshots/<revision>/
-    and refs/main holding the revision the cache took last) -> the snapshot refs/main names, else its only one.
-    What `huggingface-cli download` prints is the snapshot; the folder above it is what a person finds in ~/.cache."""
-    snapshots = repo / "snapshots"
-    ref = repo / "refs" / "main"
-    if ref.is_file():
-        named = snapshots / ref.read_text().strip()
-        if named.is_dir():
-            return named
-    found = sorted(p.name for p in snapshots.iterdir() if p.is_dir())
-    if len(found) == 1:
-        return snapshots / found[0]
-    which = f"{len(found)} snapshots ({', '.join(found)})" if found else "no snapshot"
-    raise CheckpointError(f"{repo}: an HF cache folder with {which} and no refs/main naming one; give the "
-                          "snapshot's folder (.../snapshots/<revision>)")  # fmt: skip
-
-
-def resolve_model(model: str | Path) -> Path:
+def resolve_model(model: str | Path, progress: Progress | None = None) -> Path:
     """The checkpoint directory for `model`: a directory as is (an HF cache's `models--Org--Name` folder: its
-    snapshot), a preset synthesised once into the cache."""
+    snapshot), a Hub id (`Org/Name[@revision]`, fetched into the HF cache; `progress` hears its bytes), a preset
+    synthesised once into the cache."""
     path = Path(model).expanduser()
     if path.is_dir():
         if is_hf_cache_repo(path) and not (path / "config.json").exists():
-            return hf_cache_snapshot(path)
+            return resolve_cache_folder(path)
         return path
+    repo_ref = parse_repo_ref(str(model)) if str(model) not in PRESETS else None
+    if repo_ref is not None:
+        return fetch(*repo_ref, progress=progress)
     check_link(path)  # a folder that was linked in and is gone: said so, not "no such preset"
     name = str(model)
     if name not in PRESETS:
         if path.is_file():  # e.g. the config.json or a .safetensors file instead of their folder
             raise CheckpointError(f"{name}: a file; give the checkpoint's folder (where config.json lies)")
-        raise CheckpointError(f"{name}: neither a checkpoint directory nor a preset ({', '.join(PRESETS)})")
+        raise CheckpointError(
+            f"{name}: neither a checkpoint directory, a Hub id (Org/Name) nor a preset ({', '.join(PRESETS)})"
+        )
     target = synth_cache_dir() / f"{name}-0"
     if not (target / "config.json").is_file():
         from inference.synth import synth  # tokenizer training code loads only when needed
@@ -251,11 +240,13 @@ class Engine:
         device: str | None = None,
         dtype: str | None = None,
         max_context: int | None = None,
+        progress: Progress | None = None,
     ) -> Engine:
-        # `model`: a checkpoint folder, a preset, or either as `name=...` (served under that name)
+        # `model`: a checkpoint folder, a Hub id, a preset, or any as `name=...` (served under that name);
+        # `progress`: a Hub download's (bytes done, total)
         model = model or DEFAULT_MODEL
         name = served_name(model)
-        path = resolve_model(model_source(model))
+        path = resolve_model(model_source(model), progress)
         config = ModelConfig.from_hf(path)
         tokenizer = Tokenizer.from_dir(path)
         check_tokenizer_fits(path, tokenizer, config.vocab_size)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from inference.hub import parse_repo_ref
 from inference.presets import PRESETS
 from inference.standin import PREFIX as STANDIN_PREFIX
 
@@ -61,13 +62,16 @@ def served_name(model: str | Path) -> str:
     """The name `model` (a MODELS / --model entry) is served under: the one it gives (`name=path`), a
     preset's or stand-in's own name, the repo id of an HF cache snapshot
     (`.../models--Org--Name/snapshots/<hash>` -> `Org/Name`, as the Hub and vLLM name it), else its folder's
-    name (`/models/my-finetune/` -> `my-finetune`); worked out from the text alone, so that a web process
+    name (`/models/my-finetune/` -> `my-finetune`), a Hub id as it is (`Org/Name@v2` -> `Org/Name`); worked out from the text alone, so that a web process
     without the folder names it as the worker that loads it does."""
     name, model = split_entry(model)
     if name:
         return name
     if model in PRESETS:
         return model
+    repo_ref = parse_repo_ref(model)
+    if repo_ref is not None:  # a Hub id, served under it without its revision, as vLLM serves one
+        return repo_ref[0]
     if model.startswith(STANDIN_PREFIX):
         try:  # StandinEngine's own spelling of its rate (`standin:5e3` is served as `standin:5000`)
             return f"{STANDIN_PREFIX}{float(model.removeprefix(STANDIN_PREFIX)):g}"
@@ -75,7 +79,7 @@ def served_name(model: str | Path) -> str:
             return model  # the worker refuses it at start; the name does not matter then
     parts = os.path.normpath(os.path.abspath(os.path.expanduser(model))).split(os.sep)
     # huggingface_hub names a repo's folder "models--" + the repo id with "/" as "--" (which a repo id may not hold
-    # itself); the engine loads that folder's snapshot (engine.hf_cache_snapshot)
+    # itself); the engine loads that folder's snapshot (hub.resolve_cache_folder)
     if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith(HF_CACHE_PREFIX):
         return parts[-3].removeprefix(HF_CACHE_PREFIX).replace("--", "/")
     if parts[-1].startswith(HF_CACHE_PREFIX) and len(parts[-1]) > len(HF_CACHE_PREFIX):

@@ -144,6 +144,10 @@ class DeltaCoalescer:
         self.last_flush = now or time.monotonic()
 
 
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
 class RunningJob:
     """The job in progress, shared by the generation loop and the stall watchdog."""
 
@@ -160,7 +164,7 @@ class RunningJob:
 class Worker:
     def __init__(self, engines: dict, r: redis.Redis, worker_id: str | None = None):
         self.engines = engines  # public model name -> Engine
-        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.worker_id = worker_id or default_worker_id()
         self.channel = WorkerChannel(r, self.worker_id, list(engines))
         self.job: RunningJob | None = None
         self.jobs_done = 0
@@ -422,8 +426,9 @@ def _release_gpu_memory() -> None:
         pass
 
 
-def load_engine(model: str, device: str | None, dtype: str | None):
-    """The engine for a MODELS / --model entry (`name=...` serves it under that name)."""
+def load_engine(model: str, device: str | None, dtype: str | None, progress=None):
+    """The engine for a MODELS / --model entry (`name=...` serves it under that name); `progress` hears a Hub
+    download's (bytes done, total)."""
     source = model_source(model)
     if source.startswith(STANDIN_PREFIX):
         engine = StandinEngine.load(source)
@@ -431,7 +436,43 @@ def load_engine(model: str, device: str | None, dtype: str | None):
         return engine
     from inference.engine import Engine  # torch loads here, not at import
 
-    return Engine.load(model, device=device, dtype=dtype)
+    return Engine.load(model, device=device, dtype=dtype, progress=progress)
+
+
+class LoadingBeat:
+    """While the models load, a heartbeat that serves none and carries each Hub download's progress, so that the
+    page and /v1/models show a model as "downloading 1.2 / 3.1 GB" before any worker serves it. The worker's
+    own heartbeat (same id) replaces it once the models are loaded."""
+
+    def __init__(self, r: redis.Redis, worker_id: str):
+        self.channel = WorkerChannel(r, worker_id, [])
+        self.downloads: dict[str, dict] = {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="loading-heartbeat", daemon=True)
+
+    def progress(self, name: str):
+        def report(done: int, total: int) -> None:
+            self.downloads[name] = {"done": done, "total": total}
+
+        return report
+
+    def _loop(self) -> None:
+        while True:
+            with contextlib.suppress(redis.RedisError):
+                self.channel.heartbeat({"loading": True, "downloads": dict(self.downloads)})
+            if self.done.wait(HEARTBEAT_INTERVAL_S):
+                return
+
+    def __enter__(self) -> LoadingBeat:
+        self.thread.start()
+        return self
+
+    def __exit__(self, kind, exc, traceback) -> None:
+        self.done.set()
+        self.thread.join()
+        if exc is not None:  # the worker ends here: no heartbeat may outlive it
+            with contextlib.suppress(redis.RedisError):
+                self.channel.retire()
 
 
 def load_failure(exc: Exception) -> tuple[str, bool]:
@@ -532,18 +573,22 @@ def main(argv: list[str] | None = None) -> None:
         r = reach_redis(DEFAULT_REDIS_URL, None)
 
     engines = {}
-    for model in models:
-        try:
-            engine = load_engine(model, device=device, dtype=dtype)
-        except Exception as exc:
-            # One line that says what is wrong, no traceback, where the cause is the checkpoint or the machine;
-            # anything else is a bug, and its traceback goes with it.
-            text, known = load_failure(exc)
-            log.error("cannot load model %s: %s", model, text, exc_info=not known)
-            raise SystemExit(LOAD_EXIT_CODE) from None
-        engines[engine.name] = engine
-        log.info("loaded %s on %s", engine.name, engine.device)
-    worker = Worker(engines, r, args.worker_id)
+    worker_id = args.worker_id or default_worker_id()
+    with LoadingBeat(r, worker_id) as loading:
+        for model in models:
+            try:
+                engine = load_engine(
+                    model, device=device, dtype=dtype, progress=loading.progress(served_name(model))
+                )
+            except Exception as exc:
+                # One line that says what is wrong, no traceback, where the cause is the checkpoint or the machine;
+                # anything else is a bug, and its traceback goes with it.
+                text, known = load_failure(exc)
+                log.error("cannot load model %s: %s", model, text, exc_info=not known)
+                raise SystemExit(LOAD_EXIT_CODE) from None
+            engines[engine.name] = engine
+            log.info("loaded %s on %s", engine.name, engine.device)
+    worker = Worker(engines, r, worker_id)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stopping.set())
     worker.serve_forever()

@@ -136,7 +136,8 @@ MODEL_INFO_KEYS = (
 
 
 def served_models(workers: list[dict]) -> dict[str, dict]:
-    """Model name -> {chat, max_context, sampling_defaults, workers}: the configured models (MODELS) and any other model a
+    """Model name -> {chat, max_context, sampling_defaults, workers, ...; download: {done, total} bytes while a
+    loading worker fetches it from the Hub}: the configured models (MODELS) and any other model a
     live worker serves; a configured one is listed while no worker is up for it (its jobs queue until
     one starts). Models with a live worker come first (the first one is the page's default), then in
     MODELS' order, then by name: never in heartbeat order, so the page's picker holds still."""
@@ -157,6 +158,9 @@ def served_models(workers: list[dict]) -> dict[str, dict]:
 
     models = {name: unknown() for name in configured}
     for worker in workers:
+        for name, progress in worker.get("downloads", {}).items():  # a worker still fetching it from the Hub
+            if progress["done"] < progress["total"]:
+                models.setdefault(name, unknown())["download"] = progress
         info = worker.get("model_info", {})
         for name in worker.get("models", []):
             entry = models.setdefault(name, unknown())
@@ -172,6 +176,7 @@ def served_models(workers: list[dict]) -> dict[str, dict]:
 def worker_summary(workers: list[dict]) -> dict:
     """What the page's status pill and model picker show; compared between polls to send changes only."""
     models = served_models(workers)
+    workers = [w for w in workers if not w.get("loading")]  # one still loading its models serves nothing yet
     return {
         "up": bool(workers),
         "count": len(workers),

@@ -112,9 +112,10 @@ def model_entries(models: dict[str, dict]) -> dict[str, dict]:
             "fim": info["fim"],  # whether /v1/completions takes a suffix and /infill works
             "fim_tokens": info["fim_tokens"],
             "logprobs": info["logprobs"],
-            "generation_defaults": info[
-                "sampling_defaults"
-            ],  # its generation_config.json's, the API's defaults
+            # its generation_config.json's sampling: the API's defaults for what a request leaves out
+            "generation_defaults": info["sampling_defaults"],
+            # {done, total} bytes while a worker is still fetching it from the Hub (absent otherwise)
+            **({"download": info["download"]} if "download" in info else {}),
         }
         for name, info in sorted(models.items())
     }

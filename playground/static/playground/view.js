@@ -259,18 +259,28 @@
     setText(ui.workerText, text);
     setText(ui.workerBusy, frame.up && frame.busy ? ` · ${frame.busy} busy` : "");
     state.models = Object.fromEntries(frame.models.map((m) => [m.name, m]));
-    showModels(frame.models.map((m) => m.name));
+    showModels(frame.models.map((m) => m.name), frame.models.map(modelLabel));
     page.settings.followModel(); // a model's recommendation may have arrived with it
   }
 
-  function showModels(names) {
-    const current = Array.from(ui.model.options).filter((o) => !o.disabled).map((o) => o.value);
-    if (names.join("\n") === current.join("\n")) return selectWantedModel();
+  // A model a worker is still fetching from the Hub says how far it has got.
+  function modelLabel(model) {
+    const download = model.download;
+    if (!download) return model.name;
+    const [unit, factor] = download.total >= 1e9 ? ["GB", 1e9] : ["MB", 1e6];
+    const size = (bytes) => (bytes / factor).toFixed(1);
+    return `${model.name} (downloading ${size(download.done)} / ${size(download.total)} ${unit})`;
+  }
+
+  function showModels(names, labels) {
+    const current = Array.from(ui.model.options).filter((o) => !o.disabled);
+    const same = (o, i) => o.value === names[i] && o.textContent === labels[i];
+    if (current.length === names.length && current.every(same)) return selectWantedModel();
     const selected = ui.model.value;
-    const options = names.map((name) => {
+    const options = names.map((name, i) => {
       const option = document.createElement("option");
       option.value = name;
-      option.textContent = name;
+      option.textContent = labels[i]; // text, never markup
       return option;
     });
     if (!options.length) {

@@ -245,11 +245,18 @@ def history_turns(history, prompt_chars: int) -> list[tuple[str, str]]:
 def spec_from_frame(frame: dict, models: dict[str, dict]) -> JobSpec:
     """A `generate` frame -> JobSpec. Raises InvalidRequest naming the page's field."""
     prompt = frame.get("prompt")
-    if not isinstance(prompt, str) or not prompt.strip():
+    suffix = frame.get(
+        "suffix"
+    )  # code completion: the code after the cursor (the prompt: the code before it)
+    if suffix is not None and not isinstance(suffix, str):
+        raise InvalidRequest("suffix", "must be a string")
+    if not isinstance(prompt, str) or (not prompt.strip() and not (suffix or "").strip()):
         raise InvalidRequest("prompt", "must be a non-empty string")
-    if len(prompt) > settings.PLAYGROUND_MAX_PROMPT_CHARS:
+    if len(prompt) + len(suffix or "") > settings.PLAYGROUND_MAX_PROMPT_CHARS:
         raise InvalidRequest("prompt", f"must be at most {settings.PLAYGROUND_MAX_PROMPT_CHARS} characters")
     unicode_text(prompt, "prompt")
+    if suffix is not None:
+        unicode_text(suffix, "suffix")
     history = history_turns(frame.get("history"), len(prompt))
     system = frame.get("system_prompt")
     system = "" if system is None else system
@@ -277,6 +284,13 @@ def spec_from_frame(frame: dict, models: dict[str, dict]) -> JobSpec:
         page_name = {field: name for name, field in PARAM_FIELDS.items()}.get(exc.field, exc.field)
         raise InvalidRequest(page_name, exc.message) from None
 
+    if suffix is not None:  # code completion: the middle between the two, whatever the model's chat template
+        if not models[model].get("fim"):
+            raise InvalidRequest(
+                "suffix",
+                f"{model} has no fill-in-the-middle tokens: pick a model that has, or turn code completion off",
+            )
+        return JobSpec(model=model, prompt=prompt, suffix=suffix, params=params, source="web")
     if models[model].get("chat"):
         messages = [{"role": "system", "content": system}] if system else []
         for earlier_prompt, answer in history:

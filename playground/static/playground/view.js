@@ -19,7 +19,9 @@
  *   renderCounters(now)     the counters, at this clock
  *   flushPending()          writes the run's buffered output into the pane
  *   clearOutput()           empties the pane, with what belonged to the last run
- *   showContext()           the text the model continued, before the output; returns it
+ *   showContext()           the text the model continued, before the output (and a code completion's code
+ *                           after the cursor, after it); returns it
+ *   showFimMode()           the form in or out of code completion (the code before and after the cursor)
  *   followOutput()          scrolls the pane to its foot
  *   revealOutput()          brings the pane into view on a phone
  *   showFinalStats(stats)   a finished run's stats
@@ -96,6 +98,8 @@
     const context = window.kogHighlight.promptContext(state.run);
     ui.context.replaceChildren();
     window.kogHighlight.appendText(ui.context, context);
+    // a code completion's code after the cursor, dimmed after the middle: text, never markup
+    ui.outputSuffix.textContent = state.run.suffix || "";
     ui.copy.title = context ? "Copies the prompt and the completion, as shown" : "Copies the output";
     return context;
   }
@@ -248,6 +252,15 @@
     ui.promptError.textContent = "";
   }
 
+  // Code completion on: the prompt is the code before the cursor, a second field the code after it, and the
+  // output shows the middle the model writes between the two.
+  function showFimMode() {
+    const on = ui.fim.checked;
+    ui.suffixField.hidden = !on;
+    ui.promptLabel.textContent = on ? "Code before the cursor" : "Prompt";
+    ui.system.closest("details").hidden = on; // a completion between two pieces of code has no system prompt
+  }
+
   // ---- workers and models ------------------------------------------------------------------------
 
   function showWorkers(frame) {
@@ -326,7 +339,7 @@
 
   page.view = {
     setPhase, showState, stopCountdown, flashNote, setText,
-    requestRender, renderCounters, flushPending, clearOutput, showContext, followOutput, revealOutput,
+    requestRender, renderCounters, flushPending, clearOutput, showContext, followOutput, revealOutput, showFimMode,
     showFinalStats, markInvalid, clearInvalid, clearPromptError,
     showWorkers, selectWantedModel, updateTokenLimit,
   };

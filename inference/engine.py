@@ -117,7 +117,7 @@ def resolve_model(model: str | Path, progress: Progress | None = None) -> Path:
         if path.is_file():  # e.g. the config.json or a .safetensors file instead of their folder
             raise CheckpointError(f"{name}: a file; give the checkpoint's folder (where config.json lies)")
         raise CheckpointError(
-            f"{name}: neither a checkpoint directory, a Hub id (Org/Name) nor a preset ({', '.join(PRESETS)})"
+            f"{name}: neither a checkpoint directory nor a preset ({', '.join(PRESETS)}), nor a Hub id (Org/Name)"
         )
     target = synth_cache_dir() / f"{name}-0"
     if not (target / "config.json").is_file():

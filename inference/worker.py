@@ -369,7 +369,9 @@ class Worker:
             return bool(reason)
 
         job.progress_at = time.monotonic()
-        events = engine.generate(prompt_ids, params, should_stop=should_stop, extra_stop_ids=extra_stop_ids)
+        # a FIM middle's own end tokens; other jobs pass nothing (an engine may not know the argument)
+        stops = {"extra_stop_ids": extra_stop_ids} if extra_stop_ids else {}
+        events = engine.generate(prompt_ids, params, should_stop=should_stop, **stops)
         for event in events:
             job.progress_at = time.monotonic()
             if isinstance(event, TextDelta):

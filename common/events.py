@@ -43,6 +43,8 @@ SEED_RANGE = (-(2**63), 2**63 - 1)  # an int64, as OpenAI takes it: one seed, on
 
 # OpenAI's temperature range, which the API holds requests (and a model's recommended default) to
 MAX_API_TEMPERATURE = 2.0
+# The most alternatives a token's logprobs may list (OpenAI's top_logprobs limit)
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # 1 means none; > 1 discourages tokens already seen
     seed: int | None = None
     stop: tuple[str, ...] = ()  # stop strings; the text stops before the first match
+    # None: no logprobs; N >= 0: each token's log-probability and the N most likely tokens at its step
+    logprobs: int | None = None
 
     def __post_init__(self):
         def bad(name: str, why: str):
@@ -88,6 +92,12 @@ class SamplingParams:
             bad("stop", "a stop sequence must not be empty (it would end every reply before it began)")
         for text in self.stop:
             unicode_text(text, "stop")  # half a surrogate pair could never match what the model writes
+        if self.logprobs is not None and (
+            not isinstance(self.logprobs, int)
+            or isinstance(self.logprobs, bool)
+            or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS
+        ):
+            bad("logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
 
     @property
     def greedy(self) -> bool:
@@ -119,6 +129,9 @@ class TextDelta:
     decode_steps: int = 0
     draft_n: int = 0
     draft_n_accepted: int = 0
+    # with SamplingParams.logprobs: one entry per token of `token_ids` that is part of the text (a stop token
+    # is not): {"id", "token", "bytes", "logprob", "top": [{"id", "token", "bytes", "logprob"}, ...]}
+    logprobs: list[dict] | None = None
     kind: Literal["delta"] = "delta"
 
 

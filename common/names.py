@@ -10,6 +10,7 @@ and name each entry with `served_name`. An entry may name its model itself, `nam
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 # The shipped model (trained by inference/train.py); the tiny synthetic preset stands in until it exists.
@@ -20,6 +21,8 @@ HF_CACHE_PREFIX = "models--"
 STANDIN_PREFIX = "standin:"
 # How a MODELS / --model entry that is a path (never `name=path`) may start
 PATH_STARTS = ("/", ".", "~", os.sep)
+# A Hugging Face Hub repo id, `Org/Name`, with an optional `@revision` (a branch, tag or commit)
+REPO_REF = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[\w./-]+))?")
 
 
 def default_model() -> str:
@@ -60,12 +63,15 @@ def served_name(model: str | Path) -> str:
     """The name `model` (a MODELS / --model entry) is served under: the one it gives (`name=path`), a
     preset's or stand-in's own name, the repo id of an HF cache snapshot
     (`.../models--Org--Name/snapshots/<hash>` -> `Org/Name`, as the Hub and vLLM name it), else its folder's
-    name (`/models/my-finetune/` -> `my-finetune`); worked out from the text alone, so that a web process
+    name (`/models/my-finetune/` -> `my-finetune`), a Hub id as it is (`Org/Name@v2` -> `Org/Name`); worked out from the text alone, so that a web process
     without the folder names it as the worker that loads it does."""
     name, model = split_entry(model)
     if name:
         return name
     # A preset's name (tiny-laneformer, qwen3-1.7b) holds no `/` and no `=`: the folder rule below gives it back.
+    repo_ref = parse_repo_ref(model)
+    if repo_ref is not None:  # a Hub id, served under it without its revision, as vLLM serves one
+        return repo_ref[0]
     if model.startswith(STANDIN_PREFIX):
         try:  # StandinEngine's own spelling of its rate (`standin:5e3` is served as `standin:5000`)
             return f"{STANDIN_PREFIX}{float(model.removeprefix(STANDIN_PREFIX)):g}"
@@ -73,7 +79,7 @@ def served_name(model: str | Path) -> str:
             return model  # the worker refuses it at start; the name does not matter then
     parts = os.path.normpath(os.path.abspath(os.path.expanduser(model))).split(os.sep)
     # huggingface_hub names a repo's folder "models--" + the repo id with "/" as "--" (which a repo id may not hold
-    # itself); the engine loads that folder's snapshot (engine.hf_cache_snapshot)
+    # itself); the engine loads that folder's snapshot (hub.resolve_cache_folder)
     if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith(HF_CACHE_PREFIX):
         return parts[-3].removeprefix(HF_CACHE_PREFIX).replace("--", "/")
     if parts[-1].startswith(HF_CACHE_PREFIX) and len(parts[-1]) > len(HF_CACHE_PREFIX):
@@ -102,3 +108,12 @@ def served_names(entries: list[str]) -> dict[str, str]:
             )
         taken[served] = entry
     return taken
+
+
+def parse_repo_ref(entry: str) -> tuple[str, str | None] | None:
+    """(repo id, revision or None) when `entry` spells a Hub id and names no existing path, else None: a
+    folder `runs/final` next to the worker is that folder, as it always was."""
+    found = REPO_REF.fullmatch(entry.strip())
+    if found is None or os.path.exists(os.path.expanduser(entry.strip())):
+        return None
+    return found["repo"], found["revision"]

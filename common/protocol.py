@@ -180,6 +180,12 @@ class JobSpec:
         None  # the chat template's further variables (the API's chat_template_kwargs)
     )
     params: dict = field(default_factory=dict)  # SamplingParams fields
+    # fill in the middle: `prompt` is the code before the cursor, this the code after it (inference/fim.py)
+    suffix: str | None = None
+    # generate, or one of TASKS: the worker answers at once with a `done` event holding the result
+    task: str = "generate"
+    token_ids: list[int] | None = None  # detokenize's input
+    add_special_tokens: bool = True  # tokenize: the BOS a prompt gets (vLLM's flag)
     source: str = "web"  # web | api: for metrics and logs
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: float = field(default_factory=time.time)
@@ -209,7 +215,15 @@ class JobSpec:
             raise ValueError("params must be an object")
         if spec.template_kwargs is not None and not isinstance(spec.template_kwargs, dict):
             raise ValueError("template_kwargs must be an object")
+        if spec.task not in ("generate", *TASKS):
+            raise ValueError(f"task must be generate or one of {', '.join(TASKS)}, got {spec.task!r}")
+        if spec.suffix is not None and not isinstance(spec.suffix, str):
+            raise ValueError("suffix must be a string")
         return spec
+
+
+# Jobs that run no generation: a tokenizer's answer, which the web cannot give itself (it has no tokenizer)
+TASKS = ("tokenize", "detokenize")
 
 
 _SPEC_FIELDS = frozenset(spec_field.name for spec_field in fields(JobSpec))

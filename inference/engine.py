@@ -36,10 +36,13 @@ from common.events import (
     decode_tok_s,
     unicode_text,
 )
-from common.names import default_model, is_hf_cache_repo, model_source, served_name
+from common.names import default_model, is_hf_cache_repo, model_source, parse_repo_ref, served_name
 from inference.checkpoint import CheckpointError, checkpoint_shapes, load_weights
 from inference.config import ModelConfig, check_link, env_max_context, read_json_file
 from inference.failures import is_memory_error
+from inference.fim import find_fim_tokens, no_fim_error
+from inference.hub import Progress, fetch, resolve_cache_folder
+from inference.logprobs import TokenNames, delta_entry
 from inference.model import Transformer
 from inference.prefix_cache import PrefixCache
 from inference.presets import PRESETS
@@ -99,38 +102,26 @@ def synth_cache_dir() -> Path:
     return Path(root) / "kog-playground" / "synth"
 
 
-def hf_cache_snapshot(repo: Path) -> Path:
-    """An HF cache's folder for a repo (`models--Org--Name`, as huggingface_hub lays one out: snapshots/<revision>/
-    and refs/main holding the revision the cache took last) -> the snapshot refs/main names, else its only one.
-    What `huggingface-cli download` prints is the snapshot; the folder above it is what a person finds in ~/.cache."""
-    snapshots = repo / "snapshots"
-    ref = repo / "refs" / "main"
-    if ref.is_file():
-        named = snapshots / ref.read_text().strip()
-        if named.is_dir():
-            return named
-    found = sorted(p.name for p in snapshots.iterdir() if p.is_dir())
-    if len(found) == 1:
-        return snapshots / found[0]
-    which = f"{len(found)} snapshots ({', '.join(found)})" if found else "no snapshot"
-    raise CheckpointError(f"{repo}: an HF cache folder with {which} and no refs/main naming one; give the "
-                          "snapshot's folder (.../snapshots/<revision>)")  # fmt: skip
-
-
-def resolve_model(model: str | Path) -> Path:
+def resolve_model(model: str | Path, progress: Progress | None = None) -> Path:
     """The checkpoint directory for `model`: a directory as is (an HF cache's `models--Org--Name` folder: its
-    snapshot), a preset synthesised once into the cache."""
+    snapshot), a Hub id (`Org/Name[@revision]`, fetched into the HF cache; `progress` hears its bytes), a preset
+    synthesised once into the cache."""
     path = Path(model).expanduser()
     if path.is_dir():
         if is_hf_cache_repo(path) and not (path / "config.json").exists():
-            return hf_cache_snapshot(path)
+            return resolve_cache_folder(path)
         return path
+    repo_ref = parse_repo_ref(str(model)) if str(model) not in PRESETS else None
+    if repo_ref is not None:
+        return fetch(*repo_ref, progress=progress)
     check_link(path)  # a folder that was linked in and is gone: said so, not "no such preset"
     name = str(model)
     if name not in PRESETS:
         if path.is_file():  # e.g. the config.json or a .safetensors file instead of their folder
             raise CheckpointError(f"{name}: a file; give the checkpoint's folder (where config.json lies)")
-        raise CheckpointError(f"{name}: neither a checkpoint directory nor a preset ({', '.join(PRESETS)})")
+        raise CheckpointError(
+            f"{name}: neither a checkpoint directory nor a preset ({', '.join(PRESETS)}), nor a Hub id (Org/Name)"
+        )
     target = synth_cache_dir() / f"{name}-0"
     if not (target / "config.json").is_file():
         from inference.synth import synth  # tokenizer training code loads only when needed
@@ -233,6 +224,9 @@ class Engine:
         self.model, self.runner, self.max_context = model, runner, max_context
         # sized after the runner: from what its weights, buffers and graphs left free
         self.prefix = PrefixCache.sized(runner.cache)
+        self.fim = find_fim_tokens(tokenizer)  # None: the checkpoint cannot fill in the middle
+        self.token_names = TokenNames(tokenizer)
+        self._logprob_runner: ReferenceRunner | None = None
         self.device, self.dtype = model.tok_embeddings.device, model.tok_embeddings.dtype
         peak = peak_bandwidth_from_env()
         self.peak_bandwidth_gbs = peak if self.device.type == "cuda" else None
@@ -251,11 +245,13 @@ class Engine:
         device: str | None = None,
         dtype: str | None = None,
         max_context: int | None = None,
+        progress: Progress | None = None,
     ) -> Engine:
-        # `model`: a checkpoint folder, a preset, or either as `name=...` (served under that name)
+        # `model`: a checkpoint folder, a Hub id, a preset, or any as `name=...` (served under that name);
+        # `progress`: a Hub download's (bytes done, total)
         model = model or DEFAULT_MODEL
         name = served_name(model)
-        path = resolve_model(model_source(model))
+        path = resolve_model(model_source(model), progress)
         config = ModelConfig.from_hf(path)
         tokenizer = Tokenizer.from_dir(path)
         check_tokenizer_fits(path, tokenizer, config.vocab_size)
@@ -326,6 +322,46 @@ class Engine:
         self._check_fits(ids, field)
         return ids
 
+    def encode_fim(self, prefix: str, suffix: str) -> list[int]:
+        """The ids that make the model write what goes between `prefix` and `suffix` (inference/fim.py)."""
+        if self.fim is None:
+            raise no_fim_error(self.name)
+        ids = self.fim.prompt_ids(self.tokenizer, prefix, suffix)
+        self._check_fits(ids)
+        return ids
+
+    def tokenize(
+        self, prompt: str | None = None, messages: list[dict] | None = None, add_special_tokens: bool = True,
+        template_kwargs: dict | None = None,
+    ) -> list[int]:  # fmt: skip
+        """The ids a prompt (its BOS where add_special_tokens and the model takes one) or a chat's rendered
+        template is, as generation reads them; not checked against the context (the caller counts)."""
+        if messages is not None:
+            return self.tokenizer.encode_chat(messages, template_kwargs=template_kwargs)
+        text = unicode_text(prompt or "", "prompt")
+        ids = self.tokenizer.encode_text(text)
+        if not add_special_tokens and self.tokenizer.add_bos and ids[:1] == [self.tokenizer.bos_id]:
+            ids = ids[1:]
+        return ids
+
+    def detokenize(self, ids: list[int]) -> str:
+        limit = self.tokenizer.max_id + 1
+        bad = next((i for i in ids if not (isinstance(i, int) and 0 <= i < limit)), None)
+        if bad is not None:
+            raise InvalidRequest("tokens", f"token ids must be integers in [0, {limit}), got {bad!r}")
+        return self.tokenizer.decode(ids)
+
+    def logprob_runner(self):
+        """The runner for a request with logprobs: the main one where it is the reference runner, else a
+        reference runner on the same weights (its own KV cache, made at first use), which reads the whole head
+        in PyTorch every step where the fast path would screen it or fuse the draw into the head."""
+        if isinstance(self.runner, ReferenceRunner):
+            return self.runner
+        if self._logprob_runner is None:
+            log.info("%s: building the reference runner for requests with logprobs", self.name)
+            self._logprob_runner = ReferenceRunner(self.model, self.max_context, self.tokenizer.max_id + 1)
+        return self._logprob_runner
+
     def _check_fits(self, prompt_ids: list[int], field: str = "prompt") -> None:
         if not prompt_ids:
             raise InvalidRequest(field, "must not be empty")
@@ -344,16 +380,22 @@ class Engine:
                 code="context_length_exceeded",
             )
 
-    def speculation_counts(self, tokens: int) -> SpeculationCounts:
+    @staticmethod
+    def speculation_counts(runner, tokens: int) -> SpeculationCounts:
         """The current generation's steps and drafts after `tokens` tokens; a runner that does not speculate
         took one step per token after the first."""
-        counts = getattr(self.runner, "counts", None)
+        counts = getattr(runner, "counts", None)
         return counts if counts is not None else SpeculationCounts(decode_steps=max(tokens - 1, 0))
 
     def generate(
-        self, prompt_ids: list[int], params: SamplingParams, should_stop: Callable[[], bool] | None = None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        should_stop: Callable[[], bool] | None = None,
+        extra_stop_ids: frozenset[int] = frozenset(),
     ) -> Iterator[Event]:
-        """Prefilled, then one TextDelta per token (its text may be empty), then exactly one Done."""
+        """Prefilled, then one TextDelta per token (its text may be empty), then exactly one Done.
+        `extra_stop_ids`: tokens that end this generation besides the model's end tokens (a FIM middle's)."""
         start = time.perf_counter()
         self._check_fits(prompt_ids)
         if not all(0 <= i < self.config.vocab_size for i in prompt_ids):
@@ -361,29 +403,32 @@ class Engine:
         params = replace(
             params, max_new_tokens=min(params.max_new_tokens, self.max_context - len(prompt_ids))
         )
-        stop_ids = self.tokenizer.stop_ids  # the model's end tokens and the tokenizer's eos_token
+        stop_ids = (
+            self.tokenizer.stop_ids | extra_stop_ids
+        )  # the model's end tokens and the tokenizer's eos_token
         decoder = self.tokenizer.stream_decoder(prompt_ids)
         stops = StopStrings(params.stop)
         shown: list[str] = []
         token_times: list[float] = []
         finish, stop_matched = "length", False
 
-        # rows [0, cached) of the runner's KV cache already hold this prompt's start: only the rest is prefilled
-        cached = self.prefix.begin(prompt_ids)
+        runner = self.runner if params.logprobs is None else self.logprob_runner()
+        # rows [0, cached) of the main runner's KV cache already hold this prompt's start: only the rest is
+        # prefilled (a request with logprobs on a GPU runs on its own runner and cache: no reuse)
+        reuses = runner is self.runner
+        cached = self.prefix.begin(prompt_ids) if reuses else 0
         produced: list[int] = []
-        tokens = self.runner.generate_tokens(prompt_ids, params, stop_ids, start=cached)
+        tokens = runner.generate_tokens(prompt_ids, params, stop_ids, start=cached)
         try:
             for token in tokens:
                 now = time.perf_counter() - start
                 if not token_times:
                     yield Prefilled(
-                        prompt_tokens=len(prompt_ids),
-                        prefill_ms=self.runner.last_prefill_ms,
-                        cached_tokens=cached,
+                        prompt_tokens=len(prompt_ids), prefill_ms=runner.last_prefill_ms, cached_tokens=cached
                     )
                 produced.append(token)
                 token_times.append(now)
-                spec = self.speculation_counts(len(token_times))
+                spec = self.speculation_counts(runner, len(token_times))
                 counts = (spec.decode_steps, spec.draft_n, spec.draft_n_accepted)
                 if token in stop_ids:
                     finish = "stop"
@@ -391,7 +436,10 @@ class Engine:
                     break
                 text, stop_matched = stops.push(decoder.push(token))
                 shown.append(text)
-                yield TextDelta(text, [token], now, *counts)
+                logprobs = None
+                if params.logprobs is not None:
+                    logprobs = [delta_entry(self.token_names, token, *runner.last_logprobs)]
+                yield TextDelta(text, [token], now, *counts, logprobs)
                 if stop_matched:
                     finish = "stop"
                     break
@@ -401,7 +449,7 @@ class Engine:
         finally:
             tokens.close()  # frees the runner at once, even when our caller stops iterating
             # every token but the last was fed back in, so its keys and values are in the cache
-            if produced:
+            if produced and reuses:
                 self.prefix.written(prompt_ids + produced[:-1])
 
         if not stop_matched:  # what the decoder and the stop-string filter still hold is part of the text
@@ -416,11 +464,11 @@ class Engine:
 
         total_ms = (time.perf_counter() - start) * 1e3
         context_len = len(prompt_ids) + len(token_times)
-        spec = self.speculation_counts(len(token_times))
+        spec = self.speculation_counts(runner, len(token_times))
         stats = Stats(
             prompt_tokens=len(prompt_ids),
             completion_tokens=len(token_times),
-            prefill_ms=self.runner.last_prefill_ms,
+            prefill_ms=runner.last_prefill_ms,
             cached_tokens=cached,
             ttft_ms=token_times[0] * 1e3 if token_times else total_ms,
             decode_tok_s=decode_tok_s(token_times),

@@ -14,6 +14,10 @@ token and up to k drafted tokens as k+1 positions of the model's multi-position 
 The cache is written at all k+1 positions; those past the accepted ones are simply overwritten by the
 next step, and no step reads a cached position beyond its own last one, so a rejection needs no undo
 (and the rows a kept prefix claims afterwards are all of accepted tokens).
+
+With `params.logprobs` set, `last_logprobs` holds the token just yielded's (logprob, [(id, logprob)] of the
+most likely), computed from the whole head (inference/logprobs.py); the Engine reads it between tokens, so
+such a request decodes one token a step (no drafts).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from functools import partial
 import torch
 
 from common.events import SamplingParams
+from inference.logprobs import step_logprobs
 from inference.model import KVCache, Transformer
 from inference.sampling import Sampler
 from inference.speculative import (
@@ -55,6 +60,7 @@ class ReferenceRunner:
         self.last_prefill_ms = 0.0
         self.speculation = SpeculationSettings.from_env() if speculation is None else speculation
         self.counts = SpeculationCounts()
+        self.last_logprobs: tuple[float, list[tuple[int, float]]] | None = None
 
     @torch.inference_mode()
     def generate_tokens(
@@ -80,9 +86,10 @@ class ReferenceRunner:
         logits = self.model(prompt, start, self.cache, last_only=True)[0, -1, : self.vocab_limit]
         token = sample(logits, history)  # reading the id waits for the device
         self.last_prefill_ms = (time.perf_counter() - began) * 1e3
+        self._keep_logprobs(logits, token, params)
 
         self.counts = counts = SpeculationCounts()
-        drafter = SuffixDrafter(prompt_ids) if self.speculation.enabled else None
+        drafter = SuffixDrafter(prompt_ids) if self.speculation.enabled and params.logprobs is None else None
         draft_length, clock = DraftLength(self.speculation.max_draft), StepClock()
         pos, made = n, 0  # the position of `token` (not yet in the cache); tokens yielded so far
         while True:
@@ -102,10 +109,9 @@ class ReferenceRunner:
             if not draft:  # the plain step
                 self.next_input.fill_(token)
                 logits = self.model(self.next_input, pos, self.cache, last_only=True)
-                token, pos = (
-                    sample(logits[0, -1, : self.vocab_limit], history),
-                    pos + 1,
-                )  # waits for the device
+                logits = logits[0, -1, : self.vocab_limit]
+                token, pos = sample(logits, history), pos + 1  # waits for the device
+                self._keep_logprobs(logits, token, params)
                 if drafter is not None:
                     clock.plain(time.perf_counter() - step_start)
                 continue
@@ -124,6 +130,11 @@ class ReferenceRunner:
                 history.append(extra)
                 drafter.extend([extra])
             token, pos = emitted[-1], pos + len(emitted)
+
+    def _keep_logprobs(self, logits: torch.Tensor, token: int, params: SamplingParams) -> None:
+        """logits: [vocab_limit], the step's raw head output."""
+        if params.logprobs is not None:
+            self.last_logprobs = step_logprobs(logits, token, params.logprobs)
 
 
 def _sample_appending(sample: Sampler, logits: torch.Tensor, history: list[int], j: int) -> int:

@@ -71,7 +71,11 @@ class StandinEngine:
         return [ord(c) for c in prompt]
 
     def generate(
-        self, prompt_ids: list[int], params: SamplingParams, should_stop: Callable[[], bool] | None = None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        should_stop: Callable[[], bool] | None = None,
+        extra_stop_ids: frozenset[int] = frozenset(),  # no FIM here: never given
     ) -> Iterator[Event]:
         start = time.perf_counter()
         yield Prefilled(prompt_tokens=len(prompt_ids), prefill_ms=0.0)

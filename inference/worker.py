@@ -105,6 +105,7 @@ class DeltaCoalescer:
         self.flush_interval_s = FLUSH_INTERVAL_S if flush_interval_s is None else flush_interval_s
         self.text: list[str] = []
         self.token_ids: list[int] = []
+        self.logprobs: list[dict] | None = None  # with a request's logprobs: one entry per token of the text
         self.n = 0
         self.t_first: float | None = None
         self.t_last = 0.0
@@ -115,6 +116,8 @@ class DeltaCoalescer:
         """Buffer a delta; returns True when it flushed (the moment to look for a cancel)."""
         self.text.append(delta.text)
         self.token_ids.extend(delta.token_ids)
+        if delta.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + delta.logprobs
         self.n += len(delta.token_ids)
         self.t_last = delta.t
         self.steps, self.draft_n, self.draft_n_accepted = (
@@ -135,21 +138,25 @@ class DeltaCoalescer:
         # unfinished character) until the end.
         if not self.token_ids and not any(self.text):
             return
-        self.publish(
-            "delta",
-            {
-                "text": "".join(self.text),
-                "token_ids": self.token_ids,
-                "n": self.n,
-                "t": self.t_last,
-                "t_first": self.t_first,
-                "steps": self.steps,
-                "draft_n": self.draft_n,
-                "draft_n_accepted": self.draft_n_accepted,
-            },
-        )
-        self.text, self.token_ids = [], []
+        delta = {
+            "text": "".join(self.text),
+            "token_ids": self.token_ids,
+            "n": self.n,
+            "t": self.t_last,
+            "t_first": self.t_first,
+            "steps": self.steps,
+            "draft_n": self.draft_n,
+            "draft_n_accepted": self.draft_n_accepted,
+        }
+        if self.logprobs is not None:
+            delta["logprobs"] = self.logprobs
+        self.publish("delta", delta)
+        self.text, self.token_ids, self.logprobs = [], [], None
         self.last_flush = now or time.monotonic()
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 class RunningJob:
@@ -168,7 +175,7 @@ class RunningJob:
 class Worker:
     def __init__(self, engines: dict, r: redis.Redis, worker_id: str | None = None):
         self.engines = engines  # public model name -> Engine
-        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.worker_id = worker_id or default_worker_id()
         self.channel = WorkerChannel(r, self.worker_id, list(engines))
         self.job: RunningJob | None = None
         self.jobs_done = 0
@@ -201,6 +208,12 @@ class Worker:
                     "max_context": engine.max_context,
                     "sampling_defaults": getattr(engine, "sampling_defaults", {}),
                     "template_kwargs": True,  # it renders a job's template_kwargs (the web asks before sending)
+                    # fill in the middle (the model's tokenizer has FIM tokens), and the jobs it takes besides
+                    # plain generation, which the web asks about before sending one
+                    "fim": getattr(engine, "fim", None) is not None,
+                    "fim_tokens": list(engine.fim.spelling) if getattr(engine, "fim", None) else None,
+                    "logprobs": hasattr(engine, "logprob_runner"),
+                    "tokenize": hasattr(engine, "tokenize"),
                 }
                 for name, engine in self.engines.items()
             },
@@ -327,10 +340,21 @@ class Worker:
             raise InvalidRequest(
                 "model", f"unknown model {spec.model!r}; this worker serves {list(self.engines)}"
             )
+        if spec.task != "generate":
+            self._finish(job, "done", run_task(engine, spec))
+            return
         params = spec.sampling_params()
-        prompt_ids = engine.encode_prompt(
-            prompt=spec.prompt, messages=spec.messages, chat=spec.chat, template_kwargs=spec.template_kwargs
-        )
+        extra_stop_ids: frozenset[int] = frozenset()
+        if spec.suffix is not None:
+            prompt_ids = engine.encode_fim(spec.prompt or "", spec.suffix)
+            extra_stop_ids = engine.fim.stop_ids
+        else:
+            prompt_ids = engine.encode_prompt(
+                prompt=spec.prompt,
+                messages=spec.messages,
+                chat=spec.chat,
+                template_kwargs=spec.template_kwargs,
+            )
         job.prompt_tokens = len(prompt_ids)
         if 0 < MAX_PROMPT_TOKENS < len(prompt_ids):
             raise InvalidRequest(
@@ -356,7 +380,10 @@ class Worker:
             return bool(reason)
 
         job.progress_at = time.monotonic()
-        for event in engine.generate(prompt_ids, params, should_stop=should_stop):
+        # a FIM middle's own end tokens; other jobs pass nothing (an engine may not know the argument)
+        stops = {"extra_stop_ids": extra_stop_ids} if extra_stop_ids else {}
+        events = engine.generate(prompt_ids, params, should_stop=should_stop, **stops)
+        for event in events:
             job.progress_at = time.monotonic()
             if isinstance(event, TextDelta):
                 if coalescer.add(event):
@@ -377,6 +404,16 @@ class Worker:
                 self._finish(job, "done", done)
                 return
         raise RuntimeError("the engine ended without a Done event")
+
+
+def run_task(engine, spec: JobSpec) -> dict:
+    """A tokenize or detokenize job's result (vLLM's /tokenize and /detokenize bodies)."""
+    if not hasattr(engine, "tokenize"):
+        raise InvalidRequest("model", f"{spec.model!r} is a stand-in engine without a tokenizer")
+    if spec.task == "detokenize":
+        return {"prompt": engine.detokenize(list(spec.token_ids or []))}
+    ids = engine.tokenize(spec.prompt, spec.messages, spec.add_special_tokens, spec.template_kwargs)
+    return {"tokens": ids, "count": len(ids), "max_model_len": engine.max_context}
 
 
 def _queue_failed() -> dict:
@@ -402,8 +439,9 @@ def _release_gpu_memory() -> None:
         pass
 
 
-def load_engine(model: str, device: str | None, dtype: str | None):
-    """The engine for a MODELS / --model entry (`name=...` serves it under that name)."""
+def load_engine(model: str, device: str | None, dtype: str | None, progress=None):
+    """The engine for a MODELS / --model entry (`name=...` serves it under that name); `progress` hears a Hub
+    download's (bytes done, total)."""
     source = model_source(model)
     if source.startswith(STANDIN_PREFIX):
         engine = StandinEngine.load(source)
@@ -411,7 +449,43 @@ def load_engine(model: str, device: str | None, dtype: str | None):
         return engine
     from inference.engine import Engine  # torch loads here, not at import
 
-    return Engine.load(model, device=device, dtype=dtype)
+    return Engine.load(model, device=device, dtype=dtype, progress=progress)
+
+
+class LoadingBeat:
+    """While the models load, a heartbeat that serves none and carries each Hub download's progress, so that the
+    page and /v1/models show a model as "downloading 1.2 / 3.1 GB" before any worker serves it. The worker's
+    own heartbeat (same id) replaces it once the models are loaded."""
+
+    def __init__(self, r: redis.Redis, worker_id: str):
+        self.channel = WorkerChannel(r, worker_id, [])
+        self.downloads: dict[str, dict] = {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="loading-heartbeat", daemon=True)
+
+    def progress(self, name: str):
+        def report(done: int, total: int) -> None:
+            self.downloads[name] = {"done": done, "total": total}
+
+        return report
+
+    def _loop(self) -> None:
+        while True:
+            with contextlib.suppress(redis.RedisError):
+                self.channel.heartbeat({"loading": True, "downloads": dict(self.downloads)})
+            if self.done.wait(HEARTBEAT_INTERVAL_S):
+                return
+
+    def __enter__(self) -> LoadingBeat:
+        self.thread.start()
+        return self
+
+    def __exit__(self, kind, exc, traceback) -> None:
+        self.done.set()
+        self.thread.join()
+        if exc is not None:  # the worker ends here: no heartbeat may outlive it
+            with contextlib.suppress(redis.RedisError):
+                self.channel.retire()
 
 
 def load_failure(exc: Exception) -> tuple[str, bool]:
@@ -513,18 +587,22 @@ def main(argv: list[str] | None = None) -> None:
         r = reach_redis(DEFAULT_REDIS_URL, None)
 
     engines = {}
-    for model in models:
-        try:
-            engine = load_engine(model, device=device, dtype=dtype)
-        except Exception as exc:
-            # One line that says what is wrong, no traceback, where the cause is the checkpoint or the machine;
-            # anything else is a bug, and its traceback goes with it.
-            text, known = load_failure(exc)
-            log.error("cannot load model %s: %s", model, text, exc_info=not known)
-            raise SystemExit(LOAD_EXIT_CODE) from None
-        engines[engine.name] = engine
-        log.info("loaded %s on %s", engine.name, engine.device)
-    worker = Worker(engines, r, args.worker_id)
+    worker_id = args.worker_id or default_worker_id()
+    with LoadingBeat(r, worker_id) as loading:
+        for model in models:
+            try:
+                engine = load_engine(
+                    model, device=device, dtype=dtype, progress=loading.progress(served_name(model))
+                )
+            except Exception as exc:
+                # One line that says what is wrong, no traceback, where the cause is the checkpoint or the machine;
+                # anything else is a bug, and its traceback goes with it.
+                text, known = load_failure(exc)
+                log.error("cannot load model %s: %s", model, text, exc_info=not known)
+                raise SystemExit(LOAD_EXIT_CODE) from None
+            engines[engine.name] = engine
+            log.info("loaded %s on %s", engine.name, engine.device)
+    worker = Worker(engines, r, worker_id)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stopping.set())
     worker.serve_forever()

@@ -1,6 +1,8 @@
 """Probes for a load balancer or an orchestrator.
 
 /healthz  the process is alive: answers without touching Redis, the database or a worker.
+/health   llama.cpp's and vLLM's probe path: 200 {"status": "ok"} while Redis answers and every configured
+          model (with none configured: some model) has a live worker, else 503 with the reason; no generation.
 /readyz   the whole path works: Redis answers, every configured model has a live worker, and a
           one-token generation goes through the queue and back within PLAYGROUND_READY_TIMEOUT_S.
 
@@ -43,6 +45,23 @@ def queue_unreachable(exc: redis.RedisError) -> str:
 
 async def healthz(request):
     return JsonResponse({"ok": True})
+
+
+async def health(request):
+    try:
+        workers = await job_client().workers()
+    except redis.RedisError as exc:
+        return JsonResponse({"status": "unavailable", "reason": queue_unreachable(exc)}, status=503)
+    served: dict[str, int] = {}
+    for worker in workers:
+        for model in worker.get("models", []):
+            served[model] = served.get(model, 0) + 1
+    models = {model: served.get(model, 0) for model in settings.PLAYGROUND_MODELS} or served
+    missing = [model for model, count in models.items() if not count]
+    if not models or missing:
+        reason = f"no worker serves {', '.join(missing)}" if missing else "no worker is up"
+        return JsonResponse({"status": "unavailable", "reason": reason, "models": models}, status=503)
+    return JsonResponse({"status": "ok", "models": models})
 
 
 async def readyz(request):

@@ -145,11 +145,14 @@ async def redis_back(jobs: JobClient, deadline: float) -> bool:
 
 
 # What a worker's heartbeat says of each model it serves that the web uses
-MODEL_INFO_KEYS = ("chat", "max_context", "sampling_defaults", "template_kwargs")
+MODEL_INFO_KEYS = (
+    "chat", "max_context", "sampling_defaults", "template_kwargs", "fim", "fim_tokens", "logprobs", "tokenize"
+)  # fmt: skip
 
 
 def served_models(workers: list[dict]) -> dict[str, dict]:
-    """Model name -> {chat, max_context, sampling_defaults, workers}: the configured models (MODELS) and any other model a
+    """Model name -> {chat, max_context, sampling_defaults, workers, ...; download: {done, total} bytes while a
+    loading worker fetches it from the Hub}: the configured models (MODELS) and any other model a
     live worker serves; a configured one is listed while no worker is up for it (its jobs queue until
     one starts). Models with a live worker come first (the first one is the page's default), then in
     MODELS' order, then by name: never in heartbeat order, so the page's picker holds still."""
@@ -161,11 +164,18 @@ def served_models(workers: list[dict]) -> dict[str, dict]:
             "max_context": None,
             "sampling_defaults": {},
             "template_kwargs": False,
+            "fim": False,
+            "fim_tokens": None,
+            "logprobs": False,
+            "tokenize": False,
             "workers": 0,
         }
 
     models = {name: unknown() for name in configured}
     for worker in workers:
+        for name, progress in worker.get("downloads", {}).items():  # a worker still fetching it from the Hub
+            if progress["done"] < progress["total"]:
+                models.setdefault(name, unknown())["download"] = progress
         info = worker.get("model_info", {})
         for name in worker.get("models", []):
             entry = models.setdefault(name, unknown())
@@ -181,6 +191,7 @@ def served_models(workers: list[dict]) -> dict[str, dict]:
 def worker_summary(workers: list[dict]) -> dict:
     """What the page's status pill and model picker show; compared between polls to send changes only."""
     models = served_models(workers)
+    workers = [w for w in workers if not w.get("loading")]  # one still loading its models serves nothing yet
     return {
         "up": bool(workers),
         "count": len(workers),
@@ -249,11 +260,18 @@ def history_turns(history, prompt_chars: int) -> list[tuple[str, str]]:
 def spec_from_frame(frame: dict, models: dict[str, dict]) -> JobSpec:
     """A `generate` frame -> JobSpec. Raises InvalidRequest naming the page's field."""
     prompt = frame.get("prompt")
-    if not isinstance(prompt, str) or not prompt.strip():
+    suffix = frame.get(
+        "suffix"
+    )  # code completion: the code after the cursor (the prompt: the code before it)
+    if suffix is not None and not isinstance(suffix, str):
+        raise InvalidRequest("suffix", "must be a string")
+    if not isinstance(prompt, str) or (not prompt.strip() and not (suffix or "").strip()):
         raise InvalidRequest("prompt", "must be a non-empty string")
-    if len(prompt) > settings.PLAYGROUND_MAX_PROMPT_CHARS:
+    if len(prompt) + len(suffix or "") > settings.PLAYGROUND_MAX_PROMPT_CHARS:
         raise InvalidRequest("prompt", f"must be at most {settings.PLAYGROUND_MAX_PROMPT_CHARS} characters")
     unicode_text(prompt, "prompt")
+    if suffix is not None:
+        unicode_text(suffix, "suffix")
     history = history_turns(frame.get("history"), len(prompt))
     system = frame.get("system_prompt")
     system = "" if system is None else system
@@ -281,6 +299,13 @@ def spec_from_frame(frame: dict, models: dict[str, dict]) -> JobSpec:
         page_name = {field: name for name, field in PARAM_FIELDS.items()}.get(exc.field, exc.field)
         raise InvalidRequest(page_name, exc.message) from None
 
+    if suffix is not None:  # code completion: the middle between the two, whatever the model's chat template
+        if not models[model].get("fim"):
+            raise InvalidRequest(
+                "suffix",
+                f"{model} has no fill-in-the-middle tokens: pick a model that has, or turn code completion off",
+            )
+        return JobSpec(model=model, prompt=prompt, suffix=suffix, params=params, source="web")
     if models[model].get("chat"):
         messages = [{"role": "system", "content": system}] if system else []
         for earlier_prompt, answer in history:

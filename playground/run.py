@@ -64,8 +64,8 @@ def running(processes: dict[str, subprocess.Popen]) -> bool:
 
 
 def wait_for_worker(url: str, worker_id: str, processes: dict[str, subprocess.Popen]) -> bool:
-    """True once the worker's first heartbeat is in (its models are loaded); False if anything died or a stop
-    was asked for."""
+    """True once the worker's first heartbeat is in (a loading worker beats too: the page then shows a Hub
+    download's progress while its models load); False if anything died or a stop was asked for."""
     client = redis.Redis.from_url(url)
     while running(processes):
         if client.exists(worker_key(worker_id)):

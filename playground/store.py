@@ -48,6 +48,8 @@ def row_fields(spec: JobSpec, done: dict) -> dict:
         "params": {
             **spec.params,
             **({"chat_template_kwargs": spec.template_kwargs} if spec.template_kwargs else {}),
+            # a fill-in-the-middle job's code after the cursor (the prompt is the code before it)
+            **({"suffix": spec.suffix} if spec.suffix is not None else {}),
         },
         "output": done.get("text", ""),
         "finish_reason": done.get("finish_reason", ""),

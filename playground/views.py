@@ -216,6 +216,8 @@ def generation(request, generation_id: str):
         # "Try it yourself" brings back the prompt alone when the page cannot hold the conversation
         "prompt_only": bool(earlier or after) and follow_up_history(earlier, after) is None,
         "params": param_rows(row),
+        # a code completion's code after the cursor: shown after the middle the model wrote (None: not one)
+        "suffix": (row.params or {}).get("suffix"),
         "left_out": in_words(missing) if missing else "",
         "left_out_count": len(missing),
         "finish": finish_label(row),

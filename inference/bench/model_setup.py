@@ -1,5 +1,5 @@
 """What the GPU benchmark and the probes of scripts/ start from: the refusal without a CUDA GPU, and the model
-under test (a checkpoint directory, or a preset with random or peaked weights)."""
+under test (a checkpoint directory, a Hub id, or a preset with random or peaked weights)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from pathlib import Path
 
 import torch
 
+from common.names import parse_repo_ref
 from inference.checkpoint import load_weights
 from inference.config import ModelConfig
+from inference.hub import fetch
 from inference.model import Transformer
 from inference.presets import PRESETS, preset_config
 from inference.synth import make_peaked
@@ -23,6 +25,9 @@ def build_model(
     """A checkpoint directory, loaded; or a preset with `init` weights (default random): init_weights', or those
     turned into synth.make_peaked's model by the same generator."""
     path = Path(name)
+    repo_ref = parse_repo_ref(name) if name not in PRESETS else None
+    if repo_ref is not None:  # a Hub id: its snapshot in the HF cache, fetched as the worker fetches it
+        path = fetch(*repo_ref)
     if path.is_dir():
         if init is not None:
             raise SystemExit(

@@ -2,7 +2,7 @@
 
 Every field a request may carry is one of four kinds here:
 - honoured: read below (model, messages / prompt, max_tokens, temperature, top_p, top_k, stop, seed, ...);
-- refused unless given the value that changes nothing (n, logprobs, tools, penalties, other modalities, and
+- refused unless given the value that changes nothing (n, echo, tools, penalties, other modalities, and
   the template switches and samplers of vLLM's and llama.cpp's servers that a client written for them sends):
   a 400 naming the field, never a silent drop;
 - ignored, because it changes nothing in the reply (user, metadata, store, service_tier, caching hints, and
@@ -17,7 +17,13 @@ import re
 from dataclasses import asdict, dataclass, replace
 
 from common.chat_template import check_template_kwargs
-from common.events import MAX_API_TEMPERATURE, InvalidRequest, SamplingParams, unicode_text
+from common.events import (
+    MAX_API_TEMPERATURE,
+    MAX_TOP_LOGPROBS,
+    InvalidRequest,
+    SamplingParams,
+    unicode_text,
+)
 from common.protocol import JobSpec
 
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -73,7 +79,7 @@ EXTENSION_NEUTRAL = {
     "dry_multiplier": (0, 0.0),
     "dynatemp_range": (0, 0.0),
     "repeat_penalty": (1, 1.0),
-    "n_probs": (0,),
+    "n_probs": (0,),  # llama.cpp's logprobs: use logprobs (top_logprobs in chat)
     "min_keep": (0, 1),  # 1 is what top_k and top_p keep at least anyway
     "n_predict": (),
     # OpenAI's own, for models that reason or speak
@@ -137,6 +143,10 @@ class ApiRequest:
     stream: bool
     include_usage: bool
 
+    @property
+    def logprobs(self) -> bool:
+        return self.spec.params.get("logprobs") is not None
+
 
 def parse_request(
     body: dict,
@@ -176,6 +186,9 @@ def parse_request(
         include_usage = _optional(options, "include_usage", bool, False, "stream_options.include_usage")
 
     params = _sampling_params(body, max_new_tokens, chat, model_defaults or {})
+    logprobs = _logprobs(body, chat)
+    if logprobs is not None:
+        params["logprobs"] = logprobs
     named = {"id": job_id} if job_id is not None else {}
     if chat:
         messages = _messages(body.get("messages"))
@@ -183,8 +196,10 @@ def parse_request(
                        template_kwargs=_template_kwargs(body.get("chat_template_kwargs")), **named)  # fmt: skip
         prompt_field, chars = "messages", sum(len(m["content"]) for m in messages)
     else:
-        spec = JobSpec(model, prompt=_prompt(body.get("prompt")), params=params, source="api", **named)
-        prompt_field, chars = "prompt", len(spec.prompt)
+        suffix = _suffix(body.get("suffix"))
+        prompt = _prompt(body.get("prompt"), allow_empty=suffix is not None)
+        spec = JobSpec(model, prompt=prompt, suffix=suffix, params=params, source="api", **named)
+        prompt_field, chars = "prompt", len(spec.prompt) + len(suffix or "")
     if chars > max_prompt_chars:
         raise InvalidRequest(
             prompt_field, f"is {chars} characters long; the server takes at most {max_prompt_chars}"
@@ -227,7 +242,7 @@ def _sampling_params(body: dict, max_new_tokens: int, chat: bool, model_defaults
     if top_p_zero:
         params = replace(params, temperature=0.0)
     return {
-        **asdict(params),
+        **{name: value for name, value in asdict(params).items() if name != "logprobs"},  # set by the caller
         "max_new_tokens": min(params.max_new_tokens, max_new_tokens),
         "stop": list(params.stop),
     }
@@ -278,6 +293,11 @@ def _template_kwargs(value) -> dict | None:
     return value or None
 
 
+def chat_messages(messages) -> list[dict]:
+    """A chat's messages checked as /v1/chat/completions checks them (for /tokenize)."""
+    return _messages(messages)
+
+
 def _messages(messages) -> list[dict]:
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages", "must be a non-empty list of {role, content} objects")
@@ -313,14 +333,56 @@ def _content(content, where: str) -> str:
     raise InvalidRequest(where, "must be a string or a list of text parts")
 
 
-def _prompt(prompt) -> str:
+def _prompt(prompt, allow_empty: bool = False) -> str:
+    """`allow_empty`: with a suffix, the FIM tokens are the context (a cursor at the file's start)."""
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise InvalidRequest("prompt", "must be a string (or a list of exactly one string)")
-    if not prompt:  # the model needs at least one token to continue from
+    if not prompt and not allow_empty:  # the model needs at least one token to continue from
         raise InvalidRequest("prompt", "must not be empty")
     return unicode_text(prompt, "prompt")
+
+
+def _suffix(suffix) -> str | None:
+    """OpenAI's legacy `suffix`: the text after the completion, which makes it a fill-in-the-middle request
+    (the model writes what goes between the prompt and it). Empty: nothing after, a plain completion."""
+    if suffix is None or suffix == "":
+        return None
+    if not isinstance(suffix, str):
+        raise InvalidRequest("suffix", "must be a string")
+    return unicode_text(suffix, "suffix")
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """How many alternatives each token's logprobs list, or None for none. Completions: `logprobs` is that
+    count (0: the chosen token's alone). Chat: `logprobs` is a switch and `top_logprobs` the count."""
+    logprobs, top = body.get("logprobs"), body.get("top_logprobs")
+    if chat:
+        if logprobs == 0 and not isinstance(logprobs, bool):
+            logprobs = False  # what some clients send for "off"
+        if logprobs is not None and not isinstance(logprobs, bool):
+            raise InvalidRequest("logprobs", f"must be a boolean on this endpoint, got {logprobs!r}")
+        if top is not None and not _count(top):
+            raise InvalidRequest(
+                "top_logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top!r}"
+            )
+        if not logprobs:
+            if top:
+                raise InvalidRequest("top_logprobs", "needs logprobs: true")
+            return None
+        return top or 0
+    if top is not None:
+        raise InvalidRequest("top_logprobs", "is for /v1/chat/completions; here logprobs is the count")
+    if logprobs is None:
+        return None
+    if not _count(logprobs):
+        raise InvalidRequest("logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {logprobs!r}")
+    return logprobs
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOP_LOGPROBS
 
 
 def _optional(body: dict, name: str, kind: type, default, field: str | None = None):
@@ -344,19 +406,12 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
     for name in ("frequency_penalty", "presence_penalty"):
         if body.get(name) not in (None, 0, 0.0):
             raise InvalidRequest(name, _not_supported(name))
-    # Chat's logprobs is a switch (false: off); the completions API's is a count, where 0 still asks for the
-    # chosen tokens' log-probabilities.
-    logprobs = body.get("logprobs")
-    if not (logprobs is None or logprobs is False or (chat and logprobs == 0)):
-        raise InvalidRequest("logprobs", "is not supported")
     if body.get("tools") or body.get("functions"):
         raise InvalidRequest("tools", "tool calling is not supported")
     if body.get("echo"):
         raise InvalidRequest("echo", "is not supported")
-    if body.get("suffix"):  # an empty suffix asks for nothing after the completion
-        raise InvalidRequest("suffix", "is not supported")
-    if body.get("top_logprobs") not in (None, 0):
-        raise InvalidRequest("top_logprobs", "is not supported (logprobs are not)")
+    if chat and body.get("suffix"):  # an empty suffix asks for nothing after the reply
+        raise InvalidRequest("suffix", "is for /v1/completions (fill in the middle), not chat")
     if body.get("logit_bias"):
         raise InvalidRequest("logit_bias", "is not supported")
     response_format = body.get("response_format")

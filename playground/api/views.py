@@ -23,12 +23,12 @@ from django.http import JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
 
-from common.events import InvalidRequest
+from common.events import InvalidRequest, unicode_text
 from common.protocol import TERMINAL, JobSpec, QueueFull, VisitorBusy
 from playground import metrics
 from playground.api.auth import authenticate
 from playground.api.errors import ApiError, body_too_large
-from playground.api.params import ApiRequest, json_depth, parse_request
+from playground.api.params import IGNORED, ApiRequest, chat_messages, json_depth, parse_request
 from playground.jobs import Lease, job_client, redis_back, served_models
 from playground.limits import configured as limit_config
 from playground.limits import ip_from_request, limiter, visitor
@@ -99,7 +99,8 @@ async def known_models() -> dict[str, dict]:
 
 
 def model_entries(models: dict[str, dict]) -> dict[str, dict]:
-    """served_models' answer as /v1/models entries, by id."""
+    """served_models' answer as /v1/models entries, by id: OpenAI's four fields, vLLM's max_model_len, and
+    what a client needs to build a request (what its workers said in their last heartbeat; null until one has)."""
     return {
         name: {
             "id": name,
@@ -108,6 +109,14 @@ def model_entries(models: dict[str, dict]) -> dict[str, dict]:
             "owned_by": "kog",
             "max_model_len": info["max_context"],  # vLLM's name for the context length
             "workers": info["workers"],
+            "chat_template": info["chat"],  # whether /v1/chat/completions can render its messages
+            "fim": info["fim"],  # whether /v1/completions takes a suffix and /infill works
+            "fim_tokens": info["fim_tokens"],
+            "logprobs": info["logprobs"],
+            # its generation_config.json's sampling: the API's defaults for what a request leaves out
+            "generation_defaults": info["sampling_defaults"],
+            # {done, total} bytes while a worker is still fetching it from the Hub (absent otherwise)
+            **({"download": info["download"]} if "download" in info else {}),
         }
         for name, info in sorted(models.items())
     }
@@ -171,6 +180,31 @@ def json_body(request):
 
 async def complete(request, chat: bool):
     body = json_body(request)
+    run, api_request, first = await start_job(request, body, chat)
+    try:
+        if api_request.stream:
+            return stream_response(sse_stream(run, first, api_request), run)
+        event, logprobs = await run.until_end(first)
+        return JsonResponse(await run.finish(event[1], logprobs))
+    except BaseException:  # the client left (CancelledError) or we failed: stop the job
+        await run.cancel_unless_finished()
+        raise
+
+
+def stream_response(events, run: JobRun) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(events, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: pass each chunk on at once
+    run.cancel_unless_streaming_within(STREAM_START_GRACE_S)
+    return response
+
+
+async def start_job(
+    request, body, chat: bool, fim: tuple[str, str] | None = None
+) -> tuple[JobRun, ApiRequest, tuple[str, dict]]:
+    """A generation's request checked, admitted and queued, and its first real event: (the run, the parsed
+    request, that event). Every refusal is an ApiError, raised before any byte of the reply. `fim`: (prefix,
+    suffix) of a fill-in-the-middle request, either possibly empty (/infill's cursor at an end of the file)."""
     limits = settings.PLAYGROUND_MAX_NEW_TOKENS, settings.PLAYGROUND_MAX_PROMPT_CHARS
     try:
         # checked before the queue is asked anything: a bad request is a 400 at once, the queue up or down
@@ -185,18 +219,21 @@ async def complete(request, chat: bool):
             )
     except InvalidRequest as exc:
         raise ApiError(400, str(exc), param=exc.field, code="invalid_value") from None
-    models = model_entries(served)
     spec = api_request.spec
-    if spec.model not in models:
-        message = f"The model {spec.model!r} does not exist; served: {', '.join(models) or 'none'}"
-        # OpenAI's status for it (the client raises NotFoundError), as GET /v1/models/<id> answers
-        raise ApiError(404, message, param="model", code="model_not_found")
-    if not models[spec.model]["workers"]:
-        raise ApiError(503, f"No worker serves {spec.model!r} right now", "server_error", code="no_workers")
+    if fim is not None:
+        spec.prompt, spec.suffix = fim
+    serving(spec.model, served)
     if spec.template_kwargs and not served[spec.model].get("template_kwargs"):
         # a worker from before chat_template_kwargs would drop them (JobSpec.from_json leaves unknown fields out)
         raise ApiError(400, "chat_template_kwargs: no worker of this model renders them yet; send the request "
                        "without them", param="chat_template_kwargs", code="invalid_value")  # fmt: skip
+    if spec.suffix is not None and not served[spec.model].get("fim"):
+        raise ApiError(400, f"suffix: the model {spec.model!r} has no fill-in-the-middle tokens in its tokenizer, "
+                       "so it cannot complete between a prompt and a suffix; GET /v1/models lists which models "
+                       "can (fim: true)", param="suffix", code="fim_not_supported")  # fmt: skip
+    if api_request.logprobs and not served[spec.model].get("logprobs"):
+        raise ApiError(400, f"logprobs: the workers of {spec.model!r} do not compute them",
+                       param="logprobs", code="invalid_value")  # fmt: skip
     # A key has its own budget; without one, the client's address has (see playground/limits.py).
     ip = ip_from_request(request, limit_config().trusted_proxies)
     key_id = str(request.api_key.pk) if request.api_key is not None else None
@@ -228,23 +265,21 @@ async def complete(request, chat: bool):
         first = await run.next()
         if first[0] == "error":
             raise job_error(first[1], counted=True)
-        if api_request.stream:
-            response = StreamingHttpResponse(
-                sse_stream(run, first, api_request), content_type="text/event-stream"
-            )
-            response["Cache-Control"] = "no-cache"
-            response["X-Accel-Buffering"] = "no"  # nginx: pass each chunk on at once
-            run.cancel_unless_streaming_within(STREAM_START_GRACE_S)
-            return response
-        event = first
-        while event[0] not in TERMINAL:
-            event = await run.next()
-        if event[0] == "error":
-            raise job_error(event[1], counted=True)
-        return JsonResponse(await run.finish(event[1]))
-    except BaseException:  # the client left (CancelledError) or we failed: stop the job
+    except BaseException:
         await run.cancel_unless_finished()
         raise
+    return run, api_request, first
+
+
+def serving(model: str, served: dict[str, dict]) -> None:
+    """ApiError unless `model` is known and a live worker serves it."""
+    models = model_entries(served)
+    if model not in models:
+        message = f"The model {model!r} does not exist; served: {', '.join(models) or 'none'}"
+        # OpenAI's status for it (the client raises NotFoundError), as GET /v1/models/<id> answers
+        raise ApiError(404, message, param="model", code="model_not_found")
+    if not models[model]["workers"]:
+        raise ApiError(503, f"No worker serves {model!r} right now", "server_error", code="no_workers")
 
 
 def in_background(coroutine) -> None:
@@ -374,17 +409,32 @@ class JobRun:
 
         asyncio.get_running_loop().call_later(seconds, check)
 
-    async def finish(self, done: dict) -> dict:
-        """The non-streamed body for a `done` event (a job cancelled elsewhere is an error)."""
-        if done["finish_reason"] == "cancelled":
+    async def until_end(self, first: tuple[str, dict]) -> tuple[tuple[str, dict], list[dict] | None]:
+        """The job's `done` event (an error raises its ApiError) and its tokens' logprobs (None when the
+        request asked for none), read on from `first`."""
+        event, logprobs = first, None
+        while True:
+            if event[0] == "delta" and "logprobs" in event[1]:
+                logprobs = (logprobs or []) + event[1]["logprobs"]
+            if event[0] in TERMINAL:
+                break
+            event = await self.next()
+        if event[0] == "error":
+            raise job_error(event[1], counted=True)
+        if event[1]["finish_reason"] == "cancelled":
             raise job_error({"code": "cancelled", "message": "The job was cancelled before it finished"})
+        return event, logprobs
+
+    async def finish(self, done: dict, logprobs: list[dict] | None = None) -> dict:
+        """The non-streamed body for a `done` event."""
         await save(self.spec, done)
         body = reply_envelope(self.spec, "chat.completion" if self.spec.chat else "text_completion")
         if self.spec.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": done["text"]}}
         else:
             choice = {"index": 0, "text": done["text"]}
-        body["choices"] = [{**choice, "finish_reason": done["finish_reason"], "logprobs": None}]
+        shaped = None if logprobs is None else openai_logprobs(logprobs, self.spec.chat)
+        body["choices"] = [{**choice, "finish_reason": done["finish_reason"], "logprobs": shaped}]
         body["usage"] = usage(done["stats"])
         body["timings"] = timings(done["stats"], self.queue_ms)
         return body
@@ -401,9 +451,10 @@ async def sse_stream(run: JobRun, first: tuple[str, dict], api_request: ApiReque
             yield chunk.delta({"role": "assistant", "content": ""})
         kind, data = first
         while True:
-            if kind == "delta" and data["text"]:
+            if kind == "delta" and (data["text"] or data.get("logprobs")):
                 streamed.append(data["text"])
-                yield chunk.delta({"content": data["text"]} if spec.chat else data["text"])
+                content = {"content": data["text"]} if spec.chat else data["text"]
+                yield chunk.delta(content, data.get("logprobs"), sum(map(len, streamed[:-1])))
             elif kind == "error":
                 yield sse(job_error(data).body)
                 break
@@ -440,12 +491,14 @@ class Chunks:
         if include_usage:
             self.envelope["usage"] = None  # as OpenAI does: null on every chunk but the usage one
 
-    def _choice(self, content, finish_reason=None) -> dict:
+    def _choice(self, content, finish_reason=None, logprobs=None) -> dict:
         key = "delta" if self.spec.chat else "text"
-        return {"index": 0, key: content, "finish_reason": finish_reason, "logprobs": None}
+        return {"index": 0, key: content, "finish_reason": finish_reason, "logprobs": logprobs}
 
-    def delta(self, content) -> bytes:
-        return sse({**self.envelope, "choices": [self._choice(content)]})
+    def delta(self, content, logprobs: list[dict] | None = None, offset: int = 0) -> bytes:
+        """`logprobs`: the worker's entries for this chunk's tokens; `offset`: the characters sent before it."""
+        shaped = None if logprobs is None else openai_logprobs(logprobs, self.spec.chat, offset)
+        return sse({**self.envelope, "choices": [self._choice(content, logprobs=shaped)]})
 
     def last(self, tail: str, finish_reason: str, stats: dict, queue_ms: float) -> bytes:
         content = ({"content": tail} if tail else {}) if self.spec.chat else tail
@@ -471,6 +524,38 @@ def sse(payload: dict) -> bytes:
 def reply_envelope(spec: JobSpec, object_type: str) -> dict:
     prefix = "chatcmpl-" if spec.chat else "cmpl-"
     return {"id": prefix + spec.id, "object": object_type, "created": int(spec.created), "model": spec.model}
+
+
+def openai_logprobs(entries: list[dict], chat: bool, offset: int = 0) -> dict:
+    """The worker's per-token entries ({id, token, bytes, logprob, top: [...]}) in OpenAI's shapes: chat's
+    {content: [{token, logprob, bytes, top_logprobs}]}, the legacy completions' parallel lists, where
+    `offset` is the characters of the reply before these tokens (text_offset counts from there)."""
+    if chat:
+
+        def item(entry: dict) -> dict:
+            return {"token": entry["token"], "logprob": entry["logprob"], "bytes": entry["bytes"]}
+
+        content = [{**item(e), "top_logprobs": [item(t) for t in e["top"]]} for e in entries]
+        return {"content": content, "refusal": None}
+    offsets = []
+    for entry in entries:
+        offsets.append(offset)
+        offset += len(entry["token"])
+    return {
+        "tokens": [e["token"] for e in entries],
+        "token_logprobs": [e["logprob"] for e in entries],
+        # as vLLM: the most likely tokens, the chosen one included
+        "top_logprobs": [top_by_text([*e["top"], e]) if e["top"] else None for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def top_by_text(entries: list[dict]) -> dict[str, float]:
+    """{token text: logprob}, most likely first; where two ids spell the same text the likelier one stays."""
+    shown: dict[str, float] = {}
+    for entry in entries:
+        shown.setdefault(entry["token"], entry["logprob"])
+    return shown
 
 
 def usage(stats: dict) -> dict:
@@ -525,3 +610,199 @@ def job_error(data: dict, counted: bool = False) -> ApiError:
     # The ones worth a retry (the openai client retries a 503 by itself); a bug stays a 500.
     status = 503 if code in RETRYABLE else 500
     return ApiError(status, message, type="server_error", code=code, counted=counted)
+
+
+# ---- tokens, and llama.cpp's /infill ---------------------------------------------------------------------
+TASK_TIMEOUT_S = 30.0  # a tokenize job waits in its model's queue behind the generation in progress
+
+
+@endpoint("POST")
+async def tokenize(request):
+    """vLLM's POST /tokenize: {model, prompt, add_special_tokens} or {model, messages} -> {count,
+    max_model_len, tokens}; the ids are the ones a generation of that prompt reads."""
+    body = json_object(request)
+    if "messages" in body and body["messages"] is not None:
+        messages = parse_messages(body["messages"])
+        spec_fields = {"messages": messages, "chat": True}
+    else:
+        prompt = body.get("prompt", body.get("content"))  # llama.cpp names it content
+        if not isinstance(prompt, str):
+            raise ApiError(
+                400, "prompt: must be a string (or messages: a chat)", param="prompt", code="invalid_value"
+            )
+        spec_fields = {"prompt": check_text(prompt, "prompt")}
+    add_special = body.get("add_special_tokens", True)
+    if not isinstance(add_special, bool):
+        raise ApiError(
+            400, "add_special_tokens: must be a boolean", param="add_special_tokens", code="invalid_value"
+        )
+    return JsonResponse(
+        await run_task(request, body, "tokenize", add_special_tokens=add_special, **spec_fields)
+    )
+
+
+@endpoint("POST")
+async def detokenize(request):
+    """vLLM's POST /detokenize: {model, tokens} -> {prompt}."""
+    body = json_object(request)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in tokens
+    ):
+        raise ApiError(400, "tokens: must be a list of token ids", param="tokens", code="invalid_value")
+    if len(tokens) > settings.PLAYGROUND_MAX_PROMPT_CHARS:
+        raise ApiError(400, f"tokens: at most {settings.PLAYGROUND_MAX_PROMPT_CHARS} ids", param="tokens",
+                       code="invalid_value")  # fmt: skip
+    return JsonResponse(await run_task(request, body, "detokenize", token_ids=tokens))
+
+
+def json_object(request) -> dict:
+    body = json_body(request)
+    if not isinstance(body, dict):
+        raise ApiError(400, "body: must be a JSON object", param="body", code="invalid_value")
+    return body
+
+
+def check_text(text: str, field: str) -> str:
+    try:
+        unicode_text(text, field)
+    except InvalidRequest as exc:
+        raise ApiError(400, str(exc), param=field, code="invalid_value") from None
+    if len(text) > settings.PLAYGROUND_MAX_PROMPT_CHARS:
+        raise ApiError(400, f"{field}: is {len(text)} characters long; the server takes at most "
+                       f"{settings.PLAYGROUND_MAX_PROMPT_CHARS}", param=field, code="invalid_value")  # fmt: skip
+    return text
+
+
+def parse_messages(messages) -> list[dict]:
+    try:
+        return chat_messages(messages)
+    except InvalidRequest as exc:
+        raise ApiError(400, str(exc), param=exc.field, code="invalid_value") from None
+
+
+async def run_task(request, body: dict, task: str, **spec_fields) -> dict:
+    """A tokenizer job for `body`'s model (the first served one when it names none): its `done` data."""
+    jobs = job_client()
+    served = served_models(await jobs.workers())
+    model = body.get("model")
+    if model is None:
+        model = next((name for name, info in served.items() if info["workers"]), None)
+        if model is None:
+            raise ApiError(503, "No worker is up", "server_error", code="no_workers")
+    if not isinstance(model, str):
+        raise ApiError(400, "model: must be a string", param="model", code="invalid_value")
+    serving(model, served)
+    if not served[model].get("tokenize"):
+        raise ApiError(400, f"The model {model!r} has no tokenizer to ask (a stand-in engine)", param="model",
+                       code="invalid_value")  # fmt: skip
+    spec = JobSpec(model, task=task, source="api", id=request.request_id, **spec_fields)
+    try:
+        await jobs.submit(spec)
+    except QueueFull as exc:
+        raise ApiError(429, str(exc), type="rate_limit_error", code="queue_full",
+                       headers={"Retry-After": "1"}) from None  # fmt: skip
+    try:
+        async with asyncio.timeout(TASK_TIMEOUT_S):
+            kind, data = await jobs.outcome(spec.id, block_ms=100, known=True)
+    except TimeoutError:
+        await jobs.cancel(spec.id)
+        raise ApiError(503, f"The model's worker did not answer within {TASK_TIMEOUT_S:g} s (it is busy); "
+                       "please try again", "server_error", code="busy") from None  # fmt: skip
+    if kind == "error":
+        raise job_error(data)
+    return data
+
+
+# llama.cpp's /infill fields and the /v1/completions field each one is
+INFILL_FIELDS = {"n_predict": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                 "seed": "seed", "stop": "stop", "stream": "stream", "model": "model",
+                 "repeat_penalty": "repetition_penalty"}  # fmt: skip
+
+
+@endpoint("POST")
+async def infill(request):
+    """llama.cpp's POST /infill: {input_prefix, input_suffix, prompt, n_predict, ...} -> {content, stop,
+    tokens_predicted, tokens_evaluated, timings}, streamed as `data: {content, stop}` lines. `prompt` (the start
+    of the middle, already typed) goes after the prefix. input_extra (other files) is refused."""
+    body = json_object(request)
+    if body.get("input_extra"):
+        raise ApiError(400, "input_extra: other files as context are not supported", param="input_extra",
+                       code="invalid_value")  # fmt: skip
+    prefix, suffix = body.get("input_prefix", ""), body.get("input_suffix", "")
+    typed = body.get("prompt") or ""
+    for name, value in (("input_prefix", prefix), ("input_suffix", suffix), ("prompt", typed)):
+        if not isinstance(value, str):
+            raise ApiError(400, f"{name}: must be a string", param=name, code="invalid_value")
+    known = {"input_prefix", "input_suffix", "prompt", "input_extra", *INFILL_FIELDS}
+    unknown = sorted(set(body) - known - IGNORED)
+    if unknown:
+        raise ApiError(400, f"{unknown[0]}: not a field of /infill here (it takes {', '.join(sorted(known))})",
+                       param=unknown[0], code="invalid_value")  # fmt: skip
+    completion = {INFILL_FIELDS[k]: v for k, v in body.items() if k in INFILL_FIELDS and v is not None}
+    completion.setdefault("model", body.get("model") or await first_fim_model())
+    completion.setdefault("max_tokens", settings.PLAYGROUND_MAX_NEW_TOKENS)  # llama.cpp: until it stops
+    prefix = check_text(prefix + typed, "input_prefix")
+    check_text(suffix, "input_suffix")
+    completion["prompt"] = "-"  # parse_request's placeholder: the job takes (prefix, suffix) below
+    run, api_request, first = await start_job(request, completion, chat=False, fim=(prefix, suffix))
+    try:
+        if api_request.stream:
+            return stream_response(infill_stream(run, first), run)
+        (_, done), _ = await run.until_end(first)
+        await save(run.spec, done)
+        return JsonResponse(infill_body(run, done["text"], done))
+    except BaseException:
+        await run.cancel_unless_finished()
+        raise
+
+
+async def first_fim_model() -> str:
+    served = served_models(await job_client().workers())
+    return next((name for name, info in served.items() if info["workers"] and info["fim"]), "")
+
+
+def infill_body(run: JobRun, content: str, done: dict | None) -> dict:
+    if done is None:
+        return {"content": content, "stop": False}
+    stats = done["stats"]
+    return {
+        "content": content,
+        "stop": True,
+        "model": run.spec.model,
+        "stop_type": "limit" if done["finish_reason"] == "length" else "eos",
+        "tokens_predicted": stats["completion_tokens"],
+        "tokens_evaluated": stats["prompt_tokens"],
+        "timings": timings(stats, run.queue_ms),
+    }
+
+
+async def infill_stream(run: JobRun, first: tuple[str, dict]):
+    run.streaming = True
+    streamed = []
+    try:
+        kind, data = first
+        while True:
+            if kind == "delta" and data["text"]:
+                streamed.append(data["text"])
+                yield sse(infill_body(run, data["text"], None))
+            elif kind == "error":
+                yield sse(job_error(data).body)
+                break
+            elif kind == "done":
+                if data["finish_reason"] == "cancelled":
+                    yield sse(job_error({"code": "cancelled", "message": "The job was cancelled"}).body)
+                    break
+                await save(run.spec, data)
+                sent = "".join(streamed)
+                tail = data["text"][len(sent) :] if data["text"].startswith(sent) else ""
+                yield sse(infill_body(run, tail, data))
+                break
+            kind, data = await run.next()
+    except (asyncio.CancelledError, GeneratorExit):
+        raise
+    except Exception:
+        log.exception("infill stream for job %s failed", run.spec.id, extra={"job_id": run.spec.id})
+        yield sse(ApiError(500, INTERNAL_ERROR, type="server_error").body)
+    finally:
+        await run.cancel_unless_finished()

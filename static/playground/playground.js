@@ -96,6 +96,8 @@
       conversationTurns: "conversation-turns", conversationSummary: "conversation-summary",
       conversationNote: "conversation-note", conversationCount: "conversation-count",
       promptError: "prompt-error", shortcutKey: "shortcut-key", samplingHint: "sampling-hint",
+      fim: "fim", suffix: "suffix", suffixField: "suffix-field", promptLabel: "prompt-label",
+      outputSuffix: "output-suffix",
     };
     for (const [key, id] of Object.entries(ids)) ui[key] = document.getElementById(id);
     if (!ui.app) return;
@@ -114,6 +116,10 @@
       page.store.persistSoon();
     });
     window.addEventListener("pagehide", page.store.persist);
+    ui.fim.addEventListener("change", () => {
+      page.view.showFimMode();
+      page.store.persist();
+    });
     ui.model.addEventListener("change", () => {
       delete ui.model.dataset.wanted;
       page.settings.followModel();

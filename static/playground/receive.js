@@ -107,9 +107,11 @@
   function acceptJob(jobId) {
     const { frame, stopRequested } = state.request;
     state.lastRun = state.run;
+    const fim = typeof frame.suffix === "string"; // code completion: the middle between prompt and suffix
     state.run = Object.assign(page.newRun(), {
-      jobId, model: frame.model, chat: !!(state.models[frame.model] || {}).chat, prompt: frame.prompt,
-      system: frame.system_prompt, maxTokens: frame.max_tokens ?? null, startedAt: state.request.at,
+      jobId, model: frame.model, chat: !fim && !!(state.models[frame.model] || {}).chat, prompt: frame.prompt,
+      system: fim ? "" : frame.system_prompt, suffix: fim ? frame.suffix : null,
+      maxTokens: frame.max_tokens ?? null, startedAt: state.request.at,
     });
     state.request = null;
     ui.outputBox.dataset.previous = "true"; // the last answer, waiting for the next: no cursor at its end

@@ -28,15 +28,23 @@
       top_p: number(ui.topP),
       max_tokens: number(ui.maxTokens),
       history: state.conversation.length ? state.conversation : undefined,
+      // code completion: the prompt is the code before the cursor, this the code after it
+      suffix: ui.fim.checked ? ui.suffix.value : undefined,
     };
   }
 
   // What the server would refuse in the prompt, said in the page's words before anything is sent (and
   // before 100,000 characters go out for nothing); "" when it is fine.
   function promptProblem() {
-    if (!ui.prompt.value.trim()) return "the prompt is blank: write what the model should continue or answer";
+    const fim = ui.fim.checked;
+    if (!ui.prompt.value.trim() && !(fim && ui.suffix.value.trim())) {
+      return fim
+        ? "the code is blank: write the code before the cursor, after it, or both"
+        : "the prompt is blank: write what the model should continue or answer";
+    }
     const limit = Number(ui.form.dataset.maxPromptChars);
-    const length = Array.from(ui.prompt.value).length; // characters, as Python counts them
+    const suffix = fim ? ui.suffix.value : "";
+    const length = Array.from(ui.prompt.value + suffix).length; // characters, as Python counts them
     if (!limit || length <= limit) return "";
     const fmt = (n) => n.toLocaleString("en");
     return `the prompt is ${fmt(length)} characters; the limit is ${fmt(limit)}`;

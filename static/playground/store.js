@@ -28,6 +28,7 @@
       prompt: ui.prompt.value, system_prompt: ui.system.value, model: ui.model.value,
       temperature: ui.temperature.value, top_p: ui.topP.value, max_tokens: ui.maxTokens.value,
       chosen: Array.from(state.chosen), // which of those the person set (settings.js)
+      fim: ui.fim.checked, suffix: ui.suffix.value, // code completion, and the code after the cursor
     };
   }
 
@@ -73,7 +74,7 @@
     const run = state.run;
     const job = run.jobId && {
       id: run.jobId, model: run.model, chat: run.chat, prompt: run.prompt, system: run.system,
-      maxTokens: run.maxTokens,
+      suffix: run.suffix, maxTokens: run.maxTokens,
       startedAt: Date.now() - (performance.now() - run.startedAt), // wall clock: survives the reload
       endedAt: run.endedAt === null ? null : Date.now() - (performance.now() - run.endedAt),
       outcome: run.outcome, note: run.outcomeNote, // a finished run comes back as it ended
@@ -95,7 +96,7 @@
   function restoreForm(form) {
     const fields = {
       prompt: ui.prompt, system_prompt: ui.system, temperature: ui.temperature, top_p: ui.topP,
-      max_tokens: ui.maxTokens,
+      max_tokens: ui.maxTokens, suffix: ui.suffix,
     };
     for (const [name, el] of Object.entries(fields)) {
       if (typeof form[name] === "string") el.value = form[name];
@@ -108,6 +109,8 @@
       page.view.selectWantedModel();
     }
     if (ui.system.value) ui.systemDetails.open = true;
+    ui.fim.checked = form.fim === true;
+    page.view.showFimMode();
   }
 
   // A run that was going (or had ended) when the page reloaded: show it again from its first entry;
@@ -118,7 +121,8 @@
     const finished = !!job.endedAt && page.ENDED.has(job.outcome);
     state.run = Object.assign(page.newRun(), {
       jobId: job.id, model: job.model || "", chat: !!job.chat, prompt: job.prompt || "",
-      system: job.system || "", maxTokens: job.maxTokens ?? null, restored: true, shown: true,
+      system: job.system || "", suffix: typeof job.suffix === "string" ? job.suffix : null,
+      maxTokens: job.maxTokens ?? null, restored: true, shown: true,
       replaying: finished,
       startedAt: performance.now() - (Date.now() - job.startedAt),
       endedAt: job.endedAt ? performance.now() - (Date.now() - job.endedAt) : null,

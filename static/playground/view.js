@@ -19,7 +19,9 @@
  *   renderCounters(now)     the counters, at this clock
  *   flushPending()          writes the run's buffered output into the pane
  *   clearOutput()           empties the pane, with what belonged to the last run
- *   showContext()           the text the model continued, before the output; returns it
+ *   showContext()           the text the model continued, before the output (and a code completion's code
+ *                           after the cursor, after it); returns it
+ *   showFimMode()           the form in or out of code completion (the code before and after the cursor)
  *   followOutput()          scrolls the pane to its foot
  *   revealOutput()          brings the pane into view on a phone
  *   showFinalStats(stats)   a finished run's stats
@@ -96,6 +98,8 @@
     const context = window.kogHighlight.promptContext(state.run);
     ui.context.replaceChildren();
     window.kogHighlight.appendText(ui.context, context);
+    // a code completion's code after the cursor, dimmed after the middle: text, never markup
+    ui.outputSuffix.textContent = state.run.suffix || "";
     ui.copy.title = context ? "Copies the prompt and the completion, as shown" : "Copies the output";
     return context;
   }
@@ -256,6 +260,15 @@
     ui.promptError.textContent = "";
   }
 
+  // Code completion on: the prompt is the code before the cursor, a second field the code after it, and the
+  // output shows the middle the model writes between the two.
+  function showFimMode() {
+    const on = ui.fim.checked;
+    ui.suffixField.hidden = !on;
+    ui.promptLabel.textContent = on ? "Code before the cursor" : "Prompt";
+    ui.system.closest("details").hidden = on; // a completion between two pieces of code has no system prompt
+  }
+
   // ---- workers and models ------------------------------------------------------------------------
 
   function showWorkers(frame) {
@@ -267,18 +280,28 @@
     setText(ui.workerText, text);
     setText(ui.workerBusy, frame.up && frame.busy ? ` · ${frame.busy} busy` : "");
     state.models = Object.fromEntries(frame.models.map((m) => [m.name, m]));
-    showModels(frame.models.map((m) => m.name));
+    showModels(frame.models.map((m) => m.name), frame.models.map(modelLabel));
     page.settings.followModel(); // a model's recommendation may have arrived with it
   }
 
-  function showModels(names) {
-    const current = Array.from(ui.model.options).filter((o) => !o.disabled).map((o) => o.value);
-    if (names.join("\n") === current.join("\n")) return selectWantedModel();
+  // A model a worker is still fetching from the Hub says how far it has got.
+  function modelLabel(model) {
+    const download = model.download;
+    if (!download) return model.name;
+    const [unit, factor] = download.total >= 1e9 ? ["GB", 1e9] : ["MB", 1e6];
+    const size = (bytes) => (bytes / factor).toFixed(1);
+    return `${model.name} (downloading ${size(download.done)} / ${size(download.total)} ${unit})`;
+  }
+
+  function showModels(names, labels) {
+    const current = Array.from(ui.model.options).filter((o) => !o.disabled);
+    const same = (o, i) => o.value === names[i] && o.textContent === labels[i];
+    if (current.length === names.length && current.every(same)) return selectWantedModel();
     const selected = ui.model.value;
-    const options = names.map((name) => {
+    const options = names.map((name, i) => {
       const option = document.createElement("option");
       option.value = name;
-      option.textContent = name;
+      option.textContent = labels[i]; // text, never markup
       return option;
     });
     if (!options.length) {
@@ -324,7 +347,7 @@
 
   page.view = {
     setPhase, showState, stopCountdown, flashNote, setText,
-    requestRender, renderCounters, flushPending, clearOutput, showContext, followOutput, revealOutput,
+    requestRender, renderCounters, flushPending, clearOutput, showContext, followOutput, revealOutput, showFimMode,
     showFinalStats, markInvalid, clearInvalid, clearPromptError,
     showWorkers, selectWantedModel, updateTokenLimit,
   };

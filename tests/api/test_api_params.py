@@ -69,9 +69,24 @@ def test_a_completion_without_max_tokens_is_sixteen_tokens_as_openais_legacy_api
 
 def test_logprobs_zero_is_off_for_chat_and_a_request_for_completions():
     # chat's logprobs is a switch; the completions API's a count, whose 0 still asks for the chosen tokens'
-    assert parse({**CHAT, "logprobs": 0}, chat=True).spec.model == "m"
-    assert refused_field({"model": "m", "prompt": "x", "logprobs": 0}, chat=False) == "logprobs"
-    assert parse({"model": "m", "prompt": "x", "logprobs": None}, chat=False).spec.prompt == "x"
+    assert "logprobs" not in parse({**CHAT, "logprobs": 0}, chat=True).spec.params
+    assert parse({"model": "m", "prompt": "x", "logprobs": 0}, chat=False).spec.params["logprobs"] == 0
+    assert "logprobs" not in parse({"model": "m", "prompt": "x", "logprobs": None}, chat=False).spec.params
+    assert parse({**CHAT, "logprobs": True, "top_logprobs": 5}, chat=True).spec.params["logprobs"] == 5
+    assert parse({**CHAT, "logprobs": True}, chat=True).spec.params["logprobs"] == 0
+    assert refused_field({**CHAT, "logprobs": 1}) == "logprobs"  # chat's is a switch
+    assert refused_field({"model": "m", "prompt": "x", "logprobs": True}, chat=False) == "logprobs"
+
+
+def test_suffix_makes_a_completion_fill_in_the_middle():
+    spec = parse({"model": "m", "prompt": "def f(", "suffix": "):\n    pass\n"}, chat=False).spec
+    assert (spec.prompt, spec.suffix) == ("def f(", "):\n    pass\n")
+    assert (
+        parse({"model": "m", "prompt": "", "suffix": "x"}, chat=False).spec.prompt == ""
+    )  # cursor at the start
+    assert refused_field({"model": "m", "prompt": "a", "suffix": 3}, chat=False) == "suffix"
+    assert refused_field({"model": "m", "prompt": "a", "suffix": "\ud83d"}, chat=False) == "suffix"
+    assert refused_field({**CHAT, "suffix": "x"}) == "suffix"
 
 
 def test_max_tokens_over_the_servers_cap_is_clipped_to_it():
@@ -119,7 +134,7 @@ def test_message_parts_roles_and_stop_lists():
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"stream": True, "stream_options": {"include_usage": "y"}}, "stream_options.include_usage"),
         ({"presence_penalty": 0.5}, "presence_penalty"),
-        ({"logprobs": True}, "logprobs"),
+        ({"logprobs": 21}, "logprobs"),
         ({"tools": [{"type": "function"}]}, "tools"),
     ],
 )
@@ -314,8 +329,7 @@ def test_their_neutral_values_are_accepted():
     completion = parse(
         {"model": "m", "prompt": "def f():", "suffix": ""}, chat=False
     )  # an empty suffix asks nothing
-    assert completion.spec.prompt == "def f():"
-    assert refused_field({"model": "m", "prompt": "def f():", "suffix": "\n"}, chat=False) == "suffix"
+    assert completion.spec.prompt == "def f():" and completion.spec.suffix is None
 
 
 def test_a_participants_name_goes_to_the_template_in_openais_form_only():

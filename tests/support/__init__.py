@@ -61,7 +61,7 @@ class WorkerProcess:
             if self.process.poll() is not None:
                 raise RuntimeError(f"worker exited ({self.process.returncode}):\n{self.log_path.read_text()}")
             beat = client.get(worker_key(self.worker_id))
-            if beat:
+            if beat and not json.loads(beat).get("loading"):  # a loading worker's beat serves nothing yet
                 return json.loads(beat)
             time.sleep(0.1)
         raise TimeoutError(f"worker not ready after {timeout_s} s:\n{self.log_path.read_text()}")

@@ -93,3 +93,21 @@ async def test_a_model_whose_workers_are_all_busy_is_ready_without_a_probe(start
     assert body["ready"] and body["models"]["standin:20"]["detail"] == "busy"
     assert len(r.keys(job_key("*"))) == 1  # no probe went behind the long job
     r.close()
+
+
+async def test_health_is_the_conventional_probe_without_a_generation(settings, start_worker, redis_url, rf):
+    settings.PLAYGROUND_MODELS = [MODEL, "missing-model"]
+    start_worker([MODEL])
+    missing = await health.health(rf.get("/health"))
+    assert missing.status_code == 503
+    assert json.loads(missing.content) == {
+        "status": "unavailable",
+        "reason": "no worker serves missing-model",
+        "models": {MODEL: 1, "missing-model": 0},
+    }
+    settings.PLAYGROUND_MODELS = [MODEL]
+    ok = await health.health(rf.get("/health"))
+    assert ok.status_code == 200 and json.loads(ok.content) == {"status": "ok", "models": {MODEL: 1}}
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    assert r.keys(job_key("*")) == []  # it asked nothing of the worker
+    r.close()

@@ -1,0 +1,271 @@
+"""What agents ask of the API besides a completion, end to end (the official openai client, daphne, Redis, a real
+worker): fill in the middle through `suffix` and llama.cpp's /infill, logprobs in OpenAI's shapes checked against
+a forward pass of the same model, /tokenize and /detokenize, a model's facts, /health.
+
+The worker serves a tiny synthetic checkpoint whose tokenizer carries Qwen2.5-Coder's FIM tokens
+(tests/support/fim_checkpoint.py) as `coder`, and the tiny-qwen2 preset (no FIM tokens) as `plain`."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import httpx
+import openai
+import pytest
+import redis
+import torch
+
+from common.events import SamplingParams
+from tests.support import WebServer, WorkerProcess
+from tests.support.fim_checkpoint import write_fim_checkpoint
+
+PREFIX = "def area(radius):\n    return "
+SUFFIX = "\n\n\nprint(area(2.0))\n"
+
+
+@pytest.fixture(scope="module")
+def stack(redis_server, tmp_path_factory):
+    redis.Redis.from_url(redis_server).flushall()
+    tmp = tmp_path_factory.mktemp("fim")
+    checkpoint = write_fim_checkpoint(tmp / "coder-ckpt")
+    models = [f"coder={checkpoint}", "plain=tiny-qwen2"]
+    worker = WorkerProcess(redis_server, models, tmp / "worker.log")
+    web = None
+    try:
+        worker.wait_ready()
+        web = WebServer(redis_server, tmp, env={"MODELS": ",".join(models)})
+        yield SimpleNamespace(web=web, worker=worker, checkpoint=checkpoint)
+    finally:
+        if web is not None:
+            web.stop()
+        worker.stop()
+
+
+@pytest.fixture(scope="module")
+def engine(stack):
+    """The worker's `coder` loaded here too: the reference for its ids, its middles and its logprobs."""
+    from inference.engine import Engine
+
+    return Engine.load(str(stack.checkpoint), device="cpu")
+
+
+def api(web) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{web.url}/v1", api_key="no-key-needed", max_retries=0, timeout=60)
+
+
+def post(web, path: str, body: dict) -> httpx.Response:
+    return httpx.post(web.url + path, json=body, timeout=60)
+
+
+def local_middle(engine, prefix: str, suffix: str, max_new_tokens: int):
+    ids = engine.encode_fim(prefix, suffix)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0)
+    return ids, list(engine.generate(ids, params, extra_stop_ids=engine.fim.stop_ids))[-1]
+
+
+# ---- facts, probes, tokens -----------------------------------------------------------------------------
+
+
+def test_health_and_model_facts(stack, engine):
+    health = httpx.get(stack.web.url + "/health", timeout=10)
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert health.json()["models"] == {"coder": 1, "plain": 1}
+
+    coder = api(stack.web).models.retrieve("coder").model_extra
+    assert coder["max_model_len"] == engine.max_context
+    assert coder["chat_template"] is True and coder["logprobs"] is True
+    assert coder["fim"] is True
+    assert coder["fim_tokens"] == ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
+    assert coder["generation_defaults"] == engine.sampling_defaults
+    assert api(stack.web).models.retrieve("plain").model_extra["fim"] is False
+    with pytest.raises(openai.NotFoundError):
+        api(stack.web).models.retrieve("nope")
+
+
+def test_tokenize_gives_the_model_tokenizers_ids(stack, engine):
+    text = "def f(x):\n    return x * 2  # <|fim_prefix|> is text here, naïve ✓"
+    for path in ("/tokenize", "/v1/tokenize"):
+        reply = post(stack.web, path, {"model": "coder", "prompt": text})
+        assert reply.status_code == 200, reply.text
+        body = reply.json()
+        assert body["tokens"] == engine.tokenizer.encode_text(text)
+        assert body["count"] == len(body["tokens"]) and body["max_model_len"] == engine.max_context
+    fim_prefix_id = engine.tokenizer._tok.token_to_id("<|fim_prefix|>")
+    assert fim_prefix_id not in body["tokens"]  # a typed special token's spelling stays text
+
+    messages = [{"role": "user", "content": "hello"}]
+    chat = post(stack.web, "/tokenize", {"model": "coder", "messages": messages}).json()
+    assert chat["tokens"] == engine.tokenizer.encode_chat(messages)
+
+    back = post(stack.web, "/detokenize", {"model": "coder", "tokens": body["tokens"]})
+    assert back.status_code == 200 and back.json() == {"prompt": text}
+
+
+def test_tokenize_refusals_say_what_is_wrong(stack):
+    cases = [
+        ("/tokenize", {"model": "nope", "prompt": "x"}, 404, "does not exist"),
+        ("/tokenize", {"model": "coder"}, 400, "prompt: must be a string"),
+        ("/tokenize", {"model": "coder", "prompt": "x", "add_special_tokens": "yes"}, 400, "boolean"),
+        ("/detokenize", {"model": "coder", "tokens": [1, "2"]}, 400, "list of token ids"),
+        ("/detokenize", {"model": "coder", "tokens": [10**9]}, 400, "token ids must be integers in [0,"),
+    ]
+    for path, body, status, words in cases:
+        reply = post(stack.web, path, body)
+        assert reply.status_code == status, (body, reply.text)
+        assert words in reply.json()["error"]["message"], (body, reply.text)
+    assert httpx.get(stack.web.url + "/health", timeout=10).status_code == 200  # nothing went down
+
+
+# ---- fill in the middle --------------------------------------------------------------------------------
+
+
+def test_fim_with_suffix_returns_the_middle_streamed_and_not(stack, engine):
+    client = api(stack.web)
+    kwargs = {"model": "coder", "prompt": PREFIX, "suffix": SUFFIX, "max_tokens": 12, "temperature": 0}
+    reply = client.completions.create(**kwargs)
+    ids, local = local_middle(engine, PREFIX, SUFFIX, 12)
+    assert reply.choices[0].text == local.text and local.text
+    assert reply.usage.prompt_tokens == len(ids)
+    assert reply.usage.completion_tokens == local.stats.completion_tokens
+    timings = reply.model_extra["timings"]
+    assert timings["prompt_n"] == len(ids) and timings["predicted_n"] == reply.usage.completion_tokens
+
+    chunks = list(client.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == local.text
+    finished = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finished) == 1 and "timings" in finished[0].model_extra
+    assert chunks[-1].usage == reply.usage
+
+
+def test_infill_in_llama_cpp_shape(stack, engine):
+    body = {
+        "model": "coder",
+        "input_prefix": PREFIX,
+        "input_suffix": SUFFIX,
+        "n_predict": 12,
+        "temperature": 0,
+    }
+    _, local = local_middle(engine, PREFIX, SUFFIX, 12)
+    reply = post(stack.web, "/infill", body)
+    assert reply.status_code == 200, reply.text
+    answer = reply.json()
+    assert answer["content"] == local.text and answer["stop"] is True
+    assert answer["tokens_predicted"] == local.stats.completion_tokens
+    assert answer["timings"]["predicted_n"] == local.stats.completion_tokens
+
+    with httpx.stream("POST", stack.web.url + "/infill", json={**body, "stream": True}, timeout=60) as stream:
+        lines = [json.loads(line[6:]) for line in stream.iter_lines() if line.startswith("data: ")]
+    assert "".join(line["content"] for line in lines) == local.text
+    assert [line["stop"] for line in lines] == [False] * (len(lines) - 1) + [True]
+    assert "timings" in lines[-1]
+
+    # the cursor at the very start and at the very end of a file are FIM requests too
+    for prefix, suffix in (("", SUFFIX), (PREFIX, "")):
+        edge = post(stack.web, "/infill", {**body, "input_prefix": prefix, "input_suffix": suffix})
+        assert edge.status_code == 200, edge.text
+        assert edge.json()["content"] == local_middle(engine, prefix, suffix, 12)[1].text
+
+
+def test_fim_refusals_name_the_model_and_the_field(stack):
+    client = api(stack.web)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="plain", prompt=PREFIX, suffix=SUFFIX, max_tokens=4)
+    error = refused.value.body
+    assert error["param"] == "suffix" and error["code"] == "fim_not_supported"
+    assert "'plain' has no fill-in-the-middle tokens" in error["message"]
+
+    reply = post(stack.web, "/infill", {"model": "plain", "input_prefix": "a", "input_suffix": "b"})
+    assert (
+        reply.status_code == 400 and "'plain' has no fill-in-the-middle" in reply.json()["error"]["message"]
+    )
+    reply = post(
+        stack.web, "/infill", {"model": "coder", "input_prefix": "a", "input_extra": [{"text": "x"}]}
+    )
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "input_extra"
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model="coder", messages=[{"role": "user", "content": "hi"}], extra_body={"suffix": "x"}
+        )
+    assert refused.value.body["param"] == "suffix"
+    # a plain completion still works once the refusals are done
+    assert client.completions.create(model="plain", prompt="def", max_tokens=2).choices[0].text is not None
+
+
+# ---- logprobs ------------------------------------------------------------------------------------------
+
+
+def reference_logprobs(engine, prompt_ids: list[int], new_ids: list[int]) -> torch.Tensor:
+    """One forward pass over the prompt and the generated tokens (not the decode loop's steps): [n_new, V]
+    log-probabilities of each new token's position, V the ids the tokenizer has, as the runner reads them."""
+    ids = torch.tensor([prompt_ids + new_ids])
+    with torch.inference_mode():
+        logits = engine.model(ids)[0, len(prompt_ids) - 1 : -1, : engine.tokenizer.max_id + 1]
+    return logits.float().log_softmax(-1)
+
+
+def test_completion_logprobs_match_a_reference_forward_pass(stack, engine):
+    prompt = "import os\n\ndef list_files(path):\n"
+    reply = api(stack.web).completions.create(
+        model="coder", prompt=prompt, max_tokens=8, temperature=0, logprobs=3
+    )
+    logprobs = reply.choices[0].logprobs
+    prompt_ids = engine.tokenizer.encode_text(prompt)
+    local = list(engine.generate(prompt_ids, SamplingParams(max_new_tokens=8, temperature=0, logprobs=3)))
+    new_ids = [i for event in local if event.kind == "delta" for i in event.token_ids]
+    n = len(logprobs.tokens)
+    assert n == reply.usage.completion_tokens and n > 0
+    reference = reference_logprobs(engine, prompt_ids, new_ids[:n])
+    names = engine.token_names
+    for i, token_id in enumerate(new_ids[:n]):
+        assert logprobs.tokens[i] == names.name(token_id)[0]
+        assert logprobs.token_logprobs[i] == pytest.approx(float(reference[i, token_id]), abs=1e-3)
+        top = logprobs.top_logprobs[i]
+        assert next(iter(top)) == logprobs.tokens[i]  # greedy: the most likely token is the one chosen
+        expected = reference[i].topk(3)
+        for token_id_k, value in zip(expected.indices.tolist(), expected.values.tolist(), strict=True):
+            assert top[names.name(token_id_k)[0]] == pytest.approx(value, abs=1e-3)
+    assert logprobs.text_offset[0] == 0 and "".join(logprobs.tokens) == reply.choices[0].text
+
+
+def test_chat_logprobs_streamed_and_not(stack, engine):
+    client = api(stack.web)
+    kwargs = {
+        "model": "coder",
+        "messages": [{"role": "user", "content": "def add(a, b):"}],
+        "max_tokens": 6,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    reply = client.chat.completions.create(**kwargs)
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens - (reply.choices[0].finish_reason == "stop")
+    for entry in content:
+        assert len(entry.top_logprobs) == 2 and entry.top_logprobs[0].token == entry.token
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
+        assert bytes(entry.bytes).decode("utf-8", errors="replace") == entry.token
+    chunks = list(client.chat.completions.create(**kwargs, stream=True))
+    streamed = [
+        e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content
+    ]
+    assert [(e.token, round(e.logprob, 5)) for e in streamed] == [
+        (e.token, round(e.logprob, 5)) for e in content
+    ]
+
+
+def test_logprobs_refusals(stack):
+    client = api(stack.web)
+    messages = [{"role": "user", "content": "hi"}]
+    cases = [
+        (lambda: client.completions.create(model="coder", prompt="a", logprobs=21), "logprobs"),
+        (lambda: client.chat.completions.create(model="coder", messages=messages, top_logprobs=2), "top_logprobs"),
+        (lambda: client.chat.completions.create(model="coder", messages=messages, logprobs=True, top_logprobs=30),
+         "top_logprobs"),
+        (lambda: client.completions.create(model="coder", prompt="a", extra_body={"top_logprobs": 2}), "top_logprobs"),
+    ]  # fmt: skip
+    for call, param in cases:
+        with pytest.raises(openai.BadRequestError) as refused:
+            call()
+        assert refused.value.body["param"] == param

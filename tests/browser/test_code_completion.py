@@ -1,0 +1,100 @@
+"""The page's code-completion mode in Debian's chromium: the code before and after the cursor in, the middle the
+model writes streamed between them, everything text (markup in the code or the output is shown, never run), and
+the share page showing the same three parts. The worker serves a tiny checkpoint with FIM tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.events import SamplingParams
+from tests.support import WebServer, WorkerProcess
+from tests.support.fim_checkpoint import write_fim_checkpoint
+from tests.support.page import open_playground
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
+
+# (the tiny random model writes a long middle after this prefix, 400 tokens, rather than stopping at once)
+PREFIX = 'def render(user):\n    html = "<img src=x onerror=alert(1)>" + user\n    x = '
+SUFFIX = "\n\n</pre><script>window.pwned = 1</script>\nprint(render('<b>me</b>'))\n"
+MAX_TOKENS = 400  # long enough to be seen streaming (several render frames)
+
+
+@pytest.fixture(scope="module")
+def coder(redis_server, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("coder")
+    checkpoint = write_fim_checkpoint(tmp / "coder")
+    models = [f"coder={checkpoint}", "plain=tiny-qwen2"]
+    worker = WorkerProcess(redis_server, models, tmp / "worker.log")
+    web = None
+    try:
+        worker.wait_ready()
+        web = WebServer(redis_server, tmp, env={"MODELS": ",".join(models)})
+        yield web, checkpoint
+    finally:
+        if web is not None:
+            web.stop()
+        worker.stop()
+
+
+def expected_middle(checkpoint) -> str:
+    from inference.engine import Engine
+
+    engine = Engine.load(str(checkpoint), device="cpu")
+    ids = engine.encode_fim(PREFIX, SUFFIX)
+    params = SamplingParams(max_new_tokens=MAX_TOKENS, temperature=0)
+    return list(engine.generate(ids, params, extra_stop_ids=engine.fim.stop_ids))[-1].text
+
+
+def test_code_completion_streams_the_middle_between_the_code_and_shares_it(coder, page):
+    web, checkpoint = coder
+    middle = expected_middle(checkpoint)
+    assert len(middle) > 100
+    open_playground(page, web.url, model="coder")
+    assert page.locator("#suffix-field").is_hidden()
+    page.check("#fim")
+    assert page.locator("#suffix-field").is_visible()
+    assert page.text_content("#prompt-label") == "Code before the cursor"
+    page.fill("#prompt", PREFIX)
+    page.fill("#suffix", SUFFIX)
+    page.fill("#temperature", "0")
+    page.fill("#max-tokens", str(MAX_TOKENS))
+    # every text #output shows while the run streams, with the code after the cursor at that moment
+    page.evaluate("""() => {
+        window.outputs = [];
+        const output = document.getElementById("output");
+        new MutationObserver(() => window.outputs.push(
+            [output.textContent, document.getElementById("output-suffix").textContent])
+        ).observe(output, {subtree: true, childList: true, characterData: true});
+    }""")
+    page.click("#generate")
+    page.wait_for_selector("#output[data-stream-check=ok]", timeout=60_000)
+
+    assert page.text_content("#output-context") == PREFIX
+    assert page.text_content("#output") == middle
+    assert page.text_content("#output-suffix") == SUFFIX
+    # the three in order, one block of code: before the cursor, the middle, after it
+    assert page.text_content("#output-box") == PREFIX + middle + SUFFIX
+    outputs = page.evaluate("window.outputs")
+    partial = [text for text, _ in outputs if text and text != middle]
+    assert partial and all(middle.startswith(text) for text in partial)  # it grew in place as it streamed
+    assert all(suffix == SUFFIX for text, suffix in outputs if text)  # the code after it stayed below
+    assert page.locator("#output-box img, #output-box script, #output-box b").count() == 0
+    assert page.evaluate("window.pwned") is None
+
+    share = page.get_attribute("#share", "href")
+    page.goto(web.url + share)
+    assert page.text_content("#share-prompt").strip("\n") == PREFIX.strip("\n")
+    assert page.text_content("#share-suffix").strip("\n") == SUFFIX.strip("\n")
+    assert page.text_content("#output") == middle and page.text_content("#output-suffix") == SUFFIX
+    assert page.locator("#output-box img, #output-box script, #output-box b").count() == 0
+
+
+def test_a_model_without_fim_tokens_is_refused_beside_the_code(coder, page):
+    web, _ = coder
+    open_playground(page, web.url, model="plain")
+    page.check("#fim")
+    page.fill("#prompt", "def f(")
+    page.fill("#suffix", "):\n    pass\n")
+    page.click("#generate")
+    page.wait_for_selector("#state[data-state=error]", timeout=15_000)
+    assert "plain has no fill-in-the-middle tokens" in page.text_content("body")

@@ -94,6 +94,7 @@ class Plan:
     packages: bool
     device: str
     compile: bool
+    check_steps: int
 
 
 LOG_LINES: list[str] = []  # what log() printed, written to train.log with the checkpoint
@@ -224,9 +225,6 @@ def pack(out: Path, shards: list[str], dest: Path) -> list[str]:
 def run(plan: Plan, command: str) -> dict:
     clock = Timeline(plan.budget_minutes)
     device = torch.device(plan.device)
-    set_determinism(device, strict=False)
-    log(f"torch {torch.__version__} on {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}; "
-        f"budget {plan.budget_minutes} min")  # fmt: skip
 
     # 1. corpus
     corpus = corpus_lib.build_corpus(
@@ -236,8 +234,13 @@ def run(plan: Plan, command: str) -> dict:
     summary = corpus.summary()
     log(f"corpus: {summary['files']} files, {summary['bytes'] / 1e6:.0f} MB, {summary['splits']}, fingerprint "
         f"{corpus.fingerprint[:16]}, dropped {summary['dropped']}{' (TRUNCATED)' if corpus.truncated else ''}")  # fmt: skip
+    # (CUDA is first touched here: the corpus's worker processes are forked from a process without it)
+    log(f"torch {torch.__version__} on {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}; "
+        f"budget {plan.budget_minutes} min, {clock.elapsed():.0f} s used")  # fmt: skip
     keys = {s: corpus.keys(s) for s in ("train", "validation", "test")}
     texts = {s: corpus.texts(s) for s in ("train", "validation", "test")}
+
+    set_determinism(device, strict=False)
 
     # 2. tokenizer
     sample = tokenizer_sample(keys["train"], texts["train"], int(plan.tokenizer_sample_mb * 1e6))
@@ -282,6 +285,20 @@ def run(plan: Plan, command: str) -> dict:
             del model
         chosen = min(sweep, key=lambda r: r["val_loss"])["size"]
         log(f"sweep: {chosen} has the lowest validation loss")
+
+    # same seed, same curve: two fresh short runs of the chosen size must agree at every step
+    repeat_check = None
+    if plan.check_steps:
+        c = dataclasses.replace(train_config(plan, chosen, plan.check_steps), eval_every=plan.check_steps)
+        runs = [
+            fit(c, build_model(c, vocab, 0, device)[2], train_ids, val_ids, say=lambda m: None).history
+            for _ in range(2)
+        ]
+        repeat_check = {"steps": plan.check_steps, "identical": runs[0]["loss"] == runs[1]["loss"] and runs[0]["val_loss"] == runs[1]["val_loss"],
+                        "loss": runs[0]["loss"][-1]}  # fmt: skip
+        log(
+            f"repeatability: two {plan.check_steps}-step runs {'agree at every step' if repeat_check['identical'] else 'DIFFER'}"
+        )
 
     # 5. final run
     reserve = 60.0  # test bits per byte, saving, packing
@@ -338,6 +355,7 @@ def run(plan: Plan, command: str) -> dict:
         "training_bytes": train_bytes,
         "parameters": n_params,
         "sweep": sweep,
+        "repeat_check": repeat_check,
         "steps": steps,
         "tokens_seen": steps * tokens_per_step,
         "train_seconds": round(fitted.seconds, 1),
@@ -390,6 +408,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stdlib", default="", help="standard library directory (default: this interpreter's)")
     p.add_argument("--no-packages", dest="packages", action="store_false", help="the standard library only")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument(
+        "--check-steps", type=int, default=20, help="repeatability check: two runs this long (0: skip)"
+    )
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False)
     args = p.parse_args(argv)
     sizes = [s for s in args.sizes.split(",") if s]

@@ -367,7 +367,10 @@ def run(plan: Plan, command: str) -> dict:
         "history": fitted.history,
     }
     (out / "training.json").write_text(json.dumps(result, indent=1) + "\n")
-    plot_loss(fitted.history, out / "loss.png")
+    try:
+        plot_loss(fitted.history, out / "loss.png")
+    except Exception as exc:  # a missing plotting library must not cost the trained weights
+        log(f"loss.png not drawn: {exc}")
     (out / "train.log").write_text("\n".join(LOG_LINES) + "\n")
     packed = pack(out, shards, plan.pack) if plan.pack else []
     size_mb = sum((out / s).stat().st_size for s in shards) / 1e6

@@ -130,7 +130,7 @@ async def redis_back(jobs: JobClient, deadline: float) -> bool:
 
 
 # What a worker's heartbeat says of each model it serves that the web uses
-MODEL_INFO_KEYS = ("chat", "max_context", "sampling_defaults", "template_kwargs")
+MODEL_INFO_KEYS = ("chat", "base", "max_context", "sampling_defaults", "template_kwargs")
 
 
 def served_models(workers: list[dict]) -> dict[str, dict]:
@@ -143,6 +143,7 @@ def served_models(workers: list[dict]) -> dict[str, dict]:
     def unknown() -> dict:  # until a worker says
         return {
             "chat": False,
+            "base": False,
             "max_context": None,
             "sampling_defaults": {},
             "template_kwargs": False,

@@ -10,6 +10,7 @@ from inference.engine import Engine
 from inference.eval_default import check_completion, cut_at_column_zero
 from inference.events import Done, Prefilled, SamplingParams, TextDelta
 from inference.names import DEFAULT_MODEL_DIR
+from inference.tokenizer_build import CHAT_TEMPLATES, continues_code
 from inference.train import TrainConfig, bits_per_byte, split_of, stdlib_files, stdlib_root, train
 
 PROMPT = 'def clamp(value, low, high):\n    """Return value limited to the range [low, high]."""\n'
@@ -113,3 +114,8 @@ def test_training_is_reproducible(tmp_path):
     *_, done = trained.generate(trained.encode_prompt("def f(x):\n"), SamplingParams(max_new_tokens=4))
     assert done.stats.completion_tokens >= 1
     assert (tmp_path / "a/loss.png").stat().st_size > 0
+
+
+def test_the_default_model_is_a_base_model_the_page_invites_code_for(engine):
+    assert continues_code(engine.tokenizer.chat_template)  # its comment template: it continues code
+    assert not continues_code(CHAT_TEMPLATES["chatml"]) and continues_code(None)

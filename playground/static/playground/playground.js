@@ -95,6 +95,7 @@
       conversationTurns: "conversation-turns", conversationSummary: "conversation-summary",
       conversationNote: "conversation-note", conversationCount: "conversation-count",
       promptError: "prompt-error", shortcutKey: "shortcut-key", samplingHint: "sampling-hint",
+      baseHint: "base-hint",
     };
     for (const [key, id] of Object.entries(ids)) ui[key] = document.getElementById(id);
     if (!ui.app) return;

@@ -295,6 +295,17 @@ def share(results: list[dict], key: str) -> float:
     return sum(r[key] for r in results) / max(1, len(results))
 
 
+SECTIONS = ("speed", "sampled", "functions", "fim", "held-out", "bpb")
+
+
+def parse_overrides(text: str) -> dict:
+    """ "repetition_penalty=1.2,temperature=0.3" -> {"repetition_penalty": 1.2, "temperature": 0.3}."""
+    pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
+    if any(len(p) != 2 for p in pairs):
+        raise argparse.ArgumentTypeError(f"expected name=value pairs separated by commas, got {text!r}")
+    return {name.strip(): float(value) for name, value in pairs}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m inference.eval_default", description=__doc__.split("\n\n")[0]
@@ -307,77 +318,89 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=50)
     parser.add_argument("--max-new-tokens", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5, help="timed decode runs after one warm-up")
+    parser.add_argument(
+        "--only", default=",".join(SECTIONS), help="sections to run, from: " + ", ".join(SECTIONS)
+    )
     parser.add_argument("--skip-bpb", action="store_true", help="skip the (slow on CPU) bits-per-byte pass")
+    parser.add_argument("--sampling", type=parse_overrides, default={},
+                        help="override the page's sampling, e.g. repetition_penalty=1.2,temperature=0.3")  # fmt: skip
     parser.add_argument("--show", type=int, default=0, help="print the first N completions")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = parser.parse_args(argv)
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    if only - set(SECTIONS):
+        parser.error(f"--only: unknown sections {sorted(only - set(SECTIONS))}; known: {', '.join(SECTIONS)}")
+    if args.skip_bpb:
+        only.discard("bpb")
 
     engine = Engine.load(args.model, device=args.device)
+    engine.sampling_defaults = {**engine.sampling_defaults, **args.sampling}
     results: dict = {"model": str(args.model), "device": str(engine.device)}
     say = (lambda *a: None) if args.json else print
 
-    generate(engine, SPEED_PROMPT, 20)  # warm-up
-    speeds, lengths = [], []
-    for _ in range(args.repeats):
-        done = generate(engine, SPEED_PROMPT, args.max_new_tokens)
-        speeds.append(done.stats.decode_tok_s)
-        lengths.append(done.stats.completion_tokens)
-    results["decode_tok_s"] = statistics.median(speeds)
-    say(f"decode: {results['decode_tok_s']:.0f} tokens/s at batch 1 on {engine.device} (median of {args.repeats} "
-        f"runs of {statistics.median(lengths):.0f} tokens; all: {', '.join(f'{s:.0f}' for s in speeds)})")  # fmt: skip
+    if "speed" in only:
+        generate(engine, SPEED_PROMPT, 20)  # warm-up
+        speeds, lengths = [], []
+        for _ in range(args.repeats):
+            done = generate(engine, SPEED_PROMPT, args.max_new_tokens)
+            speeds.append(done.stats.decode_tok_s)
+            lengths.append(done.stats.completion_tokens)
+        results["decode_tok_s"] = statistics.median(speeds)
+        say(f"decode: {results['decode_tok_s']:.0f} tokens/s at batch 1 on {engine.device} (median of {args.repeats} "
+            f"runs of {statistics.median(lengths):.0f} tokens; all: {', '.join(f'{s:.0f}' for s in speeds)})")  # fmt: skip
 
-    start = time.perf_counter()
-    sampled = sampled_completions(engine)
-    loops, parsed_sampled = share(sampled, "loops"), share(sampled, "parses")
-    params = sampling_params(engine, 1, 0)
-    sampling = {k: getattr(params, k) for k in ("temperature", "top_p", "top_k", "repetition_penalty")}
-    results |= {"sampling": sampling, "loop_share": loops,
-                "sampled_parse_share": parsed_sampled}  # fmt: skip
-    say(f"page sampling ({', '.join(f'{k} {v}' for k, v in results['sampling'].items() if k in ('temperature', 'top_p', 'repetition_penalty'))}): "
-        f"{sum(r['loops'] for r in sampled)}/{len(sampled)} completions loop ({loops:.0%}), "
-        f"{sum(r['parses'] for r in sampled)}/{len(sampled)} parse ({parsed_sampled:.0%})  [{time.perf_counter() - start:.0f} s]")  # fmt: skip
-    for r in sampled[: args.show]:
-        say(
-            f"--- sampled ({'LOOPS' if r['loops'] else 'no loop'}, {'parses' if r['parses'] else 'does not parse'})\n{r['prompt']}{r['text']}"
-        )
-
-    start = time.perf_counter()
-    functions = simple_functions(engine)
-    results["unit_test_share"] = share(functions, "passes")
-    say(f"simple functions: {sum(r['passes'] for r in functions)}/{len(functions)} greedy bodies pass their unit test "
-        f"({results['unit_test_share']:.0%}): {', '.join(r['prompt'][4:].split('(')[0] for r in functions if r['passes'])}"
-        f"  [{time.perf_counter() - start:.0f} s]")  # fmt: skip
-
-    if has_fim(engine):
+    if "sampled" in only:
         start = time.perf_counter()
-        fim = fill_in_the_middle(engine, fim_cases(args.corpus))
-        results |= {
-            "fim_cases": len(fim),
-            "fim_parse_share": share(fim, "parses"),
-            "fim_exact_share": share(fim, "exact"),
-        }
-        say(f"fill-in-the-middle: {sum(r['parses'] for r in fim)}/{len(fim)} filled functions parse "
-            f"({results['fim_parse_share']:.0%}), {sum(r['exact'] for r in fim)} filled exactly  [{time.perf_counter() - start:.0f} s]")  # fmt: skip
-    else:
-        say("fill-in-the-middle: the tokenizer has no FIM tokens")
+        sampled = sampled_completions(engine)
+        params = sampling_params(engine, 1, 0)
+        sampling = {k: getattr(params, k) for k in ("temperature", "top_p", "top_k", "repetition_penalty")}
+        results |= {"sampling": sampling, "loop_share": share(sampled, "loops"), "sampled_parse_share": share(sampled, "parses")}  # fmt: skip
+        say(f"page sampling ({', '.join(f'{k} {v}' for k, v in sampling.items())}): "
+            f"{sum(r['loops'] for r in sampled)}/{len(sampled)} completions loop ({results['loop_share']:.0%}), "
+            f"{sum(r['parses'] for r in sampled)}/{len(sampled)} parse ({results['sampled_parse_share']:.0%})  "
+            f"[{time.perf_counter() - start:.0f} s]")  # fmt: skip
+        for r in sampled[: args.show]:
+            say(f"--- sampled ({'LOOPS' if r['loops'] else 'no loop'}, {'parses' if r['parses'] else 'does not parse'})\n{r['prompt']}{r['text']}")  # fmt: skip
 
-    prompts = function_prompts(args.corpus, args.prompts)
-    parsed = with_body = 0
-    start = time.perf_counter()
-    for i, (name, prompt) in enumerate(prompts):
-        done = generate(engine, prompt, args.max_new_tokens)
-        ok, body = check_completion(prompt, done.text)
-        parsed, with_body = parsed + ok, with_body + body
-        if i < args.show:
-            say(
-                f"--- {name} ({'parses' if ok else 'does not parse'})\n{prompt}{cut_at_column_zero(done.text)}"
-            )
-    n = len(prompts)
-    results |= {"prompts": n, "parse_share": parsed / n, "parse_with_body_share": with_body / n}
-    say(f"ast.parse: {parsed}/{n} completions parse ({parsed / n:.0%}); {with_body}/{n} parse and add code "
-        f"to the body ({with_body / n:.0%})  [{time.perf_counter() - start:.0f} s]")  # fmt: skip
+    if "functions" in only:
+        start = time.perf_counter()
+        functions = simple_functions(engine)
+        results["unit_test_share"] = share(functions, "passes")
+        passed = [r["prompt"][4:].split("(")[0] for r in functions if r["passes"]]
+        say(f"simple functions: {len(passed)}/{len(functions)} greedy bodies pass their unit test "
+            f"({results['unit_test_share']:.0%}): {', '.join(passed) or 'none'}  [{time.perf_counter() - start:.0f} s]")  # fmt: skip
+        for r in functions[: args.show]:
+            say(f"--- {'passes' if r['passes'] else 'fails'}\n{r['prompt']}{r['body']}")
 
-    if not args.skip_bpb:
+    if "fim" in only:
+        if has_fim(engine):
+            start = time.perf_counter()
+            fim = fill_in_the_middle(engine, fim_cases(args.corpus))
+            results |= {"fim_cases": len(fim), "fim_parse_share": share(fim, "parses"), "fim_exact_share": share(fim, "exact")}  # fmt: skip
+            say(f"fill-in-the-middle: {sum(r['parses'] for r in fim)}/{len(fim)} filled functions parse "
+                f"({results['fim_parse_share']:.0%}), {sum(r['exact'] for r in fim)} filled exactly  "
+                f"[{time.perf_counter() - start:.0f} s]")  # fmt: skip
+        else:
+            say("fill-in-the-middle: the tokenizer has no FIM tokens")
+
+    if "held-out" in only:
+        prompts = function_prompts(args.corpus, args.prompts)
+        parsed = with_body = 0
+        start = time.perf_counter()
+        for i, (name, prompt) in enumerate(prompts):
+            done = generate(engine, prompt, args.max_new_tokens)
+            ok, body = check_completion(prompt, done.text)
+            parsed, with_body = parsed + ok, with_body + body
+            if i < args.show:
+                say(
+                    f"--- {name} ({'parses' if ok else 'does not parse'})\n{prompt}{cut_at_column_zero(done.text)}"
+                )
+        n = len(prompts)
+        results |= {"prompts": n, "parse_share": parsed / n, "parse_with_body_share": with_body / n}
+        say(f"held-out functions, greedy: {parsed}/{n} completions parse ({parsed / n:.0%}); {with_body}/{n} parse "
+            f"and add code to the body ({with_body / n:.0%})  [{time.perf_counter() - start:.0f} s]")  # fmt: skip
+
+    if "bpb" in only:
         start = time.perf_counter()
         results["bits_per_byte"] = held_out_bits_per_byte(engine, args.corpus)
         files = len(held_out_files(args.corpus)[1])

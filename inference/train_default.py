@@ -272,6 +272,9 @@ def run(plan: Plan, command: str) -> dict:
     chosen, rates = plan.size, {}
     if not chosen:
         for size in plan.sizes:
+            if sweep and clock.left() < 4 * plan.sweep_seconds + 120:  # the final run's time comes first
+                log(f"sweep: {size} skipped, {clock.left():.0f} s left")
+                continue
             rates[size] = tokens_per_second(plan, size, vocab, train_ids, val_ids)
             steps = max(20, int(plan.sweep_seconds * rates[size] / tokens_per_step) // 10 * 10)
             c = train_config(plan, size, steps, max_minutes=1.5 * plan.sweep_seconds / 60)

@@ -1,13 +1,23 @@
-"""Benchmark the default model on what it was trained for, with files it never saw.
+"""Benchmark the default model on what it is for, with prompts and files it never saw.
 
-    python -m inference.eval_default [--model models/default] [--device cpu]
+    python -m inference.eval_default [--model models/default] [--device cpu] [--json]
 
-Prints three figures, all on the held-out 5% of the standard library (train.py's split):
-- bits per byte of the held-out files;
-- the share of 50 functions the model completes into code that `ast.parse` accepts: each prompt is a
-  held-out top-level `def` line plus its docstring, completed greedily for up to 200 new tokens and
-  cut at the first line that returns to column 0. A prompt alone already parses, so the share of
-  completions that parse *and* add at least one statement to the body is printed beside it;
+Figures (the prompts and tests of the first three are this project's own, inference/eval_prompts.py):
+- loops and parses at the page's sampling (temperature, top-p and any repetition penalty the
+  checkpoint's generation_config.json recommends, else the page's 0.2 / 0.95): 20 prompts, one seeded
+  sample each of up to 256 new tokens; a completion loops when a line of 3+ words recurs 3+ times or
+  fewer than half of its word 4-grams are distinct; it parses when the prompt plus its first
+  top-level block (a completion cut by the token limit loses its unfinished last line) is accepted
+  by `ast.parse`;
+- simple functions: 16 documented functions (clamp, gcd, factorial, is_prime, ...) whose greedy
+  body passes a one-line unit test, run in a separate, resource-limited interpreter (this command
+  executes model output; nothing in the product ever does);
+- fill-in-the-middle (models whose tokenizer has the FIM tokens): 40 held-out functions with one
+  statement of their body removed; the share whose filled source `ast.parse` accepts, and the share
+  filled exactly;
+- greedy completions of 50 held-out functions (def line and docstring) that parse, as before;
+- bits per byte of the held-out files: the old model's test split, the 88 standard-library files
+  whose path hash falls in buckets 0-4 (train.split_of), measured on this interpreter's library;
 - decode tokens/s at batch 1 through the engine (median of repeats after a warm-up).
 """
 
@@ -18,8 +28,11 @@ import ast
 import hashlib
 import json
 import os
+import resource
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 
@@ -27,9 +40,12 @@ import torch
 
 from common.events import Done, SamplingParams
 from inference.engine import DEFAULT_MODEL, Engine
+from inference.eval_prompts import SAMPLED_PROMPTS, SIMPLE_FUNCTIONS
+from inference.fim_training import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, psm_prompt
 from inference.train import bits_per_byte, read_source, split_of, stdlib_files, stdlib_root
 
 SPEED_PROMPT = "import os\n\n\ndef walk_tree(top):\n"
+PAGE_SAMPLING = {"temperature": 0.2, "top_p": 0.95}  # the page's form (playground/views.py FORM_DEFAULTS)
 
 
 def held_out_files(corpus: str = "") -> tuple:
@@ -119,6 +135,177 @@ def held_out_bits_per_byte(engine: Engine, corpus: str = "") -> float:
         torch.set_num_threads(threads)
 
 
+# --- loops and parses at the page's sampling ----------------------------------------------------------------
+
+
+def is_loop(text: str) -> bool:
+    """A line of 3+ words that recurs 3+ times, or word 4-grams less than half distinct (over 8+ of them)."""
+    lines = Counter(line.strip() for line in text.splitlines() if len(line.split()) >= 3)
+    if any(n >= 3 for n in lines.values()):
+        return True
+    words = text.split()
+    grams = [tuple(words[i : i + 4]) for i in range(len(words) - 3)]
+    return len(grams) >= 8 and len(set(grams)) < 0.5 * len(grams)
+
+
+def first_block(prompt: str, completion: str, truncated: bool) -> str:
+    """The completion up to where its first top-level block ends: the first column-0 line after the
+    prompt's open block (a prompt inside a def) or after the first top-level statement the completion
+    starts (a prompt of comments). A completion cut by the token limit loses its unfinished last line."""
+    if truncated and "\n" in completion:
+        completion = completion[: completion.rindex("\n") + 1]
+    last = next((line for line in reversed(prompt.splitlines()) if line.strip()), "")
+    inside = last[:1].isspace() or last.rstrip().endswith(":")
+    lines = completion.split("\n")
+    for i, line in enumerate(lines):
+        starts_statement = line[:1] not in ("", " ", "\t", "#", "@", ")", "]", "}")
+        if starts_statement:
+            if inside:
+                return "\n".join(lines[:i])
+            inside = True
+    return completion
+
+
+def parses(source: str) -> bool:
+    try:
+        ast.parse(source)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def sampling_params(engine: Engine, max_new_tokens: int, seed: int) -> SamplingParams:
+    """The page's sampling: its form's temperature and top-p unless the checkpoint recommends others, and
+    the checkpoint's repetition penalty (the worker applies a model's generation_config.json defaults)."""
+    chosen = PAGE_SAMPLING | {k: v for k, v in engine.sampling_defaults.items() if k != "max_new_tokens"}
+    return SamplingParams(max_new_tokens=max_new_tokens, seed=seed, **chosen)
+
+
+def sampled_completions(engine: Engine, max_new_tokens: int = 256) -> list[dict]:
+    """One seeded sample per SAMPLED_PROMPTS entry, sent as the page sends it (a chat message when the model
+    has a chat template): whether it loops and whether it parses."""
+    results = []
+    for i, prompt in enumerate(SAMPLED_PROMPTS):
+        chat = engine.tokenizer.has_chat_template
+        ids = (
+            engine.encode_prompt(messages=[{"role": "user", "content": prompt}], chat=True)
+            if chat
+            else engine.encode_prompt(prompt)
+        )
+        rendered = engine.tokenizer.decode(ids)
+        *_, done = engine.generate(ids, sampling_params(engine, max_new_tokens, seed=i))
+        block = first_block(rendered, done.text, done.finish_reason == "length")
+        results.append({"prompt": prompt, "text": done.text, "loops": is_loop(done.text),
+                        "parses": parses(rendered + block)})  # fmt: skip
+    return results
+
+
+# --- simple functions, unit-tested ------------------------------------------------------------------------------
+
+
+def _limits() -> (
+    None
+):  # in the child, before it runs anything: 2 s of CPU, 512 MiB of memory, no files written
+    resource.setrlimit(resource.RLIMIT_CPU, (2, 2))
+    resource.setrlimit(resource.RLIMIT_AS, (512 * 1024**2, 512 * 1024**2))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+
+def passes_test(source: str, test: str, timeout_s: float = 5.0) -> bool:
+    """Whether `source` followed by the one-line `test` runs to the end: in a fresh isolated interpreter
+    (-I: no user site, no environment), in an empty folder, with CPU, memory and file-size limits."""
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            run = subprocess.run([sys.executable, "-I", "-c", f"{source}\n{test}\n"], cwd=folder, env={},
+                                 capture_output=True, timeout=timeout_s, preexec_fn=_limits)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return False
+    return run.returncode == 0
+
+
+def simple_functions(engine: Engine, max_new_tokens: int = 160) -> list[dict]:
+    results = []
+    for prompt, test in SIMPLE_FUNCTIONS:
+        done = generate(engine, prompt, max_new_tokens)
+        body = cut_at_column_zero(done.text)
+        results.append({"prompt": prompt, "body": body, "passes": passes_test(prompt + body, test)})
+    return results
+
+
+# --- fill-in-the-middle ------------------------------------------------------------------------------------------
+
+
+def has_fim(engine: Engine) -> bool:
+    # a special token encodes to its one id; without it, its spelling is several ordinary tokens
+    return all(
+        len(engine.tokenizer.encode(t, add_special=False)) == 1 for t in (FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX)
+    )
+
+
+def fim_cases(corpus: str = "", count: int = 40, per_file: int = 3, max_chars: int = 2500) -> list[dict]:
+    """Held-out top-level functions with one statement of the body removed: {name, prefix, middle, suffix}.
+    The statement (not the docstring, at most 4 lines) and the functions are chosen in the order of a hash
+    of file and name, at most `per_file` from one file."""
+    root, files = held_out_files(corpus)
+    found = []
+    for rel in files:
+        source = read_source(root, rel)
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            continue
+        lines = source.splitlines(keepends=True)
+        for node in tree.body:
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+            spans = [(s.lineno, s.end_lineno) for s in body if s.end_lineno - s.lineno < 4]
+            start = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+            text = "".join(lines[start - 1 : node.end_lineno])
+            if len(body) < 2 or not spans or len(text) > max_chars:
+                continue
+            key = hashlib.sha256(f"{rel}:{node.name}".encode()).digest()
+            first, last = spans[key[0] % len(spans)]
+            found.append((key, rel, {
+                "name": f"{rel}:{node.name}",
+                "prefix": "".join(lines[start - 1 : first - 1]),
+                "middle": "".join(lines[first - 1 : last]),
+                "suffix": "".join(lines[last : node.end_lineno]),
+            }))  # fmt: skip
+    chosen, taken = [], Counter()
+    for _, rel, case in sorted(found, key=lambda f: f[0]):
+        if taken[rel] < per_file and len(chosen) < count:
+            taken[rel] += 1
+            chosen.append(case)
+    return chosen
+
+
+def fill_in_the_middle(engine: Engine, cases: list[dict], max_new_tokens: int = 96) -> list[dict]:
+    results = []
+    for case in cases:
+        ids = engine.tokenizer.encode(psm_prompt(case["prefix"], case["suffix"]), add_special=False)
+        *_, done = engine.generate(ids, SamplingParams(max_new_tokens=max_new_tokens, temperature=0))
+        filled = case["prefix"] + done.text + case["suffix"]
+        results.append({"name": case["name"], "middle": done.text, "parses": parses(filled),
+                        "exact": done.text.strip() == case["middle"].strip()})  # fmt: skip
+    return results
+
+
+def share(results: list[dict], key: str) -> float:
+    return sum(r[key] for r in results) / max(1, len(results))
+
+
+SECTIONS = ("speed", "sampled", "functions", "fim", "held-out", "bpb")
+
+
+def parse_overrides(text: str) -> dict:
+    """ "repetition_penalty=1.2,temperature=0.3" -> {"repetition_penalty": 1.2, "temperature": 0.3}."""
+    pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
+    if any(len(p) != 2 for p in pairs):
+        raise argparse.ArgumentTypeError(f"expected name=value pairs separated by commas, got {text!r}")
+    return {name.strip(): float(value) for name, value in pairs}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m inference.eval_default", description=__doc__.split("\n\n")[0]
@@ -131,42 +318,89 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=50)
     parser.add_argument("--max-new-tokens", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5, help="timed decode runs after one warm-up")
+    parser.add_argument(
+        "--only", default=",".join(SECTIONS), help="sections to run, from: " + ", ".join(SECTIONS)
+    )
     parser.add_argument("--skip-bpb", action="store_true", help="skip the (slow on CPU) bits-per-byte pass")
+    parser.add_argument("--sampling", type=parse_overrides, default={},
+                        help="override the page's sampling, e.g. repetition_penalty=1.2,temperature=0.3")  # fmt: skip
     parser.add_argument("--show", type=int, default=0, help="print the first N completions")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = parser.parse_args(argv)
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    if only - set(SECTIONS):
+        parser.error(f"--only: unknown sections {sorted(only - set(SECTIONS))}; known: {', '.join(SECTIONS)}")
+    if args.skip_bpb:
+        only.discard("bpb")
 
     engine = Engine.load(args.model, device=args.device)
+    engine.sampling_defaults = {**engine.sampling_defaults, **args.sampling}
     results: dict = {"model": str(args.model), "device": str(engine.device)}
     say = (lambda *a: None) if args.json else print
 
-    generate(engine, SPEED_PROMPT, 20)  # warm-up
-    speeds, lengths = [], []
-    for _ in range(args.repeats):
-        done = generate(engine, SPEED_PROMPT, args.max_new_tokens)
-        speeds.append(done.stats.decode_tok_s)
-        lengths.append(done.stats.completion_tokens)
-    results["decode_tok_s"] = statistics.median(speeds)
-    say(f"decode: {results['decode_tok_s']:.0f} tokens/s at batch 1 on {engine.device} (median of {args.repeats} "
-        f"runs of {statistics.median(lengths):.0f} tokens; all: {', '.join(f'{s:.0f}' for s in speeds)})")  # fmt: skip
+    if "speed" in only:
+        generate(engine, SPEED_PROMPT, 20)  # warm-up
+        speeds, lengths = [], []
+        for _ in range(args.repeats):
+            done = generate(engine, SPEED_PROMPT, args.max_new_tokens)
+            speeds.append(done.stats.decode_tok_s)
+            lengths.append(done.stats.completion_tokens)
+        results["decode_tok_s"] = statistics.median(speeds)
+        say(f"decode: {results['decode_tok_s']:.0f} tokens/s at batch 1 on {engine.device} (median of {args.repeats} "
+            f"runs of {statistics.median(lengths):.0f} tokens; all: {', '.join(f'{s:.0f}' for s in speeds)})")  # fmt: skip
 
-    prompts = function_prompts(args.corpus, args.prompts)
-    parsed = with_body = 0
-    start = time.perf_counter()
-    for i, (name, prompt) in enumerate(prompts):
-        done = generate(engine, prompt, args.max_new_tokens)
-        ok, body = check_completion(prompt, done.text)
-        parsed, with_body = parsed + ok, with_body + body
-        if i < args.show:
-            say(
-                f"--- {name} ({'parses' if ok else 'does not parse'})\n{prompt}{cut_at_column_zero(done.text)}"
-            )
-    n = len(prompts)
-    results |= {"prompts": n, "parse_share": parsed / n, "parse_with_body_share": with_body / n}
-    say(f"ast.parse: {parsed}/{n} completions parse ({parsed / n:.0%}); {with_body}/{n} parse and add code "
-        f"to the body ({with_body / n:.0%})  [{time.perf_counter() - start:.0f} s]")  # fmt: skip
+    if "sampled" in only:
+        start = time.perf_counter()
+        sampled = sampled_completions(engine)
+        params = sampling_params(engine, 1, 0)
+        sampling = {k: getattr(params, k) for k in ("temperature", "top_p", "top_k", "repetition_penalty")}
+        results |= {"sampling": sampling, "loop_share": share(sampled, "loops"), "sampled_parse_share": share(sampled, "parses")}  # fmt: skip
+        say(f"page sampling ({', '.join(f'{k} {v}' for k, v in sampling.items())}): "
+            f"{sum(r['loops'] for r in sampled)}/{len(sampled)} completions loop ({results['loop_share']:.0%}), "
+            f"{sum(r['parses'] for r in sampled)}/{len(sampled)} parse ({results['sampled_parse_share']:.0%})  "
+            f"[{time.perf_counter() - start:.0f} s]")  # fmt: skip
+        for r in sampled[: args.show]:
+            say(f"--- sampled ({'LOOPS' if r['loops'] else 'no loop'}, {'parses' if r['parses'] else 'does not parse'})\n{r['prompt']}{r['text']}")  # fmt: skip
 
-    if not args.skip_bpb:
+    if "functions" in only:
+        start = time.perf_counter()
+        functions = simple_functions(engine)
+        results["unit_test_share"] = share(functions, "passes")
+        passed = [r["prompt"][4:].split("(")[0] for r in functions if r["passes"]]
+        say(f"simple functions: {len(passed)}/{len(functions)} greedy bodies pass their unit test "
+            f"({results['unit_test_share']:.0%}): {', '.join(passed) or 'none'}  [{time.perf_counter() - start:.0f} s]")  # fmt: skip
+        for r in functions[: args.show]:
+            say(f"--- {'passes' if r['passes'] else 'fails'}\n{r['prompt']}{r['body']}")
+
+    if "fim" in only:
+        if has_fim(engine):
+            start = time.perf_counter()
+            fim = fill_in_the_middle(engine, fim_cases(args.corpus))
+            results |= {"fim_cases": len(fim), "fim_parse_share": share(fim, "parses"), "fim_exact_share": share(fim, "exact")}  # fmt: skip
+            say(f"fill-in-the-middle: {sum(r['parses'] for r in fim)}/{len(fim)} filled functions parse "
+                f"({results['fim_parse_share']:.0%}), {sum(r['exact'] for r in fim)} filled exactly  "
+                f"[{time.perf_counter() - start:.0f} s]")  # fmt: skip
+        else:
+            say("fill-in-the-middle: the tokenizer has no FIM tokens")
+
+    if "held-out" in only:
+        prompts = function_prompts(args.corpus, args.prompts)
+        parsed = with_body = 0
+        start = time.perf_counter()
+        for i, (name, prompt) in enumerate(prompts):
+            done = generate(engine, prompt, args.max_new_tokens)
+            ok, body = check_completion(prompt, done.text)
+            parsed, with_body = parsed + ok, with_body + body
+            if i < args.show:
+                say(
+                    f"--- {name} ({'parses' if ok else 'does not parse'})\n{prompt}{cut_at_column_zero(done.text)}"
+                )
+        n = len(prompts)
+        results |= {"prompts": n, "parse_share": parsed / n, "parse_with_body_share": with_body / n}
+        say(f"held-out functions, greedy: {parsed}/{n} completions parse ({parsed / n:.0%}); {with_body}/{n} parse "
+            f"and add code to the body ({with_body / n:.0%})  [{time.perf_counter() - start:.0f} s]")  # fmt: skip
+
+    if "bpb" in only:
         start = time.perf_counter()
         results["bits_per_byte"] = held_out_bits_per_byte(engine, args.corpus)
         files = len(held_out_files(args.corpus)[1])

@@ -72,6 +72,13 @@ CHAT_TEMPLATES: dict[str, str] = {
 }
 CHAT_TEMPLATES["laneformer"] = CHAT_TEMPLATES["llama2"]
 
+
+def continues_code(chat_template: str | None) -> bool:
+    """Whether a checkpoint is a base model, which continues what it is given (no chat template, or the
+    comment template of a base code model) rather than answers requests: the page invites code for it."""
+    return chat_template is None or chat_template == CHAT_TEMPLATES["pycomment"]
+
+
 SPIECE_UNDERLINE = "▁"
 # The pre-tokenizer regex of Qwen2 / Llama 3 (numbers in groups of up to 3). Unlike GPT-2's, it keeps a
 # newline apart from the next line's indentation ("\n", "   ", " return"), so a prompt that ends with

@@ -203,14 +203,113 @@ def bits_per_byte(
     return nats / math.log(2) / n_bytes
 
 
+def set_determinism(device: torch.device, strict: bool) -> None:
+    """CPU kernels are deterministic already; on CUDA ask for the deterministic ones (strict: an op without one
+    raises; else it warns, names the op, and runs)."""
+    if device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=not strict)
+
+
+def build_model(
+    c: TrainConfig, vocab_size: int, eos_id: int, device: torch.device
+) -> tuple[dict, ModelConfig, Transformer]:
+    """(config.json's dict, the parsed config, a freshly initialised model) for c's sizes and seed."""
+    hf_config = model_config_json(c, vocab_size, eos_id)
+    cfg = ModelConfig.from_hf(hf_config)
+    model = Transformer(cfg, device=device)
+    model.init_weights(generator=torch.Generator(device=device).manual_seed(c.seed))
+    return hf_config, cfg, model
+
+
+@dataclass
+class Fitted:
+    history: dict  # step, loss, lr, val_step, val_loss
+    seconds: float
+    stopped_early: int | None  # the step --max-minutes stopped at
+
+
+def fit(
+    c: TrainConfig, model: Transformer, train_ids: torch.Tensor, val_ids: torch.Tensor, say=None
+) -> Fitted:
+    """Train `model` in place for c.steps steps of c.batch_size random windows of train_ids (a token
+    stream), validating on the first c.eval_windows windows of val_ids every c.eval_every steps."""
+    say = say or log
+    device = model.tok_embeddings.device
+    torch.manual_seed(c.seed)
+    norms = set(norm_names(model))
+    decay = [p for n, p in model.named_parameters() if n not in norms]
+    no_decay = [p for n, p in model.named_parameters() if n in norms]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": c.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=c.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda",
+    )  # fmt: skip
+
+    def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = model(x)  # [B, T, V] fp32
+        return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+    on_cuda = device.type == "cuda"
+    step_loss = torch.compile(loss_fn) if on_cuda and c.compile else loss_fn
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=on_cuda)
+
+    train_ids = train_ids.to(device)
+    val_x, val_y = (t.to(device).long() for t in windows(val_ids, c.seq_len, c.eval_windows))
+    positions = torch.arange(c.seq_len + 1, device=device)
+    batch_gen = torch.Generator().manual_seed(c.seed + 1)  # batches: CPU generator, same on every device
+
+    @torch.no_grad()
+    def validation_loss() -> float:
+        with autocast:
+            losses = [step_loss(val_x[i : i + c.batch_size], val_y[i : i + c.batch_size])
+                      for i in range(0, len(val_x), c.batch_size)]  # fmt: skip
+        return float(torch.stack(losses).mean())
+
+    history = {"step": [], "loss": [], "lr": [], "val_step": [], "val_loss": []}
+    pending: list[torch.Tensor] = []
+    t_train = time.time()
+    stopped_early = None
+    for step in range(c.steps):
+        lr = lr_at(step, c)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        starts = torch.randint(0, len(train_ids) - c.seq_len - 1, (c.batch_size,), generator=batch_gen)
+        chunk = train_ids[starts.to(device)[:, None] + positions].long()  # [B, T+1]
+        with autocast:
+            loss = step_loss(chunk[:, :-1], chunk[:, 1:])
+        loss.backward()
+        share_norm_grads(model)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        pending.append(loss.detach())
+        history["step"].append(step)
+        history["lr"].append(lr)
+
+        last = step == c.steps - 1
+        over_time = c.max_minutes and time.time() - t_train > 60 * c.max_minutes
+        evaluate = (step + 1) % c.eval_every == 0 or last or over_time
+        if (step + 1) % 10 == 0 or evaluate:
+            history["loss"] += torch.stack(pending).float().tolist()  # one host sync per 10 steps
+            pending.clear()
+        if evaluate:
+            val = validation_loss()
+            history["val_step"].append(step)
+            history["val_loss"].append(val)
+            tokens_per_s = (step + 1) * c.batch_size * c.seq_len / (time.time() - t_train)
+            say(f"step {step + 1:5d}/{c.steps}  loss {history['loss'][-1]:.4f}  val {val:.4f}  "
+                f"lr {lr:.2e}  {tokens_per_s / 1e3:.0f} k tok/s  {time.time() - t_train:.0f} s")  # fmt: skip
+        if over_time and not last:
+            stopped_early = step + 1
+            say(f"stopping at step {step + 1}: past --max-minutes {c.max_minutes}")
+            break
+    return Fitted(history, time.time() - t_train, stopped_early)
+
+
 def train(c: TrainConfig, command: str = "") -> dict:
     t_start = time.time()
     device = torch.device(c.device)
-    torch.manual_seed(c.seed)
-    if device.type == "cuda":
-        # CPU kernels are deterministic already; on CUDA ask for the deterministic ones (a warning names any op without one).
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=not c.deterministic)
+    set_determinism(device, c.deterministic)
 
     root = stdlib_root(c.corpus)
     files = stdlib_files(root)
@@ -234,82 +333,16 @@ def train(c: TrainConfig, command: str = "") -> dict:
     log(f"tokenizer: {tok.get_vocab_size()} tokens; {len(train_ids) / 1e6:.2f} M training tokens "
         f"({sum(len(t.encode()) for t in train_texts) / len(train_ids):.2f} bytes/token)")  # fmt: skip
 
-    hf_config = model_config_json(c, tok.get_vocab_size(), eos_id)
-    cfg = ModelConfig.from_hf(hf_config)
-    model = Transformer(cfg, device=device)
-    model.init_weights(generator=torch.Generator(device=device).manual_seed(c.seed))
+    torch.manual_seed(c.seed)
+    hf_config, cfg, model = build_model(c, tok.get_vocab_size(), eos_id, device)
     n_params = sum(p.numel() for p in model.parameters())
     log(
         f"model: {n_params / 1e6:.2f} M parameters, {c.num_layers} layers x {c.num_lanes} lanes, D {c.hidden_size}"
     )
-
-    norms = set(norm_names(model))
-    decay = [p for n, p in model.named_parameters() if n not in norms]
-    no_decay = [p for n, p in model.named_parameters() if n in norms]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": c.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=c.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda",
-    )  # fmt: skip
-
-    def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        logits = model(x)  # [B, T, V] fp32
-        return F.cross_entropy(logits.flatten(0, 1), y.flatten())
-
+    fitted = fit(c, model, train_ids, val_ids)
+    history, train_seconds, stopped_early = fitted.history, fitted.seconds, fitted.stopped_early
     on_cuda = device.type == "cuda"
-    step_loss = torch.compile(loss_fn) if on_cuda and c.compile else loss_fn
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=on_cuda)
-
-    train_ids = train_ids.to(device)
-    val_x, val_y = (t.to(device) for t in windows(val_ids, c.seq_len, c.eval_windows))
-    positions = torch.arange(c.seq_len + 1, device=device)
-    batch_gen = torch.Generator().manual_seed(c.seed + 1)  # batches: CPU generator, same on every device
-
-    @torch.no_grad()
-    def validation_loss() -> float:
-        with autocast:
-            losses = [step_loss(val_x[i : i + c.batch_size], val_y[i : i + c.batch_size])
-                      for i in range(0, len(val_x), c.batch_size)]  # fmt: skip
-        return float(torch.stack(losses).mean())
-
-    history = {"step": [], "loss": [], "lr": [], "val_step": [], "val_loss": []}
-    pending: list[torch.Tensor] = []
-    t_train = time.time()
-    stopped_early = None
-    for step in range(c.steps):
-        lr = lr_at(step, c)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        starts = torch.randint(0, len(train_ids) - c.seq_len - 1, (c.batch_size,), generator=batch_gen)
-        chunk = train_ids[starts.to(device)[:, None] + positions]  # [B, T+1]
-        with autocast:
-            loss = step_loss(chunk[:, :-1], chunk[:, 1:])
-        loss.backward()
-        share_norm_grads(model)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        pending.append(loss.detach())
-        history["step"].append(step)
-        history["lr"].append(lr)
-
-        last = step == c.steps - 1
-        over_time = c.max_minutes and time.time() - t_train > 60 * c.max_minutes
-        evaluate = (step + 1) % c.eval_every == 0 or last or over_time
-        if (step + 1) % 10 == 0 or evaluate:
-            history["loss"] += torch.stack(pending).float().tolist()  # one host sync per 10 steps
-            pending.clear()
-        if evaluate:
-            val = validation_loss()
-            history["val_step"].append(step)
-            history["val_loss"].append(val)
-            tokens_per_s = (step + 1) * c.batch_size * c.seq_len / (time.time() - t_train)
-            log(f"step {step + 1:5d}/{c.steps}  loss {history['loss'][-1]:.4f}  val {val:.4f}  "
-                f"lr {lr:.2e}  {tokens_per_s / 1e3:.0f} k tok/s  {time.time() - t_start:.0f} s")  # fmt: skip
-        if over_time and not last:
-            stopped_early = step + 1
-            log(f"stopping at step {step + 1}: past --max-minutes {c.max_minutes}")
-            break
-    train_seconds = time.time() - t_train
     test_texts = [read_source(root, f) for f in test_files]
     with autocast:
         test_bpb = bits_per_byte(model, token_stream(tok, test_texts, eos_id), sum(len(t.encode()) for t in test_texts),

@@ -51,6 +51,7 @@ from inference.config import env_max_context, env_prefix_slots
 from inference.failures import is_device_error, is_memory_error
 from inference.standin import PREFIX as STANDIN_PREFIX
 from inference.standin import StandinEngine
+from inference.tokenizer_build import continues_code
 
 log = logging.getLogger("inference.worker")
 
@@ -205,6 +206,8 @@ class Worker:
             "model_info": {
                 name: {
                     "chat": bool(getattr(engine.tokenizer, "has_chat_template", False)),
+                    # a base model continues code: the page's placeholder is code for it, a request for a chat model
+                    "base": continues_code(getattr(engine.tokenizer, "chat_template", None)),
                     "max_context": engine.max_context,
                     "sampling_defaults": getattr(engine, "sampling_defaults", {}),
                     "template_kwargs": True,  # it renders a job's template_kwargs (the web asks before sending)

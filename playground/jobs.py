@@ -33,6 +33,8 @@ PARAM_FIELDS = {
     "repetition_penalty": "repetition_penalty",
     "seed": "seed",
 }
+# Settings the page has no field for: a request that leaves them out gets the model's recommended ones
+PAGE_LESS_PARAMS = ("top_k", "repetition_penalty")
 
 
 def job_client() -> JobClient:
@@ -146,7 +148,8 @@ async def redis_back(jobs: JobClient, deadline: float) -> bool:
 
 # What a worker's heartbeat says of each model it serves that the web uses
 MODEL_INFO_KEYS = (
-    "chat", "max_context", "sampling_defaults", "template_kwargs", "fim", "fim_tokens", "logprobs", "tokenize"
+    "chat", "base", "max_context", "sampling_defaults", "template_kwargs", "fim", "fim_tokens", "logprobs",
+    "tokenize",
 )  # fmt: skip
 
 
@@ -161,6 +164,7 @@ def served_models(workers: list[dict]) -> dict[str, dict]:
     def unknown() -> dict:  # until a worker says
         return {
             "chat": False,
+            "base": False,
             "max_context": None,
             "sampling_defaults": {},
             "template_kwargs": False,
@@ -293,6 +297,11 @@ def spec_from_frame(frame: dict, models: dict[str, dict]) -> JobSpec:
         for name, field in PARAM_FIELDS.items()
         if frame.get(name) is not None
     }
+    # what the page has no field for, the model's generation_config.json recommends: its repetition guard
+    recommended = models[model].get("sampling_defaults") or {}
+    for field in PAGE_LESS_PARAMS:
+        if field not in params and recommended.get(field) is not None:
+            params[field] = clamp(field, recommended[field])
     try:
         SamplingParams(**params)
     except InvalidRequest as exc:

@@ -98,6 +98,7 @@
       promptError: "prompt-error", shortcutKey: "shortcut-key", samplingHint: "sampling-hint",
       fim: "fim", suffix: "suffix", suffixField: "suffix-field", promptLabel: "prompt-label",
       outputSuffix: "output-suffix",
+      baseHint: "base-hint",
     };
     for (const [key, id] of Object.entries(ids)) ui[key] = document.getElementById(id);
     if (!ui.app) return;

@@ -8,7 +8,8 @@
  * Owns: which fields the person chose (state.chosen, saved with the form by store.js).
  * Exposes kogPage.settings:
  *   choose(field)    the person set this field (temperature, top_p, max_tokens): the model leaves it alone
- *   followModel()    the unchosen fields to the selected model's recommendation, else the page's default
+ *   followModel()    the unchosen fields to the selected model's recommendation, else the page's default;
+ *                    the prompt's placeholder and hint to the model's kind (base: code; chat: a request)
  */
 (function () {
   "use strict";
@@ -42,11 +43,22 @@
       input.value = String(value);
       followed.push(`${LABELS[field]} ${value}`);
     }
+    showPromptKind(name);
     ui.samplingHint.hidden = !followed.length;
     const said = followed.join(", ");
     page.view.setText(ui.samplingHint, followed.length
       ? `${said[0].toUpperCase()}${said.slice(1)}: what ${name} recommends (its generation_config.json).` : "");
     page.view.updateTokenLimit();
+  }
+
+  // A base model continues code: the placeholder is a function's start and a line under the prompt says
+  // so; a chat model's placeholder is a request. A conversation's follow-up hint stays (conversation.js).
+  function showPromptKind(name) {
+    const base = !!(state.models[name] || {}).base;
+    const prompt = ui.prompt;
+    prompt.dataset.placeholder = base ? prompt.dataset.codePlaceholder : prompt.dataset.chatPlaceholder;
+    if (!state.conversation.length) prompt.placeholder = prompt.dataset.placeholder;
+    ui.baseHint.hidden = !base;
   }
 
   page.settings = { choose, followModel };

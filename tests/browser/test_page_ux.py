@@ -1408,6 +1408,22 @@ def sampling_fields(page) -> tuple[str, str, str]:
     return tuple(page.input_value(f"#{field}") for field in ("temperature", "top-p", "max-tokens"))
 
 
+def test_a_base_model_invites_code_and_a_chat_model_a_request(server, advised_model, page):
+    open_playground(page, server.url, model=MODEL)  # the stand-in has no chat template: it continues text
+    placeholder = page.get_attribute("#prompt", "placeholder")
+    assert placeholder.startswith('def merge_sorted(a, b):\n    """Merge two sorted lists')
+    assert page.is_visible("#base-hint")
+    assert page.text_content("#base-hint").startswith("This model continues code: start a function")
+    page.select_option("#model", advised_model)  # ChatML: a chat model, which answers requests
+    page.wait_for_function("() => document.getElementById('base-hint').hidden")
+    assert (
+        page.get_attribute("#prompt", "placeholder")
+        == "Write a Python function that merges two sorted lists."
+    )
+    page.select_option("#model", MODEL)
+    assert page.get_attribute("#prompt", "placeholder") == placeholder and page.is_visible("#base-hint")
+
+
 def test_the_sampling_fields_follow_the_models_advice_until_the_person_sets_them(server, advised_model, page):
     open_playground(page, server.url, model=advised_model)
     page.wait_for_function("() => document.getElementById('temperature').value === '0.6'")

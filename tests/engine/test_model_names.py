@@ -130,6 +130,7 @@ def test_the_model_list_holds_still_however_the_heartbeats_fall(settings):
     models = served_models(beats)
     assert models["my-coder-ft"] == {
         "chat": True,
+        "base": False,  # a heartbeat that does not say it continues code: the page invites a request
         "max_context": 4096,
         "sampling_defaults": {"temperature": 0.7},
         "template_kwargs": False,

@@ -1,0 +1,215 @@
+"""Write models/default/README.md (the model card) from what training and evaluation recorded.
+
+    python -m inference.eval_default --model models/default --json > /tmp/new.json
+    python -m inference.eval_default --model /tmp/old-default --json > /tmp/old.json   # the model it replaces
+    python scripts/model_card.py --new /tmp/new.json --old /tmp/old.json [--machine "this project's 2-core CPU"]
+
+Everything in the card comes from models/default's config.json, generation_config.json and
+training.json and from the two evaluations, so the card says what the files say.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The replaced model's figures as its card gave them (eval_default of that time), for what the old
+# evaluation did not measure again.
+OLD_CARD = {"bits_per_byte": 0.9855, "parse_share": 0.62, "decode_tok_s": 360.0}
+
+
+def percent(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.0%}"
+
+
+def number(x: float | None, digits: int = 4) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def figures_table(new: dict, old: dict) -> str:
+    rows = [
+        ("loops at the page's sampling (20 prompts; goal <= 10%)", percent(new.get("loop_share")), percent(old.get("loop_share"))),
+        ("sampled completions that parse (goal >= 80%)", percent(new.get("sampled_parse_share")), percent(old.get("sampled_parse_share"))),
+        ("simple functions whose greedy body passes its unit test (16; goal >= 25%)", percent(new.get("unit_test_share")), percent(old.get("unit_test_share"))),
+        ("fill-in-the-middle: filled held-out functions that parse (40; goal >= 70%)", percent(new.get("fim_parse_share")), "no FIM tokens"),
+        ("fill-in-the-middle: filled exactly", percent(new.get("fim_exact_share")), "no FIM tokens"),
+        ("held-out functions, greedy completions that parse (50)", percent(new.get("parse_share")), percent(old.get("parse_share", OLD_CARD["parse_share"]))),
+        ("bits per byte, the old test split (88 standard-library files; goal < 0.9855)", number(new.get("bits_per_byte")), number(old.get("bits_per_byte", OLD_CARD["bits_per_byte"]))),
+        ("decode tokens/s, batch 1, CPU, median (goal >= 100)", number(new.get("decode_tok_s"), 0), number(old.get("decode_tok_s"), 0)),
+    ]  # fmt: skip
+    lines = ["| | this model | the model it replaces |", "| --- | --- | --- |"]
+    lines += [f"| {a} | **{b}** | {c} |" for a, b, c in rows]
+    return "\n".join(lines)
+
+
+def packages_table(packages: list[dict]) -> tuple[str, str]:
+    kept = [p for p in packages if p["permissive"] and p["files"]]
+    left = [p for p in packages if not p["permissive"]]
+    rows = ["| package | version | licence | files | MB |", "| --- | --- | --- | --- | --- |"]
+    rows += [
+        f"| {p['name']} | {p['version']} | {p['licence'][:80]} | {p['files']:,} | {p['bytes'] / 1e6:.1f} |"
+        for p in kept
+    ]
+    out = ", ".join(f"{p['name']} {p['version']} ({p['licence'][:60]})" for p in left) or "none"
+    return "\n".join(rows), out
+
+
+def card(model_dir: Path, new: dict, old: dict, machine: str) -> str:
+    config = json.loads((model_dir / "config.json").read_text())
+    generation = json.loads((model_dir / "generation_config.json").read_text())
+    training = json.loads((model_dir / "training.json").read_text())
+    corpus, settings, plan = training["corpus"], training["settings"], training["plan"]
+    params = training["parameters"]
+    weights = sorted(model_dir.glob("*.safetensors"))
+    weight_mb = sum(w.stat().st_size for w in weights) / 1e6
+    kept_table, left_out = packages_table(corpus["packages"])
+    layers, window_layers = config["num_hidden_layers"], config["sliding_window_n_layers"]
+    sweep_rows = "\n".join(
+        f"| {r['size']} | {r['parameters'] / 1e6:.1f} M | {r['steps']:,} | {r['tokens'] / 1e6:.0f} M | {r['val_loss']:.4f} |"
+        for r in training["sweep"]
+    )  # fmt: skip
+    sampling = ", ".join(
+        f"{k} {generation[k]}" for k in ("temperature", "top_p", "repetition_penalty") if k in generation
+    )
+    repeat = training.get("repeat_check") or {}
+    dropped = ", ".join(f"{reason} {count:,}" for reason, count in corpus["dropped"].items())
+    return f"""# default: a {params / 1e6:.0f} M-parameter Laneformer that writes and fills in Python
+
+The model the playground, the CLI and the worker run when no other model is named, and the one every
+end-to-end test and CI run uses. It is trained from scratch by this repository
+([`inference/train_default.py`](../../inference/train_default.py)) on permissively licensed Python that
+was already installed on the training machine (the standard library and the installed packages'
+sources), so it needs nothing downloaded, and it is small enough to stream code in real time on a
+2-core CPU. It is a real Laneformer (`model_type: laneformer_tp`): {config["num_lanes"]} lanes, broadcast delay
+{config["broadcast_delay"]}, the first {window_layers} of {layers} layers windowed, so it runs the same code path as the 2B
+model, only smaller. It is a base model: it continues code, and it fills in the middle.
+
+| | |
+| --- | --- |
+| architecture | Laneformer, {layers} layers, {config["num_lanes"]} lanes, broadcast delay {config["broadcast_delay"]} (`use_comm`, `use_early_comm`), D {config["hidden_size"]}, {config["num_attention_heads"]} query / {config["num_key_value_heads"]} KV heads (head dim {config["hidden_size"] // config["num_attention_heads"]}), FFN {config["intermediate_size"]}, RoPE theta {config["rope_theta"]:,.0f}, RMSNorm with a shared scale (`replicated_rmsn_scale`), replicated head tied to the embedding |
+| attention | layers 0-{window_layers - 1}: sliding window of {config["sliding_window"]} positions; the others full causal; context {config["max_position_embeddings"]:,} |
+| parameters | {params:,} ({params / 1e6:.1f} M) while training (each lane holds its own copy of the shared norm scales) |
+| weights | {len(weights)} safetensors shards (`model.safetensors.index.json`), bf16, {weight_mb:.1f} MB |
+| tokenizer | byte-level BPE, {training["tokenizer"]["vocab_size"]:,} tokens, trained by `tokenizers` on {training["tokenizer"]["sample_bytes"] / 1e6:.0f} MB of the training files (Qwen2 / Llama 3 pre-tokenizer regex); `<\\|endoftext\\|>` (id 0) ends a file and stops generation, `<\\|fim_prefix\\|>`, `<\\|fim_middle\\|>`, `<\\|fim_suffix\\|>` (ids 1-3) mark fill-in-the-middle; no BOS |
+| fill-in-the-middle | `<\\|fim_prefix\\|>` prefix `<\\|fim_suffix\\|>` suffix `<\\|fim_middle\\|>`: the model writes the middle and ends it with `<\\|endoftext\\|>` (trained in PSM and SPM order, see below) |
+| chat template | `pycomment`: a request in words becomes `# ` comment lines and the model continues with code; a user message that already is code (`def`, `class`, `import`, ...) goes in verbatim |
+| sampling defaults | `generation_config.json`: {sampling}, up to {generation.get("max_new_tokens")} new tokens; the page shows the temperature and top-p it recommends |
+
+## Data
+
+All `.py` files of the standard library of the training machine's **Python {training["python"]}** and of the
+installed distributions whose licence is permissive ([`inference/corpus.py`](../../inference/corpus.py)):
+a distribution's files come from its `RECORD`, its licence from its metadata (`License-Expression`, else
+the licence classifiers, all of which must be permissive, else the `License` field). Files were then
+dropped for being vendored copies, over 256 KB or nearly empty, not UTF-8, generated tables, exact or near
+duplicates (MinHash of the set of stripped lines, estimated Jaccard >= 0.8; the standard library's copy
+stays), or near duplicates of the old model's 88 held-out files: {dropped}.
+
+**{corpus["files"]:,} files, {corpus["bytes"] / 1e6:.0f} MB** remain; fingerprint (SHA-256 over every file's key and
+bytes) `{training["corpus_fingerprint"]}`. Each file's split comes from a hash of its path relative to its
+root (`sha256(path) mod 100`: 0-4 test, 5-6 validation, the rest training), as before, so the standard
+library's files keep the split they had: {", ".join(f"{k} {v:,}" for k, v in corpus["splits"].items())} files;
+{training["training_tokens"] / 1e6:.0f} M training tokens with the FIM markers.
+
+Packages used (name, version, licence as its metadata gives it, files and MB kept):
+
+{kept_table}
+
+Left out for their licence: {left_out}.
+
+## Training
+
+On one {training["device"]} (torch {training["torch"]}, Python {training["python"]}), in one command of
+{training["total_seconds"]:.0f} s from an empty output folder to the written checkpoint:
+
+```
+{training["command"]}
+```
+
+1. corpus and tokenizer as above;
+2. fill-in-the-middle: each file is cut at line ends into pieces of at most 3,000 characters; each piece
+   becomes a FIM example with probability {plan["fim_rate"]} (half of them in PSM order,
+   `<|fim_prefix|>` prefix `<|fim_suffix|>` suffix `<|fim_middle|>` middle `<|endoftext|>`, half in SPM
+   order, `<|fim_prefix|><|fim_suffix|>` suffix `<|fim_middle|>` prefix middle `<|endoftext|>`), cut at line
+   starts half of the time and at any character otherwise ([`inference/fim_training.py`](../../inference/fim_training.py));
+3. the size sweep, on the validation split: each candidate trained for about {plan["sweep_seconds"]:.0f} s from a fresh
+   start (its step count from a timed probe), the lowest validation loss wins. All candidates decode at
+   100+ tokens/s on a 2-core CPU and weigh under 60 MB.
+
+| size | parameters | steps | tokens | validation loss |
+| --- | --- | --- | --- | --- |
+{sweep_rows}
+
+4. the final run of **{training["size"]}** from a fresh start: {training["steps"]:,} steps of {settings["batch_size"]} x {settings["seq_len"]:,} tokens
+   ({training["tokens_seen"] / 1e6:.0f} M tokens, {training["tokens_seen"] / training["training_tokens"]:.2f} passes over the training tokens), the step count filling
+   what was left of a {plan["budget_minutes"]} minute budget; AdamW (betas 0.9/0.95, weight decay {settings["weight_decay"]} on matrices),
+   learning rate {settings["lr"]} with {settings["warmup_steps"]} warm-up steps and a cosine decay to {settings["lr"] * settings["min_lr_ratio"]:.0e}, gradient clipping
+   at {settings["grad_clip"]}, bf16 autocast, seed {settings["seed"]}. Training took **{training["train_seconds"]:.0f} s**; final validation loss
+   {training["final_val_loss"]:.3f} nats/token, {training["test_bits_per_byte"]:.4f} bits per byte on the new test split.
+
+![loss curve](loss.png)
+
+**Reproducible.** `training.json` holds the settings, the curves, the sweep, the corpus summary and the
+command that repeats the final run alone (`{training["repeat_final_run"]}`). Same corpus, seed and step
+count on the same device: the same curve. The run checked it: two fresh {repeat.get("steps", "?")}-step runs of the chosen
+size {"agreed at every step" if repeat.get("identical") else "DID NOT agree"} (CUDA runs ask for deterministic kernels and set
+`CUBLAS_WORKSPACE_CONFIG`). Another GPU model, driver or torch version, or another set of installed
+packages (another corpus: see the fingerprint), gives another model.
+
+## Figures
+
+Measured with `python -m inference.eval_default` on {machine} (fp32, one thread, the engine's reference
+path), against the model it replaces (4 layers, D 384, 10 M parameters, the standard library alone, no FIM):
+
+{figures_table(new, old)}
+
+The prompts and unit tests of the first rows are this project's own (`inference/eval_prompts.py`), not
+taken from any corpus. Loops: a completion of up to 256 tokens loops when a line of 3+ words recurs 3+
+times or fewer than half of its word 4-grams are distinct. Parsing: the prompt plus the completion's first
+top-level block. Simple functions: clamp, gcd, factorial, is_prime, fibonacci, ... with the greedy body run
+against one `assert` line in a separate, resource-limited interpreter. Fill-in-the-middle: held-out
+functions (the old test split) with one statement of their body removed. The held-out files are the old
+model's test split (the standard library of CPython 3.11.7); their near duplicates were kept out of
+training.
+
+## How to reproduce
+
+```
+OUT=/tmp/packed bash scripts/train_default.sh          # on one H200: under 10 minutes
+python scripts/install_default.py /tmp/packed          # into models/default
+python -m inference.eval_default --model models/default  # the figures above, on CPU
+```
+
+## Limits
+
+- It is small: it writes plausible Python, often with invented names and wrong logic; the repetition
+  penalty keeps it from looping but cannot make it right. It is a demo of speed, not a coding assistant.
+- It is a base model: it continues code. The chat template turns a request into a comment, which it
+  may or may not follow; a `def` line with a docstring works best.
+- The context is {config["max_position_embeddings"]:,} tokens (prompt and completion together); positions past that were
+  never trained. The engine refuses longer prompts.
+- It learned from what one machine had installed, much of it scientific and machine-learning code
+  (torch, transformers, scipy, sympy, ...): it writes that kind of code more readily than, say, web code.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--new", type=Path, required=True, help="eval_default --json of this model")
+    parser.add_argument("--old", type=Path, help="eval_default --json of the model it replaces")
+    parser.add_argument("--model-dir", type=Path, default=ROOT / "models" / "default")
+    parser.add_argument("--machine", default="this project's 2-core CPU")
+    args = parser.parse_args(argv)
+    new = json.loads(args.new.read_text().strip().splitlines()[-1])
+    old = json.loads(args.old.read_text().strip().splitlines()[-1]) if args.old else {}
+    (args.model_dir / "README.md").write_text(card(args.model_dir, new, old, args.machine))
+    print(args.model_dir / "README.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -434,7 +434,8 @@ def decode_attention(
     if scratch.part_o.shape[:3] != (num_kv, scratch.splits, triton.next_power_of_2(group)):
         raise ValueError("scratch: allocated for another head layout")
 
-    cluster = hopper_features(k_cache.device) and scratch.splits in CLUSTER_SIZES
+    # one split has nothing to merge: a cluster of one program would arm and wait on an inbox nobody fills
+    cluster = hopper_features(k_cache.device) and scratch.splits > 1 and scratch.splits in CLUSTER_SIZES
     if num_warps is None:
         num_warps = 2 if padded_head_dim(hd) <= 64 and not cluster else 4
     push_e, push_vec, push_mlp, push_bytes = (

@@ -3,6 +3,7 @@ prefix leaves the logits a cold prefill of the whole prompt leaves, and generate
 windows, the Laneformer's delayed reductions and lane groups."""
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from common.events import Done, SamplingParams
 from inference.config import ModelConfig
 from inference.engine import Engine
 from inference.fast.runner import FastRunner
+from inference.fast.settings import RunnerSettings
 from inference.model import Transformer
 from inference.presets import preset_config
 from tests.support.kernels import DEVICE, ON_GPU
@@ -34,7 +36,7 @@ def ids(seed: int, n: int) -> list[int]:
     "preset,kwargs",
     [
         ("tiny-laneformer", {}),  # windows of 64, reductions delayed by 2 layers
-        ("tiny-laneformer", {"lane_groups": {"groups": 2}}),
+        ("tiny-laneformer", {"lane_groups": 2}),
         ("tiny-qwen3", {}),
         ("tiny-qwen2", {}),
     ],
@@ -42,7 +44,8 @@ def ids(seed: int, n: int) -> list[int]:
 @torch.no_grad()
 def test_a_follow_up_from_a_reused_prefix_matches_a_cold_prefill(preset, kwargs):
     model = model_of(preset)
-    warm, cold = FastRunner(model, 160, **kwargs), FastRunner(model, 160, **kwargs)
+    settings = replace(RunnerSettings.resolve(model.cfg, DEVICE, DTYPE), **kwargs)
+    warm, cold = FastRunner(model, 160, settings=settings), FastRunner(model, 160, settings=settings)
     first = ids(1, 75)  # past the 64-token window
     reply = list(warm.generate_tokens(first, GREEDY))
     follow_up = first + reply + ids(2, 9)
@@ -56,14 +59,18 @@ def test_a_follow_up_from_a_reused_prefix_matches_a_cold_prefill(preset, kwargs)
     rel = (warm.logits.double() - cold.logits.double()).norm() / cold.logits.double().norm()
     assert rel < (2e-2 if ON_GPU else 1e-4)
     n = len(follow_up)
-    torch.testing.assert_close(warm.cache.k[:, :, :, :n], cold.cache.k[:, :, :, :n], rtol=1e-4, atol=1e-4)
+    # bf16 on the GPU: cuBLAS may round a 10-row product and a 200-row one differently, by one ulp
+    tolerance = 1.6e-2 if ON_GPU else 1e-4
+    torch.testing.assert_close(
+        warm.cache.k[:, :, :, :n], cold.cache.k[:, :, :, :n], rtol=tolerance, atol=tolerance
+    )
 
 
 def test_the_engine_on_the_fast_runner_reuses_prefixes(monkeypatch):
     monkeypatch.setenv("KOG_BACKEND", "fast")
-    engine = Engine.load("tiny-laneformer", device="cpu")
+    engine = Engine.load("tiny-laneformer", device=str(DEVICE))
     monkeypatch.setenv("KOG_PREFIX_SLOTS", "0")
-    cold = Engine.load("tiny-laneformer", device="cpu")
+    cold = Engine.load("tiny-laneformer", device=str(DEVICE))
 
     def run(e: Engine, prompt: list[int]) -> tuple[list[int], Done]:
         events = list(e.generate(prompt, GREEDY))

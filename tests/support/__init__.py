@@ -11,9 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import redis
-
-from common.protocol import worker_key
 
 ROOT = Path(__file__).resolve().parents[2]
 # The model every end-to-end test runs: the shipped default model (a tiny synthetic preset until it exists).
@@ -55,6 +52,10 @@ class WorkerProcess:
         )
 
     def wait_ready(self, timeout_s: float = 120) -> dict:
+        import redis  # here, not at the top: the GPU machine runs the kernel tests without the web's packages
+
+        from common.protocol import worker_key
+
         client = redis.Redis.from_url(self.redis_url, decode_responses=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -303,7 +303,7 @@ def parse_overrides(text: str) -> dict:
     pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
     if any(len(p) != 2 for p in pairs):
         raise argparse.ArgumentTypeError(f"expected name=value pairs separated by commas, got {text!r}")
-    return {name.strip(): float(value) for name, value in pairs}
+    return {name.strip(): int(value) if name.strip() == "top_k" else float(value) for name, value in pairs}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[2]
 # The model every end-to-end test runs: the shipped default model (a tiny synthetic preset until it exists).
 E2E_MODEL = os.environ.get("KOG_TEST_MODEL", "")

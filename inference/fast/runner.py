@@ -480,16 +480,16 @@ class FastRunner:
         self.screen_left_at = position
         return True
 
-    def _graph_of(self, run) -> torch.cuda.CUDAGraph:
+    def _graph_of(self, run, pool=None) -> torch.cuda.CUDAGraph:
         """run() captured as a CUDA graph, after one eager call on a side stream (every kernel compiled outside
-        the capture)."""
+        the capture); pool: another graph's memory pool, for graphs that never run at once and keep nothing."""
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             run()
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=pool):
             run()
         return graph
 

@@ -32,13 +32,20 @@ class SuffixGraphs:
         fitting = [b for b in SUFFIX_BUCKETS if b < runner.max_context]
         self.buckets = fitting if runner.device.type == "cuda" else []
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool = None  # the graphs' shared memory pool (torch.cuda.graph_pool_handle)
         # rows 0 .. bucket - 1 of the suffix; + start: their positions in the staged prompt [bucket] int64
         # (forward runs eagerly on the CPU too, where the tests check its math)
         self.rows = torch.arange(max(fitting, default=0), device=runner.device)
 
     def capture_all(self) -> None:
-        for bucket in self.buckets:
-            self.graphs[bucket] = self.runner._graph_of(lambda bucket=bucket: self.forward(bucket))
+        for bucket in reversed(self.buckets):  # the largest first: it sizes the pool the others share
+            self._capture(bucket)
+
+    def _capture(self, bucket: int) -> None:
+        # One memory pool for all: a replay leaves nothing behind but the logits (copied into runner.logits) and
+        # the cache rows, so the buckets' temporaries can share memory as the prefill of one request at a time.
+        self.pool = self.pool if self.graphs else torch.cuda.graph_pool_handle()
+        self.graphs[bucket] = self.runner._graph_of(lambda: self.forward(bucket), pool=self.pool)
 
     def clear(self) -> None:
         self.graphs.clear()
@@ -50,7 +57,7 @@ class SuffixGraphs:
         if bucket is None or start + bucket > self.runner.max_context:
             return None
         if bucket not in self.graphs:
-            self.graphs[bucket] = self.runner._graph_of(lambda: self.forward(bucket))
+            self._capture(bucket)
         return self.graphs[bucket]
 
     def forward(self, bucket: int) -> None:

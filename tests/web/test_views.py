@@ -36,6 +36,7 @@ def test_page_has_every_control_and_no_inline_script(client):
     assert all("src=" in tag for tag in re.findall(r"<script\b[^>]*>", html))
     assert not re.search(r"\son[a-z]+\s*=", html)  # no inline event handlers
     assert "no worker up" in html
+    assert "{#" not in html and "#}" not in html  # a template comment over two lines is printed, not dropped
 
 
 def test_page_lists_the_models_of_live_workers(client, redis_url):
@@ -60,6 +61,7 @@ def test_share_link_shows_prompt_output_and_stats_escaped(client):
     response = client.get(f"/g/{row.id}")
     html = response.content.decode()
     assert response.status_code == 200
+    assert "{#" not in html and "#}" not in html
     assert "<img src=x" not in html and '<script>alert("pwned")' not in html
     assert "&lt;img src=x onerror=alert(1)&gt;&lt;script&gt;" in html
     assert "say &lt;b&gt;hi&lt;/b&gt;" in html

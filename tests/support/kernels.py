@@ -57,7 +57,7 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what:
 
 
 def lane_reduction(p: torch.Tensor, mode: str, past: torch.Tensor | None = None) -> torch.Tensor:
-    """fp64 on the CPU: what each lane adds to its residual from the lane partials p [L, ...] (LANEFORMER.md,
+    """fp64 on the CPU: what each lane adds to its residual from the lane partials p [L, ...] (docs/laneformer.md,
     "Reduction"; model.Transformer.reduce): the sum over lanes, the lane's own partial plus the other lanes'
     partials d layers back (`past`), or the partial scaled by sqrt(L)."""
     p = p.double().cpu()

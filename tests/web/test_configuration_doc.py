@@ -9,7 +9,6 @@ DOC = ROOT / "docs" / "configuration.md"
 PRODUCT_NAME = re.compile(r'"((?:KOG|PLAYGROUND|DJANGO)_[A-Z0-9_]+)"')
 ENVIRON_READ = re.compile(r'(?:environ\.get|environ\.setdefault|environ\[|getenv)\(?\s*"([A-Z][A-Z0-9_]+)"')
 COMPOSE_VARIABLE = re.compile(r"\$\{([A-Z][A-Z0-9_]*)")
-# inference/fast/ reads the fast path's switches, whose own section of the page is kept by hand
 SOURCES = ("common", "playground", "inference", "kernels", "scripts/healthcheck.py", "manage.py")
 NOT_VARIABLES = {"PLAYGROUND_LIMITS"}  # a Django setting that tests and deployments set in code
 
@@ -19,8 +18,6 @@ def variables_read() -> set[str]:
     for source in SOURCES:
         path = ROOT / source
         for file in [path] if path.is_file() else path.rglob("*.py"):
-            if "fast" in file.relative_to(ROOT).parts:
-                continue
             text = file.read_text()
             names |= set(PRODUCT_NAME.findall(text)) | set(ENVIRON_READ.findall(text))
     names |= set(COMPOSE_VARIABLE.findall((ROOT / "docker-compose.yml").read_text()))
@@ -34,6 +31,13 @@ def documented() -> set[str]:
 
 def test_every_variable_the_product_reads_has_a_row():
     found = variables_read()
-    assert {"REDIS_URL", "MODELS", "KOG_MAX_CONTEXT", "PLAYGROUND_MAX_QUEUE", "REDIS_PASSWORD"} <= found
+    assert {
+        "REDIS_URL",
+        "MODELS",
+        "KOG_MAX_CONTEXT",
+        "PLAYGROUND_MAX_QUEUE",
+        "REDIS_PASSWORD",
+        "KOG_PDL",
+    } <= found
     missing = sorted(found - documented())
     assert not missing, f"docs/configuration.md has no row for {missing}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -56,6 +57,24 @@ def default_model(redis_server, tmp_path_factory):
     worker = WorkerProcess(redis_server, [model], tmp_path_factory.mktemp("default") / "worker.log")
     worker.wait_ready()
     yield Path(model)
+    worker.stop()
+
+
+@pytest.fixture(scope="module")
+def copying_model(redis_server, tmp_path_factory):
+    """A worker of the default model whose generation_config.json recommends no repetition penalty: the penalty
+    the shipped one recommends keeps a code edit from copying its prompt, which is what drafts are made of."""
+    source = Path(e2e_model())
+    if not source.is_dir():
+        pytest.skip("KOG_TEST_MODEL names a preset: the test needs the checkpoint's drafts to be copies")
+    path = tmp_path_factory.mktemp("copying") / "copying"
+    shutil.copytree(source, path)
+    generation = json.loads((path / "generation_config.json").read_text())
+    generation.pop("repetition_penalty", None)
+    (path / "generation_config.json").write_text(json.dumps(generation))
+    worker = WorkerProcess(redis_server, [str(path)], path.parent / "worker.log")
+    worker.wait_ready()
+    yield path.name
     worker.stop()
 
 
@@ -750,7 +769,9 @@ def test_a_blank_prompt_is_refused_in_the_pages_words_for_eyes_and_screen_reader
     assert "blank" in said and "non-empty string" not in said, said  # the page's words, not the API's
     assert page.text_content("#state") == f"Error · {said}"
     assert page.get_attribute("#prompt", "aria-invalid") == "true"
-    assert page.get_attribute("#prompt", "aria-describedby") == "prompt-error"  # its words, read with it
+    assert (
+        "prompt-error" in page.get_attribute("#prompt", "aria-describedby").split()
+    )  # its words, read with it
 
     page.fill("#prompt", "def fine():\n")  # editing what was refused: the refusal goes
     assert page.get_attribute("#prompt", "aria-invalid") is None and page.is_hidden("#prompt-error")
@@ -1396,7 +1417,7 @@ def test_the_page_says_beside_generate_that_runs_are_saved_and_open_to_anyone_wi
     open_playground(page, server.url)
     note = page.locator("#saved-note")
     assert note.is_visible()
-    assert note.text_content() == "Runs are saved: anyone with a run's share link can open it."
+    assert note.text_content() == "Runs are saved for 30 days: anyone with a run's share link can open it."
     actions, said = page.locator("#actions").bounding_box(), note.bounding_box()
     assert 0 <= said["y"] - (actions["y"] + actions["height"]) < 40  # right under Generate and Stop
 
@@ -1462,13 +1483,13 @@ def test_the_sampling_fields_follow_the_models_advice_until_the_person_sets_them
     }
 
 
-def test_speculation_counters_show_tokens_per_step_and_drafts_kept_live(server, default_model, page):
+def test_speculation_counters_show_tokens_per_step_and_drafts_kept_live(server, copying_model, page):
     """A code edit copies its prompt: while it streams, the page shows more than one token per model step and
     the share of drafted tokens the model kept; the final figures agree with the run's stats."""
     from inference.bench.workload import WORKLOAD
 
     prompt = next(p for p in WORKLOAD if p.name == "docstrings").text
-    open_playground(page, server.url, model=default_model.name)
+    open_playground(page, server.url, model=copying_model)
     page.fill("#temperature", "0")
     page.evaluate("""() => {
         window.seenCounters = [];

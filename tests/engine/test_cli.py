@@ -184,14 +184,9 @@ def test_a_model_given_as_name_equals_path_is_named_so(tiny):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal without a GPU")
-@pytest.mark.parametrize(
-    "command",
-    [[str(ROOT / "scripts/graph_probe.py"), "--model", "tiny-llama"],
-     ["-m", "inference.bench", "--model", "tiny-llama", "--check", "--breakdown", "--json", "trace"]],
-    ids=["graph_probe", "inference.bench"],
-)  # fmt: skip
-def test_gpu_scripts_refuse_in_one_line_without_a_gpu(tmp_path, command):
-    # their imports run first (a broken one would show here), then they say what they need
+def test_the_benchmark_refuses_in_one_line_without_a_gpu(tmp_path):
+    # its imports run first (a broken one would show here), then it says what it needs
+    command = ["-m", "inference.bench", "--model", "tiny-llama", "--check", "--breakdown", "--json", "trace"]
     done = subprocess.run([sys.executable, *command], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2, done.stderr

@@ -75,8 +75,14 @@ def test_relative_models_are_the_callers_folders_by_the_names_they_give(tmp_path
     with launched(tmp_path, env=env, cwd=here) as (launcher, port):
         lines: list[str] = []
         read_until(launcher, "Playground: http://", lines)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30) as reply:
-            served = {m["id"]: m["workers"] for m in json.load(reply)["data"]}
+        # the page is up while the worker still loads (it lists a loading worker's downloads): wait for it to serve
+        deadline = time.monotonic() + 90
+        while True:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30) as reply:
+                served = {m["id"]: m["workers"] for m in json.load(reply)["data"]}
+            if served == {"my-ft": 1, "alias": 1} or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         assert served == {"my-ft": 1, "alias": 1}, "".join(lines)
         rest = ctrl_c(launcher)
     assert launcher.returncode == 0, "".join(lines) + rest

@@ -33,11 +33,19 @@ CPU_SHARE = 0.25  # of the host's available memory
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading ids a and b share. Slices compare at C speed, so a whole match is one comparison and a
+    mismatch is found by halving: a Python loop over a few thousand ids would cost a follow-up ~0.1 ms a list."""
     n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo]; the first difference is in [lo, hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def spare_bytes(device: torch.device) -> int:

@@ -31,8 +31,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import interpreted
-from kernels.prefill_kv_write import check_prefill_layout, head_rstd, launch_prefill_kv_write, rope_rows
+from kernels import interpreted, sm_count
+from kernels.prefill_kv_write import (
+    check_prefill_layout,
+    head_rstd,
+    launch_prefill_kv_write,
+    rope_rows,
+    start_args,
+)
 
 LOG2E = 1.4426950408889634
 
@@ -156,6 +162,7 @@ def _prefill_attention_kernel(
     stride_out_t,
     T,
     start,
+    start_ptr,
     heads_per_lane,
     group,
     max_len,
@@ -171,7 +178,10 @@ def _prefill_attention_kernel(
     INTERLEAVED: tl.constexpr,
     QK_NORM: tl.constexpr,
     FOR_LOOP: tl.constexpr,
+    START_PTR: tl.constexpr,
 ):
+    if START_PTR:  # a graph's replays: the host writes start into a device scalar before each
+        start = tl.load(start_ptr).to(tl.int32)
     head = tl.program_id(0)
     m0 = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M  # last query block first
     lane = head // heads_per_lane
@@ -181,6 +191,7 @@ def _prefill_attention_kernel(
     row_ok = r_rows < T
     p_rows = start + r_rows  # their positions
     total = start + T  # keys 0 .. total - 1 are in the cache
+    window = tl.minimum(window, total)  # a window at least as long as the prompt is plain causal
 
     # This block's queries, normed and rotated once, in the input dtype for tl.dot: [BLOCK_M, HDA], [.., HDB].
     q_cols = qkv_ptr + lane.to(tl.int64) * stride_qkv_lane + j * HD
@@ -277,7 +288,7 @@ def prefill_attention(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    start: int = 0,
+    start: int | torch.Tensor = 0,
 ) -> torch.Tensor:
     """Attention of positions start .. start + T - 1 of a prompt over themselves and the start positions before
     them (already in the cache: a reused prefix); writes their keys and values into the cache first
@@ -286,6 +297,7 @@ def prefill_attention(
     qkv: [L, T, (H/L + 2 KV/L) * hd], per lane and position: q heads, then k heads, then v heads (before RoPE).
     k_cache, v_cache: [KV, max_len, hd] of this layer, qkv's dtype. cos, sin: [>= start + T, hd/2] fp32.
     window: keys p - window + 1 .. p (None: causal). q_norm, k_norm: [hd] (Qwen3) or None.
+    start: an int, or a device int tensor [1] read at launch (a CUDA graph's: start + T must fit the cache).
     """
     lanes, T, heads_per_lane, _ = check_prefill_layout(qkv, k_cache, v_cache, cos, sin, num_heads, q_norm,
                                                        k_norm, start)  # fmt: skip
@@ -299,6 +311,9 @@ def prefill_attention(
                          f"got {tuple(out.shape)}")  # fmt: skip
     hda, hdb = head_dim_parts(hd)
     bm, bn, warps, stages = default_blocks(hd)
+    if block_m is None:  # a short suffix after a long prefix: more, smaller query blocks keep the SMs busy
+        while bm > 16 and num_heads * triton.cdiv(T, bm) < sm_count(qkv.device):
+            bm //= 2
     bm, bn = block_m or bm, block_n or bn
     if bm < 16 or bn < 16 or bm & (bm - 1) or bn & (bn - 1):
         raise ValueError(f"block_m: block_m and block_n must be powers of two >= 16, got {bm}, {bn}")
@@ -318,11 +333,11 @@ def prefill_attention(
         out.stride(0),
         out.stride(1),
         T,
-        start,
+        *start_args(start, cos),
         heads_per_lane,
         num_heads // num_kv,
         max_len,
-        min(window or start + T, start + T),  # a window at least as long as the prompt is plain causal
+        window or max_len,  # the kernel caps it at start + T
         hd**-0.5 * LOG2E,
         eps,
         HD=hd,
@@ -334,6 +349,7 @@ def prefill_attention(
         INTERLEAVED=interleaved,
         QK_NORM=q_norm is not None,
         FOR_LOOP=not interpreted(),
+        START_PTR=isinstance(start, torch.Tensor),
         num_warps=num_warps or warps,
         num_stages=num_stages or stages,
     )

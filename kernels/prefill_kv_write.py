@@ -88,6 +88,7 @@ def _prefill_kv_write_kernel(
     k_norm_ptr,
     T,
     start,
+    start_ptr,
     heads_per_lane,
     kv_per_lane,
     max_len,
@@ -97,7 +98,10 @@ def _prefill_kv_write_kernel(
     BLOCK_T: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     QK_NORM: tl.constexpr,
+    START_PTR: tl.constexpr,
 ):
+    if START_PTR:  # a graph's replays: the host writes start into a device scalar before each
+        start = tl.load(start_ptr).to(tl.int32)
     kv = tl.program_id(1)
     lane = kv // kv_per_lane
     kv_in_lane = kv % kv_per_lane
@@ -120,6 +124,11 @@ def _prefill_kv_write_kernel(
     tl.store(v_cache_ptr + cache, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
+def start_args(start: int | torch.Tensor, dummy: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """The kernels' (start, start_ptr): the int and an unread pointer, or 0 and the device scalar to load."""
+    return (0, start) if isinstance(start, torch.Tensor) else (start, dummy)
+
+
 def check_prefill_layout(
     qkv: torch.Tensor,
     k_cache: torch.Tensor,
@@ -129,10 +138,11 @@ def check_prefill_layout(
     num_heads: int,
     q_norm: torch.Tensor | None,
     k_norm: torch.Tensor | None,
-    start: int = 0,
+    start: int | torch.Tensor = 0,
 ) -> tuple[int, int, int, int]:
     """The argument checks prefill_kv_write and prefill_attention share: (lanes, T, H/L, KV/L), or a ValueError
-    naming the argument. Positions start .. start + T - 1 (start > 0: a prompt's part after a reused prefix)."""
+    naming the argument. Positions start .. start + T - 1 (start > 0: a prompt's part after a reused prefix).
+    start as a device tensor [1] (a graph's, read by the kernels at each replay): its bounds are the caller's."""
     if (
         k_cache.dim() != 3
         or k_cache.shape != v_cache.shape
@@ -158,7 +168,13 @@ def check_prefill_layout(
         raise ValueError(
             f"qkv: expected [{lanes}, T, {(heads_per_lane + 2 * kv_per_lane) * hd}], got {tuple(qkv.shape)}"
         )
-    if not isinstance(start, int) or start < 0:
+    if isinstance(start, torch.Tensor):
+        if start.numel() != 1 or start.dtype not in (torch.int32, torch.int64) or start.device != qkv.device:
+            raise ValueError(
+                f"start: expected one int32/int64 on qkv's device, got {start.dtype} {tuple(start.shape)}"
+            )
+        start = 0  # unknown until the launch: the caller keeps start + T within the cache and the RoPE tables
+    elif not isinstance(start, int) or start < 0:
         raise ValueError(f"start: expected an integer >= 0, got {start!r}")
     if not 0 < T <= max_len - start:
         raise ValueError(f"qkv: T = {T} positions from {start} must fit max_len = {max_len} of the cache")
@@ -196,13 +212,14 @@ def prefill_kv_write(
     k_norm: torch.Tensor | None = None,
     eps: float = 1e-6,
     block_t: int | None = None,
-    start: int = 0,
+    start: int | torch.Tensor = 0,
 ) -> None:
     """Write the rotated keys and the values of positions start .. start + T - 1 into the cache.
 
     qkv: [L, T, (H/L + 2 KV/L) * hd], per lane and position: q heads, then k heads, then v heads (before RoPE).
     k_cache, v_cache: [KV, max_len, hd] of this layer (max_len >= start + T). cos, sin: [>= start + T, hd/2] fp32.
-    k_norm: [hd] (Qwen3's norm of each key head before RoPE) or None.
+    k_norm: [hd] (Qwen3's norm of each key head before RoPE) or None. start: an int, or a device int tensor [1]
+    read at launch (a CUDA graph replays with whatever the host wrote there; start + T must fit the cache).
     """
     check_prefill_layout(qkv, k_cache, v_cache, cos, sin, num_heads, k_norm, k_norm, start)
     launch_prefill_kv_write(qkv, k_cache, v_cache, cos, sin, num_heads=num_heads, interleaved=interleaved,
@@ -221,7 +238,7 @@ def launch_prefill_kv_write(
     k_norm: torch.Tensor | None,
     eps: float,
     block_t: int | None = None,
-    start: int = 0,
+    start: int | torch.Tensor = 0,
 ) -> None:
     """prefill_kv_write on arguments check_prefill_layout has already accepted (prefill_attention's)."""
     lanes, T = qkv.shape[0], qkv.shape[1]
@@ -241,7 +258,7 @@ def launch_prefill_kv_write(
         sin,
         k_norm if k_norm is not None else cos,
         T,
-        start,
+        *start_args(start, cos),
         heads_per_lane,
         kv_per_lane,
         max_len,
@@ -251,5 +268,6 @@ def launch_prefill_kv_write(
         BLOCK_T=block_t,
         INTERLEAVED=interleaved,
         QK_NORM=k_norm is not None,
+        START_PTR=isinstance(start, torch.Tensor),
         num_warps=8,
     )

@@ -39,9 +39,10 @@ if TYPE_CHECKING:
 
 @torch.no_grad()
 def forward_prompt(model: Transformer, layers: list[LayerWeights], cache: KVCache, scratch: AttentionScratch,
-                   ids: torch.Tensor, last: torch.Tensor, start: int = 0) -> torch.Tensor:  # fmt: skip
+                   ids: torch.Tensor, last: torch.Tensor, start: int | torch.Tensor = 0) -> torch.Tensor:  # fmt: skip
     """model.forward over a prompt ids [T] at positions start .. start + T - 1 into cache (whose rows before start
-    hold a reused prefix's keys and values); the logits [V] at row last [1] of ids. layers: the model's as the
+    hold a reused prefix's keys and values; start: an int, or a device int64 [1] a graph reads at each replay);
+    the logits [V] at row last [1] of ids. layers: the model's as the
     runner holds them (q|k|v as one matrix); scratch: the decode attention's, for the last position. Everything
     else a layer carries across rows (the delayed reduction's partials) is per position."""
     cfg = model.cfg
@@ -83,7 +84,7 @@ def forward_prompt(model: Transformer, layers: list[LayerWeights], cache: KVCach
 
 def _last_layer(model: Transformer, cache: KVCache, scratch: AttentionScratch, i: int, w: LayerWeights,
                 x: torch.Tensor, qkv: torch.Tensor, last: torch.Tensor, attn_partials: list[torch.Tensor | None],
-                mlp_partials: list[torch.Tensor | None], start: int = 0) -> torch.Tensor:  # fmt: skip
+                mlp_partials: list[torch.Tensor | None], start: int | torch.Tensor = 0) -> torch.Tensor:  # fmt: skip
     """The last layer, where only the position `last` goes on: every position's keys and values still go into
     the cache, but attention, the o-proj, the MLP and the head run for that one row, as a decode step would
     (kernels/decode_attention.py reads q from qkv's row `last` and the keys before it from the cache). The

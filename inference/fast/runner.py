@@ -34,6 +34,7 @@ the residual's address: inference/fast/residual_placement.py). docs/fast-path.md
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -48,6 +49,7 @@ from inference.fast.head_choice import ScreenWatch
 from inference.fast.layers import LaneGroup, LayerWeights, split_from
 from inference.fast.prefill import forward_prompt
 from inference.fast.settings import RunnerSettings
+from inference.fast.suffix_graphs import SuffixGraphs
 from inference.model import KVCache, Transformer
 from kernels.decode_attention import AttentionScratch, decode_attention
 from kernels.final_norm import final_norm
@@ -147,17 +149,19 @@ class FastRunner:
             [b for b in (64, 128, 256, 512, 1024) if b < max_context] if device.type == "cuda" else []
         )
         self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        # A prompt on the device: the index of its last position, then its ids (one copy from the host carries
-        # both); the prefill graphs read these views.
-        self.prompt_staged = zeros(max_context + 1, dtype=torch.long)
-        self.prompt_last, self.prompt_ids = self.prompt_staged[:1], self.prompt_staged[1:]
+        # A prompt on the device: the index of its last position, the reused prefix's length (start), then its
+        # ids (one copy from the host carries all three); the prefill graphs read these views.
+        self.prompt_staged = zeros(max_context + 2, dtype=torch.long)
+        self.prompt_last, self.prompt_start = self.prompt_staged[:1], self.prompt_staged[1:2]
+        self.prompt_ids = self.prompt_staged[2:]
         self.prompt_host = self.prompt_staged  # where the host writes it: here on the CPU, pinned on a GPU
         if device.type == "cuda":
-            self.prompt_host = torch.zeros(max_context + 1, dtype=torch.long, pin_memory=True)
+            self.prompt_host = torch.zeros(max_context + 2, dtype=torch.long, pin_memory=True)
             self.prompt_copied = torch.cuda.Event()
             self.host_tokens = torch.zeros(RING, dtype=torch.int32, pin_memory=True)
             self.token_events = [torch.cuda.Event() for _ in range(RING)]
         self.residual_choice, self.residual_seconds = 0, []  # place_residual's
+        self.suffix_graphs = SuffixGraphs(self)  # a prompt's part after a reused prefix, by bucket
         self._capture_all()
 
     def _capture_all(self) -> None:
@@ -172,6 +176,7 @@ class FastRunner:
             self.capture(greedy=False, screen=True)
         for bucket in self.prefill_buckets:
             self.prefill_graphs[bucket] = self._capture_prefill(bucket)
+        self.suffix_graphs.capture_all()
 
     @torch.no_grad()
     def place_residual(self, candidates: int = residual_placement.CANDIDATES) -> list[float]:
@@ -190,6 +195,7 @@ class FastRunner:
             group.x = x[group.start : group.stop]
         self.graphs.clear()
         self.prefill_graphs.clear()
+        self.suffix_graphs.clear()
 
     def _pack_layers(self) -> None:
         """Every layer's down-proj, and the o-proj of layers 1 on, in kernels/packed_mma_gemv.py's 12-bit layout
@@ -475,17 +481,25 @@ class FastRunner:
         self.screen_left_at = position
         return True
 
-    def _graph_of(self, run) -> torch.cuda.CUDAGraph:
+    def _graph_of(self, run, pool=None) -> torch.cuda.CUDAGraph:
         """run() captured as a CUDA graph, after one eager call on a side stream (every kernel compiled outside
-        the capture)."""
+        the capture); pool: another graph's memory pool, for graphs that never run at once and keep nothing."""
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             run()
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            run()
+        # no cyclic collection inside the capture: it may destroy a dropped runner's graphs, which CUDA forbids
+        # while a stream captures (the capture is then invalidated)
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(graph, pool=pool):
+                run()
+        finally:
+            if collecting:
+                gc.enable()
         return graph
 
     def step(self, greedy: bool = True, screen: bool | None = None) -> None:
@@ -498,7 +512,9 @@ class FastRunner:
     # --- the runner contract -------------------------------------------------------------------------
 
     @torch.no_grad()
-    def forward_prompt(self, ids: torch.Tensor, last: torch.Tensor, start: int = 0) -> torch.Tensor:
+    def forward_prompt(
+        self, ids: torch.Tensor, last: torch.Tensor, start: int | torch.Tensor = 0
+    ) -> torch.Tensor:
         """model.forward over a prompt ids [T] at positions start .. start + T - 1 into the cache (rows before
         start already hold the prompt's first ids); the logits [V] at row last [1] of ids."""
         return forward_prompt(self.model, self.layers, self.cache, self.attn_scratch, ids, last, start)
@@ -515,7 +531,8 @@ class FastRunner:
         """The prompt into the cache; leaves the first token in token/out_tokens and pos = len(prompt_ids),
         exactly as a decode step would. Short prompts replay a captured graph (their launches would otherwise
         cost more than their arithmetic). start > 0: the cache's rows [0, start) hold the prompt's first ids
-        already (inference/prefix_cache.py); the rest is prefilled eagerly."""
+        already (inference/prefix_cache.py); the rest replays a suffix graph (inference/fast/suffix_graphs.py)
+        where one fits, else is prefilled eagerly."""
         n = len(prompt_ids)
         if not 0 < n < self.max_context:
             raise ValueError(f"prompt_ids: length must be in [1, {self.max_context - 1}], got {n}")
@@ -523,10 +540,13 @@ class FastRunner:
             raise ValueError(
                 f"start: must be in [0, {n - 1}] (the last prompt id is always prefilled), got {start}"
             )
-        self._stage_prompt(prompt_ids)
+        self._stage_prompt(prompt_ids, start)
         ids = self.prompt_ids[:n]
         bucket = next((b for b in self.prefill_buckets if b >= n), None)
-        if start:
+        suffix_graph = self.suffix_graphs.for_suffix(n - start, start) if start else None
+        if suffix_graph is not None:
+            suffix_graph.replay()
+        elif start:
             self.logits.copy_(self.forward_prompt(ids[start:], self.prompt_last - start, start))
         elif bucket is None:
             self.logits.copy_(self.forward_prompt(ids, self.prompt_last))
@@ -546,8 +566,8 @@ class FastRunner:
             # with the ring, as the step graphs call it: the same compiled kernels, none built on a first request
             self._sample_next(self.token_ring)
 
-    def _stage_prompt(self, prompt_ids: list[int]) -> None:
-        """[n - 1, ids...] into prompt_staged, without waiting for the GPU. The host is the limit at a long
+    def _stage_prompt(self, prompt_ids: list[int], start: int = 0) -> None:
+        """[n - 1, start, ids...] into prompt_staged, without waiting for the GPU. The host is the limit at a long
         prompt's start (its kernels each finish before the next is queued), so this is one write into a pinned
         buffer through numpy (~4x faster than torch.tensor of a list) and one asynchronous copy, where a
         Python scalar or list written into a device tensor would be a pageable copy that synchronizes the stream."""
@@ -555,7 +575,7 @@ class FastRunner:
         if on_gpu:
             self.prompt_copied.synchronize()  # the previous prompt has left the pinned buffer
         staged = self.prompt_host.numpy()
-        staged[0], ids = n - 1, staged[1 : n + 1]
+        staged[0], staged[1], ids = n - 1, start, staged[2 : n + 2]
         try:
             ids[:] = prompt_ids
         except (OverflowError, TypeError, ValueError) as e:
@@ -563,7 +583,7 @@ class FastRunner:
         if ids.min() < 0 or ids.max() >= vocab:
             raise ValueError(f"prompt_ids: token ids must be in [0, {vocab}), got {ids.min()} .. {ids.max()}")
         if on_gpu:
-            self.prompt_staged[: n + 1].copy_(self.prompt_host[: n + 1], non_blocking=True)
+            self.prompt_staged[: n + 2].copy_(self.prompt_host[: n + 2], non_blocking=True)
             self.prompt_copied.record()
 
     def generate_tokens(self, prompt_ids: list[int], params: SamplingParams,

@@ -512,3 +512,55 @@ def test_engine_streams_the_same_text_through_the_fast_runner(monkeypatch):
         texts[backend] = events[-1].text
         assert events[-1].stats.completion_tokens == 8
     assert texts["fast"] == texts["reference"]
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs")
+@pytest.mark.parametrize("preset", ["tiny-laneformer", "tiny-qwen3"])
+@torch.no_grad()
+def test_a_suffix_prefill_replays_a_graph_with_the_eager_kernels_logits(preset):
+    max_context = 256
+    runner = build(make_model(preset, seed=17), max_context)
+    graphs = runner.suffix_graphs
+    assert set(graphs.graphs) == set(graphs.buckets)  # captured when the runner was built
+    gen = torch.Generator().manual_seed(5)
+    # (start, new ids): mid-bucket, a whole bucket, the last id alone, and a bucket that would run past the cache
+    for start, length in [(40, 11), (100, 32), (7, 1), (150, 60), (max_context - 20, 17)]:
+        n = start + length
+        prompt = torch.randint(3, 1000, (n,), generator=gen).tolist()
+        runner.prefill(prompt)  # cache rows [0, n) hold the prompt: the reused prefix is [0, start)
+        bucket = next(b for b in graphs.buckets if b >= length)
+        assert (graphs.for_suffix(length, start) is not None) == (start + bucket <= max_context)
+        runner.prefill(prompt, start=start)
+        replayed, token, keys = runner.logits.clone(), int(runner.token), runner.cache.k[:, :, :, :n].clone()
+        if start + bucket <= max_context:  # the graph's kernels run eagerly: the same bits
+            graphs.forward(bucket)
+            assert torch.equal(runner.logits, replayed)
+        buckets, graphs.buckets = graphs.buckets, []  # the eager suffix prefill, T = length rows
+        try:
+            runner.prefill(prompt, start=start)
+        finally:
+            graphs.buckets = buckets
+        # cuBLAS may round a bucket's rows and the suffix's own by one bf16 ulp apart
+        assert rel_err(replayed, runner.logits) < LOGIT_TOL
+        top = replayed[: runner.vocab_limit].topk(2).values
+        if top[0] - top[1] > 0.1:  # not a near-tie that one ulp may flip
+            assert token == int(runner.token)
+        torch.testing.assert_close(keys, runner.cache.k[:, :, :, :n], rtol=1.6e-2, atol=1.6e-2)
+
+
+@pytest.mark.parametrize("preset", ["tiny-laneformer", "tiny-qwen3"])
+@torch.no_grad()
+def test_the_suffix_graphs_math_run_eagerly_matches_the_eager_suffix_prefill(preset):
+    # what a suffix graph replays (start and the last row read from the staged prompt on the device, a whole
+    # bucket of rows) against the eager suffix prefill; on the CPU under the interpreter, where no graph runs
+    runner = build(make_model(preset, seed=19), 96)
+    prompt = torch.randint(3, 1000, (70,), generator=torch.Generator().manual_seed(6)).tolist()
+    runner.prefill(prompt)
+    graphs, start = runner.suffix_graphs, 59  # 11 new ids in a bucket of 16, past the 64-token window
+    buckets, graphs.buckets = graphs.buckets, []
+    runner.prefill(prompt, start=start)  # eager; leaves the prompt and start staged
+    graphs.buckets = buckets
+    eager, keys = runner.logits.clone(), runner.cache.k[:, :, :, :70].clone()
+    graphs.forward(16)
+    assert rel_err(runner.logits, eager) < LOGIT_TOL
+    torch.testing.assert_close(runner.cache.k[:, :, :, :70], keys, rtol=1.6e-2, atol=1.6e-2)

@@ -173,3 +173,14 @@ def test_the_slot_setting_is_checked(monkeypatch):
     monkeypatch.setenv("KOG_PREFIX_SLOTS", "-1")
     with pytest.raises(ValueError, match="KOG_PREFIX_SLOTS"):
         PrefixCache.sized(tiny_cache())
+
+
+def test_common_prefix_finds_the_first_difference_wherever_it_lies():
+    rng = random.Random(3)
+    for _ in range(300):
+        a = [rng.randrange(3) for _ in range(rng.randrange(40))]
+        b = a[: rng.randrange(len(a) + 1)] + [rng.randrange(3) for _ in range(rng.randrange(40))]
+        expected = next(
+            (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+        )
+        assert common_prefix(a, b) == expected == common_prefix(b, a)

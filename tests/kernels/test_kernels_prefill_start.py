@@ -41,3 +41,23 @@ def test_a_start_past_the_cache_is_refused():
         prefill_attention(qkv, cache, cache.clone(), cos, sin, num_heads=2, start=10)
     with pytest.raises(ValueError, match="start"):
         prefill_attention(qkv, cache, cache.clone(), cos, sin, num_heads=2, start=-1)
+
+
+@pytest.mark.parametrize("start_dtype", [torch.int32, torch.int64])
+def test_a_start_read_from_a_device_scalar_gives_the_ints_rows(start_dtype):
+    """A CUDA graph replays the kernels with start in a device scalar the host writes before each replay: the
+    same rows and cache rows as the int start, bit for bit, with a window ending inside the reused prefix."""
+    lanes, num_heads, num_kv, hd, T, start, window = 2, 4, 2, 48, 45, 29, 10
+    dtype = torch.float32
+    qkv, cos, sin, q_norm, k_norm = make_inputs(dtype, lanes, num_heads, num_kv, hd, T, T + 3, True)
+    kwargs = {"num_heads": num_heads, "window": window, "q_norm": q_norm, "k_norm": k_norm, "eps": 1e-6}
+    runs = []
+    for given in (start, torch.tensor([start], dtype=start_dtype, device=qkv.device)):
+        k_cache, v_cache = poisoned(num_kv, T + 3, hd, dtype=dtype), poisoned(num_kv, T + 3, hd, dtype=dtype)
+        prefill_attention(qkv[:, :start], k_cache, v_cache, cos, sin, **kwargs)
+        runs.append((prefill_attention(qkv[:, start:], k_cache, v_cache, cos, sin, start=given, **kwargs),
+                     k_cache, v_cache))  # fmt: skip
+    for (a, *caches_a), (b, *caches_b) in zip(runs[:1], runs[1:], strict=True):
+        assert torch.equal(a, b)
+        for x, y in zip(caches_a, caches_b, strict=True):
+            assert torch.equal(x.nan_to_num(-1.0), y.nan_to_num(-1.0))

@@ -183,7 +183,7 @@ async def complete(request, chat: bool):
     run, api_request, first = await start_job(request, body, chat)
     try:
         if api_request.stream:
-            return stream_response(sse_stream(run, first, api_request), run)
+            return stream_response(job_stream(run, first, Chunks(run.spec, api_request.include_usage)), run)
         event, logprobs = await run.until_end(first)
         return JsonResponse(await run.finish(event[1], logprobs))
     except BaseException:  # the client left (CancelledError) or we failed: stop the job
@@ -440,21 +440,24 @@ class JobRun:
         return body
 
 
-async def sse_stream(run: JobRun, first: tuple[str, dict], api_request: ApiRequest):
-    """`data: {chunk}` lines: the deltas, a last chunk with finish_reason and timings, then [DONE]."""
+DONE_LINE = b"data: [DONE]\n\n"
+
+
+async def job_stream(run: JobRun, first: tuple[str, dict], chunks: Chunks | InfillChunks):
+    """A job's events, read on from `first`, as the SSE lines `chunks` shapes them: the deltas, the last
+    chunk (with the text the engine held back), or an error chunk; then the closing lines."""
     run.streaming = True
-    spec = run.spec
-    chunk = Chunks(spec, api_request.include_usage)
     streamed = []
     try:
-        if spec.chat:
-            yield chunk.delta({"role": "assistant", "content": ""})
+        for line in chunks.opening():
+            yield line
         kind, data = first
         while True:
-            if kind == "delta" and (data["text"] or data.get("logprobs")):
-                streamed.append(data["text"])
-                content = {"content": data["text"]} if spec.chat else data["text"]
-                yield chunk.delta(content, data.get("logprobs"), sum(map(len, streamed[:-1])))
+            if kind == "delta":
+                line = chunks.delta(data, sum(map(len, streamed)))
+                if line is not None:
+                    streamed.append(data["text"])
+                    yield line
             elif kind == "error":
                 yield sse(job_error(data).body)
                 break
@@ -462,31 +465,35 @@ async def sse_stream(run: JobRun, first: tuple[str, dict], api_request: ApiReque
                 if data["finish_reason"] == "cancelled":
                     yield sse(job_error({"code": "cancelled", "message": "The job was cancelled"}).body)
                     break
-                await save(spec, data)
+                await save(run.spec, data)
                 # Text the engine held back (a possible stop-string prefix) arrives only in `done`.
                 sent = "".join(streamed)
                 tail = data["text"][len(sent) :] if data["text"].startswith(sent) else ""
-                yield chunk.last(tail, data["finish_reason"], data["stats"], run.queue_ms)
-                if api_request.include_usage:
-                    yield chunk.usage(data["stats"], run.queue_ms)
+                for line in chunks.done(tail, data, run.queue_ms):
+                    yield line
                 break
             kind, data = await run.next()
-        yield b"data: [DONE]\n\n"
+        for line in chunks.closing():
+            yield line
     except (asyncio.CancelledError, GeneratorExit):
         raise
-    except Exception:  # keep the protocol whole: an error chunk, then [DONE]
-        log.exception("api stream for job %s failed", spec.id, extra={"job_id": spec.id})
+    except Exception:  # keep the protocol whole: an error chunk, then the closing lines
+        log.exception("%s stream for job %s failed", chunks.name, run.spec.id, extra={"job_id": run.spec.id})
         yield sse(ApiError(500, INTERNAL_ERROR, type="server_error").body)
-        yield b"data: [DONE]\n\n"
+        for line in chunks.closing():
+            yield line
     finally:
         await run.cancel_unless_finished()
 
 
 class Chunks:
-    """The SSE chunk bodies of one stream: chat.completion.chunk or text_completion."""
+    """The SSE lines of one OpenAI stream: chat.completion.chunk or text_completion chunks, then [DONE]."""
+
+    name = "api"
 
     def __init__(self, spec: JobSpec, include_usage: bool):
         self.spec = spec
+        self.include_usage = include_usage
         self.envelope = reply_envelope(spec, "chat.completion.chunk" if spec.chat else "text_completion")
         if include_usage:
             self.envelope["usage"] = None  # as OpenAI does: null on every chunk but the usage one
@@ -495,20 +502,57 @@ class Chunks:
         key = "delta" if self.spec.chat else "text"
         return {"index": 0, key: content, "finish_reason": finish_reason, "logprobs": logprobs}
 
-    def delta(self, content, logprobs: list[dict] | None = None, offset: int = 0) -> bytes:
-        """`logprobs`: the worker's entries for this chunk's tokens; `offset`: the characters sent before it."""
+    def opening(self) -> list[bytes]:
+        return [self._line({"role": "assistant", "content": ""})] if self.spec.chat else []
+
+    def delta(self, data: dict, offset: int) -> bytes | None:
+        """A delta event's chunk (None when it has neither text nor logprobs); `offset`: the characters sent
+        before it."""
+        if not (data["text"] or data.get("logprobs")):
+            return None
+        content = {"content": data["text"]} if self.spec.chat else data["text"]
+        return self._line(content, data.get("logprobs"), offset)
+
+    def _line(self, content, logprobs: list[dict] | None = None, offset: int = 0) -> bytes:
+        """`logprobs`: the worker's entries for this chunk's tokens."""
         shaped = None if logprobs is None else openai_logprobs(logprobs, self.spec.chat, offset)
         return sse({**self.envelope, "choices": [self._choice(content, logprobs=shaped)]})
 
-    def last(self, tail: str, finish_reason: str, stats: dict, queue_ms: float) -> bytes:
+    def done(self, tail: str, done: dict, queue_ms: float) -> list[bytes]:
+        """The last chunk (finish_reason, timings), then the usage chunk when the request asked for it."""
+        stats = done["stats"]
         content = ({"content": tail} if tail else {}) if self.spec.chat else tail
-        choices = [self._choice(content, finish_reason)]
-        return sse({**self.envelope, "choices": choices, "timings": timings(stats, queue_ms)})
+        choices = [self._choice(content, done["finish_reason"])]
+        lines = [sse({**self.envelope, "choices": choices, "timings": timings(stats, queue_ms)})]
+        if self.include_usage:
+            usage_body = {"choices": [], "usage": usage(stats), "timings": timings(stats, queue_ms)}
+            lines.append(sse({**self.envelope, **usage_body}))
+        return lines
 
-    def usage(self, stats: dict, queue_ms: float) -> bytes:
-        return sse(
-            {**self.envelope, "choices": [], "usage": usage(stats), "timings": timings(stats, queue_ms)}
-        )
+    def closing(self) -> list[bytes]:
+        return [DONE_LINE]
+
+
+class InfillChunks:
+    """The SSE lines of one llama.cpp /infill stream: `{content, stop: false}` per delta, then the last body
+    (stop: true, its timings); no [DONE] line, as llama.cpp sends none."""
+
+    name = "infill"
+
+    def __init__(self, run: JobRun):
+        self.run = run
+
+    def opening(self) -> list[bytes]:
+        return []
+
+    def delta(self, data: dict, offset: int) -> bytes | None:
+        return sse(infill_body(self.run, data["text"], None)) if data["text"] else None
+
+    def done(self, tail: str, done: dict, queue_ms: float) -> list[bytes]:
+        return [sse(infill_body(self.run, tail, done))]
+
+    def closing(self) -> list[bytes]:
+        return []
 
 
 # Characters that JSON leaves as they are but Python's str.splitlines() takes for line ends, and with it
@@ -748,7 +792,7 @@ async def infill(request):
     run, api_request, first = await start_job(request, completion, chat=False, fim=(prefix, suffix))
     try:
         if api_request.stream:
-            return stream_response(infill_stream(run, first), run)
+            return stream_response(job_stream(run, first, InfillChunks(run)), run)
         (_, done), _ = await run.until_end(first)
         await save(run.spec, done)
         return JsonResponse(infill_body(run, done["text"], done))
@@ -775,34 +819,3 @@ def infill_body(run: JobRun, content: str, done: dict | None) -> dict:
         "tokens_evaluated": stats["prompt_tokens"],
         "timings": timings(stats, run.queue_ms),
     }
-
-
-async def infill_stream(run: JobRun, first: tuple[str, dict]):
-    run.streaming = True
-    streamed = []
-    try:
-        kind, data = first
-        while True:
-            if kind == "delta" and data["text"]:
-                streamed.append(data["text"])
-                yield sse(infill_body(run, data["text"], None))
-            elif kind == "error":
-                yield sse(job_error(data).body)
-                break
-            elif kind == "done":
-                if data["finish_reason"] == "cancelled":
-                    yield sse(job_error({"code": "cancelled", "message": "The job was cancelled"}).body)
-                    break
-                await save(run.spec, data)
-                sent = "".join(streamed)
-                tail = data["text"][len(sent) :] if data["text"].startswith(sent) else ""
-                yield sse(infill_body(run, tail, data))
-                break
-            kind, data = await run.next()
-    except (asyncio.CancelledError, GeneratorExit):
-        raise
-    except Exception:
-        log.exception("infill stream for job %s failed", run.spec.id, extra={"job_id": run.spec.id})
-        yield sse(ApiError(500, INTERNAL_ERROR, type="server_error").body)
-    finally:
-        await run.cancel_unless_finished()

@@ -8,7 +8,6 @@ The worker serves a tiny synthetic checkpoint whose tokenizer carries Qwen2.5-Co
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import httpx
 import openai
@@ -17,8 +16,7 @@ import redis
 import torch
 
 from common.events import SamplingParams
-from tests.support import WebServer, WorkerProcess
-from tests.support.fim_checkpoint import write_fim_checkpoint
+from tests.support.fim_checkpoint import fim_stack, greedy_middle
 
 PREFIX = "def area(radius):\n    return "
 SUFFIX = "\n\n\nprint(area(2.0))\n"
@@ -27,19 +25,8 @@ SUFFIX = "\n\n\nprint(area(2.0))\n"
 @pytest.fixture(scope="module")
 def stack(redis_server, tmp_path_factory):
     redis.Redis.from_url(redis_server).flushall()
-    tmp = tmp_path_factory.mktemp("fim")
-    checkpoint = write_fim_checkpoint(tmp / "coder-ckpt")
-    models = [f"coder={checkpoint}", "plain=tiny-qwen2"]
-    worker = WorkerProcess(redis_server, models, tmp / "worker.log")
-    web = None
-    try:
-        worker.wait_ready()
-        web = WebServer(redis_server, tmp, env={"MODELS": ",".join(models)})
-        yield SimpleNamespace(web=web, worker=worker, checkpoint=checkpoint)
-    finally:
-        if web is not None:
-            web.stop()
-        worker.stop()
+    with fim_stack(redis_server, tmp_path_factory.mktemp("fim")) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -56,12 +43,6 @@ def api(web) -> openai.OpenAI:
 
 def post(web, path: str, body: dict) -> httpx.Response:
     return httpx.post(web.url + path, json=body, timeout=60)
-
-
-def local_middle(engine, prefix: str, suffix: str, max_new_tokens: int):
-    ids = engine.encode_fim(prefix, suffix)
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0)
-    return ids, list(engine.generate(ids, params, extra_stop_ids=engine.fim.stop_ids))[-1]
 
 
 # ---- facts, probes, tokens -----------------------------------------------------------------------------
@@ -124,7 +105,7 @@ def test_fim_with_suffix_returns_the_middle_streamed_and_not(stack, engine):
     client = api(stack.web)
     kwargs = {"model": "coder", "prompt": PREFIX, "suffix": SUFFIX, "max_tokens": 12, "temperature": 0}
     reply = client.completions.create(**kwargs)
-    ids, local = local_middle(engine, PREFIX, SUFFIX, 12)
+    ids, local = greedy_middle(engine, PREFIX, SUFFIX, 12)
     assert reply.choices[0].text == local.text and local.text
     assert reply.usage.prompt_tokens == len(ids)
     assert reply.usage.completion_tokens == local.stats.completion_tokens
@@ -151,7 +132,7 @@ def test_infill_in_llama_cpp_shape(stack, engine):
         "n_predict": 12,
         "temperature": 0,
     }
-    _, local = local_middle(engine, PREFIX, SUFFIX, 12)
+    _, local = greedy_middle(engine, PREFIX, SUFFIX, 12)
     reply = post(stack.web, "/infill", body)
     assert reply.status_code == 200, reply.text
     answer = reply.json()
@@ -169,7 +150,7 @@ def test_infill_in_llama_cpp_shape(stack, engine):
     for prefix, suffix in (("", SUFFIX), (PREFIX, "")):
         edge = post(stack.web, "/infill", {**body, "input_prefix": prefix, "input_suffix": suffix})
         assert edge.status_code == 200, edge.text
-        assert edge.json()["content"] == local_middle(engine, prefix, suffix, 12)[1].text
+        assert edge.json()["content"] == greedy_middle(engine, prefix, suffix, 12)[1].text
 
 
 def test_fim_refusals_name_the_model_and_the_field(stack):

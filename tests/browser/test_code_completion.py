@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.events import SamplingParams
-from tests.support import WebServer, WorkerProcess
-from tests.support.fim_checkpoint import write_fim_checkpoint
+from tests.support.fim_checkpoint import fim_stack, greedy_middle
 from tests.support.page import open_playground
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
@@ -21,28 +19,15 @@ MAX_TOKENS = 400  # long enough to be seen streaming (several render frames)
 
 @pytest.fixture(scope="module")
 def coder(redis_server, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("coder")
-    checkpoint = write_fim_checkpoint(tmp / "coder")
-    models = [f"coder={checkpoint}", "plain=tiny-qwen2"]
-    worker = WorkerProcess(redis_server, models, tmp / "worker.log")
-    web = None
-    try:
-        worker.wait_ready()
-        web = WebServer(redis_server, tmp, env={"MODELS": ",".join(models)})
-        yield web, checkpoint
-    finally:
-        if web is not None:
-            web.stop()
-        worker.stop()
+    with fim_stack(redis_server, tmp_path_factory.mktemp("coder")) as served:
+        yield served.web, served.checkpoint
 
 
 def expected_middle(checkpoint) -> str:
     from inference.engine import Engine
 
     engine = Engine.load(str(checkpoint), device="cpu")
-    ids = engine.encode_fim(PREFIX, SUFFIX)
-    params = SamplingParams(max_new_tokens=MAX_TOKENS, temperature=0)
-    return list(engine.generate(ids, params, extra_stop_ids=engine.fim.stop_ids))[-1].text
+    return greedy_middle(engine, PREFIX, SUFFIX, MAX_TOKENS)[1].text
 
 
 def test_code_completion_streams_the_middle_between_the_code_and_shares_it(coder, page):

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parents[2]
 # The model every end-to-end test runs: the shipped default model (a tiny synthetic preset until it exists).
@@ -26,7 +27,24 @@ def e2e_model() -> str:
     return str(DEFAULT_MODEL)
 
 
-class WorkerProcess:
+class LoggedProcess:
+    """A subprocess writing to its log file (`self.process`, `self.log`, set by the subclass)."""
+
+    process: subprocess.Popen
+    log: IO[bytes]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+
+
+class WorkerProcess(LoggedProcess):
     """`python -m inference.worker` as a real subprocess, logging to a file the test can read."""
 
     def __init__(self, redis_url: str, models: list[str], log_path: Path, env: dict | None = None):
@@ -71,18 +89,8 @@ class WorkerProcess:
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(timeout=10)
 
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.log.close()
 
-
-class WebServer:
+class WebServer(LoggedProcess):
     """daphne serving playground.asgi on a free port, against the suite's Redis and a fresh SQLite file."""
 
     def __init__(self, redis_url: str, tmp_path: Path, env: dict | None = None):
@@ -132,16 +140,6 @@ class WebServer:
             except OSError:
                 time.sleep(0.1)
         raise TimeoutError(f"daphne not serving after {timeout_s} s:\n{self.log_path.read_text()}")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.log.close()
 
 
 CHROMIUM = "/usr/bin/chromium"

@@ -1,10 +1,13 @@
 """A tiny synthetic checkpoint whose tokenizer carries Qwen2.5-Coder's fill-in-the-middle tokens: the shipped
-model has none yet, and the FIM tests need a model that has."""
+model has none yet, and the FIM tests need a model that has. fim_stack serves it beside a model without them."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 FIM_TOKENS = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>")
 
@@ -53,3 +56,33 @@ def write_fim_checkpoint(
     generation["eos_token_id"] = eos
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     return out_dir
+
+
+@contextmanager
+def fim_stack(redis_url: str, tmp: Path) -> Iterator[SimpleNamespace]:
+    """A real worker serving the FIM checkpoint as `coder` and the tiny-qwen2 preset (no FIM tokens) as
+    `plain`, and daphne in front of it: (web, worker, checkpoint), both stopped on the way out."""
+    from tests.support import WebServer, WorkerProcess
+
+    checkpoint = write_fim_checkpoint(tmp / "coder-ckpt")
+    models = [f"coder={checkpoint}", "plain=tiny-qwen2"]
+    worker = WorkerProcess(redis_url, models, tmp / "worker.log")
+    web = None
+    try:
+        worker.wait_ready()
+        web = WebServer(redis_url, tmp, env={"MODELS": ",".join(models)})
+        yield SimpleNamespace(web=web, worker=worker, checkpoint=checkpoint)
+    finally:
+        if web is not None:
+            web.stop()
+        worker.stop()
+
+
+def greedy_middle(engine, prefix: str, suffix: str, max_new_tokens: int):
+    """What `engine` (the checkpoint loaded in the test's process) writes between prefix and suffix at
+    temperature 0, the reference for the worker's answer: (the prompt's ids, the last event)."""
+    from common.events import SamplingParams
+
+    ids = engine.encode_fim(prefix, suffix)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0)
+    return ids, list(engine.generate(ids, params, extra_stop_ids=engine.fim.stop_ids))[-1]

@@ -27,6 +27,11 @@ Prefill (inference/fast/prefill.py) is the reference model's math over the whole
 products, Triton flash attention with RoPE and the KV-cache write, one kernel per block boundary; graphs for
 short prompts. On the CPU (tests) the same kernels run eagerly under Triton's interpreter.
 
+Speculative decoding (inference/speculative.py's drafts and rule, as the reference runner): a drafted step runs the
+current token and k drafts as k+1 positions of the prefill's path from the cache (verify), then hands the decode
+graphs the state plain steps would have left; without a draft the plain graph steps run as above
+(docs/speculative-decoding.md).
+
 Settings (inference/fast/settings.py) are resolved once from the model's shape and the device, or passed in;
 the launches read them from `settings`. On a GPU the engine then calls place_residual() (one measured choice of
 the residual's address: inference/fast/residual_placement.py). docs/fast-path.md has the why of each default.

@@ -38,9 +38,11 @@ def copying_prompt(seed: int, n: int) -> list[int]:
 
 
 def both_ways(
-    preset: str, prompt: list[int], params: SamplingParams, **settings
+    model: Transformer | str, prompt: list[int], params: SamplingParams, **settings
 ) -> tuple[list, list, FastRunner]:
-    model = model_of(preset)
+    """(plain tokens, drafted tokens, the drafting runner) of one request on two runners of `model` (a preset:
+    its random weights)."""
+    model = model_of(model) if isinstance(model, str) else model
     resolved = replace(RunnerSettings.resolve(model.cfg, DEVICE, DTYPE), **settings)
     plain = FastRunner(model, 128, settings=resolved, speculation=OFF)
     drafted = FastRunner(model, 128, settings=resolved, speculation=ON)

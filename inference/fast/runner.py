@@ -667,7 +667,8 @@ class FastRunner:
     def _init_speculation(self, speculation: SpeculationSettings | None) -> None:
         self.speculation = SpeculationSettings.from_env() if speculation is None else speculation
         self.counts: SpeculationCounts | None = None  # the current generation's (None: speculation off)
-        rows = MAX_DRAFT + 1  # the settings may change between requests (the benchmark's plain and drafted runs)
+        # the settings may change between requests (the benchmark's plain and drafted runs): room for the most
+        rows = MAX_DRAFT + 1
         # A verify step's input ids [k+1] (the current token, then the draft), and the tokens it chose [k+1].
         self.verify_ids = torch.zeros(rows, dtype=torch.long, device=self.device)
         self.verify_tokens = torch.zeros(rows, dtype=torch.int32, device=self.device)

@@ -274,6 +274,9 @@ def main(argv: list[str] | None = None) -> None:
             "acceptance": round(acceptance(rows), 3),
             "edit_acceptance": round(acceptance([r for r in rows if r["kind"] == "edit"]), 3),
             "all_identical": all(r["identical"] for r in rows),
+            # the bars: edits >= 2x plain (median over the set), free generation within 3% of plain
+            "edit_speedup_median": statistics.median(r["speedup"] for r in rows if r["kind"] == "edit"),
+            "free_speedup_median": statistics.median(r["speedup"] for r in rows if r["kind"] == "free"),
         }
         print(json.dumps(summary), flush=True)
     curves = []

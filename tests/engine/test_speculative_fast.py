@@ -3,7 +3,10 @@ step's rows are the plain steps' logits, and a generation gives the same tokens 
 seeded, across sliding windows, the Laneformer's delayed reductions and lane groups. The prompts are chosen so
 that some drafts are accepted and some rejected (each test checks it did)."""
 
+import os
 import random
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -18,6 +21,7 @@ from inference.model import Transformer
 from inference.presets import preset_config
 from inference.speculative import SpeculationSettings
 from tests.engine.test_fast_runner import ALL_PACKED, bf16_valued, make_model
+from tests.support import ROOT
 from tests.support.kernels import DEVICE, ON_GPU
 
 DTYPE = torch.bfloat16 if ON_GPU else torch.float32
@@ -134,3 +138,13 @@ def test_the_engine_reports_the_fast_runners_drafts(monkeypatch):
     off = Engine.load("tiny-qwen3", device=str(DEVICE))
     stats = list(off.generate(copying_prompt(3, 12), SamplingParams(max_new_tokens=12)))[-1].stats
     assert (stats.draft_n, stats.decode_steps) == (0, stats.completion_tokens - 1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal without a GPU")
+def test_the_verify_curve_refuses_in_one_line_without_a_gpu(tmp_path):
+    command = [sys.executable, "-m", "inference.bench.speculative", "--verify-curve", "--json", "spec.json"]
+    done = subprocess.run(command, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().endswith("needs a CUDA GPU") and done.stderr.count("\n") == 1, done.stderr
+    assert not (tmp_path / "spec.json").exists()

@@ -44,6 +44,7 @@ from inference.bench.timing import (
     time_contract,
     time_fast,
 )
+from inference.speculative import SpeculationSettings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,8 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     defaults = RunnerSettings.resolve(cfg, device, torch.bfloat16)
 
     def build(**changes) -> FastRunner:
-        """A runner as the engine builds it (its residual placed), with `changes` to the default settings."""
-        built = FastRunner(model, max_context, settings=dataclasses.replace(defaults, **changes))
+        """A runner as the engine builds it (its residual placed), with `changes` to the default settings. Plain
+        decoding: random weights fall into loops that drafts would copy (inference/bench/speculative.py measures
+        speculation on a trained model)."""
+        built = FastRunner(model, max_context, settings=dataclasses.replace(defaults, **changes),
+                           speculation=SpeculationSettings(enabled=False))  # fmt: skip
         built.place_residual()
         return built
 

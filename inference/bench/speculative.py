@@ -3,11 +3,17 @@ of a verify step.
 
     python -m inference.bench.speculative [--model models/default] [--device cpu|cuda] [--max-tokens 128]
         [--curve laneformer-2b,qwen3-1.7b,qwen2.5-coder-1.5b] [--context 512] [--json out.json]
+    python -m inference.bench.speculative --verify-curve [--json out.json]    (the GPU table, one command)
 
 Part one, per workload prompt (inference/bench/workload.py), greedy: decode tok/s plain and with drafts (the
 engine's figure, generated tokens over decode time), tokens per step, the drafts kept, and whether the two
-outputs are the same tokens (they must be). The runner is the engine's: on a GPU that is the fast runner, which
-does not speculate yet, so there --backend reference times the reference runner both ways as well.
+outputs are the same tokens (they must be). The runner is the engine's: on a GPU the fast runner (--backend
+reference times the reference runner instead).
+--verify-curve (GPU only: it refuses without one) is part one on the fast runner, then per 2B-class preset
+(VERIFY_PRESETS, random bf16 weights) the fast runner's verify step over k+1 positions (FastRunner.verify, as
+generate_tokens runs it) against its one-position decode step (the greedy CUDA graph), k = 1..16, each the
+median of device-timed repeats from a --context-token cache, with the decode tok/s implied at part one's
+acceptance (the formula below).
 Part two, per shape named in --curve (a preset or a checkpoint folder; random bf16 weights on the device; fp32 on the CPU): the time of one
 model step over k+1 positions from a --context-token cache over the one-position step, k = 0..16 (each step a
 CUDA graph on a GPU: launch overhead is not what is measured), and the decode tok/s this implies at the
@@ -20,7 +26,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -33,6 +41,8 @@ from inference.presets import preset_config
 from inference.speculative import SpeculationSettings
 
 CURVE_K = range(0, 17)
+VERIFY_K = range(1, 17)
+VERIFY_PRESETS = ("laneformer-2b", "llama-3.2-1b", "qwen3-1.7b")
 
 
 def run_workload(model: str, device: str, max_tokens: int, repeats: int) -> list[dict]:
@@ -168,6 +178,56 @@ def verify_curve(shape: str, device: torch.device, context: int, accept: float) 
             "acceptance": round(accept, 3), "best_k": best["k"], "curve": curve}  # fmt: skip
 
 
+def tokens_per_step(accept: float, k: int) -> float:
+    """Tokens a draft of k yields when each is kept with probability `accept` (independently, an approximation)."""
+    return (1 - accept ** (k + 1)) / (1 - accept) if accept < 1 else k + 1.0
+
+
+@torch.no_grad()
+def fast_verify_curve(preset: str, context: int, accept: float, repeats: int) -> dict:
+    """The fast runner's verify step over k+1 positions over its plain decode step, k in VERIFY_K, on `preset`
+    with random bf16 weights, after a `context`-token prefill. Device-timed (CUDA events), medians of `repeats`;
+    the verify step is timed as generate_tokens runs it (eager launches included, the argmax of its rows)."""
+    from inference.bench.model_setup import build_model
+    from inference.bench.timing import median_ms
+    from inference.fast.runner import FastRunner
+
+    device = torch.device("cuda")
+    model = build_model(preset, device, torch.bfloat16)
+    runner = FastRunner(model, context + max(VERIFY_K) + 64)
+    runner.place_residual()  # as the engine builds it
+    prompt = torch.randint(3, model.cfg.vocab_size, (context,), generator=torch.Generator().manual_seed(0))
+    runner.prefill(prompt.tolist())
+    graph = runner.capture(greedy=True)
+    steps = 10  # plain steps back to back, as decoding queues them
+
+    def plain() -> None:
+        for _ in range(steps):
+            graph.replay()
+
+    def verify(draft: list[int]) -> None:
+        runner.verify(context, draft)[:, : runner.vocab_limit].argmax(-1)
+
+    times = []
+    # the replays move the position on: every repeat starts from the prompt's end
+    with runner.step_state_kept():
+        for _ in range(repeats):
+            runner.pos.fill_(context)
+            times.append(median_ms(plain, repeats=1) / steps)
+    plain_ms = statistics.median(times)
+    curve = []
+    for k in VERIFY_K:
+        draft = torch.randint(3, model.cfg.vocab_size, (k,)).tolist()
+        ms = median_ms(partial(verify, draft), repeats)
+        cost, tokens = ms / plain_ms, tokens_per_step(accept, k)
+        curve.append({"k": k, "verify_ms": round(ms, 3), "cost": round(cost, 3),
+                      "tokens_per_step": round(tokens, 2), "tok_s": round(tokens / cost * 1e3 / plain_ms, 1)})  # fmt: skip
+    best = max(curve, key=lambda c: c["tok_s"])
+    return {"preset": preset, "runner": "fast", "context": context, "plain_step_ms": round(plain_ms, 4),
+            "plain_tok_s": round(1e3 / plain_ms, 1), "acceptance": round(accept, 3), "best_k": best["k"],
+            "best_tok_s": best["tok_s"], "curve": curve}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     from common.names import default_model
 
@@ -186,7 +246,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--acceptance", type=float, default=None, help="for part two; default: part one's")
     parser.add_argument("--json", default="", help="write the results here too")
     parser.add_argument("--no-workload", action="store_true", help="part two alone (give --acceptance)")
+    parser.add_argument(
+        "--verify-curve",
+        nargs="?",
+        const=",".join(VERIFY_PRESETS),
+        default="",
+        help="GPU: part one on the fast runner, then the fast runner's verify-step curve on these presets "
+        f"(default {','.join(VERIFY_PRESETS)})",
+    )
+    parser.add_argument("--verify-repeats", type=int, default=20, help="device-timed repeats per point")
     args = parser.parse_args(argv)
+    if args.verify_curve:
+        from inference.bench.model_setup import cuda_missing
+
+        if cuda_missing("inference.bench.speculative --verify-curve"):
+            raise SystemExit(2)
+        args.device, args.backend = "cuda", args.backend or "fast"
     if args.backend:
         os.environ["KOG_BACKEND"] = args.backend
     if args.no_workload and args.acceptance is None:
@@ -199,15 +274,23 @@ def main(argv: list[str] | None = None) -> None:
             "acceptance": round(acceptance(rows), 3),
             "edit_acceptance": round(acceptance([r for r in rows if r["kind"] == "edit"]), 3),
             "all_identical": all(r["identical"] for r in rows),
+            # the issue's bars: edits >= 2x plain (median over the set), free generation within 3% of plain
+            "edit_speedup_median": statistics.median(r["speedup"] for r in rows if r["kind"] == "edit"),
+            "free_speedup_median": statistics.median(r["speedup"] for r in rows if r["kind"] == "free"),
         }
         print(json.dumps(summary), flush=True)
     curves = []
     for shape in filter(None, args.curve.split(",")):
         curves.append(verify_curve(shape.strip(), torch.device(args.device), args.context, accept))
         print(json.dumps(curves[-1]), flush=True)
+    verify = []
+    for preset in filter(None, args.verify_curve.split(",")):
+        verify.append(fast_verify_curve(preset.strip(), args.context, accept, args.verify_repeats))
+        torch.cuda.empty_cache()  # the preset's runner is gone: its memory goes back before the next one's
+        print(json.dumps(verify[-1]), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"workload": rows, "summary": summary, "curves": curves}, f, indent=1)
+            json.dump({"workload": rows, "summary": summary, "curves": curves, "verify": verify}, f, indent=1)
 
 
 if __name__ == "__main__":

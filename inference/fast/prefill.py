@@ -39,12 +39,13 @@ if TYPE_CHECKING:
 
 @torch.no_grad()
 def forward_prompt(model: Transformer, layers: list[LayerWeights], cache: KVCache, scratch: AttentionScratch,
-                   ids: torch.Tensor, last: torch.Tensor, start: int | torch.Tensor = 0) -> torch.Tensor:  # fmt: skip
+                   ids: torch.Tensor, last: torch.Tensor | None, start: int | torch.Tensor = 0) -> torch.Tensor:  # fmt: skip
     """model.forward over a prompt ids [T] at positions start .. start + T - 1 into cache (whose rows before start
     hold a reused prefix's keys and values; start: an int, or a device int64 [1] a graph reads at each replay);
     the logits [V] at row last [1] of ids. layers: the model's as the
     runner holds them (q|k|v as one matrix); scratch: the decode attention's, for the last position. Everything
-    else a layer carries across rows (the delayed reduction's partials) is per position."""
+    else a layer carries across rows (the delayed reduction's partials) is per position.
+    last None: every row's logits [T, V] (a speculative verify step's; the last layer runs as the others)."""
     cfg = model.cfg
     lanes, dim, eps = cfg.num_lanes, cfg.hidden_size, cfg.norm_eps
     T = ids.shape[0]
@@ -61,7 +62,7 @@ def forward_prompt(model: Transformer, layers: list[LayerWeights], cache: KVCach
         qkv = h @ w.wqkv.mT  # [L, T, (H/L + 2 KV/L) * hd]
         if w.bqkv is not None:
             qkv = qkv + w.bqkv[:, None]
-        if i == len(layers) - 1:
+        if i == len(layers) - 1 and last is not None:
             return _last_layer(model, cache, scratch, i, w, x, qkv, last, attn_partials, mlp_partials, start)
         # the cache rows start .. start + T - 1 of layer i written, and the heads [L, T, H/L * hd] for the o-proj
         heads = prefill_attention(qkv, cache.k[i, 0], cache.v[i, 0], model.rope_cos, model.rope_sin,
@@ -79,7 +80,7 @@ def forward_prompt(model: Transformer, layers: list[LayerWeights], cache: KVCach
                 partials[i] = None
             if w.mode == "delayed":
                 partials[w.history_in] = None
-    raise AssertionError("unreachable: the last layer returns")
+    return model.head(x).float()  # every row: [T, V]
 
 
 def _last_layer(model: Transformer, cache: KVCache, scratch: AttentionScratch, i: int, w: LayerWeights,

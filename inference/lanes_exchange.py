@@ -16,6 +16,7 @@ buffers.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -63,11 +64,15 @@ class CollectiveExchange:
         pass
 
 
-def share_across_processes(tensor: torch.Tensor) -> tuple:
-    """What opens `tensor` (a CUDA tensor) in another process: torch.multiprocessing's IPC reduction."""
-    from torch.multiprocessing.reductions import reduce_tensor
+def shared(tensor: torch.Tensor) -> bytes:
+    """What opens `tensor` in another process of this machine, pickled by torch.multiprocessing: a CUDA IPC
+    handle for GPU memory; a shared-memory file for CPU memory (the CPU path: Triton's interpreter runs the
+    kernels over it). The sender must outlive the receivers' use."""
+    from multiprocessing.reduction import ForkingPickler
 
-    return reduce_tensor(tensor)
+    import torch.multiprocessing  # noqa: F401 - registers its reductions with ForkingPickler
+
+    return bytes(ForkingPickler.dumps(tensor))
 
 
 class _Mailbox:
@@ -77,15 +82,16 @@ class _Mailbox:
         self.spec, self.rank, self.world = spec, rank, world
         self.rows = torch.zeros(spec.slots, world, *spec.shape, dtype=spec.dtype, device=device)
         self.flags = torch.zeros(spec.slots, world, dtype=torch.int32, device=device)
+        if device.type == "cpu":  # moved to shared memory before any address is taken
+            self.rows.share_memory_()
+            self.flags.share_memory_()
         self.row_size = self.rows[0, 0].numel()
-        shared = [None] * world
-        dist.all_gather_object(
-            shared, (share_across_processes(self.rows), share_across_processes(self.flags))
-        )
+        handles = [None] * world
+        dist.all_gather_object(handles, (shared(self.rows), shared(self.flags)))
         # the other ranks' buffers, opened here (kept: closing them would unmap what the kernels write)
         self.peers = [
-            (self.rows, self.flags) if r == rank else (rebuild(*args), rebuild_f(*args_f))
-            for r, ((rebuild, args), (rebuild_f, args_f)) in enumerate(shared)
+            (self.rows, self.flags) if r == rank else (pickle.loads(rows), pickle.loads(flags))
+            for r, (rows, flags) in enumerate(handles)
         ]
         self.row_table = torch.tensor(
             [rows.data_ptr() for rows, _ in self.peers], dtype=torch.int64, device=device

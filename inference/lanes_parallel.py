@@ -43,9 +43,8 @@ class LaneShard:
     columns of one rank, whose weights are views of this rank's slices: the attention and MLP math is the
     one-device model's, and only the reduction and the head know about the other ranks."""
 
-    def __init__(
-        self, model: Transformer, rank: int, world: int, max_len: int, transport: str = "collective"
-    ):
+    def __init__(self, model: Transformer, rank: int, world: int, max_len: int, transport: str = "collective",
+                 chunk: int | None = None):  # fmt: skip
         cfg = model.cfg
         if cfg.num_lanes % world:
             raise ValueError(f"world: {world} processes cannot share {cfg.num_lanes} lanes evenly")
@@ -67,15 +66,15 @@ class LaneShard:
         head = model.tok_embeddings if model.lm_head is None else model.lm_head
         self.head_rows = head[self.vocab]  # [V/P, D]
         self.share_size = -(-cfg.vocab_size // world)  # the largest vocabulary share; the others padded to it
-        self.chunk: int | None = None  # the most positions one forward takes (None: any)
+        # the most positions one forward takes (None: any); a peer mailbox holds that many rows
+        self.chunk = chunk or (PEER_CHUNK if transport == "peer" else None)
         if transport == "collective":
             self.exchange = CollectiveExchange(world)
         elif transport == "peer":
-            self.chunk = PEER_CHUNK
             device = model.tok_embeddings.device
             self.exchange = PeerExchange(rank, world, device, {
                 # slot 2i: layer i's attention sum, 2i + 1: its MLP's, 2N: the head's lane mean
-                "rows": MailboxSpec(2 * cfg.num_layers + 1, (PEER_CHUNK, cfg.hidden_size), model.tok_embeddings.dtype),
+                "rows": MailboxSpec(2 * cfg.num_layers + 1, (self.chunk, cfg.hidden_size), model.tok_embeddings.dtype),
                 "best": MailboxSpec(1, (2,), torch.float64),  # a greedy step's (logit, id)
                 "logits": MailboxSpec(1, (self.share_size,), torch.float32),
             })  # fmt: skip
@@ -204,7 +203,7 @@ MODES = {"gloo": ("gloo", "collective"), "nccl": ("nccl", "collective"), "peer":
 def rank_device(mode: str, rank: int) -> torch.device:
     """Rank r's device: the CPU over gloo; GPU r with NCCL; with peer mailboxes GPU r where there are enough,
     else the GPUs in turn (several processes sharing one)."""
-    if mode == "gloo":
+    if mode == "gloo" or not torch.cuda.is_available():  # peer on the CPU: shared memory, interpreted kernels
         return torch.device("cpu")
     if mode == "nccl":
         return torch.device("cuda", rank)
@@ -218,10 +217,13 @@ def transport(mode: str) -> str:
 def init_rank(rank: int, world: int, port: int, mode: str) -> None:
     """Join this process to the lane group (rank `rank` of `world`, rendezvous at 127.0.0.1:`port`)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **NO_MULTICAST)
-    if mode == "gloo":
+    device = rank_device(mode, rank)
+    if device.type == "cpu":
         torch.set_num_threads(1)  # P processes share the machine's cores
+        # shared CPU tensors as named files: every other rank opens each (a passed descriptor opens once)
+        torch.multiprocessing.set_sharing_strategy("file_system")
     else:
-        torch.cuda.set_device(rank_device(mode, rank))
+        torch.cuda.set_device(device)
     dist.init_process_group(MODES[mode][0], rank=rank, world_size=world)
 
 
@@ -256,9 +258,8 @@ def spawn_lanes(world: int, job: Callable[[int, int], object], mode: str = "gloo
     return [by_rank[rank] for rank in range(world)]
 
 
-def greedy_job(
-    raw_config: dict, seed: int, prompt: list[int], max_new_tokens: int, mode: str, rank: int, world: int
-):
+def greedy_job(raw_config: dict, seed: int, prompt: list[int], max_new_tokens: int, mode: str, rank: int,
+               world: int, *, chunk: int | None = None):  # fmt: skip
     """spawn_lanes' job for a synthetic model: every rank builds synth.peaked_model(config, seed) (the same
     weights everywhere, fp32), keeps its lanes and decodes greedily; returns the tokens and the next step's
     logits (a list: tensors sent between processes need their sender alive)."""
@@ -266,7 +267,7 @@ def greedy_job(
     from inference.synth import peaked_model
 
     model = peaked_model(ModelConfig.from_hf(raw_config), seed).to(rank_device(mode, rank))
-    shard = LaneShard(model, rank, world, len(prompt) + max_new_tokens, transport(mode))
+    shard = LaneShard(model, rank, world, len(prompt) + max_new_tokens, transport(mode), chunk)
     tokens = greedy(shard, prompt, max_new_tokens)
     last = shard.logits(shard.forward(tokens[-1:], len(prompt) + max_new_tokens - 1))
     return tokens, last.tolist()

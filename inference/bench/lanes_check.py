@@ -1,0 +1,113 @@
+"""python -m inference.bench.lanes_check: a model's lanes divided among processes give the one-process model's
+greedy tokens (inference/lanes_parallel.py).
+
+The one-process model decodes greedily; then `--procs` processes, each holding its share of the lanes, are fed
+the same tokens (teacher forcing: one divergence does not hide the steps after it) and their argmax is compared
+step by step. A step is decisive when the reference's top two logits are further apart than `--margin`; every
+decisive step must agree (a near-tie may flip with the order of the sums). With `--mode peer` and one GPU the
+processes share it, exchanging through CUDA IPC mailboxes; `--mode nccl` wants a GPU a process. Prints one JSON
+line; exit 1 when a decisive step disagrees. Example (random peaked weights, fp32):
+
+    python -m inference.bench.lanes_check --model laneformer-2b --procs 2 --mode peer
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import time
+
+import torch
+
+from inference.bench.correctness import check_prompt
+from inference.bench.model_setup import INITS, build_model
+from inference.lanes_parallel import MODES, LaneShard, rank_device, spawn_lanes, transport
+from inference.model import KVCache
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@torch.no_grad()
+def reference(model, prompt: list[int], new_tokens: int) -> tuple[list[int], torch.Tensor]:
+    """The one-process model's greedy tokens and the fp32 logits of each step, [new_tokens, V] on the CPU."""
+    device = model.tok_embeddings.device
+    cache = KVCache(model.cfg, len(prompt) + new_tokens, 1, device, model.tok_embeddings.dtype)
+    logits = [model(torch.tensor([prompt], device=device), 0, cache, last_only=True)[0, -1]]
+    tokens = [int(logits[-1].argmax())]
+    while len(tokens) < new_tokens:
+        step = torch.tensor([tokens[-1:]], device=device)
+        logits.append(model(step, len(prompt) + len(tokens) - 1, cache)[0, -1])
+        tokens.append(int(logits[-1].argmax()))
+    return tokens, torch.stack(logits).float().cpu()
+
+
+@torch.no_grad()
+def forced_job(args: dict, prompt: list[int], tokens: list[int], rank: int, world: int):
+    """spawn_lanes' job: this rank's lanes fed the prompt and then `tokens`; rank 0 returns each step's logits
+    ([len(tokens), V] as numpy) and the decode steps' seconds, the others None."""
+    mode, device = args["mode"], rank_device(args["mode"], rank)
+    model = build_model(args["model"], device, DTYPES[args["dtype"]], args["seed"], args["init"])
+    shard = LaneShard(model, rank, world, len(prompt) + len(tokens), transport(mode))
+    logits = [shard.logits(shard.forward(prompt, 0))]
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    began = time.perf_counter()
+    for i, token in enumerate(tokens[:-1]):
+        logits.append(shard.logits(shard.forward([token], len(prompt) + i)))
+    shard.exchange.check()
+    seconds = time.perf_counter() - began
+    return (torch.stack(logits).cpu().numpy(), seconds) if rank == 0 else None
+
+
+def compare(expected: torch.Tensor, got: torch.Tensor, margin: float) -> dict:
+    """expected, got: [steps, V] fp32 logits."""
+    top2 = expected.topk(2, dim=-1).values
+    decisive = (top2[:, 0] - top2[:, 1]) > margin
+    same = expected.argmax(-1) == got.argmax(-1)
+    return {
+        "steps": len(same),
+        "same": int(same.sum()),
+        "decisive_steps": int(decisive.sum()),
+        "decisive_same": int((same & decisive).sum()),
+        "max_abs_logit_diff": float((expected - got).abs().max()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m inference.bench.lanes_check", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--model", default="laneformer-2b", help="a preset or a checkpoint directory")
+    parser.add_argument("--procs", type=int, default=2, help="processes the lanes are divided among")
+    parser.add_argument("--mode", choices=tuple(MODES), default="peer")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
+    parser.add_argument("--init", choices=INITS, default="peaked", help="a preset's weights")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--prompt-len", type=int, default=160, help="longer than a mailbox: prefilled in pieces"
+    )
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--margin", type=float, default=None, help="decisive top-two gap (default by dtype)")
+    args = parser.parse_args(argv)
+    margin = args.margin if args.margin is not None else (1e-3 if args.dtype == "float32" else 0.25)
+
+    device = rank_device(args.mode, 0)
+    model = build_model(args.model, device, DTYPES[args.dtype], args.seed, args.init)
+    prompt = check_prompt(args.model, model.cfg.vocab_size, args.prompt_len)
+    tokens, expected = reference(model, prompt, args.new_tokens)
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    job = functools.partial(forced_job, vars(args), prompt, tokens)
+    got, seconds = spawn_lanes(args.procs, job, mode=args.mode)[0]
+    result = compare(expected, torch.from_numpy(got), margin)
+    result.update(model=args.model, procs=args.procs, mode=args.mode, dtype=args.dtype, margin=margin,
+                  device=str(device), decode_s=round(seconds, 3))  # fmt: skip
+    print(json.dumps(result))
+    return 0 if result["decisive_same"] == result["decisive_steps"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

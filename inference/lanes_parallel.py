@@ -158,6 +158,7 @@ class LaneShard:
         padded = torch.full((self.share_size,), float("-inf"), device=y.device)
         padded[: share.numel()] = share
         gathered = self.exchange.gather("logits", 0, padded)
+        self.exchange.check()
         vocab = self.cfg.vocab_size
         sizes = [(r + 1) * vocab // self.world - r * vocab // self.world for r in range(self.world)]
         return torch.cat([g[:n] for g, n in zip(gathered, sizes, strict=True)])

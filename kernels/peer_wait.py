@@ -30,9 +30,9 @@ def _peer_wait_kernel(flags_ptr, epoch_ptr, status_ptr, max_spins, P: tl.constex
 
 
 def peer_wait(
-    flags: torch.Tensor, epoch: torch.Tensor, status: torch.Tensor, max_spins: int = 1 << 30
+    flags: torch.Tensor, epoch: torch.Tensor, status: torch.Tensor, max_spins: int = 1 << 24
 ) -> None:
     """flags: [P] int32, one slot's flags in this rank's mailbox; epoch: [1] int32; status: [1] int32, set to 1
-    when the wait gave up."""
+    when the wait gave up (after ~2^24 rounds of a microsecond or so: a rank that stopped, not a slow one)."""
     P = flags.numel()
     _peer_wait_kernel[(1,)](flags, epoch, status, max_spins, P=P, P_POW2=triton.next_power_of_2(P))

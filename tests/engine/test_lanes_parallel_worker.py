@@ -1,0 +1,60 @@
+"""The worker serving a Laneformer with its lanes divided among processes (KOG_GPUS / --gpus; gloo on the CPU
+here): the real worker, web process and openai client give the one-process engine's greedy text, and a lane
+count the processes cannot share is refused at start in one line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import openai
+import pytest
+
+from common.events import SamplingParams
+from tests.support import ROOT
+
+MODEL = "lanes=tiny-laneformer"  # 4 lanes
+PROMPT = "def add(a, b):\n    return"
+
+
+@pytest.mark.slow
+def test_a_worker_on_two_ranks_answers_with_the_one_process_engines_tokens(start_worker, start_web):
+    from inference.engine import Engine
+
+    worker = start_worker(models=[MODEL], env={"KOG_GPUS": "2", "KOG_BACKEND": "reference"})
+    web = start_web(env={"MODELS": MODEL})
+    client = openai.OpenAI(base_url=f"{web.url}/v1", api_key="no-key-needed", max_retries=0, timeout=120)
+    answers = [
+        client.completions.create(model="lanes", prompt=PROMPT, max_tokens=16, temperature=0)
+        for _ in range(2)
+    ]
+
+    engine = Engine.load("tiny-laneformer", device="cpu")
+    params = SamplingParams(max_new_tokens=16, temperature=0)
+    done = list(engine.generate(engine.encode_prompt(PROMPT), params))[-1]
+    for answer in answers:  # the second job runs on the ranks the first one left
+        assert answer.choices[0].text == done.text
+        assert answer.usage.completion_tokens == done.stats.completion_tokens
+    assert "and 1 more ranks" in worker.log_path.read_text()
+
+
+def test_lanes_the_processes_cannot_share_are_refused_at_start(redis_url):
+    done = subprocess.run(
+        [sys.executable, "-m", "inference.worker", "--redis-url", redis_url, "--model", MODEL, "--gpus", "3"],
+        cwd=ROOT, env={**os.environ, "KOG_DEVICE": "cpu"}, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 78, done.stderr
+    assert "KOG_GPUS=3: only a Laneformer whose lane count divides by 3" in done.stderr
+
+
+@pytest.mark.parametrize(("flag", "variable"), [(["--gpus", "0"], {}), ([], {"KOG_GPUS": "two"})])
+def test_a_gpu_count_that_is_no_positive_integer_is_refused(redis_url, flag, variable):
+    done = subprocess.run(
+        [sys.executable, "-m", "inference.worker", "--redis-url", redis_url, "--model", MODEL, *flag],
+        cwd=ROOT, env={**os.environ, "KOG_DEVICE": "cpu", **variable}, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "KOG_GPUS" in done.stderr or "--gpus" in done.stderr

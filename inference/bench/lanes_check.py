@@ -9,6 +9,10 @@ processes share it, exchanging through CUDA IPC mailboxes; `--mode nccl` wants a
 line; exit 1 when a decisive step disagrees. Example (random peaked weights, fp32):
 
     python -m inference.bench.lanes_check --model laneformer-2b --procs 2 --mode peer
+
+`--engine` checks the worker's path instead (inference/lanes_runner.py, what --gpus N serves): the engine whose
+lanes run on `--procs` processes against the one-process engine (reference runner), greedy tokens of a text
+prompt; the model must be one the engine loads (a checkpoint, or a preset it synthesises: tiny-laneformer).
 """
 
 from __future__ import annotations
@@ -75,6 +79,35 @@ def compare(expected: torch.Tensor, got: torch.Tensor, margin: float) -> dict:
     }
 
 
+def engine_check(args: argparse.Namespace) -> dict:
+    """The worker's engine on `args.procs` processes against the one-process engine: greedy token ids."""
+    import os
+
+    from common.events import SamplingParams, TextDelta
+    from inference.engine import Engine
+    from inference.lanes_runner import load_lanes_engine
+
+    os.environ["KOG_BACKEND"] = "reference"  # the one-process engine's step is the reference one as well
+    device = "cpu" if args.mode == "gloo" else "cuda"
+    params = SamplingParams(max_new_tokens=args.new_tokens, temperature=0)
+
+    def tokens(engine) -> list[int]:
+        ids = engine.encode_prompt("def fibonacci(n):\n    ")
+        return [
+            t
+            for event in engine.generate(ids, params)
+            if isinstance(event, TextDelta)
+            for t in event.token_ids
+        ]
+
+    expected = tokens(Engine.load(args.model, device=device, dtype=args.dtype))
+    lanes = load_lanes_engine(args.model, device, args.dtype, args.procs)
+    got = tokens(lanes)
+    lanes.runner.close()
+    same = sum(a == b for a, b in zip(expected, got, strict=False))
+    return {"steps": len(expected), "same": same, "identical": expected == got}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m inference.bench.lanes_check", description=__doc__.splitlines()[0]
@@ -90,7 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--margin", type=float, default=None, help="decisive top-two gap (default by dtype)")
+    parser.add_argument("--engine", action="store_true", help="the worker's engine (--gpus N) instead")
     args = parser.parse_args(argv)
+    if args.engine:
+        result = {**engine_check(args), "model": args.model, "procs": args.procs, "mode": args.mode}
+        print(json.dumps(result))
+        return 0 if result["identical"] else 1
     margin = args.margin if args.margin is not None else (1e-3 if args.dtype == "float32" else 0.25)
 
     device = rank_device(args.mode, 0)

@@ -23,6 +23,7 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -215,8 +216,9 @@ def transport(mode: str) -> str:
     return MODES[mode][1]
 
 
-def init_rank(rank: int, world: int, port: int, mode: str) -> None:
-    """Join this process to the lane group (rank `rank` of `world`, rendezvous at 127.0.0.1:`port`)."""
+def init_rank(rank: int, world: int, port: int, mode: str, timeout: timedelta | None = None) -> None:
+    """Join this process to the lane group (rank `rank` of `world`, rendezvous at 127.0.0.1:`port`); `timeout`:
+    how long a collective may wait (None: torch's default)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **NO_MULTICAST)
     device = rank_device(mode, rank)
     if device.type == "cpu":
@@ -225,7 +227,7 @@ def init_rank(rank: int, world: int, port: int, mode: str) -> None:
         torch.multiprocessing.set_sharing_strategy("file_system")
     else:
         torch.cuda.set_device(device)
-    dist.init_process_group(MODES[mode][0], rank=rank, world_size=world)
+    dist.init_process_group(MODES[mode][0], rank=rank, world_size=world, timeout=timeout)
 
 
 def _run_rank(rank: int, world: int, port: int, mode: str, job: Callable, results) -> None:

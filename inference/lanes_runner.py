@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
+import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -46,6 +49,17 @@ def check_divisible(config, gpus: int) -> None:
         raise ValueError(f"KOG_GPUS={gpus}: the lanes run apart with a replicated head only")
 
 
+# A worker waits for requests as long as it runs: so may its followers (the group's default is 30 minutes).
+IDLE_FOREVER = timedelta(days=365)
+
+
+def _exit_with(parent: int) -> None:
+    """End this process when `parent` (the worker) is gone: a worker killed outright leaves no rank waiting."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
+
+
 def _follow(
     rank: int, world: int, port: int, mode: str, path: str, dtype: torch.dtype, max_context: int
 ) -> None:
@@ -53,7 +67,8 @@ def _follow(
     from inference.checkpoint import load_weights
     from inference.config import ModelConfig
 
-    init_rank(rank, world, port, mode)
+    threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True).start()
+    init_rank(rank, world, port, mode, IDLE_FOREVER)
     device = rank_device(mode, rank)
     config = ModelConfig.from_hf(Path(path))
     model = Transformer.from_weights(config, load_weights(Path(path), config, device, dtype))
@@ -93,7 +108,7 @@ class LanesRunner:
         ]
         for follower in self.followers:
             follower.start()
-        init_rank(0, world, port, mode)
+        init_rank(0, world, port, mode, IDLE_FOREVER)
         self.shard = LaneShard(model, 0, world, max_context, transport(mode))
         self.cache = self.shard.cache  # rank 0's KV heads (what the prefix cache would size itself by)
         self.last_prefill_ms = 0.0

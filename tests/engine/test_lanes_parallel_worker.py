@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import openai
 import pytest
@@ -37,6 +39,27 @@ def test_a_worker_on_two_ranks_answers_with_the_one_process_engines_tokens(start
         assert answer.choices[0].text == done.text
         assert answer.usage.completion_tokens == done.stats.completion_tokens
     assert "and 1 more ranks" in worker.log_path.read_text()
+
+    followers = children(worker.process.pid)
+    assert followers, "the worker started no follower rank"
+    worker.kill()  # no goodbye: the followers notice on their own
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{pid}").exists() for pid in followers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in followers if Path(f"/proc/{pid}").exists()], "a follower outlived its worker"
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+        except OSError:  # gone meanwhile
+            continue
+        if fields.get("PPid", "").strip() == str(pid):
+            found.append(int(status.parent.name))
+    return found
 
 
 def test_lanes_the_processes_cannot_share_are_refused_at_start(redis_url):

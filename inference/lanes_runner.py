@@ -115,10 +115,23 @@ class LanesRunner:
         self.last_logprobs = None
         log.info("lanes of %s divided among %d processes (%s)", cfg.model_type, world, mode)
 
+    def _check_followers(self, wait_s: float = 0.0) -> None:
+        """RuntimeError naming the follower ranks that have ended (waiting up to `wait_s` for a dying one)."""
+        deadline = time.monotonic() + wait_s
+        for follower in self.followers:
+            follower.join(timeout=max(0.0, deadline - time.monotonic()))
+        gone = [f"{f.name} (exit {f.exitcode})" for f in self.followers if not f.is_alive()]
+        if gone:  # its lanes are lost with it: nothing can be computed until the worker restarts
+            raise RuntimeError(f"lane rank {', '.join(gone)} has ended: restart this worker")
+
     def _logits(self, ids: list[int], pos: int) -> torch.Tensor:
         """Positions pos ... pos + len(ids) - 1 through every rank; the last one's logits [vocab_limit] fp32."""
-        dist.broadcast_object_list([(ids, pos)], src=0)
-        return self.shard.logits(self.shard.forward(ids, pos))[: self.vocab_limit]
+        try:
+            dist.broadcast_object_list([(ids, pos)], src=0)
+            return self.shard.logits(self.shard.forward(ids, pos))[: self.vocab_limit]
+        except RuntimeError:  # a connection a rank took with it: say which rank, where there is one
+            self._check_followers(wait_s=2.0)
+            raise
 
     @torch.inference_mode()
     def generate_tokens(
@@ -135,6 +148,7 @@ class LanesRunner:
             raise ValueError(
                 f"start: must be in [0, {n - 1}] (the last prompt id is always prefilled), got {start}"
             )
+        self._check_followers()
         budget = min(params.max_new_tokens, self.max_context - n)
         sample = Sampler(params, self.device)
         history = list(prompt_ids)  # for the repetition penalty

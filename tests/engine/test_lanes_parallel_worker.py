@@ -5,6 +5,7 @@ count the processes cannot share is refused at start in one line."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -31,6 +32,7 @@ def test_a_worker_on_two_ranks_answers_with_the_one_process_engines_tokens(start
         client.completions.create(model="lanes", prompt=PROMPT, max_tokens=16, temperature=0)
         for _ in range(2)
     ]
+    sampled = client.completions.create(model="lanes", prompt=PROMPT, max_tokens=16, temperature=0.9, seed=7)
 
     engine = Engine.load("tiny-laneformer", device="cpu")
     params = SamplingParams(max_new_tokens=16, temperature=0)
@@ -38,6 +40,10 @@ def test_a_worker_on_two_ranks_answers_with_the_one_process_engines_tokens(start
     for answer in answers:  # the second job runs on the ranks the first one left
         assert answer.choices[0].text == done.text
         assert answer.usage.completion_tokens == done.stats.completion_tokens
+    # rank 0 samples from the gathered logits with the request's seed, as the one-process engine does
+    params = SamplingParams(max_new_tokens=16, temperature=0.9, seed=7)
+    assert sampled.choices[0].text == list(engine.generate(engine.encode_prompt(PROMPT), params))[-1].text
+    assert sampled.choices[0].text != done.text  # the sampling took effect
     assert "and 1 more ranks" in worker.log_path.read_text()
 
     followers = children(worker.process.pid)
@@ -47,6 +53,20 @@ def test_a_worker_on_two_ranks_answers_with_the_one_process_engines_tokens(start
     while any(Path(f"/proc/{pid}").exists() for pid in followers) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [pid for pid in followers if Path(f"/proc/{pid}").exists()], "a follower outlived its worker"
+
+
+@pytest.mark.slow
+def test_a_lost_rank_fails_the_request_and_the_worker_says_why(start_worker, start_web):
+    worker = start_worker(models=[MODEL], env={"KOG_GPUS": "2", "KOG_BACKEND": "reference"})
+    web = start_web(env={"MODELS": MODEL})
+    client = openai.OpenAI(base_url=f"{web.url}/v1", api_key="no-key-needed", max_retries=0, timeout=120)
+    followers = children(worker.process.pid)
+    for pid in followers:
+        os.kill(pid, signal.SIGKILL)
+    with pytest.raises(openai.APIError):
+        client.completions.create(model="lanes", prompt=PROMPT, max_tokens=4, temperature=0)
+    assert worker.process.poll() is None  # the worker stays up, and its log names the cause
+    assert "has ended: restart this worker" in worker.log_path.read_text()
 
 
 def children(pid: int) -> list[int]:

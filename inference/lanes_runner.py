@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from common.events import SamplingParams
-from inference.lanes_parallel import LaneShard, free_port, init_rank, rank_device, transport
+from inference.lanes_parallel import NO_MULTICAST, LaneShard, free_port, init_rank, rank_device, transport
 from inference.model import Transformer
 from inference.sampling import Sampler
 
@@ -106,6 +106,7 @@ class LanesRunner:
             )
             for rank in range(1, world)
         ]
+        os.environ.update(NO_MULTICAST)  # in the followers' environment from their start
         for follower in self.followers:
             follower.start()
         init_rank(0, world, port, mode, IDLE_FOREVER)

@@ -48,6 +48,9 @@ def test_a_worker_on_two_ranks_answers_with_the_one_process_engines_tokens(start
 
     followers = children(worker.process.pid)
     assert followers, "the worker started no follower rank"
+    for pid in followers:  # NVLink multicast off in every process, from its start
+        environment = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert b"NCCL_NVLS_ENABLE=0" in environment and b"TORCH_SYMM_MEM_DISABLE_MULTICAST=1" in environment
     worker.kill()  # no goodbye: the followers notice on their own
     deadline = time.monotonic() + 30
     while any(Path(f"/proc/{pid}").exists() for pid in followers) and time.monotonic() < deadline:

@@ -3,8 +3,10 @@ greedy tokens (inference/lanes_parallel.py).
 
 The one-process model decodes greedily; then `--procs` processes, each holding its share of the lanes, are fed
 the same tokens (teacher forcing: one divergence does not hide the steps after it) and their argmax is compared
-step by step. A step is decisive when the reference's top two logits are further apart than `--margin`; every
-decisive step must agree (a near-tie may flip with the order of the sums). With `--mode peer` and one GPU the
+step by step. In fp32 a step is decisive when the reference's top two logits are further apart than `--margin`;
+in bf16 when the top two of an fp32 copy of the same weights are further apart than the bf16 reference's own
+largest logit error at that step (the yardstick of inference/bench/correctness.py), and the lanes' argmax is
+held to the fp32 copy's there. Every decisive step must agree (a near-tie may flip with the order of the sums). With `--mode peer` and one GPU the
 processes share it, exchanging through CUDA IPC mailboxes; `--mode nccl` wants a GPU a process. Prints one JSON
 line; exit 1 when a decisive step disagrees. Example (random peaked weights, fp32):
 
@@ -48,6 +50,26 @@ def reference(model, prompt: list[int], new_tokens: int) -> tuple[list[int], tor
 
 
 @torch.no_grad()
+def forced(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """`model`'s fp32 logits of each step fed the prompt and then `tokens` ([len(tokens), V] on the CPU)."""
+    device = model.tok_embeddings.device
+    cache = KVCache(model.cfg, len(prompt) + len(tokens), 1, device, model.tok_embeddings.dtype)
+    logits = [model(torch.tensor([prompt], device=device), 0, cache, last_only=True)[0, -1]]
+    for i, token in enumerate(tokens[:-1]):
+        logits.append(model(torch.tensor([[token]], device=device), len(prompt) + i, cache)[0, -1])
+    return torch.stack(logits).float().cpu()
+
+
+def fp32_copy(model):
+    """An fp32 model holding the same (rounded) weights: the exact function a bf16 model approximates."""
+    from inference.model import Transformer
+
+    copy = Transformer(model.cfg, device=model.tok_embeddings.device, dtype=torch.float32)
+    copy.load_state_dict({k: v.float() for k, v in model.state_dict().items()}, strict=False)
+    return copy.eval()
+
+
+@torch.no_grad()
 def forced_job(args: dict, prompt: list[int], tokens: list[int], rank: int, world: int):
     """spawn_lanes' job: this rank's lanes fed the prompt and then `tokens`; rank 0 returns each step's logits
     ([len(tokens), V] as numpy) and the decode steps' seconds, the others None."""
@@ -65,10 +87,10 @@ def forced_job(args: dict, prompt: list[int], tokens: list[int], rank: int, worl
     return (torch.stack(logits).cpu().numpy(), seconds) if rank == 0 else None
 
 
-def compare(expected: torch.Tensor, got: torch.Tensor, margin: float) -> dict:
-    """expected, got: [steps, V] fp32 logits."""
+def compare(expected: torch.Tensor, got: torch.Tensor, needed: torch.Tensor) -> dict:
+    """expected, got: [steps, V] fp32 logits; needed: [steps], the top-two gap that makes a step decisive."""
     top2 = expected.topk(2, dim=-1).values
-    decisive = (top2[:, 0] - top2[:, 1]) > margin
+    decisive = (top2[:, 0] - top2[:, 1]) > needed
     same = expected.argmax(-1) == got.argmax(-1)
     return {
         "steps": len(same),
@@ -122,26 +144,31 @@ def main(argv: list[str] | None = None) -> int:
         "--prompt-len", type=int, default=160, help="longer than a mailbox: prefilled in pieces"
     )
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--margin", type=float, default=None, help="decisive top-two gap (default by dtype)")
+    parser.add_argument("--margin", type=float, default=1e-2, help="fp32: the decisive top-two gap")
     parser.add_argument("--engine", action="store_true", help="the worker's engine (--gpus N) instead")
     args = parser.parse_args(argv)
     if args.engine:
         result = {**engine_check(args), "model": args.model, "procs": args.procs, "mode": args.mode}
         print(json.dumps(result))
         return 0 if result["identical"] else 1
-    margin = args.margin if args.margin is not None else (1e-3 if args.dtype == "float32" else 0.25)
 
     device = rank_device(args.mode, 0)
     model = build_model(args.model, device, DTYPES[args.dtype], args.seed, args.init)
     prompt = check_prompt(args.model, model.cfg.vocab_size, args.prompt_len)
     tokens, expected = reference(model, prompt, args.new_tokens)
+    yardstick, needed = expected, torch.full((len(tokens),), args.margin)
+    if args.dtype != "float32":
+        yardstick = forced(fp32_copy(model), prompt, tokens)
+        needed = (expected - yardstick).abs().amax(-1)
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
     job = functools.partial(forced_job, vars(args), prompt, tokens)
     got, seconds = spawn_lanes(args.procs, job, mode=args.mode)[0]
-    result = compare(expected, torch.from_numpy(got), margin)
-    result.update(model=args.model, procs=args.procs, mode=args.mode, dtype=args.dtype, margin=margin,
+    got = torch.from_numpy(got)
+    result = compare(yardstick, got, needed)
+    result["same_as_reference"] = int((expected.argmax(-1) == got.argmax(-1)).sum())  # in its own dtype
+    result.update(model=args.model, procs=args.procs, mode=args.mode, dtype=args.dtype,
                   device=str(device), decode_s=round(seconds, 3))  # fmt: skip
     print(json.dumps(result))
     return 0 if result["decisive_same"] == result["decisive_steps"] else 1

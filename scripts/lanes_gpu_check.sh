@@ -5,7 +5,9 @@
 #   steps), and the worker's lane-parallel engine against the one-process engine (tiny-laneformer).
 #   Results in $OUT (default /tmp/lanes_gpu_check): tests.log and checks.log; exit status 1 when one failed.
 #   Each stage runs under a timeout (STAGE_S, default 240 s) so that a hang is a failure, not a stuck machine.
-#   STAGES picks among "tests checks engine" (default all three; each part fits a 10-minute command alone).
+#   STAGES picks among "tests checks engine scaling" (default all; each part fits a 10-minute command alone).
+#   scaling: the decode table of laneformer-2b on 1 and 2 processes (SCALING_PROCS; on one GPU they share it,
+#   which checks the command, not the scaling; on 8 GPUs: SCALING_PROCS="1 2 4 8").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lanes_gpu_check}
@@ -17,7 +19,8 @@ if ! $PY -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'
   exit 2
 fi
 STAGE_S=${STAGE_S:-240}
-STAGES=${STAGES:-"tests checks engine"}
+STAGES=${STAGES:-"tests checks engine scaling"}
+SCALING_PROCS=${SCALING_PROCS:-"1 2"}
 failed=0
 stage() {  # stage LOG CMD...: one stage under the timeout, its output appended to LOG and shown
   local log=$1; shift
@@ -39,5 +42,10 @@ if [[ " $STAGES " == *" checks "* ]]; then
 fi
 if [[ " $STAGES " == *" engine "* ]]; then
   stage "$OUT/checks.log" $PY -m inference.bench.lanes_check --engine --model tiny-laneformer --procs 2 --mode peer
+fi
+if [[ " $STAGES " == *" scaling "* ]]; then
+  # shellcheck disable=SC2086 - SCALING_PROCS is a list
+  stage "$OUT/checks.log" $PY -m inference.bench.lanes_scaling --model laneformer-2b --procs $SCALING_PROCS \
+    --mode peer --prompt-len 512 --new-tokens 256 --breakdown
 fi
 exit $failed

@@ -32,3 +32,15 @@ def test_the_lanes_check_agrees_on_every_decisive_step(mode, dtype):
 def test_the_engine_check_compares_the_workers_lane_engine():
     result = lanes_check("--mode", "gloo", "--engine")
     assert result["identical"] and result["steps"] == 6
+
+
+@pytest.mark.slow
+def test_the_scaling_table_has_a_row_for_each_process_count():
+    done = subprocess.run([sys.executable, "-m", "inference.bench.lanes_scaling", "--model", "tiny-laneformer",
+                           "--procs", "1", "2", "--mode", "gloo", "--dtype", "float32", "--prompt-len", "16",
+                           "--new-tokens", "6", "--breakdown"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [row["procs"] for row in rows] == [1, 2]
+    assert all(row["tok_s"] > 0 and 0 < row["exchange_share"] < 1 for row in rows)

@@ -182,6 +182,11 @@ def load_lanes_engine(model: str, device: str | None, dtype: str | None, gpus: i
     from inference.prefix_cache import PrefixCache
     from inference.tokenizer import Tokenizer
 
+    if device is not None and ":" in device:
+        raise ValueError(
+            f"KOG_GPUS={gpus}: rank r runs on GPU r of those visible; choose them with CUDA_VISIBLE_DEVICES, "
+            f"not the device {device}"
+        )
     path = resolve_model(model_source(model), progress)
     config = ModelConfig.from_hf(path)
     check_divisible(config, gpus)  # before anything big is read or started

@@ -85,14 +85,24 @@ def children(pid: int) -> list[int]:
     return found
 
 
-def test_lanes_the_processes_cannot_share_are_refused_at_start(redis_url):
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--gpus", "3"], "KOG_GPUS=3: only a Laneformer whose lane count divides by 3"),
+        (
+            ["--gpus", "2", "--device", "cuda:1"],
+            "choose them with CUDA_VISIBLE_DEVICES, not the device cuda:1",
+        ),
+    ],
+)
+def test_what_the_lane_processes_cannot_serve_is_refused_at_start(redis_url, flags, words):
     done = subprocess.run(
-        [sys.executable, "-m", "inference.worker", "--redis-url", redis_url, "--model", MODEL, "--gpus", "3"],
+        [sys.executable, "-m", "inference.worker", "--redis-url", redis_url, "--model", MODEL, *flags],
         cwd=ROOT, env={**os.environ, "KOG_DEVICE": "cpu"}, capture_output=True, text=True,
         timeout=120,
     )  # fmt: skip
     assert done.returncode == 78, done.stderr
-    assert "KOG_GPUS=3: only a Laneformer whose lane count divides by 3" in done.stderr
+    assert words in done.stderr
 
 
 @pytest.mark.parametrize(("flag", "variable"), [(["--gpus", "0"], {}), ([], {"KOG_GPUS": "two"})])

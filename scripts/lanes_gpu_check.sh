@@ -33,7 +33,7 @@ nvidia-smi --query-gpu=name,driver_version,compute_mode --format=csv | tee "$OUT
 if [[ " $STAGES " == *" tests "* ]]; then
   # 20 cases, each starting its processes afresh: more than a stage's usual time (TESTS_S)
   STAGE_S=${TESTS_S:-560} stage "$OUT/tests.log" $PY -m pytest -q -p no:cacheprovider --noconftest \
-    tests/engine/test_lanes_peer.py
+    tests/kernels/test_kernels_peer_exchange.py tests/engine/test_lanes_peer.py
 fi
 if [[ " $STAGES " == *" checks "* ]]; then
   for procs in 2 4 8; do

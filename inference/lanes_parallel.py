@@ -10,8 +10,10 @@ vocabulary: every rank normalises its lanes, the lane mean is all-reduced, and e
 of the logits (for greedy decoding only each share's best (value, id) is exchanged).
 
 The math is inference/model.py's, lane for lane, so greedy tokens equal the one-device model's wherever the
-top two logits are further apart than the different order of the fp32 sums. torch.distributed carries the
-exchange (gloo on the CPU, NCCL on GPUs); `spawn_lanes` starts the processes on one machine.
+top two logits are further apart than the different order of the fp32 sums. The exchange has two transports
+(inference/lanes_exchange.py): torch.distributed's collectives (gloo on the CPU, NCCL with one GPU a process),
+or peer mailboxes in GPU memory written through CUDA IPC and signalled by flags in the data (several processes
+on one GPU, or one process a GPU with peer access). `spawn_lanes` starts the processes on one machine.
 """
 
 from __future__ import annotations
@@ -21,12 +23,17 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from inference.lanes_exchange import CollectiveExchange, MailboxSpec, PeerExchange
 from inference.model import Block, KVCache, Transformer, rms_norm, rope_pairs
+
+# The rows a peer mailbox holds per exchange: a prompt longer than this is prefilled in pieces of this many.
+PEER_CHUNK = 128
 
 
 class LaneShard:
@@ -37,7 +44,8 @@ class LaneShard:
     columns of one rank, whose weights are views of this rank's slices: the attention and MLP math is the
     one-device model's, and only the reduction and the head know about the other ranks."""
 
-    def __init__(self, model: Transformer, rank: int, world: int, max_len: int):
+    def __init__(self, model: Transformer, rank: int, world: int, max_len: int, transport: str = "collective",
+                 chunk: int | None = None):  # fmt: skip
         cfg = model.cfg
         if cfg.num_lanes % world:
             raise ValueError(f"world: {world} processes cannot share {cfg.num_lanes} lanes evenly")
@@ -58,6 +66,21 @@ class LaneShard:
         self.vocab = slice(rank * cfg.vocab_size // world, (rank + 1) * cfg.vocab_size // world)
         head = model.tok_embeddings if model.lm_head is None else model.lm_head
         self.head_rows = head[self.vocab]  # [V/P, D]
+        self.share_size = -(-cfg.vocab_size // world)  # the largest vocabulary share; the others padded to it
+        # the most positions one forward takes (None: any); a peer mailbox holds that many rows
+        self.chunk = chunk or (PEER_CHUNK if transport == "peer" else None)
+        if transport == "collective":
+            self.exchange = CollectiveExchange(world)
+        elif transport == "peer":
+            device = model.tok_embeddings.device
+            self.exchange = PeerExchange(rank, world, device, {
+                # slot 2i: layer i's attention sum, 2i + 1: its MLP's, 2N: the head's lane mean
+                "rows": MailboxSpec(2 * cfg.num_layers + 1, (self.chunk, cfg.hidden_size), model.tok_embeddings.dtype),
+                "best": MailboxSpec(1, (2,), torch.float64),  # a greedy step's (logit, id)
+                "logits": MailboxSpec(1, (self.share_size,), torch.float32),
+            })  # fmt: skip
+        else:
+            raise ValueError(f"transport: must be collective or peer, got {transport!r}")
 
     def _shard_block(self, layer: Block) -> Block:
         with torch.device("meta"):
@@ -73,29 +96,38 @@ class LaneShard:
     def forward(self, ids: list[int], start_pos: int) -> torch.Tensor:
         """Positions start_pos ... start_pos + len(ids) - 1 through this rank's lanes; returns the normalised
         lane mean of the last position, [D] (the head's input, the same on every rank)."""
+        if self.chunk is not None and len(ids) > self.chunk:  # positions are independent but for the cache
+            for at in range(0, len(ids) - self.chunk, self.chunk):
+                self.forward(ids[at : at + self.chunk], start_pos + at)
+            done = (len(ids) - 1) // self.chunk * self.chunk
+            return self.forward(ids[done:], start_pos + done)
+        self.exchange.begin_step()
         cfg, model = self.cfg, self.model
         T, D = len(ids), cfg.hidden_size
         cos, sin = rope_pairs(
             model.rope_cos[start_pos : start_pos + T], model.rope_sin[start_pos : start_pos + T]
         )
         x = (
-            F.embedding(torch.tensor(ids), model.tok_embeddings)
+            F.embedding(torch.tensor(ids, device=model.tok_embeddings.device), model.tok_embeddings)
             .view(1, T, D)
             .expand(self.shard_cfg.num_lanes, T, D)
         )
-        exchanges = ({}, {})  # per block type: layer -> (all-reduce handle or None, lane sum [1, T, D])
+        exchanges = ({}, {})  # per block type: layer -> what waits for its lane sum [1, T, D]
         partials = ([], [])  # per block type: this rank's raw partials by layer, [L/P, T, D]
         for i, block in enumerate(self.blocks):
             h = rms_norm(x, block.attention_norm[:, None], cfg.norm_eps)
             x = x + self._reduce(
-                i, block.attention(h, 1, start_pos, cos, sin, self.cache), exchanges[0], partials[0]
+                i, 0, block.attention(h, 1, start_pos, cos, sin, self.cache), exchanges[0], partials[0]
             )
-            x = x + self._reduce(i, block.mlp(rms_norm(x, block.ffn_norm[:, None], cfg.norm_eps)), exchanges[1],
-                                 partials[1])  # fmt: skip
+            x = x + self._reduce(i, 1, block.mlp(rms_norm(x, block.ffn_norm[:, None], cfg.norm_eps)),
+                                 exchanges[1], partials[1])  # fmt: skip
         return self._head_input(x[:, -1])
 
-    def _reduce(self, layer: int, partial: torch.Tensor, exchanges: dict, history: list) -> torch.Tensor:
-        """Transformer.reduce across processes: partial [L/P, T, D] -> what each of this rank's lanes adds."""
+    def _reduce(
+        self, layer: int, kind: int, partial: torch.Tensor, exchanges: dict, history: list
+    ) -> torch.Tensor:
+        """Transformer.reduce across processes: partial [L/P, T, D] -> what each of this rank's lanes adds;
+        kind: 0 attention, 1 MLP."""
         cfg, L, d = self.cfg, self.cfg.num_lanes, self.cfg.broadcast_delay
         history.append(partial)
         early = layer < d
@@ -105,34 +137,29 @@ class LaneShard:
         needed_later = cfg.use_comm and d > 0 and layer + d < cfg.num_layers
         if needed_now or needed_later:
             total = partial.sum(0, keepdim=True)
-            exchanges[layer] = (dist.all_reduce(total, async_op=not needed_now), total)
+            exchanges[layer] = self.exchange.reduce("rows", 2 * layer + kind, total, at_once=needed_now)
         if early:
-            return exchanges[layer][1] if cfg.use_early_comm else partial * math.sqrt(L)
+            return exchanges[layer]() if cfg.use_early_comm else partial * math.sqrt(L)
         if not cfg.use_comm:
             return partial * math.sqrt(L)
-        handle, past_sum = exchanges.pop(layer - d)
-        if handle is not None:
-            handle.wait()
+        past_sum = exchanges.pop(layer - d)()
         return partial + (past_sum - history[layer - d])
 
     def _head_input(self, x: torch.Tensor) -> torch.Tensor:  # [L/P, D] -> [D]
-        cfg = self.cfg
+        cfg, head_slot = self.cfg, 2 * self.cfg.num_layers
         if cfg.pre_norm_lane_agg:
-            total = x.sum(0)
-            dist.all_reduce(total)
+            total = self.exchange.reduce("rows", head_slot, x.sum(0), at_once=True)()
             return rms_norm(total, self.model.norm[0], cfg.norm_eps)
         y = rms_norm(x, self.model.norm[self.lanes], cfg.norm_eps).sum(0)
-        dist.all_reduce(y)
-        return y / cfg.num_lanes
+        return self.exchange.reduce("rows", head_slot, y, at_once=True)() / cfg.num_lanes
 
     def logits(self, y: torch.Tensor) -> torch.Tensor:
         """The whole [V] fp32 logits on every rank: each computes its vocabulary share, then they are gathered."""
         share = (self.head_rows @ y).float()
-        size = -(-self.cfg.vocab_size // self.world)  # the largest share; the others padded to it
-        padded = torch.full((size,), float("-inf"), device=y.device)
+        padded = torch.full((self.share_size,), float("-inf"), device=y.device)
         padded[: share.numel()] = share
-        gathered = [torch.empty(size, device=y.device) for _ in range(self.world)]
-        dist.all_gather(gathered, padded)
+        gathered = self.exchange.gather("logits", 0, padded)
+        self.exchange.check()
         vocab = self.cfg.vocab_size
         sizes = [(r + 1) * vocab // self.world - r * vocab // self.world for r in range(self.world)]
         return torch.cat([g[:n] for g, n in zip(gathered, sizes, strict=True)])
@@ -144,9 +171,9 @@ class LaneShard:
         mine = torch.tensor(
             [share[best].item(), float(self.vocab.start + best)], dtype=torch.float64, device=y.device
         )
-        gathered = [torch.empty(2, dtype=torch.float64, device=y.device) for _ in range(self.world)]
-        dist.all_gather(gathered, mine)
-        _, negative_id = max((g[0].item(), -g[1].item()) for g in gathered)
+        gathered = self.exchange.gather("best", 0, mine).tolist()  # [P, 2]
+        self.exchange.check()
+        _, negative_id = max((value, -index) for value, index in gathered)
         return int(-negative_id)
 
 
@@ -171,27 +198,57 @@ def free_port() -> int:
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def _run_rank(rank: int, world: int, port: int, backend: str, job: Callable, results) -> None:
+# How the processes are joined: the process group's backend and the LaneShard transport that carries the lanes.
+MODES = {"gloo": ("gloo", "collective"), "nccl": ("nccl", "collective"), "peer": ("gloo", "peer")}
+
+
+def rank_device(mode: str, rank: int) -> torch.device:
+    """Rank r's device: the CPU over gloo; GPU r with NCCL; with peer mailboxes GPU r where there are enough,
+    else the GPUs in turn (several processes sharing one)."""
+    if mode == "gloo" or not torch.cuda.is_available():  # peer on the CPU: shared memory, interpreted kernels
+        return torch.device("cpu")
+    if mode == "nccl":
+        return torch.device("cuda", rank)
+    return torch.device("cuda", rank % torch.cuda.device_count())
+
+
+def transport(mode: str) -> str:
+    return MODES[mode][1]
+
+
+def init_rank(rank: int, world: int, port: int, mode: str, timeout: timedelta | None = None) -> None:
+    """Join this process to the lane group (rank `rank` of `world`, rendezvous at 127.0.0.1:`port`); `timeout`:
+    how long a collective may wait (None: torch's default)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **NO_MULTICAST)
-    if backend == "nccl":
-        torch.cuda.set_device(rank)  # one GPU a process
-    else:
+    device = rank_device(mode, rank)
+    if device.type == "cpu":
         torch.set_num_threads(1)  # P processes share the machine's cores
-    dist.init_process_group(backend, rank=rank, world_size=world)
+        # shared CPU tensors as named files: every other rank opens each (a passed descriptor opens once)
+        torch.multiprocessing.set_sharing_strategy("file_system")
+    else:
+        torch.cuda.set_device(device)
+    dist.init_process_group(MODES[mode][0], rank=rank, world_size=world, timeout=timeout)
+
+
+def _run_rank(rank: int, world: int, port: int, mode: str, job: Callable, results) -> None:
+    init_rank(rank, world, port, mode)
     try:
         results.put((rank, job(rank, world)))
     finally:
         dist.destroy_process_group()
 
 
-def spawn_lanes(world: int, job: Callable[[int, int], object], backend: str = "gloo") -> list:
-    """Run job(rank, world) in `world` processes joined by torch.distributed (gloo: CPU tensors; nccl: rank r on
-    GPU r); their results by rank. `job` must be picklable (a module-level function or a partial of one)."""
+def spawn_lanes(world: int, job: Callable[[int, int], object], mode: str = "gloo") -> list:
+    """Run job(rank, world) in `world` processes joined as `mode` says (MODES: gloo, CPU tensors; nccl, rank r
+    on GPU r; peer, GPU mailboxes, processes sharing GPUs where there are fewer than `world`); their results by
+    rank. `job` must be picklable (a module-level function or a partial of one)."""
+    if mode not in MODES:
+        raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {mode!r}")
     os.environ.update(NO_MULTICAST)  # inherited by the processes
     context = torch.multiprocessing.get_context("spawn")
     results = context.SimpleQueue()
     port = free_port()
-    processes = [context.Process(target=_run_rank, args=(rank, world, port, backend, job, results))
+    processes = [context.Process(target=_run_rank, args=(rank, world, port, mode, job, results))
                  for rank in range(world)]  # fmt: skip
     for process in processes:
         process.start()
@@ -204,17 +261,16 @@ def spawn_lanes(world: int, job: Callable[[int, int], object], backend: str = "g
     return [by_rank[rank] for rank in range(world)]
 
 
-def greedy_job(raw_config: dict, seed: int, prompt: list[int], max_new_tokens: int, rank: int, world: int):
+def greedy_job(raw_config: dict, seed: int, prompt: list[int], max_new_tokens: int, mode: str, rank: int,
+               world: int, *, chunk: int | None = None):  # fmt: skip
     """spawn_lanes' job for a synthetic model: every rank builds synth.peaked_model(config, seed) (the same
-    weights everywhere), keeps its lanes and decodes greedily; returns the tokens and the next step's logits
-    (a list: tensors sent between processes need their sender alive)."""
+    weights everywhere, fp32), keeps its lanes and decodes greedily; returns the tokens and the next step's
+    logits (a list: tensors sent between processes need their sender alive)."""
     from inference.config import ModelConfig
     from inference.synth import peaked_model
 
-    model = peaked_model(ModelConfig.from_hf(raw_config), seed)
-    if torch.distributed.get_backend() == "nccl":
-        model = model.to(f"cuda:{rank}")
-    shard = LaneShard(model, rank, world, len(prompt) + max_new_tokens)
+    model = peaked_model(ModelConfig.from_hf(raw_config), seed).to(rank_device(mode, rank))
+    shard = LaneShard(model, rank, world, len(prompt) + max_new_tokens, transport(mode), chunk)
     tokens = greedy(shard, prompt, max_new_tokens)
     last = shard.logits(shard.forward(tokens[-1:], len(prompt) + max_new_tokens - 1))
     return tokens, last.tolist()

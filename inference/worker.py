@@ -16,6 +16,7 @@ seconds (default 60) a watchdog thread ends the job with a `stalled` error, and 
 stops at its next token. If the loop is still stuck KOG_STALL_EXIT_S
 seconds later (default 60; 0: never) the process exits, for its supervisor to restart it.
 KOG_MAX_PROMPT_TOKENS caps prompts below the context (default 0: no cap but the context).
+--gpus N (KOG_GPUS) serves one Laneformer with its lanes divided among N processes (inference/lanes_runner.py).
 A model it cannot load (a checkpoint it does not support, a broken file, no GPU for --device cuda, a device
 without the memory for its weights or KV cache) ends it at start with one log line that names the model and
 the reason, and exit status 78. Before any model loads, a setting it cannot use (a KOG_* variable that is
@@ -442,10 +443,17 @@ def _release_gpu_memory() -> None:
         pass
 
 
-def load_engine(model: str, device: str | None, dtype: str | None, progress=None):
+def load_engine(model: str, device: str | None, dtype: str | None, progress=None, gpus: int = 1):
     """The engine for a MODELS / --model entry (`name=...` serves it under that name); `progress` hears a Hub
-    download's (bytes done, total)."""
+    download's (bytes done, total); `gpus` > 1: its lanes divided among that many processes
+    (inference/lanes_runner.py)."""
     source = model_source(model)
+    if gpus > 1:
+        if source.startswith(STANDIN_PREFIX):
+            raise ValueError(f"KOG_GPUS={gpus}: the stand-in engine runs on no device")
+        from inference.lanes_runner import load_lanes_engine
+
+        return load_lanes_engine(model, device=device, dtype=dtype, gpus=gpus, progress=progress)
     if source.startswith(STANDIN_PREFIX):
         engine = StandinEngine.load(source)
         engine.name = served_name(model)
@@ -523,6 +531,13 @@ def is_choice(value: str, choices: tuple[str, ...]) -> bool:
     )
 
 
+def positive_int(value: str) -> int:
+    """--gpus: an integer >= 1."""
+    if not value.strip().isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
 def device_name(value: str) -> str:
     """--device's type: one of DEVICES (argparse's choices cannot take cuda:N)."""
     if not is_choice(value, DEVICES):
@@ -563,6 +578,11 @@ def main(argv: list[str] | None = None) -> None:
         help="default: $KOG_DEVICE, else cuda when there is a GPU",
     )
     parser.add_argument("--dtype", choices=DTYPE_NAMES, help="default: $KOG_DTYPE, else bfloat16 on cuda")
+    parser.add_argument(
+        "--gpus",
+        type=positive_int,
+        help="processes (GPUs) one Laneformer's lanes are divided among; default: $KOG_GPUS, else 1",
+    )
     parser.add_argument("--worker-id", default=os.environ.get("WORKER_ID"))
     args = parser.parse_args(argv)
     try:
@@ -579,6 +599,9 @@ def main(argv: list[str] | None = None) -> None:
         device = _setting(args.device, "KOG_DEVICE", DEVICES)
         dtype = _setting(args.dtype, "KOG_DTYPE", DTYPE_NAMES)
         models = list(served_names(configured_models(args.model)).values())
+        gpus = args.gpus or int(env_number("KOG_GPUS", 1, "an integer >= 1", integer=True, minimum=1))
+        if gpus > 1 and len(models) > 1:
+            raise EnvError(f"KOG_GPUS={gpus}: a worker on several GPUs serves one model, got {len(models)}")
     except (EnvError, ModelNameError) as exc:
         log.error("%s", exc)
         raise SystemExit(USAGE_EXIT_CODE) from None
@@ -595,7 +618,11 @@ def main(argv: list[str] | None = None) -> None:
         for model in models:
             try:
                 engine = load_engine(
-                    model, device=device, dtype=dtype, progress=loading.progress(served_name(model))
+                    model,
+                    device=device,
+                    dtype=dtype,
+                    progress=loading.progress(served_name(model)),
+                    gpus=gpus,
                 )
             except Exception as exc:
                 # One line that says what is wrong, no traceback, where the cause is the checkpoint or the machine;
@@ -604,7 +631,12 @@ def main(argv: list[str] | None = None) -> None:
                 log.error("cannot load model %s: %s", model, text, exc_info=not known)
                 raise SystemExit(LOAD_EXIT_CODE) from None
             engines[engine.name] = engine
-            log.info("loaded %s on %s", engine.name, engine.device)
+            log.info(
+                "loaded %s on %s%s",
+                engine.name,
+                engine.device,
+                f" and {gpus - 1} more ranks" if gpus > 1 else "",
+            )
     worker = Worker(engines, r, worker_id)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stopping.set())

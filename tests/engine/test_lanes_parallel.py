@@ -69,7 +69,9 @@ def reference(raw: dict, seed: int) -> tuple[list[int], torch.Tensor]:
 def test_lanes_on_several_processes_decode_the_one_process_models_tokens(lanes, delay, window, world, extra):
     raw = tiny(lanes, delay, window, **extra)
     expected, expected_logits = reference(raw, seed=lanes + delay)
-    results = spawn_lanes(world, functools.partial(greedy_job, raw, lanes + delay, PROMPT, NEW_TOKENS))
+    results = spawn_lanes(
+        world, functools.partial(greedy_job, raw, lanes + delay, PROMPT, NEW_TOKENS, "gloo")
+    )
     for tokens, logits in results:  # every rank holds the same answer
         assert tokens == expected
         torch.testing.assert_close(torch.tensor(logits), expected_logits, rtol=1e-4, atol=1e-4)

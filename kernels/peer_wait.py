@@ -1,0 +1,38 @@
+"""Wait on the device until every rank has posted a mailbox slot: the receiving half of the lane exchange.
+
+One program spins on the slot's P flags (acquire loads at system scope) until each holds the current epoch, so
+the kernels queued after it read the posted rows; the host is not involved. A wait that outlasts `max_spins`
+rounds gives up and records it in `status`, which the host reads once a step: a lost peer becomes an error,
+not a hang.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+import kernels  # noqa: F401 - decides the interpreter before the decorator runs
+
+
+@triton.jit
+def _peer_wait_kernel(flags_ptr, epoch_ptr, status_ptr, max_spins, P: tl.constexpr, P_POW2: tl.constexpr):
+    offs = tl.arange(0, P_POW2)
+    mask = offs < P
+    epoch = tl.load(epoch_ptr)
+    seen = tl.atomic_add(flags_ptr + offs, 0, mask=mask, sem="acquire", scope="sys")
+    missing = tl.sum(tl.where(mask & (seen != epoch), 1, 0), 0)
+    spins = 0
+    while (missing > 0) & (spins < max_spins):
+        seen = tl.atomic_add(flags_ptr + offs, 0, mask=mask, sem="acquire", scope="sys")
+        missing = tl.sum(tl.where(mask & (seen != epoch), 1, 0), 0)
+        spins += 1
+    if missing > 0:
+        tl.store(status_ptr, 1)
+
+
+def peer_wait(
+    flags: torch.Tensor, epoch: torch.Tensor, status: torch.Tensor, max_spins: int = 1 << 24
+) -> None:
+    """flags: [P] int32, one slot's flags in this rank's mailbox; epoch: [1] int32; status: [1] int32, set to 1
+    when the wait gave up (after ~2^24 rounds of a microsecond or so: a rank that stopped, not a slow one)."""
+    P = flags.numel()
+    _peer_wait_kernel[(1,)](flags, epoch, status, max_spins, P=P, P_POW2=triton.next_power_of_2(P))

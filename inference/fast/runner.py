@@ -55,6 +55,7 @@ from inference.fast.layers import LaneGroup, LayerWeights, split_from
 from inference.fast.prefill import forward_prompt
 from inference.fast.settings import RunnerSettings
 from inference.fast.suffix_graphs import SuffixGraphs
+from inference.fast.verify_graphs import VerifyGraphs
 from inference.model import KVCache, Transformer
 from inference.speculative import (
     DraftLength,
@@ -194,6 +195,8 @@ class FastRunner:
         for bucket in self.prefill_buckets:
             self.prefill_graphs[bucket] = self._capture_prefill(bucket)
         self.suffix_graphs.capture_all()
+        if self.speculation.enabled:
+            self.verify_graphs.capture_up_to(self.speculation.max_draft + 1)
 
     @torch.no_grad()
     def place_residual(self, candidates: int = residual_placement.CANDIDATES) -> list[float]:
@@ -213,6 +216,7 @@ class FastRunner:
         self.graphs.clear()
         self.prefill_graphs.clear()
         self.suffix_graphs.clear()
+        self.verify_graphs.clear()
 
     def _pack_layers(self) -> None:
         """Every layer's down-proj, and the o-proj of layers 1 on, in kernels/packed_mma_gemv.py's 12-bit layout
@@ -689,8 +693,8 @@ class FastRunner:
         self.counts: SpeculationCounts | None = None  # the current generation's (None: speculation off)
         # the settings may change between requests (the benchmark's plain and drafted runs): room for the most
         rows = MAX_DRAFT + 1
-        # A verify step's input ids [k+1] (the current token, then the draft), and the tokens it chose [k+1].
-        self.verify_ids = torch.zeros(rows, dtype=torch.long, device=self.device)
+        # A verify step's staged position and ids, its graphs by bucket of rows; the tokens it chose [k+1].
+        self.verify_graphs = VerifyGraphs(self, rows)
         self.verify_tokens = torch.zeros(rows, dtype=torch.int32, device=self.device)
         # Timed events at the end of each queued plain step (GPU), to price a verify step against.
         self.step_timers = (
@@ -705,14 +709,17 @@ class FastRunner:
         k = len(draft) tokens after it: row j is what follows position pos + j. Writes the cache rows
         pos .. pos + k; leaves token, pos and everything else as they were."""
         k = len(draft)
-        if not 0 < k < self.verify_ids.shape[0]:
-            raise ValueError(f"draft: 1 to {self.verify_ids.shape[0] - 1} tokens, got {k}")
+        if not 0 < k <= MAX_DRAFT:
+            raise ValueError(f"draft: 1 to {MAX_DRAFT} tokens, got {k}")
         if pos + k >= self.max_context:
             raise ValueError(f"draft: positions up to {pos + k} past the context ({self.max_context})")
-        ids = self.verify_ids[: k + 1]
-        ids[:1].copy_(self.token)
-        ids[1:].copy_(torch.tensor(draft, dtype=torch.long), non_blocking=True)
-        return forward_prompt(self.model, self.layers, self.cache, self.attn_scratch, ids, None, pos)
+        graphs = self.verify_graphs
+        graphs.stage(pos, draft)
+        graph = graphs.graph_for(k + 1, pos)
+        if graph is None:
+            return graphs.forward(k + 1).float()
+        graph.replay()
+        return graphs.logits[: k + 1]
 
     @torch.no_grad()
     def _verified_tokens(self, pos: int, draft: list[int], greedy: bool) -> list[int]:

@@ -125,6 +125,28 @@ def test_verify_rows_are_the_plain_steps_logits_and_decoding_goes_on_after_it():
     assert runner.out_tokens[n : n + 6].tolist() == plain
 
 
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs")
+@torch.no_grad()
+def test_a_verify_step_replays_a_graph_with_the_eager_steps_logits():
+    model = model_of("tiny-laneformer")
+    runner = FastRunner(model, 128, speculation=ON)
+    assert set(runner.verify_graphs.graphs) == {2, 4, 8}  # captured at build: up to 4 drafts, 5 rows
+    prompt = copying_prompt(3, 66)
+    n = len(prompt)
+    runner.prefill(prompt)
+    for draft in ([5, 6, 7], [5, 6]):  # 4 rows: the bucket's own shape; 3 rows: a bucket of 4
+        replayed = runner.verify(n, draft).clone()
+        eager = runner.verify_graphs.forward(
+            len(draft) + 1
+        ).float()  # the staged step again, launched eagerly
+        assert replayed.shape == eager.shape == (len(draft) + 1, model.cfg.vocab_size)
+        if len(draft) == 3:
+            assert torch.equal(replayed, eager)
+        else:  # cuBLAS may round a 4-row product's rows and a 3-row one's an ulp apart
+            assert (replayed - eager).norm() / eager.norm() < 1e-2
+            assert torch.equal(replayed.argmax(-1), eager.argmax(-1))
+
+
 def test_the_engine_reports_the_fast_runners_drafts(monkeypatch):
     monkeypatch.setenv("KOG_BACKEND", "fast")
     monkeypatch.setenv("KOG_DRAFT_MAX", "4")

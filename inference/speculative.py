@@ -50,6 +50,11 @@ class SpeculationSettings:
         return cls(enabled=raw not in ("0", "false", "off"), max_draft=max_draft)
 
 
+def speculation_asked() -> bool:
+    """Whether KOG_SPECULATIVE is set (either way), rather than left to the runner's default."""
+    return os.environ.get("KOG_SPECULATIVE", "").strip() != ""
+
+
 class SuffixDrafter:
     """Proposes the tokens that followed the most recent earlier occurrence of the context's longest suffix
     that occurred before (1 to MAX_NGRAM tokens). The index maps each n-gram to where its latest occurrence

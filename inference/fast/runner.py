@@ -44,6 +44,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 
@@ -64,6 +65,7 @@ from inference.speculative import (
     StepClock,
     SuffixDrafter,
     accept,
+    speculation_asked,
 )
 from kernels.decode_attention import AttentionScratch, decode_attention
 from kernels.final_norm import final_norm
@@ -77,6 +79,9 @@ from kernels.sample import SampleScratch, sample_token
 LOOKAHEAD = 8  # decode steps queued on the GPU ahead of the token handed to the caller
 RING = 16  # pinned slots for finished token ids (> LOOKAHEAD)
 MAX_DRAFT = 32  # draft tokens a verify step takes at most (KOG_DRAFT_MAX's bound)
+# Below this much weight a GPU decode step is shorter than a verify step's round trip to the host, so drafts cost
+# more than they save: such models decode plainly unless KOG_SPECULATIVE=1 asks (docs/speculative-decoding.md).
+GPU_SPECULATION_MIN_BYTES = 512 << 20
 
 LAYER_KERNELS = 5  # a layer's launches (_layer_launches): q|k|v, attention, o-proj, gate/up, down-proj
 PARTIAL_KERNELS = (2, 4)  # the o-proj and down-proj: they read the other lanes' partials of layer i - d
@@ -689,7 +694,12 @@ class FastRunner:
     # the seen ids; every other buffer a step reads it writes first.
 
     def _init_speculation(self, speculation: SpeculationSettings | None) -> None:
-        self.speculation = SpeculationSettings.from_env() if speculation is None else speculation
+        if speculation is None:
+            speculation = SpeculationSettings.from_env()
+            if self.device.type == "cuda" and speculation.enabled and not speculation_asked():
+                weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
+                speculation = replace(speculation, enabled=weights >= GPU_SPECULATION_MIN_BYTES)
+        self.speculation = speculation
         self.counts: SpeculationCounts | None = None  # the current generation's (None: speculation off)
         # the settings may change between requests (the benchmark's plain and drafted runs): room for the most
         rows = MAX_DRAFT + 1

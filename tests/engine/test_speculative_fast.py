@@ -55,9 +55,13 @@ def both_ways(
 
 def assert_drafts_both_kept_and_rejected(runner: FastRunner, tokens: int) -> None:
     counts = runner.counts
-    assert 0 < counts.draft_n_accepted < counts.draft_n, counts
     # every step emits one token of its own and the drafts it accepted
     assert counts.decode_steps + counts.draft_n_accepted == tokens - 1, counts
+    if (
+        ON_GPU
+    ):  # a tiny model's GPU step is shorter than a verify's round trip: drafting pauses (graph tests below)
+        return
+    assert 0 < counts.draft_n_accepted < counts.draft_n, counts
 
 
 @pytest.mark.parametrize(
@@ -86,7 +90,7 @@ def test_packed_projections_go_on_from_a_verify_step():
         model, copying_prompt(1, 12), SamplingParams(max_new_tokens=12), **ALL_PACKED
     )
     assert drafted == plain
-    assert runner.counts.draft_n_accepted > 0, runner.counts
+    assert ON_GPU or runner.counts.draft_n_accepted > 0, runner.counts
 
 
 @torch.no_grad()
@@ -96,7 +100,7 @@ def test_seeded_sampling_with_a_repetition_penalty_draws_the_plain_tokens():
     params = SamplingParams(max_new_tokens=16, temperature=0.3, top_k=40, repetition_penalty=1.05, seed=5)
     plain, drafted, runner = both_ways("tiny-qwen3", copying_prompt(3, 12), params)
     assert drafted == plain
-    assert runner.counts.draft_n_accepted > 0, runner.counts
+    assert ON_GPU or runner.counts.draft_n_accepted > 0, runner.counts
 
 
 @torch.no_grad()
@@ -147,15 +151,28 @@ def test_a_verify_step_replays_a_graph_with_the_eager_steps_logits():
             assert torch.equal(replayed.argmax(-1), eager.argmax(-1))
 
 
+@pytest.mark.skipif(not ON_GPU, reason="the GPU's default")
+def test_on_a_gpu_a_small_model_decodes_plainly_unless_speculation_is_asked_for(monkeypatch):
+    model = model_of("tiny-qwen3")
+    monkeypatch.delenv("KOG_SPECULATIVE", raising=False)
+    assert not FastRunner(model, 64).speculation.enabled
+    monkeypatch.setenv("KOG_SPECULATIVE", "1")
+    assert FastRunner(model, 64).speculation.enabled
+
+
 def test_the_engine_reports_the_fast_runners_drafts(monkeypatch):
     monkeypatch.setenv("KOG_BACKEND", "fast")
     monkeypatch.setenv("KOG_DRAFT_MAX", "4")
+    monkeypatch.setenv("KOG_SPECULATIVE", "1")  # asked for: on a GPU a model this small would decode plainly
     engine = Engine.load("tiny-qwen3", device=str(DEVICE))
     assert isinstance(engine.runner, FastRunner) and engine.runner.speculation == ON
     done = list(engine.generate(copying_prompt(3, 12), SamplingParams(max_new_tokens=12)))[-1]
     assert isinstance(done, Done)
     stats = done.stats
-    assert stats.draft_n > 0 and stats.decode_steps + stats.draft_n_accepted == stats.completion_tokens - 1
+    assert stats.decode_steps + stats.draft_n_accepted == stats.completion_tokens - 1
+    assert (
+        ON_GPU or stats.draft_n > 0
+    )  # on a GPU a tiny model's drafting pauses (its steps are too short to pay)
     monkeypatch.setenv("KOG_SPECULATIVE", "0")
     off = Engine.load("tiny-qwen3", device=str(DEVICE))
     stats = list(off.generate(copying_prompt(3, 12), SamplingParams(max_new_tokens=12)))[-1].stats

@@ -355,8 +355,16 @@ def run(plan: Plan, command: str) -> dict:
     fitted = fit(c, model, train_ids, val_ids, say=lambda m: log(f"final: {m}"))
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
     test_bytes = sum(len(t.encode()) for t in texts["test"])
-    with autocast:
-        test_bpb = bits_per_byte(model, test_ids.long(), test_bytes, c.seq_len, c.batch_size)
+    try:
+        with autocast:
+            test_bpb = bits_per_byte(model, test_ids.long(), test_bytes, c.seq_len, c.batch_size)
+    except RuntimeError as exc:  # the eager forward's kernels are not those the repeat check ran
+        if "determinis" not in str(exc):
+            raise
+        log(f"test split: a kernel without a deterministic version, measured with warnings ({exc})")
+        set_determinism(device, strict=False)
+        with autocast:
+            test_bpb = bits_per_byte(model, test_ids.long(), test_bytes, c.seq_len, c.batch_size)
     log(f"test split: {test_bpb:.4f} bits per byte over {len(texts['test'])} files")
 
     out = plan.out

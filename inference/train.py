@@ -214,10 +214,10 @@ def set_determinism(device: torch.device, strict: bool) -> None:
     if device.type == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=not strict)
-        import torch._inductor.config as inductor_config
-
-        if hasattr(inductor_config, "deterministic"):  # compiled kernels: no timing-picked reduction configs
-            inductor_config.deterministic = strict
+        # (compiled kernels follow it too: inductor then skips timing-based choices of reduction configs)
+        # Every kernel writes its outputs before reading them, so NaN-filling each new buffer (the mode's
+        # default) would cost bandwidth and change nothing.
+        torch.utils.deterministic.fill_uninitialized_memory = False
 
 
 def build_model(

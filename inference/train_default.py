@@ -236,14 +236,13 @@ def pack(out: Path, shards: list[str], dest: Path) -> list[str]:
 def repeat_check_runs(plan: Plan, size: str, vocab: int, train_ids, val_ids) -> dict:
     """Two fresh --check-steps runs of `size` from the same seed, compared at every step, and the second's
     steady speed. A compiler failure turns compilation off and a kernel that refuses strict determinism turns
-    that off (plan is changed in place, said in the log), and the check runs again: neither costs the model."""
+    that off (plan is changed in place, said in the log), and the check runs again: neither costs the model.
+    Compiled runs that differ are tried eagerly: the same curve comes before speed."""
     device = torch.device(plan.device)
+    compiled_result = None  # the compiled step's check, when it differed
     while True:
-        set_determinism(device, strict=plan.strict)
-        c = dataclasses.replace(train_config(plan, size, plan.check_steps), eval_every=plan.check_steps)
         try:
-            runs = [fit(c, build_model(c, vocab, 0, device)[2], train_ids, val_ids, say=lambda m: None)
-                    for _ in range(2)]  # fmt: skip
+            result = checked_pair(plan, size, vocab, train_ids, val_ids)
         except Exception as exc:  # the compiler's and the deterministic-algorithms errors have no common type
             reason = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
             if plan.strict and device.type == "cuda" and "determinis" in str(exc):
@@ -255,17 +254,36 @@ def repeat_check_runs(plan: Plan, size: str, vocab: int, train_ids, val_ids) -> 
             else:
                 raise
             continue
-        first, second = runs[0].history, runs[1].history
-        identical = first["loss"] == second["loss"] and first["val_loss"] == second["val_loss"]
-        rate = runs[1].steady_tokens_per_s
-        tokens = c.steps * c.batch_size * c.seq_len
-        overhead = max(0.0, runs[1].seconds - tokens / rate) if rate else 0.0
-        log(f"repeatability: two {c.steps}-step runs {'agree at every step' if identical else 'DIFFER'} "
-            f"(compiled: {plan.compile and device.type == 'cuda'}, strict deterministic kernels: "
-            f"{plan.strict and device.type == 'cuda'}); {(rate or 0) / 1e3:.0f} k tokens/s after "
-            f"{WARM_STEPS} steps")  # fmt: skip
-        return {"steps": c.steps, "identical": identical, "loss": first["loss"][-1], "compiled": plan.compile,
-                "strict": plan.strict, "tokens_per_s": rate, "overhead_seconds": overhead}  # fmt: skip
+        if result["identical"] or device.type != "cuda":
+            return result
+        if plan.compile:
+            plan.compile, compiled_result = False, result
+            log("repeatability: the compiled step differs; trying it eagerly")
+            continue
+        if compiled_result is not None:  # eager differs too: compiled, at least it is fast
+            plan.compile, plan.strict = True, compiled_result["strict"]
+            set_determinism(device, strict=plan.strict)
+            return compiled_result
+        return result
+
+
+def checked_pair(plan: Plan, size: str, vocab: int, train_ids, val_ids) -> dict:
+    device = torch.device(plan.device)
+    set_determinism(device, strict=plan.strict)
+    c = dataclasses.replace(train_config(plan, size, plan.check_steps), eval_every=plan.check_steps)
+    runs = [
+        fit(c, build_model(c, vocab, 0, device)[2], train_ids, val_ids, say=lambda m: None) for _ in range(2)
+    ]
+    first, second = runs[0].history, runs[1].history
+    identical = first["loss"] == second["loss"] and first["val_loss"] == second["val_loss"]
+    rate = runs[1].steady_tokens_per_s
+    tokens = c.steps * c.batch_size * c.seq_len
+    overhead = max(0.0, runs[1].seconds - tokens / rate) if rate else 0.0
+    log(f"repeatability: two {c.steps}-step runs {'agree at every step' if identical else 'DIFFER'} "
+        f"(compiled: {plan.compile and device.type == 'cuda'}, strict deterministic kernels: "
+        f"{plan.strict and device.type == 'cuda'}); {(rate or 0) / 1e3:.0f} k tokens/s after {WARM_STEPS} steps")  # fmt: skip
+    return {"steps": c.steps, "identical": identical, "loss": first["loss"][-1], "compiled": plan.compile,
+            "strict": plan.strict, "tokens_per_s": rate, "overhead_seconds": overhead}  # fmt: skip
 
 
 def run(plan: Plan, command: str) -> dict:

@@ -15,7 +15,9 @@ Figures (the prompts and tests of the first three are this project's own, infere
   body passes a one-line unit test, run in a separate, resource-limited interpreter (this command
   executes model output; nothing in the product ever does);
 - fill-in-the-middle (models whose tokenizer has the FIM tokens): 40 held-out functions with one
-  statement of their body removed; the share whose filled source `ast.parse` accepts, and the share
+  statement of their body removed, filled greedily; the share whose filled source `ast.parse` accepts
+  with the middle stopped as a completion client stops it (at the function's end, an unfinished last
+  line of a middle the token limit cut dropped: stopped_middle), the same as generated, and the share
   filled exactly;
 - greedy completions of 50 held-out functions (def line and docstring) that parse, as before;
 - bits per byte of the held-out files: the old model's test split, the 88 standard-library files
@@ -325,14 +327,33 @@ def fim_cases(corpus: str = "", count: int = 40, per_file: int = 3, max_chars: i
     return chosen
 
 
+def stopped_middle(text: str, truncated: bool) -> str | None:
+    """A generated middle as a code-completion client stops it: the removed span lies inside a top-level
+    function, so a line at column 0 means the model went past the function's end (the stop sequence cuts
+    there); one the token limit cut loses its unfinished last line. None when nothing of it would remain
+    but blank lines and comments (it is not judged on nothing)."""
+    cut = cut_at_column_zero(text)
+    if cut != text:
+        middle = cut + "\n"
+    elif truncated and "\n" in text:
+        middle = text[: text.rindex("\n") + 1]
+    else:
+        return text
+    return middle if _code_lines(middle) else None
+
+
 def fill_in_the_middle(engine: Engine, cases: list[dict], max_new_tokens: int = 96) -> list[dict]:
+    """Greedy middles, judged as generated (up to <|endoftext|> or the token limit) and as a completion
+    client stops them (stopped_middle)."""
     results = []
     for case in cases:
         ids = engine.tokenizer.encode(psm_prompt(case["prefix"], case["suffix"]), add_special=False)
         *_, done = engine.generate(ids, SamplingParams(max_new_tokens=max_new_tokens, temperature=0))
-        filled = case["prefix"] + done.text + case["suffix"]
-        results.append({"name": case["name"], "middle": done.text, "parses": parses(filled),
-                        "exact": done.text.strip() == case["middle"].strip()})  # fmt: skip
+        stopped = stopped_middle(done.text, done.finish_reason == "length")
+        results.append({"name": case["name"], "middle": done.text, "ended": done.finish_reason != "length",
+                        "parses_raw": parses(case["prefix"] + done.text + case["suffix"]),
+                        "parses": stopped is not None and parses(case["prefix"] + stopped + case["suffix"]),
+                        "exact": (stopped or "").strip() == case["middle"].strip()})  # fmt: skip
     return results
 
 
@@ -421,10 +442,12 @@ def main(argv: list[str] | None = None) -> int:
         if has_fim(engine):
             start = time.perf_counter()
             fim = fill_in_the_middle(engine, fim_cases(args.corpus))
-            results |= {"fim_cases": len(fim), "fim_parse_share": share(fim, "parses"), "fim_exact_share": share(fim, "exact")}  # fmt: skip
+            results |= {"fim_cases": len(fim), "fim_parse_share": share(fim, "parses"), "fim_exact_share": share(fim, "exact"),
+                        "fim_raw_parse_share": share(fim, "parses_raw"), "fim_ended_share": share(fim, "ended")}  # fmt: skip
             say(f"fill-in-the-middle: {sum(r['parses'] for r in fim)}/{len(fim)} filled functions parse "
-                f"({results['fim_parse_share']:.0%}), {sum(r['exact'] for r in fim)} filled exactly  "
-                f"[{time.perf_counter() - start:.0f} s]")  # fmt: skip
+                f"({results['fim_parse_share']:.0%}; as generated, without a client's stop: "
+                f"{results['fim_raw_parse_share']:.0%}; ended by <|endoftext|>: {results['fim_ended_share']:.0%}), "
+                f"{sum(r['exact'] for r in fim)} filled exactly  [{time.perf_counter() - start:.0f} s]")  # fmt: skip
         else:
             say("fill-in-the-middle: the tokenizer has no FIM tokens")
 

@@ -2,7 +2,7 @@
 
 import ast
 
-from inference.eval_default import fim_cases, first_block, is_loop, parses, passes_test
+from inference.eval_default import fim_cases, first_block, is_loop, parses, passes_test, stopped_middle
 from inference.eval_prompts import SAMPLED_PROMPTS, SIMPLE_FUNCTIONS
 
 
@@ -87,3 +87,18 @@ def test_fim_cases_remove_one_statement_of_a_held_out_function():
         )
         assert 1 <= case["middle"].count("\n") <= 4
     assert fim_cases(count=12) == cases  # the same functions every time
+
+
+def test_a_middle_stops_where_a_completion_client_stops_it():
+    prefix, suffix = "def f(x):\n    y = x\n", "    return y\n"
+    # ended by <|endoftext|>: as generated
+    assert stopped_middle("    y += 1\n", False) == "    y += 1\n"
+    # past the function's end: the stop sequence cuts it there, the kept line keeps its newline
+    went_on = stopped_middle("    y += 1\n\n\ndef g(:\n", False)
+    assert went_on == "    y += 1\n\n\n" and parses(prefix + went_on + suffix)
+    # cut by the token limit: its unfinished last line goes, never all of it
+    assert stopped_middle("    y += 1\n    y = (y", True) == "    y += 1\n"
+    assert (
+        stopped_middle("    y = (y", True) == "    y = (y"
+        and stopped_middle("# x\ndef g():\n", False) is None
+    )

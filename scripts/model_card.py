@@ -24,6 +24,16 @@ OLD_CARD = {"bits_per_byte": 0.9855, "parse_share": 0.62, "decode_tok_s": 360.0}
 FIRST_MODEL = "the first default model (4 layers, D 384, 10 M parameters, the standard library alone, no FIM)"
 OLD_MODEL = "the model it replaces (the same recipe's first run: d512l4, eager, 233 M tokens)"
 
+# The short sweep behind generation_config.json's repetition penalty (eval_default --only sampled --sampling
+# repetition_penalty=X at the page's temperature 0.2 and top-p 0.95): penalty -> (loop share, parse share).
+PENALTY_SWEEP = {
+    1.15: (0.65, 0.90),
+    1.2: (0.15, 0.85),
+    1.25: (0.05, 0.80),
+    1.3: (0.0, 0.70),
+    1.35: (0.0, 0.55),
+}
+
 # The last size sweep (`--sweep`: each candidate trained for about 30 s on one H200, validation loss): a run
 # that trains the default size without sweeping again shows these.
 LAST_SWEEP = [
@@ -46,7 +56,8 @@ def figure_cells(e: dict, first: bool = False) -> list[str]:
     card = OLD_CARD if first else {}
     fim = (lambda k: percent(e.get(k))) if "fim_parse_share" in e else (lambda k: "no FIM tokens")
     return [percent(e.get("loop_share")), percent(e.get("sampled_parse_share")), percent(e.get("unit_test_share")),
-            fim("fim_parse_share"), fim("fim_exact_share"), percent(e.get("parse_share", card.get("parse_share"))),
+            fim("fim_parse_share"), fim("fim_raw_parse_share"), fim("fim_exact_share"),
+            percent(e.get("parse_share", card.get("parse_share"))),
             number(e.get("bits_per_byte", card.get("bits_per_byte"))), number(e.get("decode_tok_s"), 0)]  # fmt: skip
 
 
@@ -55,6 +66,7 @@ ROWS = [
     "sampled completions that parse (goal >= 80%)",
     "simple functions whose greedy body passes its unit test (16; goal >= 25%)",
     "fill-in-the-middle: filled held-out functions that parse (40; goal >= 70%)",
+    "fill-in-the-middle: the same, the middle as generated (no client stop)",
     "fill-in-the-middle: filled exactly",
     "held-out functions, greedy completions that parse (50)",
     "bits per byte, the old test split (88 standard-library files; goal < 0.9855)",
@@ -108,6 +120,7 @@ def card(model_dir: Path, new: dict, old: dict, machine: str, first: dict | None
     )
     compiled, strict = plan.get("compile", False), plan.get("strict", False)
     repeat = training.get("repeat_check") or {}
+    penalties = "; ".join(f"{k}: {a:.0%} loop, {b:.0%} parse" for k, (a, b) in PENALTY_SWEEP.items())
     speed_note = (
         f"; the second one's steady speed ({repeat['tokens_per_s'] / 1e3:.0f} k tokens/s) set the final run's length"
         if repeat.get("tokens_per_s")
@@ -199,7 +212,7 @@ On one {training["device"]} (torch {training["torch"]}, Python {training["python
 
 ![loss curve](loss.png)
 
-**Reproducible.** `training.json` holds the settings, the curves, the sweep, the corpus summary and the
+**{"Reproducible." if repeat.get("identical") else "Not yet bit-reproducible."}** `training.json` holds the settings, the curves, the sweep, the corpus summary and the
 command that repeats the final run alone (`{training["repeat_final_run"]}`). Same corpus, seed and step
 count on the same device: the same curve. The run checked it: two fresh {repeat.get("steps", "?")}-step runs of the chosen
 size {"agreed at every step" if repeat.get("identical") else "DID NOT agree"} (CUDA runs ask for deterministic kernels{" strictly" if strict else ""} and set
@@ -209,7 +222,9 @@ packages (another corpus: see the fingerprint), gives another model.
 ## Figures
 
 Measured with `python -m inference.eval_default` on {machine} (fp32, one thread, the engine's reference
-path), against {OLD_MODEL}{" and " + FIRST_MODEL if first is not None else ""}:
+path), against {OLD_MODEL}{" and " + FIRST_MODEL if first is not None else ""}. Decode speed counts the
+engine's speculative drafting (prompt lookup): text that repeats itself exactly decodes in fewer steps, so
+a model that loops less exactly on the speed prompt shows fewer tokens/s at the same cost per step:
 
 {figures_table(new, old, first)}
 
@@ -219,9 +234,14 @@ times or fewer than half of its word 4-grams are distinct. Parsing: the prompt p
 a code-completion evaluator's stop sequences would cut it (the end of the function or method the prompt
 opened); one the token limit cut first is judged on the statements it finished. Simple functions: clamp, gcd, factorial, is_prime, fibonacci, ... with the greedy body run
 against one `assert` line in a separate, resource-limited interpreter. Fill-in-the-middle: held-out
-functions (the old test split) with one statement of their body removed. The held-out files are the old
+functions (the old test split) with one statement of their body removed, filled greedily; the middle is
+stopped as a completion client stops it (a line at column 0 has left the function; a middle the token
+limit cut loses its unfinished last line), and the row below it gives the middles as generated. The held-out files are the old
 model's test split (the standard library of CPython 3.11.7); their near duplicates were kept out of
-training.
+training. The earlier models' figures were measured again with today's `eval_default`.
+
+The repetition penalty in `generation_config.json` is the one of a short sweep at the page's temperature and
+top-p that keeps both goals: {penalties}.
 
 ## How to reproduce
 
@@ -235,6 +255,8 @@ python -m inference.eval_default --model models/default  # the figures above, on
 
 - It is small: it writes plausible Python, often with invented names and wrong logic; the repetition
   penalty keeps it from looping but cannot make it right. It is a demo of speed, not a coding assistant.
+- Filling in the middle, it seldom ends the middle with `<|endoftext|>` by itself ({percent(new.get("fim_ended_share"))} of the
+  greedy middles above): a client stops it (at the end of the enclosing block) or gives it a token limit.
 - It is a base model: it continues code. The chat template turns a request into a comment, which it
   may or may not follow; a `def` line with a docstring works best.
 - The context is {config["max_position_embeddings"]:,} tokens (prompt and completion together); positions past that were

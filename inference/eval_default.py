@@ -6,14 +6,18 @@ Figures (the prompts and tests of the first three are this project's own, infere
 - loops and parses at the page's sampling (temperature, top-p and any repetition penalty the
   checkpoint's generation_config.json recommends, else the page's 0.2 / 0.95): 20 prompts, one seeded
   sample each of up to 256 new tokens; a completion loops when a line of 3+ words recurs 3+ times or
-  fewer than half of its word 4-grams are distinct; it parses when the prompt plus its first
-  top-level block (a completion cut by the token limit loses its unfinished last line) is accepted
-  by `ast.parse`;
+  fewer than half of its word 4-grams are distinct; it parses when the prompt plus the code it asks
+  for is accepted by `ast.parse`: the completion cut where a code-completion evaluator's stop sequences
+  would cut it (the end of the function or method the prompt opened, or of the first top-level
+  statement after a prompt of comments), and, when the token limit cut it first, judged on the
+  statements it finished (first_block);
 - simple functions: 16 documented functions (clamp, gcd, factorial, is_prime, ...) whose greedy
   body passes a one-line unit test, run in a separate, resource-limited interpreter (this command
   executes model output; nothing in the product ever does);
 - fill-in-the-middle (models whose tokenizer has the FIM tokens): 40 held-out functions with one
-  statement of their body removed; the share whose filled source `ast.parse` accepts, and the share
+  statement of their body removed, filled greedily; the share whose filled source `ast.parse` accepts
+  with the middle stopped as a completion client stops it (at the function's end, an unfinished last
+  line of a middle the token limit cut dropped: stopped_middle), the same as generated, and the share
   filled exactly;
 - greedy completions of 50 held-out functions (def line and docstring) that parse, as before;
 - bits per byte of the held-out files: the old model's test split, the 88 standard-library files
@@ -148,22 +152,65 @@ def is_loop(text: str) -> bool:
     return len(grams) >= 8 and len(set(grams)) < 0.5 * len(grams)
 
 
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def _code_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def open_header_indent(prompt: str) -> int | None:
+    """The indentation of the header of the innermost block the prompt leaves open (0 for a `def` whose
+    docstring ends the prompt, 4 for a method just begun in a class), or None: the prompt ends at top level."""
+    lines = _code_lines(prompt)
+    if not lines:
+        return None
+    last = lines[-1]
+    if last.rstrip().endswith(":"):
+        return _indent(last)
+    level = _indent(last)
+    return next((_indent(line) for line in reversed(lines[:-1]) if _indent(line) < level), None)
+
+
 def first_block(prompt: str, completion: str, truncated: bool) -> str:
-    """The completion up to where its first top-level block ends: the first column-0 line after the
-    prompt's open block (a prompt inside a def) or after the first top-level statement the completion
-    starts (a prompt of comments). A completion cut by the token limit loses its unfinished last line."""
-    if truncated and "\n" in completion:
-        completion = completion[: completion.rindex("\n") + 1]
-    last = next((line for line in reversed(prompt.splitlines()) if line.strip()), "")
-    inside = last[:1].isspace() or last.rstrip().endswith(":")
+    """The completion up to where the code the prompt asks for ends, as a completion evaluator's stop
+    sequences cut it: the first line back at (or above) the indentation of the block the prompt leaves open
+    (the end of its function or method), or, after a top-level prompt (comments, imports), the line that
+    starts the completion's second top-level statement. Comments and closing brackets at that level do not
+    end it; a decorator does, unless it begins the first statement (its def or class belongs to it).
+
+    A completion cut by the token limit inside that block loses its unfinished last line; if what is left
+    does not parse, its last statement at the body's indentation (the one the limit cut) goes too, as long
+    as code of the completion remains: it is judged on the statements it finished."""
+    header = open_header_indent(prompt)
+    level = 0 if header is None else header
     lines = completion.split("\n")
-    for i, line in enumerate(lines):
-        starts_statement = line[:1] not in ("", " ", "\t", "#", "@", ")", "]", "}")
-        if starts_statement:
-            if inside:
-                return "\n".join(lines[:i])
-            inside = True
-    return completion
+    first = 0 if not prompt or prompt.endswith("\n") else 1  # lines[0] may finish the prompt's last line
+    started, decorator_pending = header is not None, False
+    for i in range(first, len(lines)):
+        line = lines[i]
+        if not line.strip() or _indent(line) > level or line.lstrip()[0] in "#)]}":
+            continue
+        decorator = line.lstrip().startswith("@")
+        if not started or decorator_pending:  # the first statement, or the def/class its decorators wait for
+            started, decorator_pending = True, decorator
+            continue
+        return "\n".join(lines[:i])
+    if not truncated or "\n" not in completion:
+        return completion
+    block = completion[: completion.rindex("\n") + 1]
+    if parses(prompt + block):
+        return block
+    kept = block.split("\n")
+    code = [j for j, line in enumerate(kept) if line.strip() and not line.lstrip().startswith("#")]
+    if not code:
+        return block
+    body = _indent(kept[code[0]])
+    starts = [j for j in code if _indent(kept[j]) == body and kept[j].lstrip()[0] not in ")]}"]
+    if not starts or starts[-1] == code[0]:  # the cut statement is the completion's only one
+        return block
+    return "\n".join(kept[: starts[-1]]) + "\n"
 
 
 def parses(source: str) -> bool:
@@ -280,14 +327,33 @@ def fim_cases(corpus: str = "", count: int = 40, per_file: int = 3, max_chars: i
     return chosen
 
 
+def stopped_middle(text: str, truncated: bool) -> str | None:
+    """A generated middle as a code-completion client stops it: the removed span lies inside a top-level
+    function, so a line at column 0 means the model went past the function's end (the stop sequence cuts
+    there); one the token limit cut loses its unfinished last line. None when nothing of it would remain
+    but blank lines and comments (it is not judged on nothing)."""
+    cut = cut_at_column_zero(text)
+    if cut != text:
+        middle = cut + "\n"
+    elif truncated and "\n" in text:
+        middle = text[: text.rindex("\n") + 1]
+    else:
+        return text
+    return middle if _code_lines(middle) else None
+
+
 def fill_in_the_middle(engine: Engine, cases: list[dict], max_new_tokens: int = 96) -> list[dict]:
+    """Greedy middles, judged as generated (up to <|endoftext|> or the token limit) and as a completion
+    client stops them (stopped_middle)."""
     results = []
     for case in cases:
         ids = engine.tokenizer.encode(psm_prompt(case["prefix"], case["suffix"]), add_special=False)
         *_, done = engine.generate(ids, SamplingParams(max_new_tokens=max_new_tokens, temperature=0))
-        filled = case["prefix"] + done.text + case["suffix"]
-        results.append({"name": case["name"], "middle": done.text, "parses": parses(filled),
-                        "exact": done.text.strip() == case["middle"].strip()})  # fmt: skip
+        stopped = stopped_middle(done.text, done.finish_reason == "length")
+        results.append({"name": case["name"], "middle": done.text, "ended": done.finish_reason != "length",
+                        "parses_raw": parses(case["prefix"] + done.text + case["suffix"]),
+                        "parses": stopped is not None and parses(case["prefix"] + stopped + case["suffix"]),
+                        "exact": (stopped or "").strip() == case["middle"].strip()})  # fmt: skip
     return results
 
 
@@ -376,10 +442,12 @@ def main(argv: list[str] | None = None) -> int:
         if has_fim(engine):
             start = time.perf_counter()
             fim = fill_in_the_middle(engine, fim_cases(args.corpus))
-            results |= {"fim_cases": len(fim), "fim_parse_share": share(fim, "parses"), "fim_exact_share": share(fim, "exact")}  # fmt: skip
+            results |= {"fim_cases": len(fim), "fim_parse_share": share(fim, "parses"), "fim_exact_share": share(fim, "exact"),
+                        "fim_raw_parse_share": share(fim, "parses_raw"), "fim_ended_share": share(fim, "ended")}  # fmt: skip
             say(f"fill-in-the-middle: {sum(r['parses'] for r in fim)}/{len(fim)} filled functions parse "
-                f"({results['fim_parse_share']:.0%}), {sum(r['exact'] for r in fim)} filled exactly  "
-                f"[{time.perf_counter() - start:.0f} s]")  # fmt: skip
+                f"({results['fim_parse_share']:.0%}; as generated, without a client's stop: "
+                f"{results['fim_raw_parse_share']:.0%}; ended by <|endoftext|>: {results['fim_ended_share']:.0%}), "
+                f"{sum(r['exact'] for r in fim)} filled exactly  [{time.perf_counter() - start:.0f} s]")  # fmt: skip
         else:
             say("fill-in-the-middle: the tokenizer has no FIM tokens")
 

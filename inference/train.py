@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch._dynamo
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
@@ -205,10 +206,18 @@ def bits_per_byte(
 
 def set_determinism(device: torch.device, strict: bool) -> None:
     """CPU kernels are deterministic already; on CUDA ask for the deterministic ones (strict: an op without one
-    raises; else it warns, names the op, and runs)."""
+    raises; else it warns, names the op, and runs).
+
+    Only strict mode makes attention's backward deterministic: with warn_only, flash and memory-efficient
+    attention warn and keep their atomic-add (split-key) backward, so two runs from one seed drift apart.
+    CUBLAS_WORKSPACE_CONFIG must be set before cuBLAS first runs (scripts/train_default.sh exports it)."""
     if device.type == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=not strict)
+        # (compiled kernels follow it too: inductor then skips timing-based choices of reduction configs)
+        # Every kernel writes its outputs before reading them, so NaN-filling each new buffer (the mode's
+        # default) would cost bandwidth and change nothing.
+        torch.utils.deterministic.fill_uninitialized_memory = False
 
 
 def build_model(
@@ -227,6 +236,16 @@ class Fitted:
     history: dict  # step, loss, lr, val_step, val_loss
     seconds: float
     stopped_early: int | None  # the step --max-minutes stopped at
+    steady_tokens_per_s: float | None = None  # after the first steps (compilation, allocator warm-up)
+
+
+WARM_STEPS = 5  # steps left out of the steady speed: compilation and autotuning happen in them
+
+
+def training_loss(model: Transformer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of inputs x against targets y, both [B, T]."""
+    logits = model(x)  # [B, T, V] fp32
+    return F.cross_entropy(logits.flatten(0, 1), y.flatten())
 
 
 def fit(
@@ -246,11 +265,16 @@ def fit(
     )  # fmt: skip
 
     def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        logits = model(x)  # [B, T, V] fp32
-        return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        return training_loss(model, x, y)
 
     on_cuda = device.type == "cuda"
-    step_loss = torch.compile(loss_fn) if on_cuda and c.compile else loss_fn
+    step_loss = loss_fn
+    if on_cuda and c.compile:
+        # Each run compiles afresh: graphs of earlier runs' models would otherwise count against dynamo's
+        # recompile limit (past it, a run silently falls back to eager); inductor's on-disk cache keeps a
+        # second compilation of the same graph short.
+        torch._dynamo.reset()
+        step_loss = torch.compile(loss_fn)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=on_cuda)
 
     train_ids = train_ids.to(device)
@@ -267,7 +291,8 @@ def fit(
 
     history = {"step": [], "loss": [], "lr": [], "val_step": [], "val_loss": []}
     pending: list[torch.Tensor] = []
-    t_train = time.time()
+    t_train = t_warm = time.time()
+    eval_seconds = 0.0  # validation after the warm-up steps: not part of the steady training speed
     stopped_early = None
     for step in range(c.steps):
         lr = lr_at(step, c)
@@ -293,17 +318,34 @@ def fit(
             history["loss"] += torch.stack(pending).float().tolist()  # one host sync per 10 steps
             pending.clear()
         if evaluate:
+            sync()
+            t_eval = time.time()
             val = validation_loss()
+            if step + 1 > WARM_STEPS:
+                eval_seconds += time.time() - t_eval
             history["val_step"].append(step)
             history["val_loss"].append(val)
             tokens_per_s = (step + 1) * c.batch_size * c.seq_len / (time.time() - t_train)
             say(f"step {step + 1:5d}/{c.steps}  loss {history['loss'][-1]:.4f}  val {val:.4f}  "
                 f"lr {lr:.2e}  {tokens_per_s / 1e3:.0f} k tok/s  {time.time() - t_train:.0f} s")  # fmt: skip
+        if step + 1 == WARM_STEPS:
+            sync()
+            t_warm = time.time()
         if over_time and not last:
             stopped_early = step + 1
             say(f"stopping at step {step + 1}: past --max-minutes {c.max_minutes}")
             break
-    return Fitted(history, time.time() - t_train, stopped_early)
+    sync()
+    steps_done = len(history["step"])
+    steady = None
+    if steps_done > WARM_STEPS:
+        steady = (steps_done - WARM_STEPS) * c.batch_size * c.seq_len / (time.time() - t_warm - eval_seconds)
+    return Fitted(history, time.time() - t_train, stopped_early, steady)
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def train(c: TrainConfig, command: str = "") -> dict:

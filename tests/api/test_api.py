@@ -91,7 +91,11 @@ def test_chat_streamed_and_not_agree_with_usage_from_our_tokenizer(stack, engine
     tokenizer = engine.tokenizer
     prompt_ids = tokenizer.encode_chat(messages)
     assert reply.usage.prompt_tokens == len(prompt_ids)
-    local = list(engine.generate(prompt_ids, SamplingParams(max_new_tokens=12, temperature=0)))[-1]
+    # the API takes what the request leaves out (a repetition penalty) from the checkpoint's generation_config.json
+    advised = {
+        k: v for k, v in engine.sampling_defaults.items() if k not in ("max_new_tokens", "temperature")
+    }
+    local = list(engine.generate(prompt_ids, SamplingParams(max_new_tokens=12, temperature=0, **advised)))[-1]
     assert (text, reply.usage.completion_tokens) == (local.text, local.stats.completion_tokens)
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
     assert_timings(reply.model_extra["timings"], reply.usage)

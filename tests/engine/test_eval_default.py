@@ -2,7 +2,7 @@
 
 import ast
 
-from inference.eval_default import fim_cases, first_block, is_loop, parses, passes_test
+from inference.eval_default import fim_cases, first_block, is_loop, parses, passes_test, stopped_middle
 from inference.eval_prompts import SAMPLED_PROMPTS, SIMPLE_FUNCTIONS
 
 
@@ -23,6 +23,38 @@ def test_first_block_inside_a_def_and_after_comments():
     assert parses(comment + first_block(comment, body + "\nprint(fib(", False))
     # cut by the token limit: the unfinished last line goes
     assert first_block(prompt, "    y = 2 * x\n    return (y", True) == "    y = 2 * x\n"
+
+
+def test_first_block_ends_where_a_stop_sequence_would():
+    prompt = 'def f(x):\n    """Double."""\n'
+    # a decorator at the top level begins the next function
+    after = "    return 2 * x\n\n\n@cache\ndef g(:\n"
+    assert first_block(prompt, after, False) == "    return 2 * x\n\n"
+    # ... but a completion after comments may begin with a decorated function: its def belongs to it
+    comment = "# Cached squares.\n"
+    decorated = "@cache\ndef square(x):\n    return x * x\n\n\nsquare(:\n"
+    assert first_block(comment, decorated, False) == "@cache\ndef square(x):\n    return x * x\n\n"
+    # a method begun in a class ends where the next method starts
+    method = 'class Point:\n    """A point."""\n\n    def __init__(self, x, y):\n'
+    body = "        self.x = x\n        self.y = y\n\n"
+    block = first_block(method, body + '    @property\n    def norm(self):\n        """The length.\n', True)
+    assert block == body[:-1] and parses(method + block)
+    # comments and closing brackets at the function's level do not end it
+    bracket = "    return max(\n        x,\n)\n# done\n"
+    assert first_block(prompt, bracket, False) == bracket
+
+
+def test_a_cut_completion_is_judged_on_the_statements_it_finished():
+    prompt = 'def f(x):\n    """Double."""\n'
+    cut = "    y = 2 * x\n    if y > 3:\n        return y\n    for i in range(y):\n        if i:\n"
+    block = first_block(prompt, cut + "            return (i", True)
+    assert block == "    y = 2 * x\n    if y > 3:\n        return y\n" and parses(prompt + block)
+    # an error before the cut statement still fails
+    broken = "    y = = 2\n    for i in range(y):\n        if i:\n"
+    assert not parses(prompt + first_block(prompt, broken + "            return (i", True))
+    # a completion whose only statement was cut is not judged on nothing
+    only = "    for i in range(x):\n        if i:\n"
+    assert not parses(prompt + first_block(prompt, only + "            return (i", True))
 
 
 def test_unit_tests_run_apart_and_bounded():
@@ -55,3 +87,18 @@ def test_fim_cases_remove_one_statement_of_a_held_out_function():
         )
         assert 1 <= case["middle"].count("\n") <= 4
     assert fim_cases(count=12) == cases  # the same functions every time
+
+
+def test_a_middle_stops_where_a_completion_client_stops_it():
+    prefix, suffix = "def f(x):\n    y = x\n", "    return y\n"
+    # ended by <|endoftext|>: as generated
+    assert stopped_middle("    y += 1\n", False) == "    y += 1\n"
+    # past the function's end: the stop sequence cuts it there, the kept line keeps its newline
+    went_on = stopped_middle("    y += 1\n\n\ndef g(:\n", False)
+    assert went_on == "    y += 1\n\n\n" and parses(prefix + went_on + suffix)
+    # cut by the token limit: its unfinished last line goes, never all of it
+    assert stopped_middle("    y += 1\n    y = (y", True) == "    y += 1\n"
+    assert (
+        stopped_middle("    y = (y", True) == "    y = (y"
+        and stopped_middle("# x\ndef g():\n", False) is None
+    )

@@ -161,7 +161,9 @@ def test_a_reload_mid_stream_restores_the_form_and_resumes_the_run(server, page)
     share = page.get_attribute("#share", "href")
 
     page.reload()  # a finished run comes back too, share link and all
-    wait_for_state(page, "done")
+    wait_for_state(page, "done")  # shown at once, as it ended; its text follows from the server's replay
+    page.wait_for_selector("#output[data-stream-check]", timeout=15_000)  # the replay's done frame came
+    assert page.get_attribute("#output", "data-stream-check") == "ok"
     assert page.text_content("#output") == prompt
     assert page.get_attribute("#share", "href") == share
     assert page.errors == []

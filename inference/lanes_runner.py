@@ -28,6 +28,7 @@ import torch.distributed as dist
 from common.events import SamplingParams
 from inference.lanes_parallel import NO_MULTICAST, LaneShard, free_port, init_rank, rank_device, transport
 from inference.model import Transformer
+from inference.prefix_cache import check_prompt_span
 from inference.sampling import Sampler
 
 log = logging.getLogger("inference.lanes_runner")
@@ -143,12 +144,7 @@ class LanesRunner:
         start: int = 0,
     ) -> Iterator[int]:
         n = len(prompt_ids)
-        if not 0 < n < self.max_context:
-            raise ValueError(f"prompt_ids: length must be in [1, {self.max_context - 1}], got {n}")
-        if not 0 <= start < n:
-            raise ValueError(
-                f"start: must be in [0, {n - 1}] (the last prompt id is always prefilled), got {start}"
-            )
+        check_prompt_span(n, start, self.max_context)
         self._check_followers()
         budget = min(params.max_new_tokens, self.max_context - n)
         sample = Sampler(params, self.device)

@@ -32,6 +32,17 @@ GPU_SHARE = 0.5  # of the memory free after the weights and the graphs: the rest
 CPU_SHARE = 0.25  # of the host's available memory
 
 
+def check_prompt_span(n: int, start: int, max_context: int) -> None:
+    """ValueError unless a prompt of n ids fits the context and start (the ids already in the cache) leaves its
+    last id to prefill, whose logits give the first token."""
+    if not 0 < n < max_context:
+        raise ValueError(f"prompt_ids: length must be in [1, {max_context - 1}], got {n}")
+    if not 0 <= start < n:
+        raise ValueError(
+            f"start: must be in [0, {n - 1}] (the last prompt id is always prefilled), got {start}"
+        )
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     """How many leading ids a and b share. Slices compare at C speed, so a whole match is one comparison and a
     mismatch is found by halving: a Python loop over a few thousand ids would cost a follow-up ~0.1 ms a list."""

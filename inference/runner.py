@@ -31,6 +31,7 @@ import torch
 from common.events import SamplingParams
 from inference.logprobs import step_logprobs
 from inference.model import KVCache, Transformer
+from inference.prefix_cache import check_prompt_span
 from inference.sampling import Sampler
 from inference.speculative import (
     DraftLength,
@@ -71,12 +72,7 @@ class ReferenceRunner:
         start: int = 0,
     ) -> Iterator[int]:
         n = len(prompt_ids)
-        if not 0 < n < self.max_context:
-            raise ValueError(f"prompt_ids: length must be in [1, {self.max_context - 1}], got {n}")
-        if not 0 <= start < n:
-            raise ValueError(
-                f"start: must be in [0, {n - 1}] (the last prompt id is always prefilled), got {start}"
-            )
+        check_prompt_span(n, start, self.max_context)
         budget = min(params.max_new_tokens, self.max_context - n)
         sample = Sampler(params, self.device)
         history = list(prompt_ids)  # for the repetition penalty

@@ -58,6 +58,7 @@ from inference.fast.settings import RunnerSettings
 from inference.fast.suffix_graphs import SuffixGraphs
 from inference.fast.verify_graphs import VerifyGraphs
 from inference.model import KVCache, Transformer
+from inference.prefix_cache import check_prompt_span
 from inference.speculative import (
     DraftLength,
     SpeculationCounts,
@@ -560,12 +561,7 @@ class FastRunner:
         already (inference/prefix_cache.py); the rest replays a suffix graph (inference/fast/suffix_graphs.py)
         where one fits, else is prefilled eagerly."""
         n = len(prompt_ids)
-        if not 0 < n < self.max_context:
-            raise ValueError(f"prompt_ids: length must be in [1, {self.max_context - 1}], got {n}")
-        if not 0 <= start < n:
-            raise ValueError(
-                f"start: must be in [0, {n - 1}] (the last prompt id is always prefilled), got {start}"
-            )
+        check_prompt_span(n, start, self.max_context)
         self._stage_prompt(prompt_ids, start)
         ids = self.prompt_ids[:n]
         bucket = next((b for b in self.prefill_buckets if b >= n), None)

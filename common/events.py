@@ -44,6 +44,7 @@ SEED_RANGE = (-(2**63), 2**63 - 1)  # an int64, as OpenAI takes it: one seed, on
 # OpenAI's temperature range, which the API holds requests (and a model's recommended default) to
 MAX_API_TEMPERATURE = 2.0
 # The most alternatives a token's logprobs may list (OpenAI's top_logprobs limit)
+MAX_N_INDENT = 256  # columns; deeper code is not written by hand
 MAX_TOP_LOGPROBS = 20
 
 
@@ -58,6 +59,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # stop strings; the text stops before the first match
     # None: no logprobs; N >= 0: each token's log-probability and the N most likely tokens at its step
     logprobs: int | None = None
+    # > 0: the text stops before a line indented less than this (llama.cpp's n_indent): a code completion
+    # inside a block ends where the block does
+    n_indent: int = 0
 
     def __post_init__(self):
         def bad(name: str, why: str):
@@ -98,6 +102,12 @@ class SamplingParams:
             or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS
         ):
             bad("logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
+        if (
+            not isinstance(self.n_indent, int)
+            or isinstance(self.n_indent, bool)
+            or not 0 <= self.n_indent <= MAX_N_INDENT
+        ):
+            bad("n_indent", f"must be an integer in [0, {MAX_N_INDENT}], got {self.n_indent!r}")
 
     @property
     def greedy(self) -> bool:

@@ -188,6 +188,50 @@ class StopStrings:
         return 0
 
 
+class IndentStop:
+    """Cuts the text before the first line indented less than `columns` (llama.cpp's n_indent; 0: off): a
+    completion inside a block ends where the block does. The newline before that line is kept; a blank line
+    never ends it. Holds back a line's leading whitespace until the line shows how deep it is."""
+
+    def __init__(self, columns: int):
+        self.columns = columns
+        self.pending = ""  # the last newline and what follows it, while that line's depth is still unknown
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """(text safe to show now, whether a shallower line began)."""
+        if not self.columns:
+            return text, False
+        text, self.pending, shown = self.pending + text, "", []
+        start = 0
+        while (newline := text.find("\n", start)) >= 0:
+            line = text[newline + 1 :]
+            depth = len(line) - len(line.lstrip(" \t"))
+            if depth == len(line) and depth < self.columns:  # only whitespace so far: wait for more
+                shown.append(text[start:newline])
+                self.pending = text[newline:]
+                return "".join(shown), False
+            if depth < self.columns and line[depth] not in "\r\n":  # a shallower line with code on it
+                shown.append(text[start : newline + 1])
+                return "".join(shown), True
+            shown.append(text[start : newline + 1])
+            start = newline + 1
+        shown.append(text[start:])
+        return "".join(shown), False
+
+
+def cut_text(stops: StopStrings, indent: IndentStop, text: str, last: bool = False) -> tuple[str, bool]:
+    """(what of the decoded `text` to show now, whether the reply stops): the stop strings, then the
+    indentation rule over what they let through; `last`: nothing follows, so nothing is held back."""
+    text, by_string = stops.push(text)
+    if last and not by_string:
+        text += stops.pending
+    text, by_indent = indent.push(text)
+    if (last or by_string) and not by_indent:  # what the indentation rule held back preceded the end
+        text += indent.pending
+        indent.pending = ""
+    return text, by_string or by_indent
+
+
 # generation_config.json's keys that are a request's sampling defaults (as vLLM reads them, do_sample aside):
 # max_new_tokens is the length of a request that gives no max_tokens (under the server's cap)
 GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens")
@@ -407,7 +451,7 @@ class Engine:
             self.tokenizer.stop_ids | extra_stop_ids
         )  # the model's end tokens and the tokenizer's eos_token
         decoder = self.tokenizer.stream_decoder(prompt_ids)
-        stops = StopStrings(params.stop)
+        stops, indent = StopStrings(params.stop), IndentStop(params.n_indent)
         shown: list[str] = []
         token_times: list[float] = []
         finish, stop_matched = "length", False
@@ -434,7 +478,7 @@ class Engine:
                     finish = "stop"
                     yield TextDelta("", [token], now, *counts)
                     break
-                text, stop_matched = stops.push(decoder.push(token))
+                text, stop_matched = cut_text(stops, indent, decoder.push(token))
                 shown.append(text)
                 logprobs = None
                 if params.logprobs is not None:
@@ -453,9 +497,7 @@ class Engine:
                 self.prefix.written(prompt_ids + produced[:-1])
 
         if not stop_matched:  # what the decoder and the stop-string filter still hold is part of the text
-            tail, stop_matched = stops.push(decoder.flush())
-            if not stop_matched:
-                tail += stops.pending
+            tail, stop_matched = cut_text(stops, indent, decoder.flush(), last=True)
             if stop_matched and finish == "length":
                 finish = "stop"
             if tail:

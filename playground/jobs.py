@@ -15,6 +15,7 @@ from django.conf import settings
 from redis import Redis
 from redis.exceptions import RedisError
 
+from common.code_blocks import cursor_block_indent
 from common.events import InvalidRequest, SamplingParams, unicode_text
 from common.protocol import LEASE_INTERVAL_S, JobClient, JobSpec, connect, release_leases
 
@@ -314,6 +315,8 @@ def spec_from_frame(frame: dict, models: dict[str, dict]) -> JobSpec:
                 "suffix",
                 f"{model} has no fill-in-the-middle tokens: pick a model that has, or turn code completion off",
             )
+        # the reply ends where the block the cursor is in does, not at the token limit past it
+        params = {**params, "n_indent": cursor_block_indent(prompt)}
         return JobSpec(model=model, prompt=prompt, suffix=suffix, params=params, source="web")
     if models[model].get("chat"):
         messages = [{"role": "system", "content": system}] if system else []

@@ -106,7 +106,7 @@ HONOURED = frozenset(
         "model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature", "top_p",
         "top_k", "repetition_penalty", "seed", "stop", "n", "best_of", "frequency_penalty", "presence_penalty",
         "logprobs", "top_logprobs", "tools", "functions", "tool_choice", "function_call", "echo", "suffix",
-        "logit_bias", "response_format", "modalities", "add_special_tokens", "chat_template_kwargs",
+        "logit_bias", "response_format", "modalities", "add_special_tokens", "chat_template_kwargs", "n_indent",
         *PENALTY_WINDOWS,
     }
 )  # fmt: skip
@@ -223,6 +223,7 @@ def _sampling_params(body: dict, max_new_tokens: int, chat: bool, model_defaults
         "repetition_penalty": body.get("repetition_penalty"),
         "seed": body.get("seed"),
         "stop": _stop(body.get("stop")),
+        "n_indent": body.get("n_indent"),  # llama.cpp's: a completion inside a block ends with the block
     }
     defaults = {  # OpenAI's, then the model's own (only MODEL_DEFAULT_KEYS: a worker's word; the cap below)
         "max_new_tokens": max_new_tokens if chat else min(COMPLETIONS_MAX_TOKENS, max_new_tokens),

@@ -761,7 +761,7 @@ async def run_task(request, body: dict, task: str, **spec_fields) -> dict:
 # llama.cpp's /infill fields and the /v1/completions field each one is
 INFILL_FIELDS = {"n_predict": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
                  "seed": "seed", "stop": "stop", "stream": "stream", "model": "model",
-                 "repeat_penalty": "repetition_penalty"}  # fmt: skip
+                 "repeat_penalty": "repetition_penalty", "n_indent": "n_indent"}  # fmt: skip
 
 
 @endpoint("POST")

@@ -153,6 +153,26 @@ def test_infill_in_llama_cpp_shape(stack, engine):
         assert edge.json()["content"] == greedy_middle(engine, prefix, suffix, 12)[1].text
 
 
+def test_infill_n_indent_ends_the_middle_with_its_block(stack, engine):
+    # llama.cpp's n_indent: the worker stops before a line indented less, as the local engine does
+    body = {
+        "model": "coder",
+        "input_prefix": PREFIX,
+        "input_suffix": SUFFIX,
+        "n_predict": 24,
+        "temperature": 0,
+    }
+    for n_indent in (0, 4, 40):
+        local = greedy_middle(engine, PREFIX, SUFFIX, 24, n_indent=n_indent)[1]
+        reply = post(stack.web, "/infill", {**body, "n_indent": n_indent})
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["content"] == local.text
+    for bad in (-1, 257, "4", True):
+        reply = post(stack.web, "/infill", {**body, "n_indent": bad})
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == "n_indent", reply.text
+    assert post(stack.web, "/infill", body).status_code == 200  # the worker took the refusals in its stride
+
+
 def test_fim_refusals_name_the_model_and_the_field(stack):
     client = api(stack.web)
     with pytest.raises(openai.BadRequestError) as refused:

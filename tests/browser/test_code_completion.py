@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from common.code_blocks import cursor_block_indent
 from tests.support.fim_checkpoint import fim_stack, greedy_middle
 from tests.support.page import open_playground
 
@@ -26,8 +27,9 @@ def coder(redis_server, tmp_path_factory):
 def expected_middle(checkpoint) -> str:
     from inference.engine import Engine
 
+    # the page asks the middle to stay in the cursor's block (common/code_blocks.py)
     engine = Engine.load(str(checkpoint), device="cpu")
-    return greedy_middle(engine, PREFIX, SUFFIX, MAX_TOKENS)[1].text
+    return greedy_middle(engine, PREFIX, SUFFIX, MAX_TOKENS, n_indent=cursor_block_indent(PREFIX))[1].text
 
 
 def test_code_completion_streams_the_middle_between_the_code_and_shares_it(coder, page):

@@ -78,11 +78,11 @@ def fim_stack(redis_url: str, tmp: Path) -> Iterator[SimpleNamespace]:
         worker.stop()
 
 
-def greedy_middle(engine, prefix: str, suffix: str, max_new_tokens: int):
+def greedy_middle(engine, prefix: str, suffix: str, max_new_tokens: int, n_indent: int = 0):
     """What `engine` (the checkpoint loaded in the test's process) writes between prefix and suffix at
     temperature 0, the reference for the worker's answer: (the prompt's ids, the last event)."""
     from common.events import SamplingParams
 
     ids = engine.encode_fim(prefix, suffix)
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0, n_indent=n_indent)
     return ids, list(engine.generate(ids, params, extra_stop_ids=engine.fim.stop_ids))[-1]

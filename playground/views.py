@@ -78,6 +78,9 @@ async def form_values(generation_id: str | None) -> dict:
     if row is None:
         return form
     form.update(prompt=row.prompt, system_prompt=row.system_prompt, model=row.model, prefilled="true")
+    suffix = (row.params or {}).get("suffix")
+    if isinstance(suffix, str):  # a code completion: the code after the cursor, and the mode switched on
+        form.update(suffix=suffix, fim="true")
     history = follow_up_history(*conversation_parts(row))
     form["history"] = json.dumps(history) if history else ""  # the form's data-history, read by store.js
     for param, field in PAGE_FIELDS.items():

@@ -142,6 +142,7 @@
       history.replaceState(history.state, "", location.pathname);
       page.conversation.setConversation(ui.form.dataset.history ? JSON.parse(ui.form.dataset.history) : []);
       for (const field of ["temperature", "top_p", "max_tokens"]) page.settings.choose(field); // the shared run's
+      page.view.showFimMode(); // a shared code completion comes back as one: its code after the cursor shown
     } else {
       if (saved.form) restoreForm(saved.form);
       page.conversation.setConversation(saved.conversation);

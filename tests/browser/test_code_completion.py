@@ -75,6 +75,12 @@ def test_code_completion_streams_the_middle_between_the_code_and_shares_it(coder
     assert page.text_content("#output") == middle and page.text_content("#output-suffix") == SUFFIX
     assert page.locator("#output-box img, #output-box script, #output-box b").count() == 0
 
+    page.click("#try-it")  # the shared completion comes back as one: both pieces of code, the mode on
+    page.wait_for_selector("#suffix-field", state="visible")
+    assert page.is_checked("#fim") and page.text_content("#prompt-label") == "Code before the cursor"
+    assert page.input_value("#prompt") == PREFIX and page.input_value("#suffix") == SUFFIX
+    assert page.evaluate("window.pwned") is None
+
 
 def test_a_model_without_fim_tokens_is_refused_beside_the_code(coder, page):
     web, _ = coder

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch._dynamo
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
@@ -273,7 +272,10 @@ def fit(
         # Each run compiles afresh: graphs of earlier runs' models would otherwise count against dynamo's
         # recompile limit (past it, a run silently falls back to eager); inductor's on-disk cache keeps a
         # second compilation of the same graph short.
-        torch._dynamo.reset()
+        # imported here, not with the module: dynamo loads triton, which then fixes its interpreter switch
+        from torch import _dynamo
+
+        _dynamo.reset()
         step_loss = torch.compile(loss_fn)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=on_cuda)
 

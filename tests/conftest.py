@@ -10,6 +10,7 @@ import redis
 
 from common.redis_server import start_redis
 from tests.support import CHROMIUM, CHROMIUM_ARGS, WebServer, WorkerProcess, e2e_model
+from tests.support import kernels as _kernels  # noqa: F401  sets Triton's interpreter switch before any import of triton
 
 
 @pytest.fixture(scope="session")

@@ -44,7 +44,6 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 
 import torch
 
@@ -55,18 +54,13 @@ from inference.fast.head_choice import ScreenWatch
 from inference.fast.layers import LaneGroup, LayerWeights, split_from
 from inference.fast.prefill import forward_prompt
 from inference.fast.settings import RunnerSettings
+from inference.fast.speculation import LOOKAHEAD, RING, SpeculativeSteps
 from inference.fast.suffix_graphs import SuffixGraphs
-from inference.fast.verify_graphs import VerifyGraphs
 from inference.model import KVCache, Transformer
 from inference.prefix_cache import check_prompt_span
 from inference.speculative import (
-    DraftLength,
     SpeculationCounts,
     SpeculationSettings,
-    StepClock,
-    SuffixDrafter,
-    accept,
-    speculation_asked,
 )
 from kernels.decode_attention import AttentionScratch, decode_attention
 from kernels.final_norm import final_norm
@@ -76,13 +70,6 @@ from kernels.lm_head_screen import HeadScreen, ScreenScratch, screened_argmax, s
 from kernels.packed_mma_gemv import MmaPackedWeight, fits, pack_mma, packed_mma_gemv, placeholder
 from kernels.rmsnorm_gemv import rmsnorm_gemv
 from kernels.sample import SampleScratch, sample_token
-
-LOOKAHEAD = 8  # decode steps queued on the GPU ahead of the token handed to the caller
-RING = 16  # pinned slots for finished token ids (> LOOKAHEAD)
-MAX_DRAFT = 32  # draft tokens a verify step takes at most (KOG_DRAFT_MAX's bound)
-# Below this much weight a GPU decode step is shorter than a verify step's round trip to the host, so drafts cost
-# more than they save: such models decode plainly unless KOG_SPECULATIVE=1 asks (docs/speculative-decoding.md).
-GPU_SPECULATION_MIN_BYTES = 512 << 20
 
 LAYER_KERNELS = 5  # a layer's launches (_layer_launches): q|k|v, attention, o-proj, gate/up, down-proj
 PARTIAL_KERNELS = (2, 4)  # the o-proj and down-proj: they read the other lanes' partials of layer i - d
@@ -95,7 +82,7 @@ def supports(cfg: ModelConfig) -> str | None:
     return None
 
 
-class FastRunner:
+class FastRunner(SpeculativeSteps):
     # No autograd while building: a model's Parameters would otherwise tie the runner's copies (the q|k|v,
     # the packed words, the head screen) to graphs that keep their temporaries (~12 GB for qwen3-1.7b's screen).
     @torch.no_grad()
@@ -674,164 +661,3 @@ class FastRunner:
             yield token
             if token in stop_ids:
                 return
-
-    # --- speculative decoding (inference/speculative.py) -----------------------------------------------
-    #
-    # A verify step runs the current token and k drafted ones as k+1 positions of the prefill's path
-    # (forward_prompt from start = the token's position): each matrix product reads its weights once for all
-    # rows, the attention is the prefill's causal one over the cache, windows included. It writes the keys and
-    # values of all k+1 positions; nothing is rolled back, because nothing reads a row past the accepted ones
-    # before it is written again: a decode step at position p writes row p before it attends to rows <= p (its
-    # window's start only moves the lower bound), a later verify from p writes rows p .. p + k before attending,
-    # and the next layer's L2 prefetch is a hint that reads no values. The Laneformer's delayed reductions carry
-    # lane partials across layers of one position only (forward_prompt keeps them per row, the decode step
-    # rewrites history[.., i - d] before reading it), so no state of a rejected position survives the step.
-    # The hand-over to the decode graphs is then prefill's: the next input token, its position, out_tokens and
-    # the seen ids; every other buffer a step reads it writes first.
-
-    def _init_speculation(self, speculation: SpeculationSettings | None) -> None:
-        if speculation is None:
-            speculation = SpeculationSettings.from_env()
-            if self.device.type == "cuda" and speculation.enabled and not speculation_asked():
-                weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
-                speculation = replace(speculation, enabled=weights >= GPU_SPECULATION_MIN_BYTES)
-        self.speculation = speculation
-        self.counts: SpeculationCounts | None = None  # the current generation's (None: speculation off)
-        # the settings may change between requests (the benchmark's plain and drafted runs): room for the most
-        rows = MAX_DRAFT + 1
-        # A verify step's staged position and ids, its graphs by bucket of rows; the tokens it chose [k+1].
-        self.verify_graphs = VerifyGraphs(self, rows)
-        self.verify_tokens = torch.zeros(rows, dtype=torch.int32, device=self.device)
-        # Timed events at the end of each queued plain step (GPU), to price a verify step against.
-        self.step_timers = (
-            [torch.cuda.Event(enable_timing=True) for _ in range(RING)]
-            if self.device.type == "cuda"
-            else None
-        )
-
-    @torch.no_grad()
-    def verify(self, pos: int, draft: list[int]) -> torch.Tensor:
-        """The logits [k+1, V] fp32 of one step over the token at `pos` (self.token, not yet in the cache) and the
-        k = len(draft) tokens after it: row j is what follows position pos + j. Writes the cache rows
-        pos .. pos + k; leaves token, pos and everything else as they were."""
-        k = len(draft)
-        if not 0 < k <= MAX_DRAFT:
-            raise ValueError(f"draft: 1 to {MAX_DRAFT} tokens, got {k}")
-        if pos + k >= self.max_context:
-            raise ValueError(f"draft: positions up to {pos + k} past the context ({self.max_context})")
-        graphs = self.verify_graphs
-        graphs.stage(pos, draft)
-        graph = graphs.graph_for(k + 1, pos)
-        if graph is None:
-            return graphs.forward(k + 1).float()
-        graph.replay()
-        return graphs.logits[: k + 1]
-
-    @torch.no_grad()
-    def _verified_tokens(self, pos: int, draft: list[int], greedy: bool) -> list[int]:
-        """The model's token after each of the k+1 positions of a verify step, as plain steps would choose them
-        from the same history: greedy the argmax; sampled, kernels/sample.py at each position in turn (its noise
-        is keyed by the seed and the position, so position j draws what a plain step at pos + j would), every
-        token joining the seen ids the next position is penalised by. Tokens past the first rejected draft are
-        chosen too and then dropped (_take_verified clears their seen flags)."""
-        logits = self.verify(pos, draft)
-        if greedy:
-            return logits[:, : self.vocab_limit].argmax(-1).tolist()
-        for j in range(len(draft) + 1):
-            self.logits.copy_(logits[j])
-            self._sample_next()  # reads pos (pos + j), writes token, out_tokens[pos + j + 1], seen; pos += 1
-            self.verify_tokens[j : j + 1].copy_(self.token)
-        return self.verify_tokens[: len(draft) + 1].tolist()
-
-    def _take_verified(self, pos: int, emitted: list[int], chosen: list[int], context: set[int]) -> None:
-        """The decode state after a verify step from `pos` that emitted `emitted` (at pos + 1 ...): the last
-        emitted token is the next step's input, at pos + len(emitted), as if each had been decoded in turn.
-        chosen: the step's tokens; those past the emitted ones leave the seen ids unless in `context` (the
-        prompt and the tokens generated so far, the emitted included)."""
-        n = len(emitted)
-        on_device = torch.tensor(emitted, dtype=torch.int32).to(self.device, non_blocking=True)
-        self.token.copy_(on_device[-1:])
-        self.pos.fill_(pos + n)
-        self.out_tokens[pos + 1 : pos + 1 + n].copy_(on_device)
-        self.seen.index_fill_(0, on_device.long(), True)
-        dropped = [t for t in chosen[n:] if t not in context]
-        if dropped:
-            self.seen.index_fill_(0, torch.tensor(dropped, device=self.device), False)
-
-    def _speculative_decode(self, prompt_ids: list[int], first: int, budget: int, greedy: bool, screen: bool,
-                            watch: ScreenWatch | None, stop_ids: frozenset[int]) -> Iterator[int]:  # fmt: skip
-        """generate_tokens after its first token, with drafts (inference/runner.py's rule, step for step): a verify
-        step when the context's suffix has a draft, else plain steps. Plain steps are the graph replays of plain
-        decoding, LOOKAHEAD of them queued on a GPU; a draft found while steps are queued stops the queueing, and
-        the verify step runs once the queue has drained (its draft is then taken at the context's end)."""
-        counts = self.counts = SpeculationCounts()
-        drafter, context = SuffixDrafter([*prompt_ids, first]), {*prompt_ids, first}
-        length, clock = DraftLength(self.speculation.max_draft), StepClock()
-        on_gpu = self.device.type == "cuda"
-        depth = LOOKAHEAD if on_gpu else 1
-        graph = self.capture(greedy, screen=screen) if on_gpu else None
-        front, made = len(prompt_ids), 1  # the position of the newest token on the device; tokens yielded
-        pending: deque[tuple[int, bool]] = deque()  # (position, queued behind another step) of queued steps
-
-        def next_draft() -> list[int]:
-            k = min(length.next(), budget - made - 1 - len(pending))
-            return drafter.draft(k) if k > 0 else []
-
-        draft = next_draft()
-        while made < budget:
-            if draft and not pending:  # a verify step
-                counts.decode_steps += 1
-                began = time.perf_counter()
-                chosen = self._verified_tokens(front, draft, greedy)  # waits for the device
-                emitted = accept(draft, chosen.__getitem__, stop_ids)
-                context.update(emitted)
-                self._take_verified(front, emitted, chosen, context)
-                last = len(emitted) - 1  # emitted[last] is the model's own choice, unless an accepted stop id
-                accepted = last + int(last < len(draft) and emitted[last] == draft[last])
-                counts.draft_n += len(draft)
-                counts.draft_n_accepted += accepted
-                length.update(len(draft), accepted, clock.cost(time.perf_counter() - began))
-                front += len(emitted)
-                for token in emitted:
-                    yield token
-                    made += 1
-                    if token in stop_ids:
-                        return
-                drafter.extend(emitted)
-                draft = next_draft()
-                continue
-            while not draft and made + len(pending) < budget and len(pending) < depth:
-                front += 1
-                pending.append((front, bool(pending)))
-                if on_gpu:
-                    graph.replay()  # leaves position front's token at ring slot front % RING
-                    self.token_events[front % RING].record()
-                    self.step_timers[front % RING].record()
-                else:
-                    began = time.perf_counter()
-                    self.decode_step(greedy, screen)
-                    clock.plain(time.perf_counter() - began)
-            position, queued = pending.popleft()
-            counts.decode_steps += 1
-            if on_gpu:
-                self.token_events[position % RING].synchronize()
-                token = int(self.host_tokens[position % RING])
-                if queued:  # the GPU went from the step before straight to this one: its time is the step's
-                    clock.plain(
-                        self.step_timers[(position - 1) % RING].elapsed_time(
-                            self.step_timers[position % RING]
-                        )
-                        / 1e3
-                    )
-            else:
-                token = int(self.token.item())
-            if watch is not None and self._leaves_screen(watch, position):
-                screen, watch = False, None
-                graph = self.capture(greedy, screen=False) if on_gpu else None
-            yield token
-            made += 1
-            if token in stop_ids:
-                return
-            drafter.extend([token])
-            context.add(token)
-            draft = next_draft()

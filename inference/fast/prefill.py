@@ -9,8 +9,9 @@ A layer is five Triton launches besides its cuBLAS matrix products (and Qwen2's 
                                 masks, and writing the heads as [L, T, H/L * hd], the o-proj's input
     o-proj matmul, then prefill_residual_norm: the lane reduction into the residual and the ffn norm
     gate and up matmuls (cuBLAS, two [L, T, F/L] products: w1 and w3 stay separate, no weight copies), then
-    silu_mul (kernels/silu_mul.py: silu(gate) * up in one pass, written over gate), then the down matmul
-    (cuBLAS), then prefill_residual_norm with the next layer's attention norm
+    silu_mul (kernels/silu_mul.py: silu(gate) * up in one pass, written over gate); up to 32 rows (a verify
+    step, a short suffix) kernels/skinny_glu.py's one launch instead; then the down matmul (cuBLAS), then
+    prefill_residual_norm with the next layer's attention norm
 The last layer writes every position's keys and values into the cache, then goes on for the one position whose
 logits are asked for (its attention through the decode kernel, its o-proj, MLP and head eager on that row):
 the reference computes the other rows too, but nothing reads them.
@@ -32,6 +33,8 @@ from kernels.prefill_embed_norm import prefill_embed_norm
 from kernels.prefill_kv_write import launch_prefill_kv_write
 from kernels.prefill_residual_norm import prefill_residual_norm
 from kernels.silu_mul import silu_mul
+from kernels.skinny_glu import MAX_ROWS as SKINNY_ROWS
+from kernels.skinny_glu import skinny_glu
 
 if TYPE_CHECKING:
     from inference.fast.layers import LayerWeights
@@ -72,8 +75,13 @@ def forward_prompt(model: Transformer, layers: list[LayerWeights], cache: KVCach
         attn_partials.append(heads @ w.wo.mT)  # [L, T, D] raw lane partials
         x, h = _residual_norm(i, w, x, attn_partials, w.ffn_norm, eps)
         # block.mlp's math: silu(h w1^T) * (h w3^T), rounded as eager rounds it, then w2 (lane partials)
-        gate = torch.bmm(h, w.w1.mT)  # [L, T, F/L]
-        mlp_partials.append(torch.bmm(silu_mul(gate, torch.bmm(h, w.w3.mT), out=gate), w.w2.mT))
+        # a verify step, a short suffix: both products and the gating in one weight stream
+        if T <= SKINNY_ROWS:
+            glu = skinny_glu(h, w.w1, w.w3)  # [L, T, F/L]
+        else:
+            gate = torch.bmm(h, w.w1.mT)  # [L, T, F/L]
+            glu = silu_mul(gate, torch.bmm(h, w.w3.mT), out=gate)
+        mlp_partials.append(torch.bmm(glu, w.w2.mT))
         x, h = _residual_norm(i, w, x, mlp_partials, next_norm, eps)
         for partials in (attn_partials, mlp_partials):
             if i not in read_later:

@@ -10,7 +10,8 @@ with reduce as model.Transformer.reduce (the runner's `reduction` modes):
     delayed  partial[l, t] + sum over lanes of past[:, t] - past[l, t]   (past: the raw partials d layers back)
 
 In eager PyTorch this boundary is ~8 launches over [L, T, D] tensors (casts, the lane sum, adds, the norm's
-fp32 copy), which at 4,096 tokens of a Laneformer costs more GPU time than all the matrix products. Here each
+fp32 copy), which at 4,096 tokens of a Laneformer costs more GPU time than all the matrix products. (A verify
+step's few positions take _row_residual_norm_kernel instead: there this kernel's chunk loops are its time.) Here each
 program owns one position t for all lanes (the lane sum needs them together) and makes two passes over its
 [L, D] row in [LP, BLOCK_D] chunks: the sums and the new residual (stored, and its squares summed), then the
 norm from the row it just wrote, read back from L2. (The whole row in registers instead, 8 lanes * 3,072 with
@@ -105,6 +106,60 @@ def _prefill_residual_norm_kernel(
             tl.store(h_rows[:, None] + d[None, :], (w * normed.to(tl.float32)).to(normed.dtype), mask=mask)
 
 
+@triton.jit
+def _row_residual_norm_kernel(
+    x_ptr,
+    stride_x_lane,
+    stride_x_t,
+    partial_ptr,
+    past_ptr,
+    norm_ptr,
+    x_out_ptr,
+    h_ptr,
+    T,
+    scale,
+    eps,
+    D: tl.constexpr,
+    DP: tl.constexpr,
+    LANES: tl.constexpr,
+    MODE: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+):
+    """The same boundary for a few positions: a program per (position, lane) holds its whole row [DP] in registers
+    and reads the other lanes' rows for the sums one row at a time, all loads issued before any is used, so a
+    program waits on memory about twice (its inputs, then its norm) instead of once a chunk and pass."""
+    t = tl.program_id(0).to(tl.int64)
+    lane = tl.program_id(1).to(tl.int64)
+    d = tl.arange(0, DP)
+    ok = d < D
+    row = (lane * T + t) * D  # this lane's row in a contiguous [L, T, D]
+    x = tl.load(x_ptr + lane * stride_x_lane + t * stride_x_t + d, mask=ok, other=0.0).to(tl.float32)
+    if MODE == 0:  # the sum over lanes of the partials
+        add = tl.zeros([DP], dtype=tl.float32)
+        for j in tl.static_range(LANES):
+            add += tl.load(partial_ptr + (j * T + t) * D + d, mask=ok, other=0.0).to(tl.float32)
+    elif MODE == 1:
+        add = tl.load(partial_ptr + row + d, mask=ok, other=0.0).to(tl.float32) * scale
+    else:  # own partial + the other lanes' partials d layers back
+        old = tl.zeros([DP], dtype=tl.float32)
+        for j in tl.static_range(LANES):
+            old += tl.load(past_ptr + (j * T + t) * D + d, mask=ok, other=0.0).to(tl.float32)
+        own = tl.load(past_ptr + row + d, mask=ok, other=0.0).to(tl.float32)
+        add = tl.load(partial_ptr + row + d, mask=ok, other=0.0).to(tl.float32) + old - own
+    new = (x + add).to(x_out_ptr.dtype.element_ty)
+    tl.store(x_out_ptr + row + d, new, mask=ok)
+    if HAS_NORM:
+        new_f = new.to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(new_f * new_f, axis=0) / D + eps)
+        w = tl.load(norm_ptr + lane * D + d, mask=ok, other=0.0).to(tl.float32)
+        normed = (new_f * rstd).to(h_ptr.dtype.element_ty)  # rounded as model.rms_norm rounds it
+        tl.store(h_ptr + row + d, (w * normed.to(tl.float32)).to(normed.dtype), mask=ok)
+
+
+ROW_POSITIONS = 32  # up to this many positions (a verify step's), a program a row (_row_residual_norm_kernel)
+ROW_DIM = 8192  # of a row at most, for its registers
+
+
 def default_blocks(lanes: int, dim: int, itemsize: int = 2) -> tuple[int, int, int]:
     """(BLOCK_D, num_warps, stages): chunks of 16 KB an input ([8, 1024] in bf16 at 8 lanes, one [1, 2048] row at
     one lane) on 4 warps, 2 chunks ahead in shared memory (3 * 3 * 16 KB a program with its three inputs). On
@@ -130,12 +185,14 @@ def prefill_residual_norm(
     block_d: int | None = None,
     num_warps: int | None = None,
     stages: int | None = None,
+    row_programs: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(x + reduce(partial, past), rmsnorm of that * norm_weight or None without norm_weight).
 
     x: [L, T, D] (lanes may be a broadcast view: stride 0), last dim contiguous; partial, past: contiguous
     [L, T, D] like x's dtype; norm_weight: [L, D]; mode: "sum" | "scaled" | "delayed" (needs past).
-    block_d, num_warps, stages: override default_blocks (sweeps).
+    block_d, num_warps, stages: override default_blocks (sweeps). row_programs: a program per position and lane
+    (_row_residual_norm_kernel) rather than per position; None: up to ROW_POSITIONS positions of up to ROW_DIM.
     """
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
@@ -158,6 +215,18 @@ def prefill_residual_norm(
         raise ValueError(f"stages: expected >= 1, got {stages}")
     x_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     h = torch.empty_like(x_out) if norm_weight is not None else None
+    if row_programs is None:
+        row_programs = T <= ROW_POSITIONS and D <= ROW_DIM
+    if row_programs:
+        dp = triton.next_power_of_2(D)
+        launch = {} if interpreted() else {"num_warps": 4 if dp <= 4096 else 8}
+        _row_residual_norm_kernel[(T, lanes)](
+            x, x.stride(0), x.stride(1), partial, past if past is not None else partial,
+            norm_weight if norm_weight is not None else partial, x_out, h if h is not None else x_out,
+            T, math.sqrt(lanes), eps, D=D, DP=dp, LANES=lanes, MODE=MODES[mode],
+            HAS_NORM=norm_weight is not None, **launch,
+        )  # fmt: skip
+        return x_out, h
     _prefill_residual_norm_kernel[(T,)](
         x,
         x.stride(0),

@@ -174,6 +174,8 @@ class SpeculativeSteps:
                 self.token_events[position % RING].synchronize()
                 token = int(self.host_tokens[position % RING])
                 if queued:  # the GPU went from the step before straight to this one: its time is the step's
+                    # the timer is recorded after the token's event: that one's completion does not imply this one's
+                    self.step_timers[position % RING].synchronize()
                     clock.plain(
                         self.step_timers[(position - 1) % RING].elapsed_time(
                             self.step_timers[position % RING]

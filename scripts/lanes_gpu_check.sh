@@ -31,7 +31,7 @@ stage() {  # stage LOG CMD...: one stage under the timeout, its output appended 
 }
 nvidia-smi --query-gpu=name,driver_version,compute_mode --format=csv | tee "$OUT/checks.log"
 if [[ " $STAGES " == *" tests "* ]]; then
-  # 20 cases, each starting its processes afresh: more than a stage's usual time (TESTS_S)
+  # each case starts its processes afresh (20 with a GPU a process, 2 where they share one): TESTS_S
   STAGE_S=${TESTS_S:-560} stage "$OUT/tests.log" $PY -m pytest -q -p no:cacheprovider --noconftest \
     tests/kernels/test_kernels_peer_exchange.py tests/engine/test_lanes_peer.py
 fi

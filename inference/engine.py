@@ -55,9 +55,9 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # KOG_MAX_CONTEXT (default config.DEFAULT_MAX_CONTEXT, 4096 tokens) caps the KV cache of long-context models:
 # read at each load (config.env_max_context), an integer >= 2 as the max_context argument is.
-# CPU threads for a decode step: one below this many weight bytes. Measured on the 2-core dev box: a
-# second thread makes a 10M-parameter model 1.4x faster on an idle machine but 20x slower when other
-# processes (web server, browser, tests) compete for the cores; KOG_CPU_THREADS overrides.
+# CPU threads for a decode step: one below this many weight bytes. On a small machine a second thread helps a
+# small model a little while the cores are idle, but slows it many times over when other processes (web server,
+# browser, tests) compete for them; KOG_CPU_THREADS overrides.
 SMALL_MODEL_BYTES = 200 * 1024**2
 
 

@@ -153,7 +153,8 @@ def attention_mask(
 
 def head_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [M, D] times the head weight [V, D] transposed: logits [M, V]. For a few rows (a speculative verify
-    step's k+1) the CPU's GEMM runs 2-3x slower as x @ W^T than as (W @ x^T)^T; one row or many keep x @ W^T."""
+    step's k+1) the CPU's GEMM runs several times slower as x @ W^T than as (W @ x^T)^T; one row or many keep
+    x @ W^T."""
     if 1 < x.shape[0] <= 32 and x.device.type == "cpu":
         return (weight @ x.T).T
     return x @ weight.T

@@ -61,7 +61,7 @@ def _lane_reduce_gemv_kernel(
     # Modes whose addend to x needs no partial of this layer but the lane's own: the residual (and, DELAYED, the
     # other lanes' past partials) can enter the sum over K (below). Not for 8 lanes in one launch (Laneformer on
     # one stream): the past rows held beside the tiles took the o-proj from 128 to 190 registers and the down-proj
-    # from 158 to 255 with spills (sm_90): one stream ran ~5% slower on an H200.
+    # from 158 to 255 with spills (sm_90), and one stream ran slower.
     FOLD_RESIDUAL: tl.constexpr = (LANES == 1 and MODE == 0) or (MODE == 1 and LANES_P <= 4)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     lanes = tl.arange(0, LANES_P)
@@ -94,9 +94,8 @@ def _lane_reduce_gemv_kernel(
         # (column 0 of the accumulator; the same value, another fp32 rounding order), loaded now with the
         # activations. Loaded for a final add instead, it came back one more dependent round trip to L2 after the
         # reduction over K, before the store, at the end of every o-proj and down-proj: ptxas issued that load
-        # late, or Triton loaded it again in the reduction's layout (sm_90 SASS). H200, in turns, two runners each:
-        # llama-3.2-1b 1,404 / 1,417 -> 1,435 / 1,431 tok/s, qwen3-1.7b 958 / 957 -> 965 / 963, laneformer-2b's
-        # groups of 4 lanes 841 / 840 -> 860 / 858 (o-proj alone 853 / 852).
+        # late, or Triton loaded it again in the reduction's layout (sm_90 SASS). Folded in, every model's step is
+        # faster (docs/fast-path.md).
         base = _residual(x_ptr, embed_ptr, token_ptr, lane_rows, rows, tile_ok, N, X_FROM_TOKEN)
         if MODE == 1:
             base += _others_past(hist_in_ptr, hist_rows, rows, tile_ok, N, TOTAL_LANES)
@@ -163,11 +162,9 @@ def _pick_blocks(lanes: int, n: int, k: int, device: torch.device) -> tuple[int,
     lanes_p = triton.next_power_of_2(lanes)
     if lanes_p == 1 and k >= 2048:
         # One lane (the o-proj and down-proj of Llama / Qwen3): tiles of 8 warps x 64 elements a thread, as wide
-        # as K allows (the largest power of two up to 4096 dividing K). Measured on an H200
-        # against the 2 x 512 (down) and 4 x 512 (o-proj) tiles before:
-        # down-proj llama-3.2-1b (K 8192, 4 x 4096) +2.1%, qwen3-1.7b (K 6144, 8 x 2048) +3.5%; o-proj (K 2048,
-        # 8 x 2048) +0.8% and +1.3%. Narrower or taller tiles, or 4 warps, were no better; 256 programs still
-        # fill the H200 twice.
+        # as K allows (the largest power of two up to 4096 dividing K): wider tiles put more of a program's bytes
+        # in flight at once, and beat the narrower tiles used before (docs/fast-path.md). Narrower or taller
+        # tiles, or 4 warps, were no better; 256 programs still fill the GPU twice.
         block_k = 4096
         while k % block_k:
             block_k //= 2
@@ -176,12 +173,12 @@ def _pick_blocks(lanes: int, n: int, k: int, device: torch.device) -> tuple[int,
     while k % block_k and block_k > 64:  # avoid a half-masked last tile (K = 384 -> 128)
         block_k //= 2
     # With lanes, tiles at most 256 columns wide: laneformer-2b's down-proj (K 1536) as 4 rows x 256 columns
-    # streams faster end to end than 4 x 512 (H200): +4.7% with all 8 lanes
-    # in one launch, +0.7% with the runner's lane groups of 4 (8 rows, 8 warps, 2 x 512 or 4 x 128: slower).
+    # streams faster end to end than 4 x 512, most with all 8 lanes in one launch (8 rows, 8 warps, 2 x 512 or
+    # 4 x 128: slower).
     if lanes_p > 1:
         block_k = min(block_k, 256)
-    # Measured on an H200: with lanes, 4 rows (8 for short K) and four
-    # warps; one lane with a short K, 4 rows and four warps.
+    # With lanes, 4 rows (8 for short K) and four warps; one lane with a short K, 4 rows and four warps: the
+    # fastest of the sweep (docs/fast-path.md).
     if lanes_p > 1:
         block_n, num_warps = (4 if k >= 1024 else 8), 4
     else:

@@ -164,8 +164,7 @@ def _pick_blocks(vocab: int, k: int) -> tuple[int, int, int]:
     block_n = 16
     while block_n > 1 and block_n * k > 96 * 256:
         block_n //= 2
-    # 4 warps: on an H200 the Llama-3.2-1B head (8 x 2048 tiles) streams at 80% of read bandwidth with 4 and
-    # 62% with 8 (151 vs 196 us a launch)
+    # 4 warps: the head streams closer to the read bandwidth with 4 than with 8 (docs/fast-path.md)
     return block_n, block_k, 4
 
 
@@ -200,8 +199,7 @@ def lm_head(
     event has fired, with no device-to-host copy queued between one step's graph and the next.
     row_blocks: blocks of block_n rows each program takes in turn, the next block's weights loaded while the
     current one is summed (with more than one, the automatic block_n is halved: two blocks are in flight).
-    None: 4, measured best on an H200 (llama-3.2-1b +1.5%, qwen3-1.7b
-    +1.4%, laneformer-2b +0.3% over 1; 2, 8 and 16 no better); 1 under the interpreter.
+    None: 4, the best of 1, 2, 4, 8 and 16 on every model (docs/fast-path.md); 1 under the interpreter.
     """
     if weight.dim() != 2 or not weight.is_contiguous():
         raise ValueError(f"weight: expected a contiguous [V, K] tensor, got {tuple(weight.shape)}")

@@ -563,9 +563,9 @@ def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_
 
 
 def pick_split(chunks: int, most: int = 4) -> int:
-    """The fewest programs along K that leave each at most `most` chunks (of a divisor of the chunks): in the
-    decode step on an H200 4 chunks a program ran fastest for the o-proj and the down-proj of qwen3-1.7b and
-    llama-3.2-1b (more chunks leave too few programs, fewer make each one's fixed cost count)."""
+    """The fewest programs along K that leave each at most `most` chunks (of a divisor of the chunks): 4 chunks
+    a program ran fastest for the o-proj and the down-proj of qwen3-1.7b and llama-3.2-1b (more chunks leave
+    too few programs, fewer make each one's fixed cost count)."""
     return next(s for s in range(1, chunks + 1) if chunks % s == 0 and chunks // s <= most)
 
 

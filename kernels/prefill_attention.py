@@ -21,8 +21,8 @@ so the longest programs (the most keys) start first and the short ones fill the 
 
 Work (laneformer-2b, T = 4,094, bf16): q . k and p @ v are 4 * hd FLOPs per (query, visible key) pair per
 head: 5 causal layers * 32 heads * 8.38 M pairs + 10 windowed layers (W = 2,048) * 32 heads * 6.29 M pairs
-= 1.29 TFLOP at hd 96 (+~4% for the masked halves of the diagonal and window-edge blocks): ~1.9 ms at
-700 TFLOP/s, ~3.3 ms at the ~400 TFLOP/s a non-warp-specialised Triton flash attention reaches on Hopper.
+= 1.29 TFLOP at hd 96 (+~4% for the masked halves of the diagonal and window-edge blocks): the kernel is
+bound by the tensor cores, not by bytes.
 Bytes: q read once and the output written once (25 MB each a layer), keys and values from L2 (each KV block
 is read by the G heads of every query block that sees it; the 25 MB cache of a layer fits in L2).
 """
@@ -257,12 +257,11 @@ def head_dim_parts(head_dim: int) -> tuple[int, int]:
 
 
 def default_blocks(head_dim: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages). On an H200, for laneformer-2b at 4,094 tokens (hd 96, 15
-    layers): 64 query rows and 64 keys on 4 warps (one warpgroup of wgmma), the next two key/value blocks in
-    flight, 6.1 ms; 128 rows on 8 warps (two warpgroups, ~243 registers, one program a multiprocessor) 7.6 ms;
-    128 x 32 on 8 warps 8.4 ms; 64 x 64 on 8 warps 9.9 ms (docs/fast-path.md). Above 128 dims the
-    accumulator alone would fill the registers: 64 rows and 32 keys on 8 warps (no spills at 256). Under the
-    interpreter: the smallest blocks tl.dot takes."""
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages). Up to 128 dims: 64 query rows and 64 keys on 4 warps (one
+    warpgroup of wgmma), the next two key/value blocks in flight. 128 rows on 8 warps need ~243 registers (one
+    program a multiprocessor) and ran slower, as did 128 x 32 and 64 x 64 on 8 warps (docs/fast-path.md). Above
+    128 dims the accumulator alone would fill the registers: 64 rows and 32 keys on 8 warps (no spills at 256).
+    Under the interpreter: the smallest blocks tl.dot takes."""
     if interpreted():
         return 16, 16, 4, 1
     if head_dim > 128:

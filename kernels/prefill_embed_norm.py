@@ -10,8 +10,8 @@ it to [L, T, D].
 
 Why one kernel: eagerly this was an embedding gather, an fp32 copy, F.rms_norm, a cast back and the lane
 scale, five launches before the first matrix product of a prompt. At 4,094 tokens the GPU finishes each of
-them before the host has queued the next, so the first q|k|v product started ~1.4 ms after the call on an
-H200 machine's host: the prefill's start is bound by the host, not the GPU.
+them before the host has queued the next, so the first q|k|v product waited on the host's launches: the
+prefill's start is bound by the host, not the GPU.
 
 Grid: one program a position t. It reads its row once (16-byte vectors: D is a constexpr, a multiple of 8
 in the models here), sums the squares in fp32 and writes the row of every lane.

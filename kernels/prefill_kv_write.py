@@ -14,7 +14,7 @@ here, the attention kernel streams plain [BLOCK_N, hd] rows of the cache (contig
 cache has to be written anyway. Grid: (cdiv(T, BLOCK_T), KV).
 
 Bytes (laneformer-2b, T = 4,094, bf16): k and v read from qkv and written to the cache once,
-2 * 16 heads * 4,094 * 96 * 2 B = 25 MB each way, 50 MB: ~12 us at 4.3 TB/s (cos/sin come from L2).
+2 * 16 heads * 4,094 * 96 * 2 B = 25 MB each way, 50 MB (cos/sin come from L2).
 """
 
 import torch
@@ -245,8 +245,7 @@ def launch_prefill_kv_write(
     num_kv, max_len, hd = k_cache.shape
     heads_per_lane, kv_per_lane = num_heads // lanes, num_kv // lanes
     hdp = max(16, triton.next_power_of_2(hd))
-    # 16 positions a program: on an H200 (laneformer-2b, 4,094 tokens) 0.88 ms for
-    # the 15 layers against 1.25 / 1.37 / 1.35 / 1.53 ms at 32 / 64 / 128 / 256 (more programs in flight)
+    # 16 positions a program: more, smaller programs keep more of them in flight (docs/fast-path.md)
     block_t = block_t or 16
     _prefill_kv_write_kernel[(triton.cdiv(T, block_t), num_kv)](
         qkv,

@@ -18,16 +18,16 @@ norm from the row it just wrote, read back from L2. (The whole row in registers 
 its three inputs, is ~150 KB: one program a multiprocessor, idle memory while it computes.)
 
 What keeps the memory busy (the first version held one [8, 512] chunk a program at a time, load -> use ->
-store, and reached ~43% of the bandwidth): both loops are software-pipelined by Triton (tl.range with
+store, and left the memory idle between them): both loops are software-pipelined by Triton (tl.range with
 num_stages): the next STAGES - 1 chunks are copied asynchronously (cp.async) into shared memory while the
 current one is summed, so in-flight bytes cost no registers. Chunks of [8, 1024] on 4 warps (default_blocks)
-keep 2 * 48 KB of bf16 inputs a program in flight; [8, 256] chunks measured twice as slow as [8, 512] on an H200.
+keep 2 * 48 KB of bf16 inputs a program in flight; smaller chunks keep too few bytes in flight.
 While some programs wait on HBM in their first pass, others read L2 in their second. Lane offsets are 64-bit
 once per program, offsets inside a row 32-bit.
 
 Bytes (laneformer-2b, T = 4,094, bf16 residual as the runner keeps it): x, partial (and past) read once,
-x_out and h written once: 5 * 8 * 4,094 * 3,072 * 2 B = 1.0 GB delayed (0.23 ms at 4.3 TB/s), 0.8 GB
-otherwise (0.19 ms); an fp32 residual would add 0.4 GB read and 0.2 GB written. The second pass re-reads
+x_out and h written once: 5 * 8 * 4,094 * 3,072 * 2 B = 1.0 GB delayed, 0.8 GB otherwise; an fp32
+residual would add 0.4 GB read and 0.2 GB written. The second pass re-reads
 x_out from L2, not HBM.
 """
 
@@ -162,11 +162,9 @@ ROW_DIM = 8192  # of a row at most, for its registers
 
 def default_blocks(lanes: int, dim: int, itemsize: int = 2) -> tuple[int, int, int]:
     """(BLOCK_D, num_warps, stages): chunks of 16 KB an input ([8, 1024] in bf16 at 8 lanes, one [1, 2048] row at
-    one lane) on 4 warps, 2 chunks ahead in shared memory (3 * 3 * 16 KB a program with its three inputs). On
-    an H200, laneformer-2b's [8, 4,094, 3,072] bf16 alone (us per call, sum / delayed
-    mode): [8, 1024] x 4 warps x 3 stages 200 / 297, [8, 512] x 4 warps x 4 stages (before) 276 / 327, [8, 512] x
-    2 warps x 4 stages 214 / 303, [8, 1024] x 8 warps 407 / 448; [8, 256] chunks were twice as slow as [8, 512].
-    Under the interpreter: 128 columns, no pipeline."""
+    one lane) on 4 warps, 2 chunks ahead in shared memory (3 * 3 * 16 KB a program with its three inputs): the
+    fastest of the chunk, warp and stage counts tried (docs/fast-path.md). Under the interpreter: 128 columns,
+    no pipeline."""
     if interpreted():
         return min(triton.next_power_of_2(dim), 128), 4, 1
     chunk = 16384 // itemsize  # elements of one input a stage

@@ -5,8 +5,8 @@
 The norm is linear in x up to the scalar rstd, so the kernel never materialises the normed vector: every
 program reads x * g and the sum of x^2 once (registers), then streams its rows against it and scales by rstd at
 the end. Each program covers full rows (all of K), so no second pass and no split-K reduction is needed. A
-block's weight tiles are all requested before any product is summed (on an H200 this ordering, rather than
-x and weights interleaved tile by tile, gave +1.6-3.6% end to end), and with row_blocks > 1 a program takes
+block's weight tiles are all requested before any product is summed (so all of them are in flight together,
+rather than x and weights interleaved tile by tile), and with row_blocks > 1 a program takes
 several blocks in turn with the next block's tiles in flight while it sums the current one.
 
 Epilogues: `+ bias` (Qwen2's q/k/v), or `silu(W x) * (W_up x)` (gate/up of the MLP, both matrices streamed in
@@ -149,13 +149,12 @@ def _rmsnorm_gemv_kernel(
 def _pick_blocks(lanes: int, n: int, k: int, gated: bool, device: torch.device) -> tuple[int, int, int]:
     if interpreted():  # programs run one after another there: few, large ones
         return min(64, triton.next_power_of_2(n)), min(128, triton.next_power_of_2(k)), 4
-    # Measured on an H200: four warps, and 8 rows a program (4 for the
-    # gate/up pair when K <= 2048) stream best: 74-90% of the read bandwidth on the large matrices. The K
-    # loop is unrolled, so a program's loads are issued together.
+    # Four warps, and 8 rows a program (4 for the gate/up pair when K <= 2048): the sweep's best
+    # (docs/fast-path.md). The K loop is unrolled, so a program's loads are issued together.
     block_k, block_n, num_warps = min(512, triton.next_power_of_2(k)), (4 if gated and k <= 2048 else 8), 4
     if lanes == 1 and not gated:
-        # The q|k|v rows of one lane: 8 rows of 1024 on 8 warps (on an H200:
-        # llama-3.2-1b +1.6%, qwen3-1.7b +1.8%; laneformer-2b's 8 lanes stream best as they were, -1.4%).
+        # The q|k|v rows of one lane: 8 rows of 1024 on 8 warps, wider than the rest; with 8 lanes
+        # (laneformer-2b) the narrower tiles stay faster.
         block_k, num_warps = min(1024, triton.next_power_of_2(k)), 8
     while block_n > 1 and lanes * triton.cdiv(n, block_n) < 2 * sm_count(device):
         block_n //= 2
@@ -164,11 +163,9 @@ def _pick_blocks(lanes: int, n: int, k: int, gated: bool, device: torch.device) 
 
 def _pick_row_blocks(n: int, k: int, gated: bool, device: torch.device) -> int:
     """The gate/up pair at K <= 2048 runs as blocks of 2 rows (the automatic 4 halved), as many a program as
-    leave about 8 programs a multiprocessor: 4 for llama-3.2-1b's 8,192 rows, 3 for qwen3-1.7b's 6,144. Measured
-    on an H200: llama 4 blocks +1.3% over 1, 2 and 3 blocks -1.1% and
-    -2.0% against 4; qwen3 3 blocks +2.5% and 2 blocks +1.9% against 4. At K = 3072 (laneformer-2b) one block is
-    best (4 blocks: -3.2%, registers), as for the q|k|v rows (4 blocks: -0.4% to -2.6%). Under the interpreter:
-    one."""
+    leave about 8 programs a multiprocessor: 4 for llama-3.2-1b's 8,192 rows, 3 for qwen3-1.7b's 6,144, each
+    the best of the counts tried. At K = 3072 (laneformer-2b) one block is best (more blocks cost registers), as for
+    the q|k|v rows (docs/fast-path.md). Under the interpreter: one."""
     if not gated or k > 2048 or interpreted():
         return 1
     return max(2, round(n / (2 * 8 * sm_count(device))))

@@ -44,17 +44,16 @@ from kernels import interpreted, pdl_kwargs
 SAMPLE_PATHS = ("nucleus", "whole vocabulary", "vocabulary pass", "greedy", "top-k")
 SAMPLE_INFO = (*SAMPLE_PATHS, "redraws")
 _LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * log2(e))
-# Bits of a radix-select digit. H200, llama-3.2-1b: a top_k of 40 from the candidates 18 us a step with 4-bit
-# digits, 21 with 8-bit. Radix passes over the whole vocabulary cost ~75 us each (tl.histogram's per-element
-# updates: ~3x a pass of plain sums; [block, 16] compares instead: worse), which is why a wide top_k selects
-# from the band (a top_k of 1,000: 771 us a step by 8 such passes, 113-119 us by the band).
+# Bits of a radix-select digit: 4-bit digits selected a top_k from the candidates sooner than 8-bit ones. A radix
+# pass over the whole vocabulary is slow (tl.histogram updates element by element; [block, 16] compares were
+# worse), which is why a wide top_k selects from the band instead (docs/fast-path.md).
 RADIX_BITS = tl.constexpr(4)
 RADIX_BINS = tl.constexpr(16)  # 2 ** RADIX_BITS
 # Band entries a loop step reads (the band is usually a few hundred tokens; a pass over the vocabulary reads
 # 2,048 logits a step).
 BAND_BLOCK = 512
-# Logits a loop step of the band's pass reads (H200, a top_k of 1,000 on llama-3.2-1b: 1,024 143 us a step,
-# 2,048 119, 4,096 113 with 216 registers; 8,192 spills).
+# Logits a loop step of the band's pass reads: fewer leave the pass slower, 4,096 gains little for many more
+# registers, and 8,192 spills.
 FILL_BLOCK = 2048
 MAX_DRAWS = 64  # redraws of a step, at most (each draw shrinks the field strictly; the expected count is < 1)
 # A packed key's low half holds _INDEX_MAX - index: lower indices sort higher. (Kernels write it
@@ -433,8 +432,7 @@ def _sample_pick_kernel(logits_ptr, seen_ptr, params_ptr, seed_ptr, pos_ptr,  # 
 def _pick_blocks(vocab: int) -> tuple[int, int]:
     """(chunk, candidates): chunks of 1,024 logits (more, smaller scan programs finish sooner), and at most
     2,048 candidates for the pick (its masked sums and radix select cost in proportion), 16 a chunk at most.
-    H200, the page's settings: llama-3.2-1b (126 chunks x 16) 11.7 us a step; qwen3-1.7b (149 chunks x 8) 11.9 us,
-    against 19.3 with 75 chunks of 2,048 x 16."""
+    Chunks of 2,048 made the page's sampled step slower (docs/fast-path.md)."""
     chunk = 1024
     while triton.cdiv(vocab, chunk) > 256:
         chunk *= 2

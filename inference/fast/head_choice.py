@@ -6,15 +6,14 @@ the step reads about half the head's bytes. On flat logits (random weights, or a
 has no idea) they are most of the vocabulary, read in small gathered rounds, and the step costs more than the
 whole bf16 head.
 
-The screen pays while the rows it reads again stay under about a quarter of the vocabulary: on an H200 a row read
-again costs ~1.5 ns, so llama-3.2-1b's screened head breaks even with the whole one at ~32K of its 128K rows
-(docs/fast-path.md).
+The screen pays while the rows it reads again stay under about a quarter of the vocabulary: past that, the rows
+read again in small rounds cost as much as the bytes the int8 pass saved (docs/fast-path.md).
 
 The runner reads each step's count from the host ring (the rescore kernel's tally) as it hands out the step's
 token, and leaves the screen for the rest of the request once the mean over the last WINDOW steps passes that
 share. The decision is one-way: the whole head reports no counts to come back by, and a request whose logits were
 flat for a window of steps stays so more often than not. The steps before the switch, MIN_STEPS and the LOOKAHEAD
-queued behind them, still read the screen, which costs a random-weights request about 1% against the whole head.
+queued behind them, still read the screen, which costs a random-weights request a little against the whole head.
 """
 
 from collections import deque

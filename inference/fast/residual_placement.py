@@ -4,10 +4,10 @@ once on a GPU (docs/fast-path.md).
 The packed o-proj's and down-proj's programs add their rows into the residual x with atomics (qwen3-1.7b: 3,072
 down-proj programs a layer, each adding 16 rows of the 2,048), and the L2 performs each atomic in the slice that
 holds its line. Which slices hold x's lines follows its physical address, which a program cannot see or choose.
-On an H200 the same runner with x moved to another allocation gains or loses several microseconds a step in the
-down-proj alone, and keeps that speed for as long as x stays; about one address in five makes qwen3-1.7b's whole
-step a few percent slower. So the runner times its greedy step with x at a few candidate addresses and keeps the
-fastest: a measured choice, like a kernel's autotuned blocks, that costs about a second.
+The same runner with x moved to another allocation gets faster or slower in the down-proj alone, and keeps that
+speed for as long as x stays; some addresses slow the whole step (docs/fast-path.md). So the runner times its
+greedy step with x at a few candidate addresses and keeps the fastest: a measured choice, like a kernel's
+autotuned blocks, made once when the model loads.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def place_residual(
     one's index). The step's state (token, position, outputs) is left as it was; the KV cache rows from about the
     middle of the context hold the timing's keys, which a request's own steps write before they read them."""
     on_gpu = runner.device.type == "cuda"
-    # ~0.1 s a candidate on a GPU (qwen3-1.7b: 3 x 32 steps of ~0.9 ms, and a capture); one eager step elsewhere
+    # on a GPU 3 x 32 steps a candidate (enough to tell the addresses apart), and a capture; one eager step elsewhere
     replays, repeats = replays or (32 if on_gpu else 1), repeats or (3 if on_gpu else 1)
     # the steps from about the middle of the context, as a request's decode would take them
     position = max(0, runner.max_context // 2 - replays)

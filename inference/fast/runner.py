@@ -578,7 +578,7 @@ class FastRunner(SpeculativeSteps):
     def _stage_prompt(self, prompt_ids: list[int], start: int = 0) -> None:
         """[n - 1, start, ids...] into prompt_staged, without waiting for the GPU. The host is the limit at a long
         prompt's start (its kernels each finish before the next is queued), so this is one write into a pinned
-        buffer through numpy (~4x faster than torch.tensor of a list) and one asynchronous copy, where a
+        buffer through numpy (much faster than torch.tensor of a list) and one asynchronous copy, where a
         Python scalar or list written into a device tensor would be a pageable copy that synchronizes the stream."""
         n, on_gpu, vocab = len(prompt_ids), self.device.type == "cuda", self.embed.shape[0]
         if on_gpu:

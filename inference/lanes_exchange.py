@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from inference import cuda_ipc
+
 
 @dataclass(frozen=True)
 class MailboxSpec:
@@ -87,18 +89,24 @@ class _Mailbox:
             self.flags.share_memory_()
         self.row_size = self.rows[0, 0].numel()
         handles = [None] * world
-        dist.all_gather_object(handles, (shared(self.rows), shared(self.flags)))
-        # the other ranks' buffers, opened here (kept: closing them would unmap what the kernels write)
-        self.peers = [
-            (self.rows, self.flags) if r == rank else (pickle.loads(rows), pickle.loads(flags))
-            for r, (rows, flags) in enumerate(handles)
-        ]
-        self.row_table = torch.tensor(
-            [rows.data_ptr() for rows, _ in self.peers], dtype=torch.int64, device=device
-        )
-        self.flag_table = torch.tensor(
-            [f.data_ptr() for _, f in self.peers], dtype=torch.int64, device=device
-        )
+        if device.type == "cuda":  # opened on this device, so that its kernels can write another GPU's memory
+            dist.all_gather_object(handles, (cuda_ipc.export(self.rows), cuda_ipc.export(self.flags)))
+            addresses = [
+                (self.rows.data_ptr(), self.flags.data_ptr())
+                if r == rank
+                else (cuda_ipc.open_address(rows, device), cuda_ipc.open_address(flags, device))
+                for r, (rows, flags) in enumerate(handles)
+            ]
+        else:
+            dist.all_gather_object(handles, (shared(self.rows), shared(self.flags)))
+            # the other ranks' buffers, opened here (kept: closing them would unmap what the kernels write)
+            self.peers = [
+                (self.rows, self.flags) if r == rank else (pickle.loads(rows), pickle.loads(flags))
+                for r, (rows, flags) in enumerate(handles)
+            ]
+            addresses = [(rows.data_ptr(), flags.data_ptr()) for rows, flags in self.peers]
+        self.row_table = torch.tensor([rows for rows, _ in addresses], dtype=torch.int64, device=device)
+        self.flag_table = torch.tensor([flags for _, flags in addresses], dtype=torch.int64, device=device)
 
 
 class PeerExchange:

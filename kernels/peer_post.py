@@ -11,14 +11,26 @@ no host and no collective take part.
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-import kernels  # noqa: F401 - decides the interpreter before the decorator runs
+from kernels import pdl_kwargs
 
 
 @triton.jit
 def _peer_post_kernel(
-    src_ptr, n, row_table, flag_table, row_offset, flag_offset, epoch_ptr, BLOCK: tl.constexpr
+    src_ptr,
+    n,
+    row_table,
+    flag_table,
+    row_offset,
+    flag_offset,
+    epoch_ptr,
+    BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # the next kernel is queued at once; its own wait holds it until this post is done
+        gdc_wait()
+        gdc_launch_dependents()
     peer = tl.program_id(0)
     # the destinations are other processes' (or devices') memory: their addresses come as integers
     dest = tl.load(row_table + peer).to(tl.pointer_type(src_ptr.dtype.element_ty)) + row_offset
@@ -40,9 +52,11 @@ def peer_post(
     row_offset: int,
     flag_offset: int,
     epoch: torch.Tensor,
+    use_pdl: bool = False,
 ) -> None:
     """src: contiguous, n values; row_table / flag_table: [P] int64 addresses of every mailbox's rows and flags
-    (element type src's / int32); row_offset, flag_offset: elements into them; epoch: [1] int32, the flag value."""
+    (element type src's / int32); row_offset, flag_offset: elements into them; epoch: [1] int32, the flag value;
+    use_pdl: programmatic dependent launch (kernels/__init__.py)."""
     n = src.numel()
     _peer_post_kernel[(row_table.numel(),)](
         src,
@@ -53,4 +67,6 @@ def peer_post(
         flag_offset,
         epoch,
         BLOCK=min(1024, triton.next_power_of_2(n)),
+        USE_PDL=use_pdl,
+        **pdl_kwargs(use_pdl),
     )

@@ -9,12 +9,18 @@ not a hang.
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-import kernels  # noqa: F401 - decides the interpreter before the decorator runs
+from kernels import pdl_kwargs
 
 
 @triton.jit
-def _peer_wait_kernel(flags_ptr, epoch_ptr, status_ptr, max_spins, P: tl.constexpr, P_POW2: tl.constexpr):
+def _peer_wait_kernel(
+    flags_ptr, epoch_ptr, status_ptr, max_spins, P: tl.constexpr, P_POW2: tl.constexpr, USE_PDL: tl.constexpr
+):
+    if USE_PDL:  # the next kernel loads its first weights while this one spins; its wait holds the rest
+        gdc_wait()
+        gdc_launch_dependents()
     offs = tl.arange(0, P_POW2)
     mask = offs < P
     epoch = tl.load(epoch_ptr)
@@ -30,9 +36,22 @@ def _peer_wait_kernel(flags_ptr, epoch_ptr, status_ptr, max_spins, P: tl.constex
 
 
 def peer_wait(
-    flags: torch.Tensor, epoch: torch.Tensor, status: torch.Tensor, max_spins: int = 1 << 24
+    flags: torch.Tensor,
+    epoch: torch.Tensor,
+    status: torch.Tensor,
+    max_spins: int = 1 << 24,
+    use_pdl: bool = False,
 ) -> None:
     """flags: [P] int32, one slot's flags in this rank's mailbox; epoch: [1] int32; status: [1] int32, set to 1
     when the wait gave up (after ~2^24 rounds of a microsecond or so: a rank that stopped, not a slow one)."""
     P = flags.numel()
-    _peer_wait_kernel[(1,)](flags, epoch, status, max_spins, P=P, P_POW2=triton.next_power_of_2(P))
+    _peer_wait_kernel[(1,)](
+        flags,
+        epoch,
+        status,
+        max_spins,
+        P=P,
+        P_POW2=triton.next_power_of_2(P),
+        USE_PDL=use_pdl,
+        **pdl_kwargs(use_pdl),
+    )

@@ -6,8 +6,8 @@
 #   Results in $OUT (default /tmp/lanes_gpu_check): tests.log and checks.log; exit status 1 when one failed.
 #   Each stage runs under a timeout (STAGE_S, default 240 s) so that a hang is a failure, not a stuck machine.
 #   STAGES picks among "tests checks engine scaling" (default all; each part fits a 10-minute command alone).
-#   scaling: the decode table of laneformer-2b on 1 and 2 processes (SCALING_PROCS; on one GPU they share it,
-#   which checks the command, not the scaling; on 8 GPUs: SCALING_PROCS="1 2 4 8").
+#   scaling: the decode table of laneformer-2b, the one-GPU runner and 1 and 2 ranks of the fast path
+#   (SCALING_PROCS; on one GPU they share it, which checks the command, not the scaling; on 8: "1 2 4 8").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lanes_gpu_check}
@@ -33,7 +33,7 @@ nvidia-smi --query-gpu=name,driver_version,compute_mode --format=csv | tee "$OUT
 if [[ " $STAGES " == *" tests "* ]]; then
   # each case starts its processes afresh (20 with a GPU a process, 2 where they share one): TESTS_S
   STAGE_S=${TESTS_S:-560} stage "$OUT/tests.log" $PY -m pytest -q -p no:cacheprovider --noconftest \
-    tests/kernels/test_kernels_peer_exchange.py tests/engine/test_lanes_peer.py
+    tests/kernels/test_kernels_peer_exchange.py tests/engine/test_lanes_peer.py tests/engine/test_lane_rank.py
 fi
 if [[ " $STAGES " == *" checks "* ]]; then
   for procs in 2 4 8; do
@@ -48,6 +48,6 @@ fi
 if [[ " $STAGES " == *" scaling "* ]]; then
   # shellcheck disable=SC2086 - SCALING_PROCS is a list
   stage "$OUT/checks.log" $PY -m inference.bench.lanes_scaling --model laneformer-2b --procs $SCALING_PROCS \
-    --mode peer --prompt-len 512 --new-tokens 256 --breakdown
+    --prompt-len 512 --new-tokens 256 --json "$OUT/scaling.json"
 fi
 exit $failed

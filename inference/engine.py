@@ -565,12 +565,18 @@ class _MemoryStages:
         return f"{self.name}: out of {self.device.type} memory while {doing}: {fix} ({cause})"
 
 
-def _make_runner(model: Transformer, max_context: int, vocab_limit: int):
-    """The fast CUDA runner on a GPU when it supports the model, else the reference runner.
-    KOG_BACKEND=reference|fast forces one (fast on the CPU runs its kernels in Triton's interpreter)."""
+def forced_backend() -> str:
+    """KOG_BACKEND: 'reference' or 'fast' when set, '' for the default (fast on a GPU)."""
     forced = os.environ.get("KOG_BACKEND", "").strip()
     if forced not in ("", "reference", "fast"):
         raise ValueError(f"KOG_BACKEND: must be reference or fast, got {forced!r}")
+    return forced
+
+
+def _make_runner(model: Transformer, max_context: int, vocab_limit: int):
+    """The fast CUDA runner on a GPU when it supports the model, else the reference runner.
+    KOG_BACKEND=reference|fast forces one (fast on the CPU runs its kernels in Triton's interpreter)."""
+    forced = forced_backend()
     on_gpu = model.tok_embeddings.device.type == "cuda"
     if forced == "fast" or (not forced and on_gpu):
         try:

@@ -8,7 +8,14 @@ are gathered on every rank and rank 0 samples. One job at a time, as the worker 
 API and Redis see an ordinary engine.
 
 On GPUs the ranks exchange through peer mailboxes (rank r on GPU r, or sharing GPUs where there are fewer);
-on the CPU (tests) through gloo. Prefix reuse is off: it would copy rank 0's cache rows only.
+on the CPU (tests) through gloo, or peer mailboxes in shared memory with the fast backend. Prefix reuse is off: it
+would copy rank 0's cache rows only.
+
+With the fast backend (the default on GPUs, KOG_BACKEND as for one device) the prompt is prefilled as above and
+the decode steps are the fast path's (inference/fast/lane_rank.py: a CUDA graph a rank, every rank computing
+the same token). Rank 0 announces decode orders of up to DECODE_CHUNK steps; every rank runs exactly the steps
+of an order, stopping at the same stop id, so a request that ends early (a stop string, a client gone) only
+finishes its order's steps.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -26,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from common.events import SamplingParams
+from inference.fast.lane_rank import LaneRankRunner
 from inference.lanes_parallel import NO_MULTICAST, LaneShard, free_port, init_rank, rank_device, transport
 from inference.model import Transformer
 from inference.prefix_cache import check_prompt_span
@@ -34,8 +43,41 @@ from inference.sampling import Sampler
 log = logging.getLogger("inference.lanes_runner")
 
 
-def lanes_mode(device: torch.device) -> str:
-    return "gloo" if device.type == "cpu" else "peer"
+# Steps a decode order announces: its broadcast and the pipeline's restart cost about one step in this many.
+DECODE_CHUNK = 64
+
+
+def lanes_mode(device: torch.device, fast: bool) -> str:
+    """How the ranks join: peer mailboxes on GPUs and for the fast path's kernels, gloo otherwise."""
+    return "gloo" if device.type == "cpu" and not fast else "peer"
+
+
+@dataclass(frozen=True)
+class DecodeOrder:
+    """What every rank's fast runner decodes next: `steps` steps (fewer after a stop id). A request's first order
+    carries its start (first token, its position, the prompt's ids) and its sampling settings (temperature, top_k,
+    top_p, repetition_penalty, seed); later ones go on from where the last left every rank."""
+
+    steps: int
+    greedy: bool
+    stop_ids: frozenset[int]
+    start: tuple[int, int, list[int]] | None = None
+    sampling: tuple[float, int, float, float, int] | None = None
+
+
+def run_order(runner: LaneRankRunner, order: DecodeOrder) -> Iterator[int]:
+    if order.start is not None:
+        runner.start(*order.start)
+    if order.sampling is not None:
+        runner.set_sampling(*order.sampling)
+    yield from runner.decode(order.steps, order.greedy, order.stop_ids)
+
+
+def prepare_graphs(runner: LaneRankRunner) -> None:
+    """On GPUs, both steps captured at start (every rank at once), so that no request waits on a capture."""
+    if runner.device.type == "cuda":
+        runner.graph(greedy=True)
+        runner.graph(greedy=False)
 
 
 def check_divisible(config, gpus: int) -> None:
@@ -61,9 +103,8 @@ def _exit_with(parent: int) -> None:
     os._exit(1)
 
 
-def _follow(
-    rank: int, world: int, port: int, mode: str, path: str, dtype: torch.dtype, max_context: int
-) -> None:
+def _follow(rank: int, world: int, port: int, mode: str, path: str, dtype: torch.dtype, max_context: int,
+            fast_vocab: int | None) -> None:  # fmt: skip
     """A follower rank: load the checkpoint, keep this rank's lanes, run every forward rank 0 announces."""
     from inference.checkpoint import load_weights
     from inference.config import ModelConfig
@@ -74,14 +115,22 @@ def _follow(
     config = ModelConfig.from_hf(Path(path))
     model = Transformer.from_weights(config, load_weights(Path(path), config, device, dtype))
     shard = LaneShard(model, rank, world, max_context, transport(mode))
+    fast = LaneRankRunner(shard, vocab_limit=fast_vocab) if fast_vocab else None
+    if fast is not None:
+        prepare_graphs(fast)
     with torch.inference_mode():
         while True:
             message = [None]
             dist.broadcast_object_list(message, src=0)
             if message[0] is None:  # rank 0 is closing
                 break
-            ids, pos = message[0]
-            shard.logits(shard.forward(ids, pos))
+            kind, order = message[0]
+            if kind == "decode":
+                for _ in run_order(fast, order):
+                    pass
+            else:
+                ids, pos = order
+                shard.logits(shard.forward(ids, pos))
     dist.destroy_process_group()
 
 
@@ -89,19 +138,30 @@ class LanesRunner:
     """The engine's runner (as runner.ReferenceRunner: generate_tokens, cache, last_prefill_ms) for a model whose
     lanes are divided among `world` processes, this one rank 0."""
 
-    def __init__(self, model: Transformer, path: Path, max_context: int, vocab_limit: int, world: int):
+    def __init__(self, model: Transformer, path: Path, max_context: int, vocab_limit: int, world: int,
+                 fast: bool = False):  # fmt: skip
+        """fast: decode with the fast path's kernels (inference/fast/lane_rank.py) rather than the eager step."""
         cfg = model.cfg
         check_divisible(cfg, world)
         self.device = model.tok_embeddings.device
         self.max_context, self.world = max_context, world
         self.vocab_limit = min(vocab_limit, cfg.vocab_size)
-        mode = lanes_mode(self.device)
+        mode = lanes_mode(self.device, fast)
         port = free_port()
         context = multiprocessing.get_context("spawn")
         self.followers = [
             context.Process(
                 target=_follow,
-                args=(rank, world, port, mode, str(path), model.tok_embeddings.dtype, max_context),
+                args=(
+                    rank,
+                    world,
+                    port,
+                    mode,
+                    str(path),
+                    model.tok_embeddings.dtype,
+                    max_context,
+                    self.vocab_limit if fast else None,
+                ),  # fmt: skip
                 name=f"lanes-rank-{rank}",
                 daemon=True,
             )
@@ -112,10 +172,14 @@ class LanesRunner:
             follower.start()
         init_rank(0, world, port, mode, IDLE_FOREVER)
         self.shard = LaneShard(model, 0, world, max_context, transport(mode))
+        self.fast = LaneRankRunner(self.shard, vocab_limit=self.vocab_limit) if fast else None
+        if self.fast is not None:
+            prepare_graphs(self.fast)
         self.cache = self.shard.cache  # rank 0's KV heads (what the prefix cache would size itself by)
         self.last_prefill_ms = 0.0
         self.last_logprobs = None
-        log.info("lanes of %s divided among %d processes (%s)", cfg.model_type, world, mode)
+        log.info("lanes of %s divided among %d processes (%s, %s decode)", cfg.model_type, world, mode,
+                 "fast" if fast else "eager")  # fmt: skip
 
     def _check_followers(self, wait_s: float = 0.0) -> None:
         """RuntimeError naming the follower ranks that have ended (waiting up to `wait_s` for a dying one)."""
@@ -129,7 +193,7 @@ class LanesRunner:
     def _logits(self, ids: list[int], pos: int) -> torch.Tensor:
         """Positions pos ... pos + len(ids) - 1 through every rank; the last one's logits [vocab_limit] fp32."""
         try:
-            dist.broadcast_object_list([(ids, pos)], src=0)
+            dist.broadcast_object_list([("forward", (ids, pos))], src=0)
             return self.shard.logits(self.shard.forward(ids, pos))[: self.vocab_limit]
         except RuntimeError:  # a connection a rank took with it: say which rank, where there is one
             self._check_followers(wait_s=2.0)
@@ -147,6 +211,9 @@ class LanesRunner:
         check_prompt_span(n, start, self.max_context)
         self._check_followers()
         budget = min(params.max_new_tokens, self.max_context - n)
+        if self.fast is not None:
+            yield from self._fast_tokens(prompt_ids, params, stop_ids, start, budget)
+            return
         sample = Sampler(params, self.device)
         history = list(prompt_ids)  # for the repetition penalty
         began = time.perf_counter()
@@ -161,6 +228,37 @@ class LanesRunner:
             history.append(token)
             token, pos = sample(self._logits([token], pos), history), pos + 1
 
+    def _fast_tokens(self, prompt_ids: list[int], params: SamplingParams, stop_ids: frozenset[int], start: int,
+                     budget: int) -> Iterator[int]:  # fmt: skip
+        """generate_tokens with the fast path's decode steps on every rank, in orders of DECODE_CHUNK steps."""
+        greedy = params.greedy and params.repetition_penalty == 1
+        # a seed repeats its tokens; without one each request draws its own
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()))
+        sampling = (params.temperature, params.top_k, params.top_p, params.repetition_penalty, seed)
+        began = time.perf_counter()
+        logits = self._logits(prompt_ids[start:], start)
+        self.fast.set_sampling(*sampling)
+        token = self.fast.first_token(logits, prompt_ids, greedy)
+        self.last_prefill_ms = (time.perf_counter() - began) * 1e3
+        yield token
+        left, start_state = budget - 1, (token, len(prompt_ids), list(prompt_ids))
+        while left > 0 and token not in stop_ids:
+            order = DecodeOrder(min(DECODE_CHUNK, left), greedy, stop_ids, start_state,
+                                sampling if start_state else None)  # fmt: skip
+            left, start_state = left - order.steps, None
+            try:
+                dist.broadcast_object_list([("decode", order)], src=0)
+                tokens = run_order(self.fast, order)
+                try:
+                    for token in tokens:
+                        yield token
+                finally:  # every rank runs all of an order's steps, the reader gone or not
+                    for _ in tokens:
+                        pass
+            except RuntimeError:  # a rank gone: say which, where there is one
+                self._check_followers(wait_s=2.0)
+                raise
+
     def close(self) -> None:
         """End the followers (they also end with this process)."""
         dist.broadcast_object_list([None], src=0)
@@ -174,7 +272,14 @@ def load_lanes_engine(model: str, device: str | None, dtype: str | None, gpus: i
     from common.names import model_source, served_name
     from inference.checkpoint import load_weights
     from inference.config import ModelConfig, env_max_context
-    from inference.engine import Engine, check_tokenizer_fits, parse_device, parse_dtype, resolve_model
+    from inference.engine import (
+        Engine,
+        check_tokenizer_fits,
+        forced_backend,
+        parse_device,
+        parse_dtype,
+        resolve_model,
+    )
     from inference.prefix_cache import PrefixCache
     from inference.tokenizer import Tokenizer
 
@@ -191,9 +296,10 @@ def load_lanes_engine(model: str, device: str | None, dtype: str | None, gpus: i
     torch_device = parse_device(device)
     torch_dtype = parse_dtype(dtype, torch_device)
     context = min(config.max_position_embeddings, env_max_context())
-    main_device = rank_device(lanes_mode(torch_device), 0)
+    fast = forced_backend() == "fast" or (not forced_backend() and torch_device.type == "cuda")
+    main_device = rank_device(lanes_mode(torch_device, fast), 0)
     transformer = Transformer.from_weights(config, load_weights(path, config, main_device, torch_dtype))
-    runner = LanesRunner(transformer, path, context, tokenizer.max_id + 1, gpus)
+    runner = LanesRunner(transformer, path, context, tokenizer.max_id + 1, gpus, fast)
     engine = Engine(served_name(model), path, config, tokenizer, transformer, runner, context)
     engine.prefix = PrefixCache.sized(runner.cache, 0)  # the followers' caches would not follow a slot's copy
     return engine

@@ -26,7 +26,9 @@ def _peer_wait_kernel(
     epoch = tl.load(epoch_ptr)
     seen = tl.atomic_add(flags_ptr + offs, 0, mask=mask, sem="acquire", scope="sys")
     missing = tl.sum(tl.where(mask & (seen != epoch), 1, 0), 0)
-    spins = 0
+    # a wait that gave up before marks the exchange broken: the step's later waits return at once, so a lost peer
+    # costs one bound, not one per wait until the host reads the status
+    spins = tl.where(tl.load(status_ptr) != 0, max_spins, 0)
     while (missing > 0) & (spins < max_spins):
         seen = tl.atomic_add(flags_ptr + offs, 0, mask=mask, sem="acquire", scope="sys")
         missing = tl.sum(tl.where(mask & (seen != epoch), 1, 0), 0)
@@ -43,7 +45,8 @@ def peer_wait(
     use_pdl: bool = False,
 ) -> None:
     """flags: [P] int32, one slot's flags in this rank's mailbox; epoch: [1] int32; status: [1] int32, set to 1
-    when the wait gave up (after ~2^24 rounds of a microsecond or so: a rank that stopped, not a slow one)."""
+    when the wait gave up (after ~2^24 rounds of a microsecond or so: a rank that stopped, not a slow one); while
+    it is set, waits do not spin."""
     P = flags.numel()
     _peer_wait_kernel[(1,)](
         flags,

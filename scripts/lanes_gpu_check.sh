@@ -43,7 +43,10 @@ if [[ " $STAGES " == *" checks "* ]]; then
     --dtype bfloat16
 fi
 if [[ " $STAGES " == *" engine "* ]]; then
-  stage "$OUT/checks.log" $PY -m inference.bench.lanes_check --engine --model tiny-laneformer --procs 2 --mode peer
+  for backend in fast reference; do
+    stage "$OUT/checks.log" $PY -m inference.bench.lanes_check --engine --model tiny-laneformer --procs 2 \
+      --mode peer --backend "$backend"
+  done
 fi
 if [[ " $STAGES " == *" scaling "* ]]; then
   # shellcheck disable=SC2086 - SCALING_PROCS is a list

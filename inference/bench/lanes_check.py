@@ -13,8 +13,9 @@ line; exit 1 when a decisive step disagrees. Example (random peaked weights, fp3
     python -m inference.bench.lanes_check --model laneformer-2b --procs 2 --mode peer
 
 `--engine` checks the worker's path instead (inference/lanes_runner.py, what --gpus N serves): the engine whose
-lanes run on `--procs` processes against the one-process engine (reference runner), greedy tokens of a text
-prompt; the model must be one the engine loads (a checkpoint, or a preset it synthesises: tiny-laneformer).
+lanes run on `--procs` processes against the one-process engine, both with `--backend` (reference, or the fast
+path's kernels), greedy tokens of a text prompt; the model must be one the engine loads (a checkpoint, or a
+preset it synthesises: tiny-laneformer).
 """
 
 from __future__ import annotations
@@ -109,7 +110,9 @@ def engine_check(args: argparse.Namespace) -> dict:
     from inference.engine import Engine
     from inference.lanes_runner import load_lanes_engine
 
-    os.environ["KOG_BACKEND"] = "reference"  # the one-process engine's step is the reference one as well
+    # both engines through the same step: the reference one, or the fast path's kernels without speculation (the
+    # lanes do not speculate)
+    os.environ.update(KOG_BACKEND=args.backend, KOG_SPECULATIVE="0")
     device = "cpu" if args.mode == "gloo" else "cuda"
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=0)
 
@@ -146,9 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--margin", type=float, default=1e-2, help="fp32: the decisive top-two gap")
     parser.add_argument("--engine", action="store_true", help="the worker's engine (--gpus N) instead")
+    parser.add_argument("--backend", choices=("reference", "fast"), default="reference", help="with --engine")
     args = parser.parse_args(argv)
     if args.engine:
-        result = {**engine_check(args), "model": args.model, "procs": args.procs, "mode": args.mode}
+        result = {**engine_check(args), "model": args.model, "procs": args.procs, "mode": args.mode,
+                  "backend": args.backend}  # fmt: skip
         print(json.dumps(result))
         return 0 if result["identical"] else 1
 

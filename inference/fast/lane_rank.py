@@ -242,6 +242,19 @@ class LaneRankRunner:
         if seen_ids:
             self.seen[torch.tensor(seen_ids + [token], device=self.device)] = True
 
+    def first_token(self, logits: torch.Tensor, prompt_ids: list[int], greedy: bool) -> int:
+        """The token after a prompt whose last logits are `logits` [vocab_limit] fp32, drawn as the one-device
+        runner's prefill draws it (the sampling kernel at the prompt's last position, set_sampling's settings)."""
+        if greedy:
+            return int(logits[: self.vocab_limit].argmax())
+        self.logits[: logits.numel()].copy_(logits)
+        self.seen.zero_()
+        self.seen[torch.tensor(prompt_ids, device=self.device)] = True
+        self.pos.fill_(len(prompt_ids) - 1)
+        sample_token(self.logits, self.seen, self.sampling, self.sample_seed, self.sample_scratch, token=self.token,
+                     pos=self.pos, out_tokens=self.out_tokens, vocab_limit=self.vocab_limit)  # fmt: skip
+        return int(self.token.item())
+
     def set_sampling(self, temperature: float, top_k: int, top_p: float, repetition_penalty: float,
                      seed: int) -> None:  # fmt: skip
         self.sampling.copy_(torch.tensor([temperature, top_k, top_p, repetition_penalty]))

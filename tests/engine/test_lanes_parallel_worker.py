@@ -59,6 +59,35 @@ def test_a_worker_on_two_ranks_answers_with_the_one_process_engines_tokens(start
 
 
 @pytest.mark.slow
+def test_the_fast_backends_ranks_decode_the_one_process_fast_engines_tokens(start_worker, start_web, monkeypatch):
+    from inference.engine import Engine
+
+    # the fast path's kernels on every rank (Triton's interpreter here), exchanging through shared-memory mailboxes
+    worker = start_worker(models=[MODEL], env={"KOG_GPUS": "2", "KOG_BACKEND": "fast"})
+    web = start_web(env={"MODELS": MODEL})
+    client = openai.OpenAI(base_url=f"{web.url}/v1", api_key="no-key-needed", max_retries=0, timeout=300)
+    greedy = client.completions.create(model="lanes", prompt=PROMPT, max_tokens=12, temperature=0)
+    sampled = client.completions.create(model="lanes", prompt=PROMPT, max_tokens=12, temperature=0.9, seed=7)
+    # ends at its stop string, mid-order: the ranks still finish the order's steps together
+    cut = greedy.choices[0].text[4:8]
+    stopped = client.completions.create(model="lanes", prompt=PROMPT, max_tokens=12, temperature=0, stop=[cut])
+    again = client.completions.create(model="lanes", prompt=PROMPT, max_tokens=12, temperature=0)
+
+    monkeypatch.setenv("KOG_BACKEND", "fast")
+    monkeypatch.setenv("KOG_SPECULATIVE", "0")  # the lanes do not speculate: plain steps against plain steps
+    engine = Engine.load("tiny-laneformer", device="cpu")
+
+    def text(**sampling) -> str:
+        params = SamplingParams(max_new_tokens=12, **sampling)
+        return list(engine.generate(engine.encode_prompt(PROMPT), params))[-1].text
+
+    assert greedy.choices[0].text == again.choices[0].text == text(temperature=0)
+    assert sampled.choices[0].text == text(temperature=0.9, seed=7) != greedy.choices[0].text
+    assert stopped.choices[0].text == greedy.choices[0].text[: greedy.choices[0].text.index(cut)]
+    assert "fast decode" in worker.log_path.read_text()
+
+
+@pytest.mark.slow
 def test_a_lost_rank_fails_the_request_and_the_worker_says_why(start_worker, start_web):
     worker = start_worker(models=[MODEL], env={"KOG_GPUS": "2", "KOG_BACKEND": "reference"})
     web = start_web(env={"MODELS": MODEL})

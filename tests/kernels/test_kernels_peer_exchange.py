@@ -53,3 +53,12 @@ def test_a_wait_for_a_flag_that_never_comes_gives_up_and_says_so():
     status.zero_()
     peer_wait(flags[0][0], epoch, status, max_spins=50)
     assert status.item() == 1
+
+
+def test_once_a_wait_gave_up_the_next_ones_do_not_spin():
+    rows, flags, row_table, flag_table = mailboxes(torch.float32)
+    epoch = torch.tensor([1], dtype=torch.int32, device=DEVICE)
+    status = torch.ones(1, dtype=torch.int32, device=DEVICE)  # an earlier wait of the step gave up
+    # a bound no test could sit out (~2^30 rounds): the wait returns at once, the status still set
+    peer_wait(flags[0][0], epoch, status, max_spins=1 << 30)
+    assert status.item() == 1

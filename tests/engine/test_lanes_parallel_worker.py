@@ -59,7 +59,9 @@ def test_a_worker_on_two_ranks_answers_with_the_one_process_engines_tokens(start
 
 
 @pytest.mark.slow
-def test_the_fast_backends_ranks_decode_the_one_process_fast_engines_tokens(start_worker, start_web, monkeypatch):
+def test_the_fast_backends_ranks_decode_the_one_process_fast_engines_tokens(
+    start_worker, start_web, monkeypatch
+):
     from inference.engine import Engine
 
     # the fast path's kernels on every rank (Triton's interpreter here), exchanging through shared-memory mailboxes
@@ -70,7 +72,9 @@ def test_the_fast_backends_ranks_decode_the_one_process_fast_engines_tokens(star
     sampled = client.completions.create(model="lanes", prompt=PROMPT, max_tokens=12, temperature=0.9, seed=7)
     # ends at its stop string, mid-order: the ranks still finish the order's steps together
     cut = greedy.choices[0].text[4:8]
-    stopped = client.completions.create(model="lanes", prompt=PROMPT, max_tokens=12, temperature=0, stop=[cut])
+    stopped = client.completions.create(
+        model="lanes", prompt=PROMPT, max_tokens=12, temperature=0, stop=[cut]
+    )
     again = client.completions.create(model="lanes", prompt=PROMPT, max_tokens=12, temperature=0)
 
     monkeypatch.setenv("KOG_BACKEND", "fast")

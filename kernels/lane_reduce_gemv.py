@@ -27,6 +27,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import interpreted, pdl_kwargs, sm_count
+from kernels.peer_wait import wait_for_flags
 
 SUM, DELAYED, SCALED = 0, 1, 2
 MODES = {"sum": SUM, "delayed": DELAYED, "scaled": SCALED}
@@ -42,6 +43,9 @@ def _lane_reduce_gemv_kernel(
     token_ptr,
     hist_out_ptr,
     hist_in_ptr,
+    flags_ptr,
+    epoch_ptr,
+    status_ptr,
     N,
     lane_scale,
     lane_start,
@@ -55,6 +59,8 @@ def _lane_reduce_gemv_kernel(
     X_FROM_TOKEN: tl.constexpr,
     STORE_HISTORY: tl.constexpr,
     PREFETCH: tl.constexpr,
+    WAIT_P: tl.constexpr,
+    WAIT_P_POW2: tl.constexpr,
     USE_PDL: tl.constexpr,
     TRIGGER_EARLY: tl.constexpr,
 ):
@@ -84,6 +90,8 @@ def _lane_reduce_gemv_kernel(
         gdc_wait()
         if not TRIGGER_EARLY:
             gdc_launch_dependents()
+    if WAIT_P > 0:  # the past partials come from other devices: every program waits for their flags
+        wait_for_flags(flags_ptr, epoch_ptr, status_ptr, 1 << 24, WAIT_P, WAIT_P_POW2)
 
     act_rows = act_ptr + lanes[:, None] * stride_act_lane  # [LANES_P, 1]
     lane_rows = lanes[:, None] * N + rows[None, :]  # [LANES_P, BLOCK_N] offsets into x
@@ -203,6 +211,7 @@ def lane_reduce_gemv(
     prefetch: int = 1,
     lane_start: int = 0,
     total_lanes: int | None = None,
+    wait: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
@@ -217,6 +226,9 @@ def lane_reduce_gemv(
     which needs every lane's partial of this layer.
     prefetch: weight tiles ([L, block_n, block_k]) a program loads before it waits for act (at least 1; more
     than the rows' tiles means all of them).
+    wait: (flags [P] int32, epoch [1] int32, status [1] int32): history_in's rows come from other devices through
+    the lane exchange, and every program waits for the slot's flags first (kernels/peer_wait.py's wait_for_flags,
+    status set if it gives up), so that no wait kernel stands between this launch and the one before.
     """
     if weight.dim() != 3 or not weight.is_contiguous():
         raise ValueError(f"weight: expected a contiguous [L, N, K] tensor, got {tuple(weight.shape)}")
@@ -241,6 +253,8 @@ def lane_reduce_gemv(
             )
     if mode == "delayed" and history_in is None:
         raise ValueError("history_in: required with mode 'delayed'")
+    if wait is not None and mode != "delayed":
+        raise ValueError(f"wait: only a 'delayed' launch reads partials from other devices, not {mode!r}")
     if (embedding is None) != (token is None):
         raise ValueError("embedding: give both embedding and token, or neither")
     if embedding is not None and (
@@ -261,6 +275,7 @@ def lane_reduce_gemv(
         token if token is not None else x,
         history_out if history_out is not None else x,
         history_in if history_in is not None else x,
+        *(wait or (x, x, x)),
         n,
         float(total) ** 0.5,
         lane_start,
@@ -274,6 +289,8 @@ def lane_reduce_gemv(
         X_FROM_TOKEN=embedding is not None,
         STORE_HISTORY=history_out is not None,
         PREFETCH=min(prefetch, triton.cdiv(k, block_k)),
+        WAIT_P=0 if wait is None else wait[0].numel(),
+        WAIT_P_POW2=1 if wait is None else triton.next_power_of_2(wait[0].numel()),
         USE_PDL=use_pdl,
         TRIGGER_EARLY=trigger_early,
         num_warps=num_warps,

@@ -15,19 +15,15 @@ from kernels import pdl_kwargs
 
 
 @triton.jit
-def _peer_wait_kernel(
-    flags_ptr, epoch_ptr, status_ptr, max_spins, P: tl.constexpr, P_POW2: tl.constexpr, USE_PDL: tl.constexpr
-):
-    if USE_PDL:  # the next kernel loads its first weights while this one spins; its wait holds the rest
-        gdc_wait()
-        gdc_launch_dependents()
+def wait_for_flags(flags_ptr, epoch_ptr, status_ptr, max_spins, P: tl.constexpr, P_POW2: tl.constexpr):
+    """Spin (acquire loads at system scope) until flags [P] all hold the epoch, or give up after max_spins rounds
+    and set status. A wait that gave up before marks the exchange broken: the step's later waits return at once,
+    so a lost peer costs one bound, not one per wait until the host reads the status."""
     offs = tl.arange(0, P_POW2)
     mask = offs < P
     epoch = tl.load(epoch_ptr)
     seen = tl.atomic_add(flags_ptr + offs, 0, mask=mask, sem="acquire", scope="sys")
     missing = tl.sum(tl.where(mask & (seen != epoch), 1, 0), 0)
-    # a wait that gave up before marks the exchange broken: the step's later waits return at once, so a lost peer
-    # costs one bound, not one per wait until the host reads the status
     spins = tl.where(tl.load(status_ptr) != 0, max_spins, 0)
     while (missing > 0) & (spins < max_spins):
         seen = tl.atomic_add(flags_ptr + offs, 0, mask=mask, sem="acquire", scope="sys")
@@ -35,6 +31,16 @@ def _peer_wait_kernel(
         spins += 1
     if missing > 0:
         tl.store(status_ptr, 1)
+
+
+@triton.jit
+def _peer_wait_kernel(
+    flags_ptr, epoch_ptr, status_ptr, max_spins, P: tl.constexpr, P_POW2: tl.constexpr, USE_PDL: tl.constexpr
+):
+    if USE_PDL:  # the next kernel loads its first weights while this one spins; its wait holds the rest
+        gdc_wait()
+        gdc_launch_dependents()
+    wait_for_flags(flags_ptr, epoch_ptr, status_ptr, max_spins, P, P_POW2)
 
 
 def peer_wait(

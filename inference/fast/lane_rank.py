@@ -7,7 +7,7 @@ heads (the cache LaneShard prefilled). Its step is the one-device runner's launc
 
     raw partials   the history [2, N, L, D] fp32 IS a mailbox: each rank stores its lanes' rows there, and a
                    post copies them into the same rows of every peer's history and raises a flag
-    delayed layer  waits for layer i - d's flags, then lane_reduce_gemv reads every lane's partials as it does
+    delayed layer  lane_reduce_gemv's programs wait for layer i - d's flags, then read every lane's partials as
                    on one device: the exchange hides behind d layers of weight streaming
     layer i < d    (immediate sum) lane_reduce_gemv adds the rank's own partials, post, wait, and
                    lane_sum_add adds the other lanes'
@@ -126,6 +126,10 @@ class LaneRankRunner:
             peer_wait(self.exchange.boxes[box].flags[slot], self.exchange.epoch, self.exchange.status,
                       use_pdl=self.settings.pdl)  # fmt: skip
 
+    def _flags(self, box: str, slot: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What a kernel that waits for a slot itself reads: its flags [P], the epoch and the status."""
+        return self.exchange.boxes[box].flags[slot], self.exchange.epoch, self.exchange.status
+
     def _own_rows(self, block: int, layer: int) -> torch.Tensor:  # [L/P, D] of the history
         return self.history[block, layer, self.lane_start : self.lane_start + self.x.shape[0]]
 
@@ -162,8 +166,12 @@ class LaneRankRunner:
         n_layers, first = self.cfg.num_layers, i == 0 and block == 0
         slot = block * n_layers + i
         kind = "down" if block else "o"
-        if mode == "delayed":
-            self._wait("partials", block * n_layers + past)
+        # a delayed launch waits for layer i - d's flags itself (no wait kernel between it and the one before)
+        wait = (
+            self._flags("partials", block * n_layers + past)
+            if mode == "delayed" and self.exchanging
+            else None
+        )
         keep = mode == "sum" or i in self.read_later
         lane_reduce_gemv(act, weight, self.x, mode="scaled" if mode == "scaled" else "delayed",
                          history_out=self.history[block, i] if keep else None,
@@ -171,7 +179,7 @@ class LaneRankRunner:
                          embedding=self.model.tok_embeddings if first else None,
                          token=self.token if first else None, use_pdl=self.settings.pdl,
                          prefetch=self.settings.prefetch[kind], lane_start=self.lane_start,
-                         total_lanes=self.cfg.num_lanes)  # fmt: skip
+                         total_lanes=self.cfg.num_lanes, wait=wait)  # fmt: skip
         if keep:
             self._post("partials", slot, self._own_rows(block, i))
         if mode == "sum" and self.exchanging:

@@ -71,6 +71,25 @@ def test_a_group_of_lanes_equals_those_lanes_of_one_launch(dtype, mode, total, s
     assert torch.isnan(history_out[outside]).all()  # nor their history rows (still poisoned)
 
 
+@pytest.mark.parametrize("status", [0, 1])  # the peers' flags all posted; an exchange already broken
+def test_a_launch_that_waits_for_the_peers_flags_adds_the_same_values(status):
+    # a rank of lanes on several devices: every program waits for the slot's flags before reading history_in
+    total, start, lanes = 4, 2, 2
+    act, w, x, history_in, _ = inputs(total, 24, 64, torch.float32, "delayed")
+    group = slice(start, start + lanes)
+    want = x.clone()
+    lane_reduce_gemv(act[group], w[group], want[group], mode="delayed", history_in=history_in, lane_start=start,
+                     total_lanes=total)  # fmt: skip
+    epoch = torch.tensor([5], dtype=torch.int32, device=DEVICE)
+    flags = torch.full((2,), 5, dtype=torch.int32, device=DEVICE)
+    if status:
+        flags[1] = 4  # a peer that never posted: a wait would spin its whole bound, but the status says stop
+    state = torch.tensor([status], dtype=torch.int32, device=DEVICE)
+    lane_reduce_gemv(act[group], w[group], x[group], mode="delayed", history_in=history_in, lane_start=start,
+                     total_lanes=total, wait=(flags, epoch, state))  # fmt: skip
+    assert torch.equal(x, want) and state.item() == status
+
+
 @pytest.mark.parametrize("dtype", dtype_params())
 @pytest.mark.parametrize("mode", ["sum", "delayed"])
 def test_partials_stay_exact_beside_a_large_residual(dtype, mode):
@@ -142,3 +161,6 @@ def test_rejects_bad_arguments():
         lane_reduce_gemv(randn(2, 16), w, x, mode="sum", lane_start=2, total_lanes=4)
     with pytest.raises(ValueError, match="history_in: expected a contiguous fp32 \\(4, 8\\)"):
         lane_reduce_gemv(randn(2, 16), w, x, mode="delayed", history_in=randn(2, 8), total_lanes=4)
+    with pytest.raises(ValueError, match="wait: only a 'delayed' launch"):
+        flags = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+        lane_reduce_gemv(randn(2, 16), w, x, mode="scaled", wait=(flags, flags[:1], flags[:1]))

@@ -99,10 +99,23 @@ def test_a_lost_rank_fails_the_request_and_the_worker_says_why(start_worker, sta
     followers = children(worker.process.pid)
     for pid in followers:
         os.kill(pid, signal.SIGKILL)
+    # the request after the followers are dead (a zombie until the worker reaps it), not while a kill is on its way
+    deadline = time.monotonic() + 30
+    while not all(dead(pid) for pid in followers) and time.monotonic() < deadline:
+        time.sleep(0.05)
     with pytest.raises(openai.APIError):
         client.completions.create(model="lanes", prompt=PROMPT, max_tokens=4, temperature=0)
     assert worker.process.poll() is None  # the worker stays up, and its log names the cause
     assert "has ended: restart this worker" in worker.log_path.read_text()
+
+
+def dead(pid: int) -> bool:
+    """Whether process `pid` has ended: gone, or a zombie its parent has not reaped yet."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    return "\nState:\tZ" in status
 
 
 def children(pid: int) -> list[int]:

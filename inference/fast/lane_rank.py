@@ -26,6 +26,7 @@ from dataclasses import replace
 import torch
 
 from inference.fast.layers import LayerWeights, reduction
+from inference.fast.runner import capture_graph
 from inference.fast.settings import RunnerSettings
 from inference.fast.speculation import LOOKAHEAD, RING
 from inference.lanes_exchange import MailboxSpec, PeerExchange
@@ -225,15 +226,8 @@ class LaneRankRunner:
         state = (self.token, self.pos, self.out_tokens, self.seen)
         saved = [t.clone() for t in state]
         self.exchanging = exchanging
-        try:
-            stream = torch.cuda.Stream(self.device)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                self.decode_step(greedy)  # compiles every kernel outside the capture
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                self.decode_step(greedy)
+        try:  # the capture's eager call exchanges with the peers, which run theirs at the same time
+            graph = capture_graph(self.device, lambda: self.decode_step(greedy))
         finally:
             self.exchanging = True
         for t, s in zip(state, saved, strict=True):

@@ -82,6 +82,28 @@ def supports(cfg: ModelConfig) -> str | None:
     return None
 
 
+def capture_graph(device: torch.device, run, pool=None) -> torch.cuda.CUDAGraph:
+    """run() captured as a CUDA graph, after one eager call on a side stream (every kernel compiled outside
+    the capture); pool: another graph's memory pool, for graphs that never run at once and keep nothing."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    # no cyclic collection inside the capture: it may destroy a dropped runner's graphs, which CUDA forbids
+    # while a stream captures (the capture is then invalidated)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            run()
+    finally:
+        if collecting:
+            gc.enable()
+    return graph
+
+
 class FastRunner(SpeculativeSteps):
     # No autograd while building: a model's Parameters would otherwise tie the runner's copies (the q|k|v,
     # the packed words, the head screen) to graphs that keep their temporaries (~12 GB for qwen3-1.7b's screen).
@@ -496,25 +518,7 @@ class FastRunner(SpeculativeSteps):
         return True
 
     def _graph_of(self, run, pool=None) -> torch.cuda.CUDAGraph:
-        """run() captured as a CUDA graph, after one eager call on a side stream (every kernel compiled outside
-        the capture); pool: another graph's memory pool, for graphs that never run at once and keep nothing."""
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            run()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        # no cyclic collection inside the capture: it may destroy a dropped runner's graphs, which CUDA forbids
-        # while a stream captures (the capture is then invalidated)
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            with torch.cuda.graph(graph, pool=pool):
-                run()
-        finally:
-            if collecting:
-                gc.enable()
-        return graph
+        return capture_graph(self.device, run, pool)
 
     def step(self, greedy: bool = True, screen: bool | None = None) -> None:
         """One decode step: a graph replay on CUDA, eager kernels under the interpreter."""

@@ -27,6 +27,7 @@ class Entry:
     internal: str  # in the model's state dict
     shape: tuple[int, ...]  # in the checkpoint
     convert: Callable[[torch.Tensor], torch.Tensor]
+    lanes: slice | None = None  # read only these rows of the leading (lane) dimension
 
 
 def checkpoint_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -55,12 +56,18 @@ def checkpoint_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def load_weights(
-    path: str | Path, cfg: ModelConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    path: str | Path,
+    cfg: ModelConfig,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    lanes: slice | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The validated weights of the checkpoint in `path`, in the internal layout, on `device` in `dtype`."""
+    """The validated weights of the checkpoint in `path`, in the internal layout, on `device` in `dtype`.
+    lanes (a Laneformer's): only those lanes' rows of every per-lane tensor are read, as a model of
+    `lane_slice_config(cfg, ...)` holds them (the embedding and the head whole)."""
     path = Path(path)
     files = _safetensors_files(path)
-    entries = checkpoint_entries(cfg)
+    entries = checkpoint_entries(cfg, lanes)
     # A tied head may still be saved: it must then be the embedding (checked below), so it is neither needed
     # nor unexpected.
     optional = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
@@ -94,15 +101,17 @@ def load_weights(
     weights: dict[str, torch.Tensor] = {}
     handles = {}
 
-    def read(name: str) -> torch.Tensor:
+    def read(name: str, rows: slice | None = None) -> torch.Tensor:
         file = located[name][0]
         if file not in handles:
             handles[file] = safe_open(file, framework="pt")
+        if rows is not None:
+            return handles[file].get_slice(stored[name])[rows]
         return handles[file].get_tensor(stored[name])
 
     try:
         for e in entries:
-            weights[e.internal] = e.convert(read(e.name).to(device=device, dtype=dtype)).contiguous()
+            weights[e.internal] = e.convert(read(e.name, e.lanes).to(device=device, dtype=dtype)).contiguous()
         if (
             "lm_head.weight" in optional
             and stored.get("lm_head.weight", stored[embedding]) != stored[embedding]
@@ -228,26 +237,34 @@ def _check(path: Path, entries: list[Entry], located: dict, optional: set[str]) 
         raise CheckpointError(f"{path}: checkpoint does not match config.json: {'; '.join(problems)}")
 
 
-def checkpoint_entries(cfg: ModelConfig) -> list[Entry]:
+def checkpoint_entries(cfg: ModelConfig, lanes: slice | None = None) -> list[Entry]:
     """Every tensor of a checkpoint of this config: its name on disk, its name in the model, its shape on disk
-    and the conversion from the one to the other."""
-    return _laneformer_entries(cfg) if cfg.model_type == "laneformer_tp" else _hf_entries(cfg)
+    and the conversion from the one to the other (lanes: a Laneformer's per-lane tensors cut to those lanes)."""
+    if cfg.model_type == "laneformer_tp":
+        return _laneformer_entries(cfg, lanes)
+    if lanes is not None:
+        raise ValueError(f"lanes: a {cfg.model_type} checkpoint has no lanes to load apart")
+    return _hf_entries(cfg)
 
 
 def _keep(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _laneformer_entries(cfg: ModelConfig) -> list[Entry]:
+def _laneformer_entries(cfg: ModelConfig, kept: slice | None = None) -> list[Entry]:
     L, D, hd, V = cfg.num_lanes, cfg.hidden_size, cfg.head_dim, cfg.vocab_size
     q_rows, kv_rows, ffn = cfg.heads_per_lane * hd, cfg.kv_heads_per_lane * hd, cfg.ffn_per_lane
+    kept_lanes = L if kept is None else len(range(L)[kept])
 
-    def norm(ckpt: str, internal: str, shared: bool, lanes: int = L) -> Entry:
+    def norm(ckpt: str, internal: str, shared: bool, lanes: int = kept_lanes) -> Entry:
         # A shared scale is stored once as `.weight` [D] and expanded to one row per lane;
         # per-lane scales are stored as `.scale` [L, D].
         if shared:
             return Entry(f"{ckpt}.weight", internal, (D,), lambda t: t.expand(lanes, D))
-        return Entry(f"{ckpt}.scale", internal, (L, D), _keep)
+        return Entry(f"{ckpt}.scale", internal, (L, D), _keep, kept)
+
+    def per_lane(ckpt: str, internal: str, shape: tuple[int, ...]) -> Entry:
+        return Entry(ckpt, internal, shape, _keep, kept)
 
     shared = cfg.replicated_rmsn_scale
     entries = [Entry("model.tok_embeddings.weight", "tok_embeddings", (V, D), _keep)]
@@ -255,14 +272,14 @@ def _laneformer_entries(cfg: ModelConfig) -> list[Entry]:
         p, q = f"model.layers.{i}.", f"layers.{i}."
         entries += [
             norm(p + "attention_norm", q + "attention_norm", shared),
-            Entry(p + "attention.wq.weight", q + "wq", (L, q_rows, D), _keep),
-            Entry(p + "attention.wk.weight", q + "wk", (L, kv_rows, D), _keep),
-            Entry(p + "attention.wv.weight", q + "wv", (L, kv_rows, D), _keep),
-            Entry(p + "attention.wo.weight", q + "wo", (L, D, q_rows), _keep),
+            per_lane(p + "attention.wq.weight", q + "wq", (L, q_rows, D)),
+            per_lane(p + "attention.wk.weight", q + "wk", (L, kv_rows, D)),
+            per_lane(p + "attention.wv.weight", q + "wv", (L, kv_rows, D)),
+            per_lane(p + "attention.wo.weight", q + "wo", (L, D, q_rows)),
             norm(p + "ffn_norm", q + "ffn_norm", shared),
-            Entry(p + "feed_forward.w1.weight", q + "w1", (L, ffn, D), _keep),
-            Entry(p + "feed_forward.w2.weight", q + "w2", (L, D, ffn), _keep),
-            Entry(p + "feed_forward.w3.weight", q + "w3", (L, ffn, D), _keep),
+            per_lane(p + "feed_forward.w1.weight", q + "w1", (L, ffn, D)),
+            per_lane(p + "feed_forward.w2.weight", q + "w2", (L, D, ffn)),
+            per_lane(p + "feed_forward.w3.weight", q + "w3", (L, ffn, D)),
         ]
     # With pre_norm_lane_agg the final norm sees one vector (the lane sum): one lane's worth of scale.
     if cfg.pre_norm_lane_agg:

@@ -29,11 +29,40 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from inference.checkpoint import load_weights
+from inference.config import ModelConfig
 from inference.lanes_exchange import CollectiveExchange, MailboxSpec, PeerExchange
 from inference.model import Block, KVCache, Transformer, rms_norm, rope_pairs
 
 # The rows a peer mailbox holds per exchange: a prompt longer than this is prefilled in pieces of this many.
 PEER_CHUNK = 128
+
+
+def check_lanes_divide(cfg: ModelConfig, world: int) -> None:
+    if cfg.num_lanes % world:
+        raise ValueError(f"world: {world} processes cannot share {cfg.num_lanes} lanes evenly")
+    if cfg.lm_head_type != "replicate":
+        raise ValueError(
+            f"lm_head_type {cfg.lm_head_type!r}: the lanes run apart with a replicated head only"
+        )
+
+
+def lane_slice_config(cfg: ModelConfig, world: int) -> ModelConfig:
+    """The config of one rank's share of `world`: its lanes, their heads, KV heads and MLP columns."""
+    return replace(cfg, num_lanes=cfg.num_lanes // world, num_heads=cfg.num_heads // world,
+                   num_kv_heads=cfg.num_kv_heads // world, intermediate_size=cfg.intermediate_size // world)  # fmt: skip
+
+
+def load_lane_slices(path, cfg: ModelConfig, rank: int, world: int, device: torch.device,
+                     dtype: torch.dtype) -> Transformer:  # fmt: skip
+    """Rank `rank` of `world`'s lanes of the checkpoint in `path` (the embedding and the head whole): what
+    LaneShard(model, rank, world, ..., cfg=cfg) runs, with 1/world of the checkpoint's per-lane bytes read."""
+    check_lanes_divide(cfg, world)
+    per_rank = cfg.num_lanes // world
+    lanes = slice(rank * per_rank, (rank + 1) * per_rank)
+    return Transformer.from_weights(
+        lane_slice_config(cfg, world), load_weights(path, cfg, device, dtype, lanes)
+    )
 
 
 class LaneShard:
@@ -45,20 +74,21 @@ class LaneShard:
     one-device model's, and only the reduction and the head know about the other ranks."""
 
     def __init__(self, model: Transformer, rank: int, world: int, max_len: int, transport: str = "collective",
-                 chunk: int | None = None):  # fmt: skip
-        cfg = model.cfg
-        if cfg.num_lanes % world:
-            raise ValueError(f"world: {world} processes cannot share {cfg.num_lanes} lanes evenly")
-        if cfg.lm_head_type != "replicate":
-            raise ValueError(
-                f"lm_head_type {cfg.lm_head_type!r}: the lanes run apart with a replicated head only"
-            )
+                 chunk: int | None = None, cfg: ModelConfig | None = None):  # fmt: skip
+        """model: the whole model, or (with cfg, the whole model's config) only this rank's lanes, as
+        load_lane_slices reads them."""
+        cfg = cfg or model.cfg
+        check_lanes_divide(cfg, world)
         self.model, self.cfg, self.world = model, cfg, world
         per_rank = cfg.num_lanes // world
-        self.lanes = slice(rank * per_rank, (rank + 1) * per_rank)
-        self.shard_cfg = replace(cfg, num_lanes=per_rank, num_heads=cfg.num_heads // world,
-                                 num_kv_heads=cfg.num_kv_heads // world,
-                                 intermediate_size=cfg.intermediate_size // world)  # fmt: skip
+        self.lanes = slice(rank * per_rank, (rank + 1) * per_rank)  # of the whole model's lanes
+        self.shard_cfg = lane_slice_config(cfg, world)
+        if model.cfg.num_lanes not in (cfg.num_lanes, per_rank):
+            raise ValueError(
+                f"model: {model.cfg.num_lanes} lanes, neither the whole model's nor a rank's share"
+            )
+        # where this rank's lanes are in the model's per-lane tensors
+        self.own = self.lanes if model.cfg.num_lanes == cfg.num_lanes else slice(0, per_rank)
         self.blocks = [self._shard_block(layer) for layer in model.layers]
         self.cache = KVCache(
             self.shard_cfg, max_len, device=model.tok_embeddings.device, dtype=model.tok_embeddings.dtype
@@ -85,7 +115,7 @@ class LaneShard:
     def _shard_block(self, layer: Block) -> Block:
         with torch.device("meta"):
             block = Block(self.shard_cfg, layer.layer)
-        lane_weights = {name: tensor[self.lanes] for name, tensor in layer.named_parameters()
+        lane_weights = {name: tensor[self.own] for name, tensor in layer.named_parameters()
                         if name not in ("q_norm", "k_norm")}  # fmt: skip
         shared = {
             name: getattr(layer, name) for name in ("q_norm", "k_norm") if getattr(layer, name) is not None
@@ -150,7 +180,7 @@ class LaneShard:
         if cfg.pre_norm_lane_agg:
             total = self.exchange.reduce("rows", head_slot, x.sum(0), at_once=True)()
             return rms_norm(total, self.model.norm[0], cfg.norm_eps)
-        y = rms_norm(x, self.model.norm[self.lanes], cfg.norm_eps).sum(0)
+        y = rms_norm(x, self.model.norm[self.own], cfg.norm_eps).sum(0)
         return self.exchange.reduce("rows", head_slot, y, at_once=True)() / cfg.num_lanes
 
     def logits(self, y: torch.Tensor) -> torch.Tensor:

@@ -35,7 +35,15 @@ import torch.distributed as dist
 
 from common.events import SamplingParams
 from inference.fast.lane_rank import LaneRankRunner
-from inference.lanes_parallel import NO_MULTICAST, LaneShard, free_port, init_rank, rank_device, transport
+from inference.lanes_parallel import (
+    NO_MULTICAST,
+    LaneShard,
+    free_port,
+    init_rank,
+    load_lane_slices,
+    rank_device,
+    transport,
+)
 from inference.model import Transformer
 from inference.prefix_cache import check_prompt_span
 from inference.sampling import Sampler
@@ -105,16 +113,15 @@ def _exit_with(parent: int) -> None:
 
 def _follow(rank: int, world: int, port: int, mode: str, path: str, dtype: torch.dtype, max_context: int,
             fast_vocab: int | None) -> None:  # fmt: skip
-    """A follower rank: load the checkpoint, keep this rank's lanes, run every forward rank 0 announces."""
-    from inference.checkpoint import load_weights
+    """A follower rank: read this rank's lanes of the checkpoint, run every forward rank 0 announces."""
     from inference.config import ModelConfig
 
     threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True).start()
     init_rank(rank, world, port, mode, IDLE_FOREVER)
     device = rank_device(mode, rank)
     config = ModelConfig.from_hf(Path(path))
-    model = Transformer.from_weights(config, load_weights(Path(path), config, device, dtype))
-    shard = LaneShard(model, rank, world, max_context, transport(mode))
+    model = load_lane_slices(Path(path), config, rank, world, device, dtype)
+    shard = LaneShard(model, rank, world, max_context, transport(mode), cfg=config)
     fast = LaneRankRunner(shard, vocab_limit=fast_vocab) if fast_vocab else None
     if fast is not None:
         prepare_graphs(fast)

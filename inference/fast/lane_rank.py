@@ -62,8 +62,8 @@ class LaneRankRunner:
         # one chain of launches a rank; the 12-bit form adds one lane's sum into the residual, which a
         # Laneformer's reductions cannot take
         self.settings = replace(settings, packed=False, packed_gate_up=False, lane_groups=1)
-        full = [LayerWeights.of(cfg, i, block) for i, block in enumerate(model.layers)]
-        self.layers = [w.lanes(shard.lanes.start, shard.lanes.stop) for w in full]  # modes: the whole model's
+        # the rank's blocks (its lanes' views), each layer's reduction mode that of the whole model
+        self.layers = [LayerWeights.of(cfg, i, block) for i, block in enumerate(shard.blocks)]
         self.cache = shard.cache  # [N, 1, KV/P, T, hd]
         self.max_context = self.cache.max_len
 
@@ -84,7 +84,7 @@ class LaneRankRunner:
         })  # fmt: skip
         self.history = self.exchange.boxes["partials"].rows.view(2, n_layers, cfg.num_lanes, dim)
         self.head_rows = self.exchange.boxes["head"].rows[0]  # [P, D]
-        self.read_later = {w.history_in for w in full if w.history_in is not None}
+        self.read_later = {w.history_in for w in self.layers if w.history_in is not None}
         self.head_in = zeros(dim)
         self.vocab_limit = min(vocab_limit or cfg.vocab_size, cfg.vocab_size)
         self.head_weight = model.tok_embeddings if model.lm_head is None else model.lm_head  # [V, D]
@@ -194,7 +194,7 @@ class LaneRankRunner:
         if cfg.pre_norm_lane_agg:
             torch.sum(self.x, 0, out=own)
         else:  # the mean of this rank's normed lanes; their mean over the ranks is the model's
-            final_norm(self.x, self.model.norm[self.shard.lanes], own, eps=eps, use_pdl=pdl)
+            final_norm(self.x, self.model.norm[self.shard.own], own, eps=eps, use_pdl=pdl)
         self._post("head", 0, own)
         self._wait("head", 0)
         if cfg.pre_norm_lane_agg:

@@ -5,12 +5,15 @@ process counts."""
 from __future__ import annotations
 
 import functools
+import json
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
+from inference.checkpoint import checkpoint_tensors
 from inference.config import ModelConfig
-from inference.lanes_parallel import LaneShard, greedy_job, spawn_lanes
+from inference.lanes_parallel import LaneShard, greedy_job, load_lane_slices, spawn_lanes
 from inference.model import KVCache
 from inference.synth import peaked_model
 
@@ -81,3 +84,35 @@ def test_lanes_that_do_not_divide_among_the_processes_are_refused():
     model = peaked_model(ModelConfig.from_hf(tiny(4, 1, None)), 0)
     with pytest.raises(ValueError, match="3 processes cannot share 4 lanes"):
         LaneShard(model, 0, 3, 16)
+
+
+@pytest.mark.parametrize("replicated_norms", [True, False])
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_rank_reads_only_its_lanes_and_holds_the_shard_the_whole_model_gives(
+    tmp_path, world, replicated_norms
+):
+    raw = tiny(4, 1, 4, replicated_rmsn_scale=replicated_norms)
+    cfg = ModelConfig.from_hf(raw)
+    model = peaked_model(cfg, seed=3)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    save_file(
+        {n: t.contiguous() for n, t in checkpoint_tensors(model).items()}, tmp_path / "model.safetensors"
+    )
+    for rank in range(world):
+        part = load_lane_slices(tmp_path, cfg, rank, world, torch.device("cpu"), torch.float32)
+        assert part.cfg.num_lanes == 4 // world and part.layers[0].wq.shape[0] == 4 // world
+        whole, sliced = LaneShard(model, rank, world, 16), LaneShard(part, rank, world, 16, cfg=cfg)
+        assert sliced.lanes == whole.lanes
+        for a, b in zip(whole.blocks, sliced.blocks, strict=True):
+            pairs = zip(a.named_parameters(), b.named_parameters(), strict=True)
+            assert all(n == m and torch.equal(x, y) for (n, x), (m, y) in pairs)
+        assert torch.equal(part.norm[sliced.own], model.norm[whole.own])
+        assert torch.equal(part.tok_embeddings, model.tok_embeddings) and torch.equal(
+            part.lm_head, model.lm_head
+        )
+
+
+def test_lane_slices_of_a_model_whose_head_is_split_by_lane_are_refused(tmp_path):
+    cfg = ModelConfig.from_hf(tiny(4, 1, None, lm_head_type="vocab_parallel", vocab_size=512))
+    with pytest.raises(ValueError, match="replicated head only"):
+        load_lane_slices(tmp_path, cfg, 0, 2, torch.device("cpu"), torch.float32)

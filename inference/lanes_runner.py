@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from common.events import SamplingParams
+from inference.config import ModelConfig
 from inference.fast.lane_rank import LaneRankRunner
 from inference.lanes_parallel import (
     NO_MULTICAST,
@@ -44,6 +45,7 @@ from inference.lanes_parallel import (
     rank_device,
     transport,
 )
+from inference.logprobs import step_logprobs
 from inference.model import Transformer
 from inference.prefix_cache import check_prompt_span
 from inference.sampling import Sampler
@@ -114,8 +116,6 @@ def _exit_with(parent: int) -> None:
 def _follow(rank: int, world: int, port: int, mode: str, path: str, dtype: torch.dtype, max_context: int,
             fast_vocab: int | None) -> None:  # fmt: skip
     """A follower rank: read this rank's lanes of the checkpoint, run every forward rank 0 announces."""
-    from inference.config import ModelConfig
-
     threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True).start()
     init_rank(rank, world, port, mode, IDLE_FOREVER)
     device = rank_device(mode, rank)
@@ -145,10 +145,13 @@ class LanesRunner:
     """The engine's runner (as runner.ReferenceRunner: generate_tokens, cache, last_prefill_ms) for a model whose
     lanes are divided among `world` processes, this one rank 0."""
 
-    def __init__(self, model: Transformer, path: Path, max_context: int, vocab_limit: int, world: int,
-                 fast: bool = False):  # fmt: skip
-        """fast: decode with the fast path's kernels (inference/fast/lane_rank.py) rather than the eager step."""
-        cfg = model.cfg
+    # a request with logprobs runs here too, through the eager steps, whose logits every rank gathers
+    serves_logprobs = True
+
+    def __init__(self, model: Transformer, cfg: ModelConfig, path: Path, max_context: int, vocab_limit: int,
+                 world: int, fast: bool = False):  # fmt: skip
+        """model: rank 0's lanes (load_lane_slices) of the model whose config is `cfg`; fast: decode with the fast
+        path's kernels (inference/fast/lane_rank.py) rather than the eager step."""
         check_divisible(cfg, world)
         self.device = model.tok_embeddings.device
         self.max_context, self.world = max_context, world
@@ -178,15 +181,15 @@ class LanesRunner:
         for follower in self.followers:
             follower.start()
         init_rank(0, world, port, mode, IDLE_FOREVER)
-        self.shard = LaneShard(model, 0, world, max_context, transport(mode))
+        self.shard = LaneShard(model, 0, world, max_context, transport(mode), cfg=cfg)
         self.fast = LaneRankRunner(self.shard, vocab_limit=self.vocab_limit) if fast else None
         if self.fast is not None:
             prepare_graphs(self.fast)
         self.cache = self.shard.cache  # rank 0's KV heads (what the prefix cache would size itself by)
         self.last_prefill_ms = 0.0
         self.last_logprobs = None
-        log.info("lanes of %s divided among %d processes (%s, %s decode)", cfg.model_type, world, mode,
-                 "fast" if fast else "eager")  # fmt: skip
+        log.info("lanes of %s divided among %d processes (%s, %s decode); rank 0 holds %d of the %d lanes",
+                 cfg.model_type, world, mode, "fast" if fast else "eager", model.cfg.num_lanes, cfg.num_lanes)  # fmt: skip
 
     def _check_followers(self, wait_s: float = 0.0) -> None:
         """RuntimeError naming the follower ranks that have ended (waiting up to `wait_s` for a dying one)."""
@@ -218,13 +221,13 @@ class LanesRunner:
         check_prompt_span(n, start, self.max_context)
         self._check_followers()
         budget = min(params.max_new_tokens, self.max_context - n)
-        if self.fast is not None:
+        if self.fast is not None and params.logprobs is None:
             yield from self._fast_tokens(prompt_ids, params, stop_ids, start, budget)
             return
         sample = Sampler(params, self.device)
         history = list(prompt_ids)  # for the repetition penalty
         began = time.perf_counter()
-        token = sample(self._logits(prompt_ids[start:], start), history)
+        token = self._sample(sample, self._logits(prompt_ids[start:], start), history, params)
         self.last_prefill_ms = (time.perf_counter() - began) * 1e3
         pos, made = n, 0
         while True:
@@ -233,7 +236,16 @@ class LanesRunner:
             if token in stop_ids or made == budget:
                 return
             history.append(token)
-            token, pos = sample(self._logits([token], pos), history), pos + 1
+            token, pos = self._sample(sample, self._logits([token], pos), history, params), pos + 1
+
+    def _sample(
+        self, sample: Sampler, logits: torch.Tensor, history: list[int], params: SamplingParams
+    ) -> int:
+        """The next token from logits [vocab_limit] (and its logprobs kept where the request asks for them)."""
+        token = sample(logits, history)
+        if params.logprobs is not None:
+            self.last_logprobs = step_logprobs(logits, token, params.logprobs)
+        return token
 
     def _fast_tokens(self, prompt_ids: list[int], params: SamplingParams, stop_ids: frozenset[int], start: int,
                      budget: int) -> Iterator[int]:  # fmt: skip
@@ -277,8 +289,7 @@ class LanesRunner:
 def load_lanes_engine(model: str, device: str | None, dtype: str | None, gpus: int, progress=None):
     """engine.Engine for a MODELS / --model entry whose lanes are divided among `gpus` processes."""
     from common.names import model_source, served_name
-    from inference.checkpoint import load_weights
-    from inference.config import ModelConfig, env_max_context
+    from inference.config import env_max_context
     from inference.engine import (
         Engine,
         check_tokenizer_fits,
@@ -305,8 +316,8 @@ def load_lanes_engine(model: str, device: str | None, dtype: str | None, gpus: i
     context = min(config.max_position_embeddings, env_max_context())
     fast = forced_backend() == "fast" or (not forced_backend() and torch_device.type == "cuda")
     main_device = rank_device(lanes_mode(torch_device, fast), 0)
-    transformer = Transformer.from_weights(config, load_weights(path, config, main_device, torch_dtype))
-    runner = LanesRunner(transformer, path, context, tokenizer.max_id + 1, gpus, fast)
+    transformer = load_lane_slices(path, config, 0, gpus, main_device, torch_dtype)
+    runner = LanesRunner(transformer, config, path, context, tokenizer.max_id + 1, gpus, fast)
     engine = Engine(served_name(model), path, config, tokenizer, transformer, runner, context)
     engine.prefix = PrefixCache.sized(runner.cache, 0)  # the followers' caches would not follow a slot's copy
     return engine

@@ -44,6 +44,8 @@ from inference.speculative import (
 
 
 class ReferenceRunner:
+    serves_logprobs = True  # every step's whole logits are at hand (the Engine sends logprobs requests here)
+
     def __init__(
         self,
         model: Transformer,

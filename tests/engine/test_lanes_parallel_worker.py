@@ -76,6 +76,10 @@ def test_the_fast_backends_ranks_decode_the_one_process_fast_engines_tokens(
         model="lanes", prompt=PROMPT, max_tokens=12, temperature=0, stop=[cut]
     )
     again = client.completions.create(model="lanes", prompt=PROMPT, max_tokens=12, temperature=0)
+    # served by the ranks' eager steps (rank 0 holds only its lanes: no whole model to fall back on)
+    with_logprobs = client.completions.create(
+        model="lanes", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=2
+    )
 
     monkeypatch.setenv("KOG_BACKEND", "fast")
     monkeypatch.setenv("KOG_SPECULATIVE", "0")  # the lanes do not speculate: plain steps against plain steps
@@ -88,7 +92,17 @@ def test_the_fast_backends_ranks_decode_the_one_process_fast_engines_tokens(
     assert greedy.choices[0].text == again.choices[0].text == text(temperature=0)
     assert sampled.choices[0].text == text(temperature=0.9, seed=7) != greedy.choices[0].text
     assert stopped.choices[0].text == greedy.choices[0].text[: greedy.choices[0].text.index(cut)]
-    assert "fast decode" in worker.log_path.read_text()
+    assert "fast decode); rank 0 holds 2 of the 4 lanes" in worker.log_path.read_text()
+    params = SamplingParams(max_new_tokens=6, temperature=0, logprobs=2)
+    local = [e for e in engine.generate(engine.encode_prompt(PROMPT), params) if e.kind == "delta"]
+    expected = [entry for e in local for entry in e.logprobs]
+    got = with_logprobs.choices[0].logprobs
+    assert got.tokens == [entry["token"] for entry in expected] and len(expected) == 6
+    for i, entry in enumerate(expected):
+        assert got.token_logprobs[i] == pytest.approx(entry["logprob"], abs=1e-4)
+        assert got.top_logprobs[i] == pytest.approx(
+            {top["token"]: top["logprob"] for top in entry["top"]}, abs=1e-4
+        )
 
 
 @pytest.mark.slow

@@ -397,9 +397,9 @@ class Engine:
 
     def logprob_runner(self):
         """The runner for a request with logprobs: the main one where it serves them (the reference runner, the
-        lanes runner), else a
-        reference runner on the same weights (its own KV cache, made at first use), which reads the whole head
-        in PyTorch every step where the fast path would screen it or fuse the draw into the head."""
+        lanes runner), else a reference runner on the same weights (its own KV cache, made at first use), which
+        reads the whole head in PyTorch every step where the fast path would screen it or fuse the draw into the
+        head."""
         if getattr(self.runner, "serves_logprobs", False):
             return self.runner
         if self._logprob_runner is None:

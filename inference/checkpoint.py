@@ -27,7 +27,7 @@ class Entry:
     internal: str  # in the model's state dict
     shape: tuple[int, ...]  # in the checkpoint
     convert: Callable[[torch.Tensor], torch.Tensor]
-    lanes: slice | None = None  # read only these rows of the leading (lane) dimension
+    part: tuple[slice, ...] | None = None  # read only this part of it (a rank's lanes), else all of it
 
 
 def checkpoint_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -63,8 +63,9 @@ def load_weights(
     lanes: slice | None = None,
 ) -> dict[str, torch.Tensor]:
     """The validated weights of the checkpoint in `path`, in the internal layout, on `device` in `dtype`.
-    lanes (a Laneformer's): only those lanes' rows of every per-lane tensor are read, as a model of
-    `lane_slice_config(cfg, ...)` holds them (the embedding and the head whole)."""
+    lanes: only those lanes' part of every per-lane tensor is read (a Laneformer's lanes; a Llama or Qwen run as
+    lanes, tensor parallelism: lanes_parallel.parallel_config), as a model of `lane_slice_config(cfg, ...)`
+    holds them (the embedding and the head whole)."""
     path = Path(path)
     files = _safetensors_files(path)
     entries = checkpoint_entries(cfg, lanes)
@@ -101,17 +102,17 @@ def load_weights(
     weights: dict[str, torch.Tensor] = {}
     handles = {}
 
-    def read(name: str, rows: slice | None = None) -> torch.Tensor:
+    def read(name: str, part: tuple[slice, ...] | None = None) -> torch.Tensor:
         file = located[name][0]
         if file not in handles:
             handles[file] = safe_open(file, framework="pt")
-        if rows is not None:
-            return handles[file].get_slice(stored[name])[rows]
+        if part is not None:
+            return handles[file].get_slice(stored[name])[part]
         return handles[file].get_tensor(stored[name])
 
     try:
         for e in entries:
-            weights[e.internal] = e.convert(read(e.name, e.lanes).to(device=device, dtype=dtype)).contiguous()
+            weights[e.internal] = e.convert(read(e.name, e.part).to(device=device, dtype=dtype)).contiguous()
         if (
             "lm_head.weight" in optional
             and stored.get("lm_head.weight", stored[embedding]) != stored[embedding]
@@ -239,12 +240,10 @@ def _check(path: Path, entries: list[Entry], located: dict, optional: set[str]) 
 
 def checkpoint_entries(cfg: ModelConfig, lanes: slice | None = None) -> list[Entry]:
     """Every tensor of a checkpoint of this config: its name on disk, its name in the model, its shape on disk
-    and the conversion from the one to the other (lanes: a Laneformer's per-lane tensors cut to those lanes)."""
+    and the conversion from the one to the other (lanes: the per-lane tensors cut to those lanes)."""
     if cfg.model_type == "laneformer_tp":
         return _laneformer_entries(cfg, lanes)
-    if lanes is not None:
-        raise ValueError(f"lanes: a {cfg.model_type} checkpoint has no lanes to load apart")
-    return _hf_entries(cfg)
+    return _hf_entries(cfg, lanes)
 
 
 def _keep(t: torch.Tensor) -> torch.Tensor:
@@ -255,16 +254,17 @@ def _laneformer_entries(cfg: ModelConfig, kept: slice | None = None) -> list[Ent
     L, D, hd, V = cfg.num_lanes, cfg.hidden_size, cfg.head_dim, cfg.vocab_size
     q_rows, kv_rows, ffn = cfg.heads_per_lane * hd, cfg.kv_heads_per_lane * hd, cfg.ffn_per_lane
     kept_lanes = L if kept is None else len(range(L)[kept])
+    part = None if kept is None else (kept,)
 
     def norm(ckpt: str, internal: str, shared: bool, lanes: int = kept_lanes) -> Entry:
         # A shared scale is stored once as `.weight` [D] and expanded to one row per lane;
         # per-lane scales are stored as `.scale` [L, D].
         if shared:
             return Entry(f"{ckpt}.weight", internal, (D,), lambda t: t.expand(lanes, D))
-        return Entry(f"{ckpt}.scale", internal, (L, D), _keep, kept)
+        return Entry(f"{ckpt}.scale", internal, (L, D), _keep, part)
 
     def per_lane(ckpt: str, internal: str, shape: tuple[int, ...]) -> Entry:
-        return Entry(ckpt, internal, shape, _keep, kept)
+        return Entry(ckpt, internal, shape, _keep, part)
 
     shared = cfg.replicated_rmsn_scale
     entries = [Entry("model.tok_embeddings.weight", "tok_embeddings", (V, D), _keep)]
@@ -305,47 +305,67 @@ def rotate_half_to_interleaved(head_dim: int) -> torch.Tensor:
     return torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten()
 
 
-def _hf_entries(cfg: ModelConfig) -> list[Entry]:
+def _hf_entries(cfg: ModelConfig, kept: slice | None = None) -> list[Entry]:
+    """A Llama/Qwen checkpoint's tensors. With num_lanes L > 1 (tensor parallelism: lanes_parallel.parallel_config)
+    lane l is the l-th of L even shares of the heads, the KV heads and the MLP columns: rows of q, k, v, gate
+    and up, columns of o and down; the norms are every lane's. kept: only those lanes' shares are read."""
     D, hd, V, F = cfg.hidden_size, cfg.head_dim, cfg.vocab_size, cfg.intermediate_size
-    H, KV = cfg.num_heads, cfg.num_kv_heads
+    H, KV, L = cfg.num_heads, cfg.num_kv_heads, cfg.num_lanes
     perm = rotate_half_to_interleaved(hd)
+    chosen = range(L)[kept or slice(None)]
+    lanes = len(chosen)
 
-    def lane(t: torch.Tensor) -> torch.Tensor:  # a one-lane model: add the lane dim
-        return t.unsqueeze(0)
+    def share(n: int) -> slice:  # the kept lanes' share of n rows (or columns)
+        return slice(chosen.start * n // L, chosen.stop * n // L)
 
-    def rope_rows(heads: int) -> Callable[[torch.Tensor], torch.Tensor]:
-        def convert(t: torch.Tensor) -> torch.Tensor:  # [heads*hd, ...] -> [1, heads*hd, ...]
-            per_head = t.reshape(heads, hd, *t.shape[1:])
-            return per_head[:, perm.to(t.device)].reshape(1, *t.shape)
+    def rows(ckpt: str, internal: str, shape: tuple[int, ...], heads: int = 0) -> Entry:
+        """[n, ...] on disk -> [lanes, n / L, ...]; heads > 0: q or k rows of that many heads, moved from
+        rotate-half to interleaved RoPE pairs."""
 
-        return convert
+        def convert(t: torch.Tensor) -> torch.Tensor:
+            if heads:
+                t = t.reshape(-1, hd, *t.shape[1:])[:, perm.to(t.device)].reshape(t.shape)
+            return t.reshape(lanes, -1, *t.shape[1:])
+
+        return Entry(ckpt, internal, shape, convert, None if kept is None else (share(shape[0]),))
+
+    def columns(ckpt: str, internal: str, shape: tuple[int, int]) -> Entry:
+        """[D, n] on disk -> [lanes, D, n / L]."""
+
+        def convert(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(t.shape[0], lanes, -1).transpose(0, 1)
+
+        return Entry(ckpt, internal, shape, convert, None if kept is None else (slice(None), share(shape[1])))
+
+    def norm(ckpt: str, internal: str) -> Entry:  # [D] -> [lanes, D]: every lane's residual is normed alike
+        return Entry(ckpt, internal, (D,), lambda t: t.expand(lanes, D))
 
     entries = [Entry("model.embed_tokens.weight", "tok_embeddings", (V, D), _keep)]
     for i in range(cfg.num_layers):
         p, q = f"model.layers.{i}.", f"layers.{i}."
         entries += [
-            Entry(p + "input_layernorm.weight", q + "attention_norm", (D,), lane),
-            Entry(p + "self_attn.q_proj.weight", q + "wq", (H * hd, D), rope_rows(H)),
-            Entry(p + "self_attn.k_proj.weight", q + "wk", (KV * hd, D), rope_rows(KV)),
-            Entry(p + "self_attn.v_proj.weight", q + "wv", (KV * hd, D), lane),
-            Entry(p + "self_attn.o_proj.weight", q + "wo", (D, H * hd), lane),
-            Entry(p + "post_attention_layernorm.weight", q + "ffn_norm", (D,), lane),
-            Entry(p + "mlp.gate_proj.weight", q + "w1", (F, D), lane),
-            Entry(p + "mlp.down_proj.weight", q + "w2", (D, F), lane),
-            Entry(p + "mlp.up_proj.weight", q + "w3", (F, D), lane),
+            norm(p + "input_layernorm.weight", q + "attention_norm"),
+            rows(p + "self_attn.q_proj.weight", q + "wq", (H * hd, D), heads=H),
+            rows(p + "self_attn.k_proj.weight", q + "wk", (KV * hd, D), heads=KV),
+            rows(p + "self_attn.v_proj.weight", q + "wv", (KV * hd, D)),
+            columns(p + "self_attn.o_proj.weight", q + "wo", (D, H * hd)),
+            norm(p + "post_attention_layernorm.weight", q + "ffn_norm"),
+            rows(p + "mlp.gate_proj.weight", q + "w1", (F, D)),
+            columns(p + "mlp.down_proj.weight", q + "w2", (D, F)),
+            rows(p + "mlp.up_proj.weight", q + "w3", (F, D)),
         ]
         if cfg.qkv_bias:
             entries += [
-                Entry(p + "self_attn.q_proj.bias", q + "bq", (H * hd,), rope_rows(H)),
-                Entry(p + "self_attn.k_proj.bias", q + "bk", (KV * hd,), rope_rows(KV)),
-                Entry(p + "self_attn.v_proj.bias", q + "bv", (KV * hd,), lane),
+                rows(p + "self_attn.q_proj.bias", q + "bq", (H * hd,), heads=H),
+                rows(p + "self_attn.k_proj.bias", q + "bk", (KV * hd,), heads=KV),
+                rows(p + "self_attn.v_proj.bias", q + "bv", (KV * hd,)),
             ]
         if cfg.qk_norm:
             entries += [
                 Entry(p + "self_attn.q_norm.weight", q + "q_norm", (hd,), lambda t: t[perm.to(t.device)]),
                 Entry(p + "self_attn.k_norm.weight", q + "k_norm", (hd,), lambda t: t[perm.to(t.device)]),
             ]
-    entries.append(Entry("model.norm.weight", "norm", (D,), lane))
+    entries.append(norm("model.norm.weight", "norm"))
     if not cfg.tie_word_embeddings:
         entries.append(Entry("lm_head.weight", "lm_head", (V, D), _keep))
     return entries

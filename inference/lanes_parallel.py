@@ -1,4 +1,5 @@
-"""One request on several devices: a Laneformer's lanes divided among processes (docs/laneformer.md).
+"""One request on several devices: a Laneformer's lanes divided among processes (docs/laneformer.md; a Llama or
+Qwen as lanes summed at every block, which is tensor parallelism: parallel_config).
 
 Each process (rank r of P) holds lanes [r*L/P, (r+1)*L/P): their slices of every matrix, their copies of the
 residual stream and their KV heads, so attention and the matrix products never leave the process. What
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import math
 import os
+import queue
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
@@ -29,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from inference.checkpoint import load_weights
+from inference.checkpoint import checkpoint_entries, checkpoint_tensors, load_weights
 from inference.config import ModelConfig
 from inference.lanes_exchange import CollectiveExchange, MailboxSpec, PeerExchange
 from inference.model import Block, KVCache, Transformer, rms_norm, rope_pairs
@@ -38,9 +41,35 @@ from inference.model import Block, KVCache, Transformer, rms_norm, rope_pairs
 PEER_CHUNK = 128
 
 
+def parallel_config(cfg: ModelConfig, world: int) -> ModelConfig:
+    """The config `cfg`'s model runs as on `world` processes: a Laneformer's own; a Llama or Qwen as `world`
+    lanes summed at every block (broadcast_delay 0), which is tensor parallelism: each lane a 1/world share of the
+    heads, the KV heads and the MLP columns, every lane a copy of the residual stream, so each lane's stream is
+    the one-lane model's up to the order of the sums."""
+    if cfg.model_type == "laneformer_tp":
+        return cfg
+    for name, count in (("attention heads", cfg.num_heads), ("key/value heads", cfg.num_kv_heads),
+                        ("MLP columns", cfg.intermediate_size)):  # fmt: skip
+        if count % world:
+            raise ValueError(f"{world} processes cannot share the {count} {name} of this {cfg.model_type}")
+    return replace(cfg, num_lanes=world, broadcast_delay=0, use_comm=True, use_early_comm=True)
+
+
+def parallel_model(model: Transformer, world: int) -> Transformer:
+    """The whole `model` as parallel_config's lanes for `world` processes (a Laneformer as it is): its weights
+    read back as its checkpoint and converted again with the new lane count."""
+    cfg = parallel_config(model.cfg, world)
+    if cfg == model.cfg:
+        return model
+    tensors = checkpoint_tensors(model)
+    device, dtype = model.tok_embeddings.device, model.tok_embeddings.dtype
+    return Transformer.from_weights(cfg, {e.internal: e.convert(tensors[e.name]).to(device, dtype).contiguous()
+                                          for e in checkpoint_entries(cfg)})  # fmt: skip
+
+
 def check_lanes_divide(cfg: ModelConfig, world: int) -> None:
     if cfg.num_lanes % world:
-        raise ValueError(f"world: {world} processes cannot share {cfg.num_lanes} lanes evenly")
+        raise ValueError(f"{world} processes cannot share {cfg.num_lanes} lanes evenly")
     if cfg.lm_head_type != "replicate":
         raise ValueError(
             f"lm_head_type {cfg.lm_head_type!r}: the lanes run apart with a replicated head only"
@@ -276,30 +305,42 @@ def spawn_lanes(world: int, job: Callable[[int, int], object], mode: str = "gloo
         raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {mode!r}")
     os.environ.update(NO_MULTICAST)  # inherited by the processes
     context = torch.multiprocessing.get_context("spawn")
-    results = context.SimpleQueue()
+    results = context.Queue()
     port = free_port()
     processes = [context.Process(target=_run_rank, args=(rank, world, port, mode, job, results))
                  for rank in range(world)]  # fmt: skip
     for process in processes:
         process.start()
+    # Read while they run: a result larger than the pipe's buffer holds its sender until it is read, and a rank
+    # that fails leaves the others waiting in a collective.
+    by_rank = {}
+    while len(by_rank) < world:
+        try:
+            rank, value = results.get(timeout=0.5)
+            by_rank[rank] = value
+        except queue.Empty:
+            if any(p.exitcode not in (None, 0) for p in processes):
+                deadline = time.monotonic() + 10.0  # the others' own ends first, to report every cause
+                for process in processes:
+                    process.join(timeout=max(0.0, deadline - time.monotonic()))
+                    process.kill()
+                failed = [p.exitcode for p in processes if p.exitcode != 0]
+                raise RuntimeError(f"lane processes failed with exit codes {failed}") from None
     for process in processes:
         process.join()
-    failed = [p.exitcode for p in processes if p.exitcode != 0]
-    if failed:
-        raise RuntimeError(f"lane processes failed with exit codes {failed}")
-    by_rank = dict(results.get() for _ in range(world))  # plain values: their senders have exited
     return [by_rank[rank] for rank in range(world)]
 
 
 def greedy_job(raw_config: dict, seed: int, prompt: list[int], max_new_tokens: int, mode: str, rank: int,
                world: int, *, chunk: int | None = None):  # fmt: skip
     """spawn_lanes' job for a synthetic model: every rank builds synth.peaked_model(config, seed) (the same
-    weights everywhere, fp32), keeps its lanes and decodes greedily; returns the tokens and the next step's
+    weights everywhere, fp32; a Llama or Qwen as parallel_model's lanes), keeps its lanes and decodes greedily; returns the tokens and the next step's
     logits (a list: tensors sent between processes need their sender alive)."""
     from inference.config import ModelConfig
     from inference.synth import peaked_model
 
-    model = peaked_model(ModelConfig.from_hf(raw_config), seed).to(rank_device(mode, rank))
+    model = peaked_model(ModelConfig.from_hf(raw_config), seed)
+    model = parallel_model(model, world).to(rank_device(mode, rank))
     shard = LaneShard(model, rank, world, len(prompt) + max_new_tokens, transport(mode), chunk)
     tokens = greedy(shard, prompt, max_new_tokens)
     last = shard.logits(shard.forward(tokens[-1:], len(prompt) + max_new_tokens - 1))

@@ -1,8 +1,9 @@
-"""One model served on several GPUs (KOG_GPUS / the worker's --gpus N): its lanes divided among N processes.
+"""One model served on several GPUs (KOG_GPUS / the worker's --gpus N): its lanes divided among N processes (a
+Llama or Qwen as N lanes summed at every block: tensor parallelism, lanes_parallel.parallel_config).
 
-The worker's process is rank 0: it holds the whole model, drives generation and samples. It starts N-1
-follower processes (spawned, daemonic: they end with it), each loading the same checkpoint onto its device and
-keeping its share of the lanes (inference/lanes_parallel.LaneShard). Every forward pass is announced by rank 0
+The worker's process is rank 0: it holds its share of the lanes, drives generation and samples. It starts N-1
+follower processes (spawned, daemonic: they end with it), each reading its share of the same checkpoint onto its
+device (inference/lanes_parallel.LaneShard). Every forward pass is announced by rank 0
 (a broadcast of the ids and the position over the process group), then run by all ranks in step; the logits
 are gathered on every rank and rank 0 samples. One job at a time, as the worker serves anyway; the page, the
 API and Redis see an ordinary engine.
@@ -39,9 +40,11 @@ from inference.fast.lane_rank import LaneRankRunner
 from inference.lanes_parallel import (
     NO_MULTICAST,
     LaneShard,
+    check_lanes_divide,
     free_port,
     init_rank,
     load_lane_slices,
+    parallel_config,
     rank_device,
     transport,
 )
@@ -90,16 +93,16 @@ def prepare_graphs(runner: LaneRankRunner) -> None:
         runner.graph(greedy=False)
 
 
-def check_divisible(config, gpus: int) -> None:
-    """ValueError unless `config` is a Laneformer whose lanes divide among `gpus` processes."""
-    lanes = getattr(config, "num_lanes", 1)
-    if config.model_type != "laneformer_tp" or lanes % gpus:
-        raise ValueError(
-            f"KOG_GPUS={gpus}: only a Laneformer whose lane count divides by {gpus} runs on several devices "
-            f"({config.model_type}, {lanes} lanes)"
-        )
-    if config.lm_head_type != "replicate":
-        raise ValueError(f"KOG_GPUS={gpus}: the lanes run apart with a replicated head only")
+def lanes_config(config: ModelConfig, gpus: int) -> ModelConfig:
+    """The config the ranks run (lanes_parallel.parallel_config: a Laneformer's lanes, a Llama or Qwen as
+    tensor parallelism); ValueError in the worker's words unless its lanes, heads and columns divide among
+    `gpus` processes."""
+    try:
+        lanes = parallel_config(config, gpus)
+        check_lanes_divide(lanes, gpus)
+    except ValueError as e:
+        raise ValueError(f"KOG_GPUS={gpus}: {e}") from None
+    return lanes
 
 
 # A worker waits for requests as long as it runs: so may its followers (the group's default is 30 minutes).
@@ -119,7 +122,7 @@ def _follow(rank: int, world: int, port: int, mode: str, path: str, dtype: torch
     threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True).start()
     init_rank(rank, world, port, mode, IDLE_FOREVER)
     device = rank_device(mode, rank)
-    config = ModelConfig.from_hf(Path(path))
+    config = lanes_config(ModelConfig.from_hf(Path(path)), world)
     model = load_lane_slices(Path(path), config, rank, world, device, dtype)
     shard = LaneShard(model, rank, world, max_context, transport(mode), cfg=config)
     fast = LaneRankRunner(shard, vocab_limit=fast_vocab) if fast_vocab else None
@@ -150,9 +153,9 @@ class LanesRunner:
 
     def __init__(self, model: Transformer, cfg: ModelConfig, path: Path, max_context: int, vocab_limit: int,
                  world: int, fast: bool = False):  # fmt: skip
-        """model: rank 0's lanes (load_lane_slices) of the model whose config is `cfg`; fast: decode with the fast
-        path's kernels (inference/fast/lane_rank.py) rather than the eager step."""
-        check_divisible(cfg, world)
+        """model: rank 0's lanes (load_lane_slices) of the model whose lanes config (lanes_config) is `cfg`; fast:
+        decode with the fast path's kernels (inference/fast/lane_rank.py) rather than the eager step."""
+        check_lanes_divide(cfg, world)
         self.device = model.tok_embeddings.device
         self.max_context, self.world = max_context, world
         self.vocab_limit = min(vocab_limit, cfg.vocab_size)
@@ -188,8 +191,10 @@ class LanesRunner:
         self.cache = self.shard.cache  # rank 0's KV heads (what the prefix cache would size itself by)
         self.last_prefill_ms = 0.0
         self.last_logprobs = None
-        log.info("lanes of %s divided among %d processes (%s, %s decode); rank 0 holds %d of the %d lanes",
-                 cfg.model_type, world, mode, "fast" if fast else "eager", model.cfg.num_lanes, cfg.num_lanes)  # fmt: skip
+        split = "lanes" if cfg.model_type == "laneformer_tp" else "tensor-parallel shares"
+        log.info("%s of %s divided among %d processes (%s, %s decode); rank 0 holds %d of the %d %s", split,
+                 cfg.model_type, world, mode, "fast" if fast else "eager", model.cfg.num_lanes, cfg.num_lanes,
+                 split)  # fmt: skip
 
     def _check_followers(self, wait_s: float = 0.0) -> None:
         """RuntimeError naming the follower ranks that have ended (waiting up to `wait_s` for a dying one)."""
@@ -308,7 +313,7 @@ def load_lanes_engine(model: str, device: str | None, dtype: str | None, gpus: i
         )
     path = resolve_model(model_source(model), progress)
     config = ModelConfig.from_hf(path)
-    check_divisible(config, gpus)  # before anything big is read or started
+    lanes = lanes_config(config, gpus)  # before anything big is read or started
     tokenizer = Tokenizer.from_dir(path)
     check_tokenizer_fits(path, tokenizer, config.vocab_size)
     torch_device = parse_device(device)
@@ -316,8 +321,8 @@ def load_lanes_engine(model: str, device: str | None, dtype: str | None, gpus: i
     context = min(config.max_position_embeddings, env_max_context())
     fast = forced_backend() == "fast" or (not forced_backend() and torch_device.type == "cuda")
     main_device = rank_device(lanes_mode(torch_device, fast), 0)
-    transformer = load_lane_slices(path, config, 0, gpus, main_device, torch_dtype)
-    runner = LanesRunner(transformer, config, path, context, tokenizer.max_id + 1, gpus, fast)
+    transformer = load_lane_slices(path, lanes, 0, gpus, main_device, torch_dtype)
+    runner = LanesRunner(transformer, lanes, path, context, tokenizer.max_id + 1, gpus, fast)
     engine = Engine(served_name(model), path, config, tokenizer, transformer, runner, context)
     engine.prefix = PrefixCache.sized(runner.cache, 0)  # the followers' caches would not follow a slot's copy
     return engine

@@ -1,5 +1,5 @@
 """python -m inference.bench.lanes_check: a model's lanes divided among processes give the one-process model's
-greedy tokens (inference/lanes_parallel.py).
+greedy tokens (inference/lanes_parallel.py; a Llama or Qwen divided as tensor parallelism).
 
 The one-process model decodes greedily; then `--procs` processes, each holding its share of the lanes, are fed
 the same tokens (teacher forcing: one divergence does not hide the steps after it) and their argmax is compared
@@ -15,7 +15,7 @@ line; exit 1 when a decisive step disagrees. Example (random peaked weights, fp3
 `--engine` checks the worker's path instead (inference/lanes_runner.py, what --gpus N serves): the engine whose
 lanes run on `--procs` processes against the one-process engine, both with `--backend` (reference, or the fast
 path's kernels), greedy tokens of a text prompt; the model must be one the engine loads (a checkpoint, or a
-preset it synthesises: tiny-laneformer).
+preset it synthesises: tiny-laneformer, tiny-llama, tiny-qwen3).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch
 
 from inference.bench.correctness import check_prompt
 from inference.bench.model_setup import INITS, build_model
-from inference.lanes_parallel import MODES, LaneShard, rank_device, spawn_lanes, transport
+from inference.lanes_parallel import MODES, LaneShard, parallel_model, rank_device, spawn_lanes, transport
 from inference.model import KVCache
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -76,7 +76,7 @@ def forced_job(args: dict, prompt: list[int], tokens: list[int], rank: int, worl
     ([len(tokens), V] as numpy) and the decode steps' seconds, the others None."""
     mode, device = args["mode"], rank_device(args["mode"], rank)
     model = build_model(args["model"], device, DTYPES[args["dtype"]], args["seed"], args["init"])
-    shard = LaneShard(model, rank, world, len(prompt) + len(tokens), transport(mode))
+    shard = LaneShard(parallel_model(model, world), rank, world, len(prompt) + len(tokens), transport(mode))
     logits = [shard.logits(shard.forward(prompt, 0))]
     if device.type == "cuda":
         torch.cuda.synchronize()

@@ -1,5 +1,5 @@
 """python -m inference.bench.lanes_scaling: decode speed of one request with a Laneformer's lanes on 1, 2, 4, 8
-GPUs, one table from one command.
+GPUs (a Llama or Qwen split as tensor parallelism: lanes_parallel.parallel_config), one table from one command.
 
 Row "1 (one-GPU runner)" is what the engine serves on one GPU (inference/fast/runner.py, lane groups on two
 streams). Each row of P spawns P processes, rank r on GPU r (or sharing the GPUs where there are fewer: then the
@@ -34,7 +34,7 @@ from inference.bench.ceiling import kernel_bytes, measure_bandwidth
 from inference.bench.model_setup import INITS, build_model, cuda_missing
 from inference.fast.lane_rank import LaneRankRunner
 from inference.fast.runner import FastRunner
-from inference.lanes_parallel import LaneShard, spawn_lanes
+from inference.lanes_parallel import LaneShard, parallel_model, spawn_lanes
 from inference.speculative import SpeculationSettings
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -91,7 +91,7 @@ def rank_job(args: dict, prompt: list[int], rank: int, world: int) -> dict | Non
     """Rank `rank` of `world`: prefill, warm-up, a served decode, then the step with and without the exchange."""
     device = torch.device("cuda", rank % torch.cuda.device_count())
     model = build_model(args["model"], device, DTYPES[args["dtype"]], args["seed"], args["init"])
-    shard = LaneShard(model, rank, world, len(prompt) + args["new_tokens"] + 2, "peer")
+    shard = LaneShard(parallel_model(model, world), rank, world, len(prompt) + args["new_tokens"] + 2, "peer")
     runner = LaneRankRunner(shard)
     first = shard.argmax(shard.forward(prompt, 0))
     runner.start(first, len(prompt), prompt)

@@ -1,6 +1,6 @@
 """The worker serving a Laneformer with its lanes divided among processes (KOG_GPUS / --gpus; gloo on the CPU
-here): the real worker, web process and openai client give the one-process engine's greedy text, and a lane
-count the processes cannot share is refused at start in one line."""
+here), or a Qwen as tensor parallelism: the real worker, web process and openai client give the one-process
+engine's greedy text, and lanes or heads the processes cannot share are refused at start in one line."""
 
 from __future__ import annotations
 
@@ -106,6 +106,32 @@ def test_the_fast_backends_ranks_decode_the_one_process_fast_engines_tokens(
 
 
 @pytest.mark.slow
+def test_a_qwen_on_two_ranks_is_served_as_tensor_parallelism_with_the_one_process_engines_tokens(
+    start_worker, start_web, monkeypatch
+):
+    from inference.engine import Engine
+
+    model = "tp=tiny-qwen3"  # 2 KV heads: one a rank
+    worker = start_worker(models=[model], env={"KOG_GPUS": "2", "KOG_BACKEND": "fast"})
+    web = start_web(env={"MODELS": model})
+    client = openai.OpenAI(base_url=f"{web.url}/v1", api_key="no-key-needed", max_retries=0, timeout=300)
+    greedy = client.completions.create(model="tp", prompt=PROMPT, max_tokens=12, temperature=0)
+    sampled = client.completions.create(model="tp", prompt=PROMPT, max_tokens=12, temperature=0.9, seed=7)
+
+    monkeypatch.setenv("KOG_BACKEND", "fast")
+    monkeypatch.setenv("KOG_SPECULATIVE", "0")
+    engine = Engine.load("tiny-qwen3", device="cpu")
+
+    def text(**sampling) -> str:
+        params = SamplingParams(max_new_tokens=12, **sampling)
+        return list(engine.generate(engine.encode_prompt(PROMPT), params))[-1].text
+
+    assert greedy.choices[0].text == text(temperature=0)
+    assert sampled.choices[0].text == text(temperature=0.9, seed=7) != greedy.choices[0].text
+    assert "rank 0 holds 1 of the 2 tensor-parallel shares" in worker.log_path.read_text()
+
+
+@pytest.mark.slow
 def test_a_lost_rank_fails_the_request_and_the_worker_says_why(start_worker, start_web):
     worker = start_worker(models=[MODEL], env={"KOG_GPUS": "2", "KOG_BACKEND": "reference"})
     web = start_web(env={"MODELS": MODEL})
@@ -146,18 +172,24 @@ def children(pid: int) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    ("flags", "words"),
+    ("model", "flags", "words"),
     [
-        (["--gpus", "3"], "KOG_GPUS=3: only a Laneformer whose lane count divides by 3"),
+        (MODEL, ["--gpus", "3"], "KOG_GPUS=3: 3 processes cannot share 4 lanes evenly"),
         (
+            "tp=tiny-qwen2",
+            ["--gpus", "2"],
+            "KOG_GPUS=2: 2 processes cannot share the 1 key/value heads of this qwen2",
+        ),
+        (
+            MODEL,
             ["--gpus", "2", "--device", "cuda:1"],
             "choose them with CUDA_VISIBLE_DEVICES, not the device cuda:1",
         ),
     ],
 )
-def test_what_the_lane_processes_cannot_serve_is_refused_at_start(redis_url, flags, words):
+def test_what_the_lane_processes_cannot_serve_is_refused_at_start(redis_url, model, flags, words):
     done = subprocess.run(
-        [sys.executable, "-m", "inference.worker", "--redis-url", redis_url, "--model", MODEL, *flags],
+        [sys.executable, "-m", "inference.worker", "--redis-url", redis_url, "--model", model, *flags],
         cwd=ROOT, env={**os.environ, "KOG_DEVICE": "cpu"}, capture_output=True, text=True,
         timeout=120,
     )  # fmt: skip

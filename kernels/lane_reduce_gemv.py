@@ -46,6 +46,11 @@ def _lane_reduce_gemv_kernel(
     flags_ptr,
     epoch_ptr,
     status_ptr,
+    post_rows_ptr,
+    post_flags_ptr,
+    post_row_offset,
+    post_flag_offset,
+    post_count_ptr,
     N,
     lane_scale,
     lane_start,
@@ -61,6 +66,7 @@ def _lane_reduce_gemv_kernel(
     PREFETCH: tl.constexpr,
     WAIT_P: tl.constexpr,
     WAIT_P_POW2: tl.constexpr,
+    POST_P: tl.constexpr,
     USE_PDL: tl.constexpr,
     TRIGGER_EARLY: tl.constexpr,
 ):
@@ -124,12 +130,19 @@ def _lane_reduce_gemv_kernel(
         if STORE_HISTORY:
             # The raw partial back out of the sum: off by at most an ulp of the residual, the rounding that the
             # residual's own fp32 store carries anyway.
-            tl.store(hist_out_ptr + hist_rows, sums - base, mask=tile_ok)
+            p = sums - base
+            tl.store(hist_out_ptr + hist_rows, p, mask=tile_ok)
+            if POST_P > 0:
+                _post(p, hist_rows, tile_ok, post_rows_ptr, post_flags_ptr, post_row_offset, post_flag_offset,
+                      epoch_ptr, post_count_ptr, POST_P)  # fmt: skip
         return
 
     p = sums
     if STORE_HISTORY:
         tl.store(hist_out_ptr + hist_rows, p, mask=tile_ok)
+        if POST_P > 0:
+            _post(p, hist_rows, tile_ok, post_rows_ptr, post_flags_ptr, post_row_offset, post_flag_offset,
+                  epoch_ptr, post_count_ptr, POST_P)  # fmt: skip
     if MODE == 0:
         r = tl.zeros_like(p) + tl.sum(p, axis=0)[None, :]
     elif MODE == 1:  # DELAYED, 8 lanes in one launch
@@ -138,6 +151,26 @@ def _lane_reduce_gemv_kernel(
         r = p * lane_scale
     old = _residual(x_ptr, embed_ptr, token_ptr, lane_rows, rows, tile_ok, N, X_FROM_TOKEN)
     tl.store(x_ptr + lane_rows, old + r, mask=tile_ok)
+
+
+@triton.jit
+def _post(p, hist_rows, tile_ok, rows_ptr, flags_ptr, row_offset, flag_offset, epoch_ptr, count_ptr,
+          P: tl.constexpr):  # fmt: skip
+    """The lane exchange's post (kernels/peer_post.py) in this launch: the program's partials into the same rows
+    of every peer's history, then the last program to finish raises the slot's flag in every mailbox. Each
+    program's stores are ordered before its count by a barrier and a release at system scope, and the last one
+    acquires every count before its flags' releases: a reader that sees a flag sees every program's rows."""
+    for peer in tl.static_range(P):
+        dest = tl.load(rows_ptr + peer).to(tl.pointer_type(tl.float32)) + row_offset
+        tl.store(dest + hist_rows, p, mask=tile_ok)
+    tl.debug_barrier()
+    done = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="sys")
+    if done == tl.num_programs(0) - 1:
+        epoch = tl.load(epoch_ptr)
+        for peer in tl.static_range(P):
+            flag = tl.load(flags_ptr + peer).to(tl.pointer_type(tl.int32)) + flag_offset
+            tl.atomic_xchg(flag, epoch, sem="release", scope="sys")
+        tl.store(count_ptr, 0)  # for the next step's launch of this slot
 
 
 @triton.jit
@@ -212,6 +245,7 @@ def lane_reduce_gemv(
     lane_start: int = 0,
     total_lanes: int | None = None,
     wait: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    post: tuple[torch.Tensor, torch.Tensor, int, int, torch.Tensor, torch.Tensor] | None = None,
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
@@ -229,6 +263,10 @@ def lane_reduce_gemv(
     wait: (flags [P] int32, epoch [1] int32, status [1] int32): history_in's rows come from other devices through
     the lane exchange, and every program waits for the slot's flags first (kernels/peer_wait.py's wait_for_flags,
     status set if it gives up), so that no wait kernel stands between this launch and the one before.
+    post: (row_table [P] int64, flag_table [P] int64, row_offset, flag_offset, epoch [1] int32, count [1] int32,
+    zero before the first launch): history_out is a slot of the lane exchange's mailbox (row_offset: that slot's
+    first element in every mailbox, flag_offset its flag's), and this launch posts it itself, as peer_post would
+    after it; count is the slot's own (the last program resets it).
     """
     if weight.dim() != 3 or not weight.is_contiguous():
         raise ValueError(f"weight: expected a contiguous [L, N, K] tensor, got {tuple(weight.shape)}")
@@ -253,6 +291,11 @@ def lane_reduce_gemv(
             )
     if mode == "delayed" and history_in is None:
         raise ValueError("history_in: required with mode 'delayed'")
+    if post is not None and history_out is None:
+        raise ValueError("post: posts history_out, which this launch does not store")
+    if post is not None and wait is not None and post[4] is not wait[1]:
+        raise ValueError("post: its epoch must be the wait's (one exchange)")
+    epoch = wait[1] if wait else post[4] if post else x
     if wait is not None and mode != "delayed":
         raise ValueError(f"wait: only a 'delayed' launch reads partials from other devices, not {mode!r}")
     if (embedding is None) != (token is None):
@@ -275,7 +318,11 @@ def lane_reduce_gemv(
         token if token is not None else x,
         history_out if history_out is not None else x,
         history_in if history_in is not None else x,
-        *(wait or (x, x, x)),
+        wait[0] if wait else x,
+        epoch,
+        wait[2] if wait else x,
+        *(post[:4] if post else (x, x, 0, 0)),
+        post[5] if post else x,
         n,
         float(total) ** 0.5,
         lane_start,
@@ -291,6 +338,7 @@ def lane_reduce_gemv(
         PREFETCH=min(prefetch, triton.cdiv(k, block_k)),
         WAIT_P=0 if wait is None else wait[0].numel(),
         WAIT_P_POW2=1 if wait is None else triton.next_power_of_2(wait[0].numel()),
+        POST_P=0 if post is None else post[0].numel(),
         USE_PDL=use_pdl,
         TRIGGER_EARLY=trigger_early,
         num_warps=num_warps,

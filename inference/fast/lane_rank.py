@@ -5,8 +5,9 @@ heads (the cache LaneShard prefilled). Its step is the one-device runner's launc
 (inference/fast/runner.py), and where the one-device kernels read other lanes, the peer exchange
 (inference/lanes_exchange.py) carries the rows between devices without the host:
 
-    raw partials   the history [2, N, L, D] fp32 IS a mailbox: each rank stores its lanes' rows there, and a
-                   post copies them into the same rows of every peer's history and raises a flag
+    raw partials   the history [2, N, L, D] fp32 IS a mailbox: the launch that makes a rank's partials stores
+                   them into the same rows of every peer's history too, and its last program raises the flag
+                   (a partial summed at once is posted by its own kernel after the launch)
     delayed layer  lane_reduce_gemv's programs wait for layer i - d's flags, then read every lane's partials as
                    on one device: the exchange hides behind d layers of weight streaming
     layer i < d    (immediate sum) lane_reduce_gemv adds the rank's own partials, post, wait, and
@@ -83,6 +84,7 @@ class LaneRankRunner:
             "head": MailboxSpec(1, (dim,), torch.float32),
         })  # fmt: skip
         self.history = self.exchange.boxes["partials"].rows.view(2, n_layers, cfg.num_lanes, dim)
+        self.post_counts = zeros(2 * n_layers, dtype=torch.int32)  # a slot's programs done (the folded post)
         self.head_rows = self.exchange.boxes["head"].rows[0]  # [P, D]
         self.read_later = {w.history_in for w in self.layers if w.history_in is not None}
         self.head_in = zeros(dim)
@@ -126,6 +128,12 @@ class LaneRankRunner:
         if self.exchanging:
             peer_wait(self.exchange.boxes[box].flags[slot], self.exchange.epoch, self.exchange.status,
                       use_pdl=self.settings.pdl)  # fmt: skip
+
+    def _post_args(self, box: str, slot: int) -> tuple:
+        """What a kernel that posts a slot itself takes (kernels/lane_reduce_gemv.py's post)."""
+        mailbox, P = self.exchange.boxes[box], self.world
+        return (mailbox.row_table, mailbox.flag_table, slot * P * mailbox.row_size, slot * P + self.rank,
+                self.exchange.epoch, self.post_counts[slot : slot + 1])  # fmt: skip
 
     def _flags(self, box: str, slot: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """What a kernel that waits for a slot itself reads: its flags [P], the epoch and the status."""
@@ -174,14 +182,19 @@ class LaneRankRunner:
             else None
         )
         keep = mode == "sum" or i in self.read_later
+        # A partial read d layers later is posted by the launch itself (its last program raises the flags); one
+        # summed at once is posted by its own kernel: there every program's count at system scope lay on the
+        # critical path, and cost more than the launch it saved.
+        fold = keep and mode != "sum" and self.exchanging
+        post = self._post_args("partials", slot) if fold else None
         lane_reduce_gemv(act, weight, self.x, mode="scaled" if mode == "scaled" else "delayed",
                          history_out=self.history[block, i] if keep else None,
                          history_in=self.history[block, past] if mode == "delayed" else self.no_history,
                          embedding=self.model.tok_embeddings if first else None,
                          token=self.token if first else None, use_pdl=self.settings.pdl,
                          prefetch=self.settings.prefetch[kind], lane_start=self.lane_start,
-                         total_lanes=self.cfg.num_lanes, wait=wait)  # fmt: skip
-        if keep:
+                         total_lanes=self.cfg.num_lanes, wait=wait, post=post)  # fmt: skip
+        if keep and post is None:
             self._post("partials", slot, self._own_rows(block, i))
         if mode == "sum" and self.exchanging:
             self._wait("partials", slot)

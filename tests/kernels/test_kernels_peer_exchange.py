@@ -62,3 +62,45 @@ def test_once_a_wait_gave_up_the_next_ones_do_not_spin():
     # a bound no test could sit out (~2^30 rounds): the wait returns at once, the status still set
     peer_wait(flags[0][0], epoch, status, max_spins=1 << 30)
     assert status.item() == 1
+
+
+@pytest.mark.parametrize(
+    "folded_residual", [True, False]
+)  # 2 lanes a rank: the sum over K with x in it; 8: not
+def test_a_partial_posted_by_its_own_launch_fills_every_mailbox_and_the_last_program_raises_the_flags(
+    folded_residual,
+):
+    from kernels.lane_reduce_gemv import lane_reduce_gemv
+
+    lanes, total, n, k, slots = (2, 4, 48, 64, 3) if folded_residual else (8, 16, 48, 64, 3)
+    rank, world = 1, total // lanes
+    history = [
+        torch.zeros(slots, world, lanes * n, device=DEVICE) for _ in range(world)
+    ]  # every rank's mailbox
+    flags = [torch.zeros(slots, world, dtype=torch.int32, device=DEVICE) for _ in range(world)]
+    row_table = torch.tensor([h.data_ptr() for h in history], dtype=torch.int64, device=DEVICE)
+    flag_table = torch.tensor([f.data_ptr() for f in flags], dtype=torch.int64, device=DEVICE)
+    epoch, count = (
+        torch.tensor([5], dtype=torch.int32, device=DEVICE),
+        torch.zeros(1, dtype=torch.int32, device=DEVICE),
+    )
+    act, weight = torch.randn(lanes, k, device=DEVICE), torch.randn(lanes, n, k, device=DEVICE)
+    x = torch.randn(lanes, n, device=DEVICE)
+    past = torch.randn(total, n, device=DEVICE)
+    slot = 2
+    own = history[rank][slot].view(total, n)  # this rank's mailbox holds the slot's rows of every lane
+    lane_reduce_gemv(act, weight, x, mode="delayed", history_out=own, history_in=past, lane_start=rank * lanes,
+                     total_lanes=total, block_n=8,
+                     post=(row_table, flag_table, slot * world * lanes * n, slot * world + rank, epoch, count))  # fmt: skip
+    partial = torch.einsum("lnk,lk->ln", weight, act)
+    for owner in range(world):
+        rows = history[owner][slot].view(total, n)
+        torch.testing.assert_close(rows[rank * lanes : (rank + 1) * lanes], partial, rtol=1e-4, atol=1e-4)
+        assert not rows[: rank * lanes].any() and not rows[(rank + 1) * lanes :].any()
+        assert not history[owner][[0, 1]].any()
+        assert flags[owner].tolist() == [
+            [0] * world,
+            [0] * world,
+            [5 if r == rank else 0 for r in range(world)],
+        ]
+    assert count.item() == 0  # the last program left the slot's count for the next step

@@ -328,14 +328,18 @@ def spawn_lanes(world: int, job: Callable[[int, int], object], mode: str = "gloo
                 raise RuntimeError(f"lane processes failed with exit codes {failed}") from None
     for process in processes:
         process.join()
+    failed = [p.exitcode for p in processes if p.exitcode != 0]
+    if failed:  # a result sent, then an end that went wrong
+        raise RuntimeError(f"lane processes failed with exit codes {failed}")
     return [by_rank[rank] for rank in range(world)]
 
 
 def greedy_job(raw_config: dict, seed: int, prompt: list[int], max_new_tokens: int, mode: str, rank: int,
                world: int, *, chunk: int | None = None):  # fmt: skip
     """spawn_lanes' job for a synthetic model: every rank builds synth.peaked_model(config, seed) (the same
-    weights everywhere, fp32; a Llama or Qwen as parallel_model's lanes), keeps its lanes and decodes greedily; returns the tokens and the next step's
-    logits (a list: tensors sent between processes need their sender alive)."""
+    weights everywhere, fp32; a Llama or Qwen as parallel_model's lanes), keeps its lanes and decodes greedily;
+    returns the tokens and the next step's logits (a list: tensors sent between processes need their sender
+    alive)."""
     from inference.config import ModelConfig
     from inference.synth import peaked_model
 

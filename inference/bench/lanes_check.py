@@ -6,9 +6,9 @@ the same tokens (teacher forcing: one divergence does not hide the steps after i
 step by step. In fp32 a step is decisive when the reference's top two logits are further apart than `--margin`;
 in bf16 when the top two of an fp32 copy of the same weights are further apart than the bf16 reference's own
 largest logit error at that step (the yardstick of inference/bench/correctness.py), and the lanes' argmax is
-held to the fp32 copy's there. Every decisive step must agree (a near-tie may flip with the order of the sums). With `--mode peer` and one GPU the
-processes share it, exchanging through CUDA IPC mailboxes; `--mode nccl` wants a GPU a process. Prints one JSON
-line; exit 1 when a decisive step disagrees. Example (random peaked weights, fp32):
+held to the fp32 copy's there. Every decisive step must agree (a near-tie may flip with the order of the sums).
+With `--mode peer` and one GPU the processes share it, exchanging through CUDA IPC mailboxes; `--mode nccl`
+wants a GPU a process. Prints one JSON line; exit 1 when a decisive step disagrees. Example (random peaked weights, fp32):
 
     python -m inference.bench.lanes_check --model laneformer-2b --procs 2 --mode peer
 

@@ -312,8 +312,8 @@ class LaneRankRunner:
 def fast_greedy_job(raw_config: dict, seed: int, prompt: list[int], new_tokens: int, mode: str, rank: int,
                     world: int):  # fmt: skip
     """spawn_lanes' job (peer mode) for a synthetic model: every rank builds synth.peaked_model(config, seed) in
-    fp32 (a Llama or Qwen as parallel_model's lanes), prefills its lanes (LaneShard), then decodes with a LaneRankRunner; returns the greedy tokens and the
-    logits of the step after the last (a list)."""
+    fp32 (a Llama or Qwen as parallel_model's lanes), prefills its lanes (LaneShard), then decodes with a
+    LaneRankRunner; returns the greedy tokens and the logits of the step after the last (a list)."""
     from inference.config import ModelConfig
     from inference.lanes_parallel import LaneShard, parallel_model, rank_device, transport
     from inference.synth import peaked_model

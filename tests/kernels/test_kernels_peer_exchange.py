@@ -74,24 +74,21 @@ def test_a_partial_posted_by_its_own_launch_fills_every_mailbox_and_the_last_pro
 
     lanes, total, n, k, slots = (2, 4, 48, 64, 3) if folded_residual else (8, 16, 48, 64, 3)
     rank, world = 1, total // lanes
-    history = [
-        torch.zeros(slots, world, lanes * n, device=DEVICE) for _ in range(world)
-    ]  # every rank's mailbox
+    # every rank's mailbox: rows [slots, ranks, its lanes' partials] and flags [slots, ranks]
+    history = [torch.zeros(slots, world, lanes * n, device=DEVICE) for _ in range(world)]
     flags = [torch.zeros(slots, world, dtype=torch.int32, device=DEVICE) for _ in range(world)]
     row_table = torch.tensor([h.data_ptr() for h in history], dtype=torch.int64, device=DEVICE)
     flag_table = torch.tensor([f.data_ptr() for f in flags], dtype=torch.int64, device=DEVICE)
-    epoch, count = (
-        torch.tensor([5], dtype=torch.int32, device=DEVICE),
-        torch.zeros(1, dtype=torch.int32, device=DEVICE),
-    )
+    epoch = torch.tensor([5], dtype=torch.int32, device=DEVICE)
+    count = torch.zeros(1, dtype=torch.int32, device=DEVICE)  # the slot's programs done
     act, weight = torch.randn(lanes, k, device=DEVICE), torch.randn(lanes, n, k, device=DEVICE)
     x = torch.randn(lanes, n, device=DEVICE)
     past = torch.randn(total, n, device=DEVICE)
     slot = 2
     own = history[rank][slot].view(total, n)  # this rank's mailbox holds the slot's rows of every lane
+    post = (row_table, flag_table, slot * world * lanes * n, slot * world + rank, epoch, count)
     lane_reduce_gemv(act, weight, x, mode="delayed", history_out=own, history_in=past, lane_start=rank * lanes,
-                     total_lanes=total, block_n=8,
-                     post=(row_table, flag_table, slot * world * lanes * n, slot * world + rank, epoch, count))  # fmt: skip
+                     total_lanes=total, block_n=8, post=post)  # fmt: skip
     partial = torch.einsum("lnk,lk->ln", weight, act)
     for owner in range(world):
         rows = history[owner][slot].view(total, n)

@@ -306,9 +306,10 @@ def rotate_half_to_interleaved(head_dim: int) -> torch.Tensor:
 
 
 def _hf_entries(cfg: ModelConfig, kept: slice | None = None) -> list[Entry]:
-    """A Llama/Qwen checkpoint's tensors. With num_lanes L > 1 (tensor parallelism: lanes_parallel.parallel_config)
-    lane l is the l-th of L even shares of the heads, the KV heads and the MLP columns: rows of q, k, v, gate
-    and up, columns of o and down; the norms are every lane's. kept: only those lanes' shares are read."""
+    """A Llama/Qwen checkpoint's tensors. With num_lanes L > 1 (tensor parallelism:
+    lanes_parallel.parallel_config) lane l is the l-th of L even shares of the heads, the KV heads and the MLP
+    columns: rows of q, k, v, gate and up, columns of o and down; the norms are every lane's. kept: only those
+    lanes' shares are read."""
     D, hd, V, F = cfg.hidden_size, cfg.head_dim, cfg.vocab_size, cfg.intermediate_size
     H, KV, L = cfg.num_heads, cfg.num_kv_heads, cfg.num_lanes
     perm = rotate_half_to_interleaved(hd)
@@ -318,12 +319,12 @@ def _hf_entries(cfg: ModelConfig, kept: slice | None = None) -> list[Entry]:
     def share(n: int) -> slice:  # the kept lanes' share of n rows (or columns)
         return slice(chosen.start * n // L, chosen.stop * n // L)
 
-    def rows(ckpt: str, internal: str, shape: tuple[int, ...], heads: int = 0) -> Entry:
-        """[n, ...] on disk -> [lanes, n / L, ...]; heads > 0: q or k rows of that many heads, moved from
+    def rows(ckpt: str, internal: str, shape: tuple[int, ...], rope: bool = False) -> Entry:
+        """[n, ...] on disk -> [lanes, n / L, ...]; rope: q or k rows (or biases), each head's moved from
         rotate-half to interleaved RoPE pairs."""
 
         def convert(t: torch.Tensor) -> torch.Tensor:
-            if heads:
+            if rope:
                 t = t.reshape(-1, hd, *t.shape[1:])[:, perm.to(t.device)].reshape(t.shape)
             return t.reshape(lanes, -1, *t.shape[1:])
 
@@ -345,8 +346,8 @@ def _hf_entries(cfg: ModelConfig, kept: slice | None = None) -> list[Entry]:
         p, q = f"model.layers.{i}.", f"layers.{i}."
         entries += [
             norm(p + "input_layernorm.weight", q + "attention_norm"),
-            rows(p + "self_attn.q_proj.weight", q + "wq", (H * hd, D), heads=H),
-            rows(p + "self_attn.k_proj.weight", q + "wk", (KV * hd, D), heads=KV),
+            rows(p + "self_attn.q_proj.weight", q + "wq", (H * hd, D), rope=True),
+            rows(p + "self_attn.k_proj.weight", q + "wk", (KV * hd, D), rope=True),
             rows(p + "self_attn.v_proj.weight", q + "wv", (KV * hd, D)),
             columns(p + "self_attn.o_proj.weight", q + "wo", (D, H * hd)),
             norm(p + "post_attention_layernorm.weight", q + "ffn_norm"),
@@ -356,8 +357,8 @@ def _hf_entries(cfg: ModelConfig, kept: slice | None = None) -> list[Entry]:
         ]
         if cfg.qkv_bias:
             entries += [
-                rows(p + "self_attn.q_proj.bias", q + "bq", (H * hd,), heads=H),
-                rows(p + "self_attn.k_proj.bias", q + "bk", (KV * hd,), heads=KV),
+                rows(p + "self_attn.q_proj.bias", q + "bq", (H * hd,), rope=True),
+                rows(p + "self_attn.k_proj.bias", q + "bk", (KV * hd,), rope=True),
                 rows(p + "self_attn.v_proj.bias", q + "bv", (KV * hd,)),
             ]
         if cfg.qk_norm:

@@ -33,6 +33,11 @@ RMSNorm's scalar rstd out of its sums: one program writes it, and the down-proj 
 silu(rstd * gate) * (rstd * up) from the sums. A built B is made one pair a lane and gathered into the slots
 (chunk_input_pairs): built in the slots themselves, its SiLU took more instructions than the weights' decode.
 
+A Laneformer's gate/up (packed_glu_gemv, FUSED_GLU) runs every lane's in one launch over pack_glu's rows: a
+program takes M-tiles of one lane (LANE_TILES a lane) over all of K, reads that lane's rows of x and g, computes
+its rstd, and since rows g and g + 8 of an M-tile are a gate row and its up row, it holds both sums of its rows
+and stores h = silu(rstd * gate) * (rstd * up) itself, its exceptions added first: no atomics.
+
 Under Triton's interpreter (no inline asm) the kernel decodes the same words the same way and sums each
 lane's products in fp32 in the mma's place (rows g and g + 8 of each tile): the tests check the layout, the
 decode, the splits and the exceptions on the CPU, and the mma itself on the GPU.
@@ -446,7 +451,8 @@ def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_
                             BM: tl.constexpr, AHEAD: tl.constexpr, SPLIT: tl.constexpr, ITEMS: tl.constexpr,
                             ACT: tl.constexpr, X_BLOCK: tl.constexpr, EXC_BLOCK: tl.constexpr,
                             EXC_ROUNDS: tl.constexpr, ZERO_EACH: tl.constexpr, ZERO_BLOCK: tl.constexpr,
-                            USE_MMA: tl.constexpr, USE_PDL: tl.constexpr, TRIGGER_EARLY: tl.constexpr):  # fmt: skip
+                            LANE_TILES: tl.constexpr, FUSED_GLU: tl.constexpr, USE_MMA: tl.constexpr,
+                            USE_PDL: tl.constexpr, TRIGGER_EARLY: tl.constexpr):  # fmt: skip
     # A program takes ITEMS blocks of BM M-tiles in turn (the grid's width apart), the same 1 / SPLIT of K in
     # each, its chunks one stream with AHEAD of them in flight across the items' boundaries.
     CHUNKS: tl.constexpr = K // 64 // SPLIT
@@ -483,7 +489,7 @@ def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_
     scale = 1.0
     # the norm's scalar, once a launch, for the GLU launch that reads these sums (a constexpr and a runtime test:
     # two statements in Triton's jit)
-    if ACT == NORMED:  # noqa: SIM102
+    if ACT == NORMED and not FUSED_GLU:  # noqa: SIM102
         if program == 0:
             tl.store(rstd_ptr, residual_rstd(act_ptr.to(tl.pointer_type(tl.float32)), eps, K, X_BLOCK))
     if ACT == GLU or ACT == GLU_FP32:  # noqa: SIM109
@@ -494,6 +500,15 @@ def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_
     for it in tl.static_range(ITEMS):
         base = bases[it]
         m_it = m + it * item_tiles
+        act_it, norm_it = act_ptr, norm_ptr
+        # these M-tiles are lane `lane`'s: its row of x (int64 pairs) and of g (int32 pairs)
+        if LANE_TILES > 0:
+            lane = (tl.program_id(0) * BM + it * item_tiles) // LANE_TILES
+            act_it = act_ptr + lane * (K // 2)
+            norm_it = norm_ptr + lane * (K // 2)
+        rstd_it = 1.0
+        if FUSED_GLU:  # loaded beside the first weights, used at the end
+            rstd_it = lane_rstd(act_it.to(tl.pointer_type(tl.float32)), eps, K)
         acc = tl.zeros([BM, 128], dtype=tl.float32) + (base * 0).to(
             tl.float32
         )  # the mma's D, or rows g's sums
@@ -509,11 +524,11 @@ def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_
             pair = ((k0 + i) * 32 + 4 * t + j)[None, :] + zero_m
             if USE_MMA:
                 if ACT == BF16:  # loads only, in the slots that hold B's column 0
-                    hi0, lo0 = input_pairs(act_ptr, norm_ptr, pair, holds_b, scale, ACT, K)
-                    hi1, lo1 = input_pairs(act_ptr, norm_ptr, pair + 16, holds_b, scale, ACT, K)
+                    hi0, lo0 = input_pairs(act_it, norm_it, pair, holds_b, scale, ACT, K)
+                    hi1, lo1 = input_pairs(act_it, norm_it, pair + 16, holds_b, scale, ACT, K)
                 else:  # Built again for each item (the same chunk of K): held across items it would cost
                     # CHUNKS x 4 words a lane
-                    b = chunk_input_pairs(act_ptr, norm_ptr, k0 + i, tl.arange(0, 128), scale, ACT, K)
+                    b = chunk_input_pairs(act_it, norm_it, k0 + i, tl.arange(0, 128), scale, ACT, K)
                     hi0, hi1 = b[0][None, :] + zero_m, b[1][None, :] + zero_m
                     # the lo parts in B's column 1 (lanes 4-7): one mma a K-part, not two chained
                     if TWO_PARTS:
@@ -525,15 +540,36 @@ def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_
                                                 is_pure=True, pack=4)  # fmt: skip
             else:
                 every = m[:, None] >= 0
-                x0, x1 = exact_values(act_ptr, norm_ptr, pair, every, scale, ACT, K)
-                x8, x9 = exact_values(act_ptr, norm_ptr, pair + 16, every, scale, ACT, K)
+                x0, x1 = exact_values(act_it, norm_it, pair, every, scale, ACT, K)
+                x8, x9 = exact_values(act_it, norm_it, pair + 16, every, scale, ACT, K)
                 acc += low_half(a[0]) * x0 + high_half(a[0]) * x1 + low_half(a[2]) * x8 + high_half(a[2]) * x9
                 acc_8 += (
                     low_half(a[1]) * x0 + high_half(a[1]) * x1 + low_half(a[3]) * x8 + high_half(a[3]) * x9
                 )
 
-        if USE_MMA and TWO_PARTS:  # D's columns 0 and 1 (the hi and lo parts' sums): slots 0 + 1 (row g) and
-            # 2 + 3 (row g + 8) of lanes 0, 4, ..., 28; p = c // 2 sums lane p // 2's slots 2 (p % 2) and 2 (p % 2) + 1
+        exc_first, exc_end = exc_ranges[it]
+        if FUSED_GLU:  # rows g and g + 8 of each M-tile are a gate row and its up row: h stored whole here
+            # D's columns 0 + 1: slots 0 + 1 (row g) and 2 + 3 (row g + 8) of lanes q = 0, 4, ..., 28
+            if USE_MMA:
+                pair_sums = tl.sum(tl.reshape(acc, [BM, 64, 2]), axis=2)  # [BM, 64]: p = c // 2, lane p // 2
+                half = (tl.arange(0, 64) % 2)[None, :]
+                # [BM, 32] each, by lane q
+                gate = tl.sum(tl.reshape(tl.where(half == 0, pair_sums, 0.0), [BM, 32, 2]), axis=2)
+                up = tl.sum(tl.reshape(tl.where(half == 1, pair_sums, 0.0), [BM, 32, 2]), axis=2)
+                q = tl.arange(0, 32)
+                glu_store(gate, up, q // 4, q % 4 == 0, m_it, rstd_it, out_ptr, act_it, norm_it, base_ptr,
+                          exc_row_ptr, exc_col_ptr, exc_value_ptr, exc_first, exc_end, K, LANE_TILES, EXC_BLOCK,
+                          EXC_ROUNDS)  # fmt: skip
+            else:  # row g's terms are the 16 words c of 16 g .. 16 g + 15
+                gate = tl.sum(tl.reshape(acc, [BM, 8, 16]), axis=2)  # [BM, 8]
+                up = tl.sum(tl.reshape(acc_8, [BM, 8, 16]), axis=2)
+                g8 = tl.arange(0, 8)
+                glu_store(gate, up, g8, g8 >= 0, m_it, rstd_it, out_ptr, act_it, norm_it, base_ptr, exc_row_ptr,
+                          exc_col_ptr, exc_value_ptr, exc_first, exc_end, K, LANE_TILES, EXC_BLOCK,
+                          EXC_ROUNDS)  # fmt: skip
+        # D's columns 0 and 1 (the hi and lo parts' sums): slots 0 + 1 (row g) and 2 + 3 (row g + 8) of lanes
+        # 0, 4, ..., 28; p = c // 2 sums lane p // 2's slots 2 (p % 2) and 2 (p % 2) + 1
+        elif USE_MMA and TWO_PARTS:
             pair_sums = tl.sum(tl.reshape(acc, [BM, 64, 2]), axis=2)  # [BM, 64]
             p = tl.arange(0, 64)
             rows = m_it[:, None] * 16 + (p // 8 + 8 * (p % 2))[None, :]
@@ -548,18 +584,54 @@ def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_
             tl.atomic_add(out_ptr + rows, tl.sum(tl.reshape(acc, [BM, 8, 16]), axis=2), sem="relaxed")
             tl.atomic_add(out_ptr + rows + 8, tl.sum(tl.reshape(acc_8, [BM, 8, 16]), axis=2), sem="relaxed")
 
-        # The exceptions of these M-tiles, a share of them each split: true weight * B[col] less the floor's
-        # product, which the mma summed (a power of two: that product is exact).
-        exc_first, exc_end = exc_ranges[it]
-        share = (exc_end - exc_first + SPLIT - 1) // SPLIT
-        own_first = exc_first + split * share
-        own_end = tl.minimum(own_first + share, exc_end)
-        for r in tl.static_range(EXC_ROUNDS):
-            idx = own_first + r * EXC_BLOCK + tl.arange(0, EXC_BLOCK)
-            ok = idx < own_end
-            row, term = exception_terms(exc_row_ptr, exc_col_ptr, exc_value_ptr, base_ptr, act_ptr, norm_ptr, idx,
-                                        ok, scale, ACT, K)  # fmt: skip
-            tl.atomic_add(out_ptr + row, term, mask=ok, sem="relaxed")
+        if not FUSED_GLU:
+            # The exceptions of these M-tiles, a share of them each split: true weight * B[col] less the floor's
+            # product, which the mma summed (a power of two: that product is exact).
+            share = (exc_end - exc_first + SPLIT - 1) // SPLIT
+            own_first = exc_first + split * share
+            own_end = tl.minimum(own_first + share, exc_end)
+            for r in tl.static_range(EXC_ROUNDS):
+                idx = own_first + r * EXC_BLOCK + tl.arange(0, EXC_BLOCK)
+                ok = idx < own_end
+                row, term = exception_terms(exc_row_ptr, exc_col_ptr, exc_value_ptr, base_ptr, act_ptr, norm_ptr,
+                                            idx, ok, scale, ACT, K)  # fmt: skip
+                tl.atomic_add(out_ptr + row, term, mask=ok, sem="relaxed")
+
+
+@triton.jit
+def glu_store(gate, up, g, valid, m_it, rstd, h_ptr, act_ptr, norm_ptr, base_ptr, exc_row_ptr, exc_col_ptr,
+              exc_value_ptr, exc_first, exc_end, K: tl.constexpr, LANE_TILES: tl.constexpr, EXC_BLOCK: tl.constexpr,
+              EXC_ROUNDS: tl.constexpr):  # fmt: skip
+    """A fused gate/up's end: gate and up [BM, G] are the sums W @ (x * g) of rows 16 m + g and 16 m + 8 + g of
+    M-tiles m_it [BM] (where valid), the rows of W laid out by pack_glu; their exceptions added, then
+    h[lane, f] = silu(rstd * gate) * (rstd * up) at f = 8 (m % LANE_TILES) + g, rstd the lane's RMSNorm scalar
+    (the lane of every M-tile of the block)."""
+    gate_rows = m_it[:, None] * 16 + g[None, :]  # [BM, G] rows of W
+    for r in tl.static_range(EXC_ROUNDS):
+        idx = exc_first + r * EXC_BLOCK + tl.arange(0, EXC_BLOCK)
+        ok = idx < exc_end
+        row, term = exception_terms(exc_row_ptr, exc_col_ptr, exc_value_ptr, base_ptr, act_ptr, norm_ptr, idx, ok,
+                                    1.0, NORMED, K)  # fmt: skip
+        at = row[None, None, :]  # [1, 1, EXC_BLOCK] against [BM, G, 1]
+        gate += tl.sum(tl.where(at == gate_rows[:, :, None], term[None, None, :], 0.0), axis=2)
+        up += tl.sum(tl.where(at == gate_rows[:, :, None] + 8, term[None, None, :], 0.0), axis=2)
+    gate = gate * rstd
+    h = gate * tl.sigmoid(gate) * (up * rstd)
+    lane = m_it // LANE_TILES
+    f = lane[:, None] * (8 * LANE_TILES) + (m_it % LANE_TILES)[:, None] * 8 + g[None, :]
+    tl.store(h_ptr + f, h.to(h_ptr.dtype.element_ty), mask=valid[None, :] & (m_it >= 0)[:, None])
+
+
+@triton.jit
+def lane_rstd(x_ptr, eps, K: tl.constexpr):
+    """RMSNorm's 1 / sqrt(mean(x ** 2) + eps) of an fp32 row [K] (K % 64 == 0), 256 columns at a time: a
+    program of one warp holds no more."""
+    total = tl.zeros([256], dtype=tl.float32)
+    for i in tl.static_range(0, K, 256):
+        cols = i + tl.arange(0, 256)
+        x = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
+        total += x * x
+    return 1.0 / tl.sqrt(tl.sum(total, axis=0) / K + eps)
 
 
 def pick_split(chunks: int, most: int = 4) -> int:
@@ -641,7 +713,65 @@ def packed_mma_gemv(act: torch.Tensor, packed: MmaPackedWeight, out: torch.Tenso
         out, zero if zero is not None else out, zero.numel() if zero is not None else 0, eps, K=k, BM=block_m,
         AHEAD=min(ahead, items * chunks // split), SPLIT=split, ITEMS=items, ACT=kind, X_BLOCK=triton.next_power_of_2(k),
         EXC_BLOCK=EXC_BLOCK, EXC_ROUNDS=packed.exception_rounds(block_m, split), ZERO_EACH=zero_each,
-        ZERO_BLOCK=triton.next_power_of_2(max(zero_each, 1)), USE_MMA=not interpreted(), USE_PDL=use_pdl,
-        TRIGGER_EARLY=trigger_early, num_warps=block_m, **pdl_kwargs(use_pdl),
+        ZERO_BLOCK=triton.next_power_of_2(max(zero_each, 1)), LANE_TILES=0, FUSED_GLU=False,
+        USE_MMA=not interpreted(), USE_PDL=use_pdl, TRIGGER_EARLY=trigger_early, num_warps=block_m,
+        **pdl_kwargs(use_pdl),
     )  # fmt: skip
     return out
+
+
+def pack_glu(w1: torch.Tensor, w3: torch.Tensor) -> MmaPackedWeight:
+    """The gate/up of every lane, w1 and w3 [L, F, K] bf16 (F % 8 == 0, K % 64 == 0), as one packed [2 L F, K]
+    matrix for packed_glu_gemv: lane l's rows come in its own 2F / 16 M-tiles, and M-tile m of a lane holds gate
+    rows 8m .. 8m + 7 in its rows g and up rows 8m .. 8m + 7 in its rows g + 8, the two rows the same thread's
+    mma sums."""
+    if w1.dim() != 3 or w1.shape != w3.shape:
+        raise ValueError(f"w1, w3: expected two [L, F, K] matrices, got {tuple(w1.shape)}, {tuple(w3.shape)}")
+    lanes, f, k = w1.shape
+    if f % 8 or not fits(2 * f, k):
+        raise ValueError(f"w1, w3: [{f}, {k}] a lane is not whole blocks of 8 rows by 64-column chunks")
+    blocks = torch.stack([w1.reshape(lanes, f // 8, 8, k), w3.reshape(lanes, f // 8, 8, k)], dim=2)
+    return pack_mma(blocks.reshape(lanes * 2 * f, k).contiguous())
+
+
+def packed_glu_gemv(x: torch.Tensor, packed: MmaPackedWeight, h: torch.Tensor, norm_weight: torch.Tensor, *,
+                    eps: float = 1e-6, block_m: int | None = None, ahead: int = 8, use_pdl: bool = False,
+                    trigger_early: bool = False) -> torch.Tensor:  # fmt: skip
+    """A Laneformer's gate/up with its norm and SiLU, the weights in 12 bits (pack_glu's layout):
+
+        h[l] = silu(W1[l] @ n[l]) * (W3[l] @ n[l]),  n[l] = RMSNorm(x[l]) * norm_weight[l]
+
+    x [L, K] fp32 (the residual), norm_weight [L, K] bf16, h [L, F] (bf16, or fp32) overwritten. A program takes
+    block_m M-tiles of one lane over all of K, so that it holds both sums of its rows and stores h itself: no
+    atomics, no buffer to clear, and the down-proj reads h as it reads rmsnorm_gemv's."""
+    lanes, k = x.shape
+    n = packed.n
+    if packed.k != k or n % (2 * lanes):
+        raise ValueError(f"packed: [{n}, {packed.k}] is not the gate/up of {lanes} lanes of width {k}")
+    f = n // (2 * lanes)
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        raise ValueError(f"x: expected a contiguous fp32 [{lanes}, {k}], got {x.dtype} {tuple(x.shape)}")
+    if norm_weight.shape != (lanes, k) or norm_weight.dtype != torch.bfloat16 or not norm_weight.is_contiguous():  # fmt: skip
+        raise ValueError(f"norm_weight: expected a contiguous bf16 [{lanes}, {k}], got {norm_weight.dtype} "
+                         f"{tuple(norm_weight.shape)}")  # fmt: skip
+    if h.shape != (lanes, f) or not h.is_contiguous() or h.dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"h: expected a contiguous [{lanes}, {f}] bf16 or fp32, got {h.dtype} {h.shape}")
+    lane_tiles = 2 * f // 16
+    if block_m is None:
+        block_m = 1
+        while interpreted() and block_m < 8 and lane_tiles % (2 * block_m) == 0:
+            block_m *= 2
+    if block_m < 1 or block_m & (block_m - 1) or lane_tiles % block_m:
+        raise ValueError(f"block_m: {block_m} is not a power of two dividing a lane's {lane_tiles} M-tiles")
+    if ahead < 1:
+        raise ValueError(f"ahead: expected at least 1, got {ahead}")
+    chunks = k // CHUNK
+    _packed_mma_gemv_kernel[(n // 16 // block_m, 1)](
+        x.view(torch.int64), norm_weight.view(torch.int32), h, packed.lo, packed.codes, packed.base,
+        packed.exc_start, packed.exc_row, packed.exc_col, packed.exc_value, h, h, 0, eps, K=k, BM=block_m,
+        AHEAD=min(ahead, chunks), SPLIT=1, ITEMS=1, ACT=NORMED, X_BLOCK=triton.next_power_of_2(k),
+        EXC_BLOCK=EXC_BLOCK, EXC_ROUNDS=packed.exception_rounds(block_m, 1), ZERO_EACH=0, ZERO_BLOCK=1,
+        LANE_TILES=lane_tiles, FUSED_GLU=True, USE_MMA=not interpreted(), USE_PDL=use_pdl,
+        TRIGGER_EARLY=trigger_early, num_warps=block_m, **pdl_kwargs(use_pdl),
+    )  # fmt: skip
+    return h

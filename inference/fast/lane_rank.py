@@ -60,8 +60,7 @@ class LaneRankRunner:
         n_layers, dim = cfg.num_layers, cfg.hidden_size
         if settings is None:
             settings = RunnerSettings.resolve(shard.shard_cfg, device, dtype)
-        # one chain of launches a rank; the 12-bit form adds one lane's sum into the residual, which a
-        # Laneformer's reductions cannot take
+        # one chain of launches a rank, every matrix in bf16 (the 12-bit forms are the one-device runner's)
         self.settings = replace(settings, packed=False, packed_gate_up=False, lane_groups=1)
         # the rank's blocks (its lanes' views), each layer's reduction mode that of the whole model
         self.layers = [LayerWeights.of(cfg, i, block) for i, block in enumerate(shard.blocks)]

@@ -9,7 +9,9 @@ A decode step is five kernels a layer (model.py's math, fused):
 One-lane models on a Hopper GPU (settings.packed) read the o-proj of layers 1 on and the down-proj through
 packed_mma_gemv: the bf16 weights held losslessly in 12 bits, multiplied on the tensor cores and added into the
 residual with atomics. Where a layer's gate/up is large (settings.packed_gate_up) its layers 1 on go the same way,
-into fp32 sums the o-proj cleared, their norm's scalar and SiLU left to the down-proj.
+into fp32 sums the o-proj cleared, their norm's scalar and SiLU left to the down-proj. A Laneformer's large gate/up
+is read in 12 bits too, every layer's, through packed_glu_gemv: its norm and SiLU in the launch, h left as
+rmsnorm_gemv leaves it (its o-proj and down-proj reduce across lanes and stay bf16).
 Then the head: final_norm (L > 1 only) and lm_head (norm, logits, argmax, token and position bookkeeping), or for
 greedy steps lm_head_screen (the same argmax from an int8 copy of the head and the candidate rows); sampled steps
 at low temperatures read the screen too, until a request's logits turn out flat (inference/fast/head_choice.py).
@@ -67,7 +69,15 @@ from kernels.final_norm import final_norm
 from kernels.lane_reduce_gemv import lane_reduce_gemv
 from kernels.lm_head import HeadScratch, lm_head
 from kernels.lm_head_screen import HeadScreen, ScreenScratch, screened_argmax, screened_logits
-from kernels.packed_mma_gemv import MmaPackedWeight, fits, pack_mma, packed_mma_gemv, placeholder
+from kernels.packed_mma_gemv import (
+    MmaPackedWeight,
+    fits,
+    pack_glu,
+    pack_mma,
+    packed_glu_gemv,
+    packed_mma_gemv,
+    placeholder,
+)
 from kernels.rmsnorm_gemv import rmsnorm_gemv
 from kernels.sample import SampleScratch, sample_token
 
@@ -171,6 +181,8 @@ class FastRunner(SpeculativeSteps):
         self.whole = LaneGroup(0, lanes, self.layers, self.x, self.qkv, self.attn, self.h, slice(None),
                                cfg.num_heads, self.attn_scratch)  # fmt: skip
         self.groups, self.split_from = self._lane_groups(settings.lane_groups)
+        if settings.packed_gate_up and lanes > 1:
+            self._pack_lane_gate_ups()
         self.streams = [torch.cuda.Stream(device) for _ in self.groups] if device.type == "cuda" else None
         self.group_events: dict[tuple[int, int, int], torch.cuda.Event] = {}  # (group, layer, kernel) -> done
 
@@ -251,13 +263,36 @@ class FastRunner(SpeculativeSteps):
             self.glu_sums = torch.zeros(2 * self.cfg.ffn_per_lane, device=self.device)
             self.glu_rstd = torch.zeros(1, device=self.device)
 
+    def _pack_lane_gate_ups(self) -> None:
+        """A Laneformer's gate/up of every layer in 12 bits (pack_glu), for the lanes that launch it: all of them
+        before split_from, each lane group's own from there on. A lane of no whole chunks stays bf16."""
+        for i in range(len(self.layers)):
+            for group in self.groups if self.groups and i >= self.split_from else [self.whole]:
+                w = group.layers[i]
+                f, k = w.w1.shape[1:]
+                if f % 8 or not fits(2 * f, k):
+                    continue
+                name = f"layer {i} w1|w3"
+                w.w13_packed = (
+                    placeholder(2 * f * w.w1.shape[0], k, self.device)
+                    if self.device.type == "meta"
+                    else pack_glu(self._as_bf16(w.w1, name), self._as_bf16(w.w3, name))
+                )
+                w.ffn_norm_bf16 = self._as_bf16(w.ffn_norm, f"layer {i} ffn_norm").contiguous()
+
     def packed_bytes(self) -> dict[tuple[int, str], int]:
-        """What each packed matrix reads a step, by (layer, 'o-proj', 'gate/up' or 'down') (the benchmark's)."""
-        out = {}
-        for i, w in enumerate(self.layers):
-            for kind, packed in (("o-proj", w.wo_packed), ("gate/up", w.w13_packed), ("down", w.w2_packed)):
-                if packed is not None:
-                    out[i, kind] = packed.nbytes()
+        """What each packed matrix reads a step, by (layer, 'o-proj', 'gate/up' or 'down') (the benchmark's):
+        summed over the lane groups that hold their own."""
+        out: dict[tuple[int, str], int] = {}
+        layer_sets = [self.layers] + [group.layers for group in self.groups]
+        for layers in layer_sets:
+            for i, w in enumerate(layers):
+                if layers is not self.layers and w.w13_packed is self.layers[i].w13_packed:
+                    continue  # a group's view of the whole model's (none is packed twice)
+                kinds = (("o-proj", w.wo_packed), ("gate/up", w.w13_packed), ("down", w.w2_packed))
+                for kind, packed in kinds:
+                    if packed is not None:
+                        out[i, kind] = out.get((i, kind), 0) + packed.nbytes()
         return out
 
     def _packed(self, weight: torch.Tensor, name: str) -> MmaPackedWeight | None:
@@ -402,9 +437,13 @@ class FastRunner(SpeculativeSteps):
                              use_pdl=pdl, **self._next_layer(group, i))  # fmt: skip
 
         def gate_up() -> None:
-            if (
-                w.w13_packed is not None
-            ):  # into the sums the o-proj cleared; the down-proj applies rstd and SiLU
+            # lanes: the norm, gate/up and SiLU in one launch, h as rmsnorm_gemv leaves it
+            if w.w13_packed is not None and self.cfg.num_lanes > 1:
+                packed_glu_gemv(group.x, w.w13_packed, group.h, w.ffn_norm_bf16, eps=eps, use_pdl=pdl,
+                                trigger_early="gate_up" in early, **settings.packed_blocks["lanes_gate_up"])  # fmt: skip
+                return
+            # one lane: into the sums the o-proj cleared; the down-proj applies rstd and SiLU
+            if w.w13_packed is not None:
                 packed_mma_gemv(group.x[0], w.w13_packed, self.glu_sums, norm_weight=w.ffn_norm_bf16, eps=eps,
                                 rstd=self.glu_rstd, use_pdl=pdl, trigger_early="gate_up" in early,
                                 **settings.packed_blocks["gate_up"])  # fmt: skip

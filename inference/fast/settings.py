@@ -2,7 +2,8 @@
 
 RunnerSettings.resolve holds every default and why it is the default (measured on an H200: docs/fast-path.md).
 Four environment variables turn a default off or on, for operators and A/B runs (docs/configuration.md):
-    KOG_PACKED       0|1  the 12-bit packed o-proj, down-proj (and large gate/up) of one-lane models
+    KOG_PACKED       0|1  weights in 12 bits: one-lane models' o-proj, down-proj (and large gate/up), a
+                          Laneformer's large gate/up (its norm and SiLU in the same launch)
     KOG_HEAD_SCREEN  0|1  greedy steps read the head through its int8 screen
     KOG_LANE_GROUPS  0|1  two lane groups on two streams (Laneformer)
     KOG_PDL          0|1  programmatic dependent launch
@@ -27,12 +28,14 @@ SWITCHES = ("KOG_PACKED", "KOG_HEAD_SCREEN", "KOG_LANE_GROUPS", "KOG_PDL")
 SCREEN_MIN_HEAD_BYTES = 32 << 20
 # Layers smaller than this are launch-bound: a second stream adds waits and saves no memory time.
 LANE_GROUP_MIN_LAYER_BYTES = 32 << 20
-# A packed gate/up saves a quarter of its bytes and gives part back at its edges: it pays from this size on.
+# A packed gate/up (a layer's, all lanes) saves a quarter of its bytes and gives part back at its edges: it pays
+# from this size on.
 PACKED_GATE_UP_MIN_BYTES = 48 << 20
 # The packed launches' blocks (kernels/packed_mma_gemv.py): the o-proj takes 2 M-tiles a program and loads all its
 # chunks before its wait (attention before it reads little); the gate/up and down-proj load 2 of theirs, as more
-# would slow the launch they start beside.
-PACKED_BLOCKS = {"o": {"block_m": 2, "ahead": 8}, "gate_up": {"ahead": 2}, "down": {"ahead": 2}}
+# would slow the launch they start beside. "lanes_gate_up": a Laneformer's fused gate/up (packed_glu_gemv).
+PACKED_BLOCKS = {"o": {"block_m": 2, "ahead": 8}, "gate_up": {"ahead": 2}, "down": {"ahead": 2},
+                 "lanes_gate_up": {"block_m": 1, "ahead": 4}}  # fmt: skip
 # qwen3-1.7b's gate/up [2 x 6,144, 2,048]: fewer, lighter programs slow the attention and o-proj beside them less.
 PACKED_SHAPE_BLOCKS = {(2 * 6144, 2048): {"ahead": 1, "items": 2}}
 
@@ -66,7 +69,9 @@ class RunnerSettings:
     lanes: int  # the model's: one-lane models trigger early and take more gate/up tiles
     pdl: bool  # programmatic dependent launch (a Hopper GPU)
     packed: bool  # one lane: the o-proj of layers 1 on and every down-proj in 12 bits on the tensor cores
-    packed_gate_up: bool  # ... and the gate/up of layers 1 on (needs `packed`)
+    # the gate/up in 12 bits: one lane, of layers 1 on, into sums the packed down-proj reads (needs `packed`);
+    # lanes, every layer's, its norm and SiLU fused (the bf16 down-proj reads h as ever)
+    packed_gate_up: bool
     packed_blocks: dict[str, dict[str, int]]  # packed_mma_gemv's blocks by kind: o, gate_up, down
     head_screen: bool  # an int8 copy of the head that greedy (and cool sampled) steps read first
     lane_groups: int  # streams the lanes of delayed layers decode on (1: one)
@@ -105,7 +110,7 @@ class RunnerSettings:
         gate_up_shape = (2 * cfg.ffn_per_lane, cfg.hidden_size)
         groups_pay = cfg.num_lanes % 2 == 0 and split_from(cfg) < cfg.num_layers
         defaults = {
-            "KOG_PACKED": one_lane and dtype == torch.bfloat16 and hopper,  # the mma needs sm_90's loads
+            "KOG_PACKED": dtype == torch.bfloat16 and hopper,  # the mma needs sm_90's loads
             "KOG_HEAD_SCREEN": gpu and head_bytes >= SCREEN_MIN_HEAD_BYTES,  # the interpreter gains nothing
             "KOG_LANE_GROUPS": gpu and groups_pay and layer_bytes >= LANE_GROUP_MIN_LAYER_BYTES,
             "KOG_PDL": hopper,
@@ -117,10 +122,9 @@ class RunnerSettings:
             raise ValueError(
                 "KOG_PDL=1: programmatic dependent launch needs a Hopper GPU (set 0 or unset it)"
             )
-        packed_gate_up = (
-            on["KOG_PACKED"] and 2 * gate_up_shape[0] * gate_up_shape[1] >= PACKED_GATE_UP_MIN_BYTES
-        )
-        settings = cls(lanes=cfg.num_lanes, pdl=on["KOG_PDL"], packed=on["KOG_PACKED"],
+        gate_up_bytes = cfg.num_lanes * gate_up_shape[0] * gate_up_shape[1] * 2
+        packed_gate_up = on["KOG_PACKED"] and gate_up_bytes >= PACKED_GATE_UP_MIN_BYTES
+        settings = cls(lanes=cfg.num_lanes, pdl=on["KOG_PDL"], packed=on["KOG_PACKED"] and one_lane,
                        packed_gate_up=packed_gate_up, packed_blocks=packed_blocks(gate_up_shape),
                        head_screen=on["KOG_HEAD_SCREEN"], lane_groups=2 if on["KOG_LANE_GROUPS"] else 1,
                        attention_splits=default_splits(cfg.num_kv_heads, facts.multiprocessors),
@@ -140,9 +144,10 @@ class RunnerSettings:
         if self.packed and cfg.num_lanes != 1:
             raise ValueError("packed: the 12-bit o-proj and down-proj serve one-lane models (Llama, Qwen2, "
                              "Qwen3); a Laneformer reduces across lanes")  # fmt: skip
-        if self.packed_gate_up and not self.packed:
+        if self.packed_gate_up and cfg.num_lanes == 1 and not self.packed:
             raise ValueError(
-                "packed_gate_up: needs packed (the o-proj clears its sums, the down-proj reads them)"
+                "packed_gate_up: a one-lane model's needs packed (the o-proj clears its sums, the down-proj "
+                "reads them)"
             )
         if self.lane_groups not in (1, 2):
             raise ValueError(f"lane_groups: expected 1 or 2, got {self.lane_groups}")

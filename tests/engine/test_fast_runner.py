@@ -324,6 +324,41 @@ def test_which_projections_are_packed():
     assert packed(build(model, 32, packed=False)) == [(False, False, False)] * 2
 
 
+@pytest.mark.parametrize("lane_groups", [1, 2])
+def test_a_laneformers_packed_gate_up_matches_the_reference(lane_groups):
+    """Every layer's gate/up in 12 bits with its norm and SiLU (packed_glu_gemv): the whole model's lanes before
+    the groups split, each group's own after."""
+    model = bf16_valued(make_model("tiny-laneformer", seed=12))
+    for fast, ref, token in teacher_forced(model, list(range(4, 15)), steps=3, packed_gate_up=True,
+                                           lane_groups=lane_groups):  # fmt: skip
+        assert rel_err(fast, ref) < LOGIT_TOL
+        assert token == int(fast.argmax())
+
+
+def test_which_of_a_laneformers_gate_ups_are_packed():
+    model = bf16_valued(make_model("tiny-laneformer", seed=12))
+    runner = build(model, 32, packed_gate_up=True, lane_groups=2)
+    split = runner.split_from
+    assert 0 < split < len(runner.layers)
+    assert [w.w13_packed is not None for w in runner.layers] == [i < split for i in range(len(runner.layers))]
+    for group in runner.groups:
+        later = group.layers[split:]
+        assert all(w.w13_packed is not None for w in later)
+        assert all(w.w13_packed.n == 2 * 48 * 2 for w in later)  # 2 lanes of 48 gate rows and 48 up rows
+    whole = 2 * 48 * 4 * 64 * 2  # a layer's gate and up, all lanes, in bf16 bytes
+    assert {kind for _, kind in runner.packed_bytes()} == {"gate/up"}
+    assert all(0.74 * whole < n < 0.8 * whole for n in runner.packed_bytes().values())
+    assert not build(model, 32, packed_gate_up=False).packed_bytes()
+
+
+@fp32_only
+def test_a_laneformers_packed_generation_is_its_bf16_kernels_generation():
+    model = bf16_valued(make_model("tiny-laneformer", seed=13))
+    prompt, params = list(range(5, 17)), SamplingParams(max_new_tokens=10, temperature=0.0)
+    bf16 = list(build(model, 64, packed_gate_up=False).generate_tokens(prompt, params))
+    assert list(build(model, 64, packed_gate_up=True).generate_tokens(prompt, params)) == bf16
+
+
 def test_a_runner_of_parameters_holds_no_autograd_graph():
     """The model's weights require gradients here (make_model's Parameters): what the runner builds from them (the
     q|k|v, the packed words, the head screen) must hold none, or each keeps its temporaries alive."""

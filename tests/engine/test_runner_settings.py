@@ -41,11 +41,11 @@ def features(settings: RunnerSettings) -> dict:
             "prefetch_next": settings.attention_prefetch_next}  # fmt: skip
 
 
-# What each supported model runs with on an H200 (docs/fast-path.md): the packed form on one-lane models (its
-# gate/up where a layer's is 48 MiB or more), the head screen for heads of 32 MiB or more, lane groups where a
+# What each supported model runs with on an H200 (docs/fast-path.md): the packed form on one-lane models, the
+# gate/up in 12 bits where a layer's is 48 MiB or more (a Laneformer's too), the head screen for heads of 32 MiB or more, lane groups where a
 # Laneformer's layers are 32 MiB or more.
 H200_DEFAULTS = {
-    "laneformer-2b": dict(packed=False, packed_gate_up=False, head_screen=True, lane_groups=2),
+    "laneformer-2b": dict(packed=False, packed_gate_up=True, head_screen=True, lane_groups=2),
     "llama-3.2-1b": dict(packed=True, packed_gate_up=True, head_screen=True, lane_groups=1),
     "qwen3-1.7b": dict(packed=True, packed_gate_up=True, head_screen=True, lane_groups=1),
     "qwen2.5-coder-1.5b": dict(packed=True, packed_gate_up=True, head_screen=True, lane_groups=1),
@@ -75,7 +75,8 @@ def test_packed_blocks_are_the_kinds_defaults_but_qwen3s_gate_up():
     assert resolve("llama-3.2-1b").packed_blocks == PACKED_BLOCKS
     qwen3 = resolve("qwen3-1.7b").packed_blocks
     assert qwen3["gate_up"] == {"ahead": 1, "items": 2}
-    assert {k: v for k, v in qwen3.items() if k != "gate_up"} == {k: PACKED_BLOCKS[k] for k in ("o", "down")}
+    others = {k: v for k, v in PACKED_BLOCKS.items() if k != "gate_up"}
+    assert {k: v for k, v in qwen3.items() if k != "gate_up"} == others
 
 
 @pytest.mark.parametrize("name", list(H200_DEFAULTS))
@@ -129,10 +130,6 @@ def test_one_refuses_what_cannot_run_naming_the_variable(monkeypatch):
     with pytest.raises(ValueError, match="KOG_PDL=1: programmatic dependent launch needs a Hopper GPU"):
         resolve("tiny-llama", AMPERE)
     monkeypatch.delenv("KOG_PDL")
-    monkeypatch.setenv("KOG_PACKED", "1")
-    with pytest.raises(ValueError, match="packed: .*one-lane models.*from KOG_PACKED"):
-        resolve("laneformer-2b")
-    monkeypatch.delenv("KOG_PACKED")
     monkeypatch.setenv("KOG_LANE_GROUPS", "1")
     with pytest.raises(ValueError, match="lane_groups: two groups need .*from KOG_LANE_GROUPS"):
         resolve("llama-3.2-1b")
@@ -144,7 +141,6 @@ def test_a_replaced_setting_is_checked_against_the_model():
     settings.check(cfg)
     for change, what in (({"lane_groups": 3}, "lane_groups: expected 1 or 2"),
                          ({"packed": True}, "packed: the 12-bit"),
-                         ({"packed_gate_up": True}, "packed_gate_up: needs packed"),
                          ({"attention_splits": 3}, "attention_splits: expected a power of two"),
                          ({"lanes": 1}, "lanes: the settings are for 1 lanes")):  # fmt: skip
         with pytest.raises(ValueError, match=what):
@@ -152,6 +148,21 @@ def test_a_replaced_setting_is_checked_against_the_model():
     with pytest.raises(ValueError, match="lane_groups: two groups"):  # d = 0: every layer sums at once
         dataclasses.replace(settings, lane_groups=2).check(ModelConfig.from_hf(
             {**preset_config("tiny-laneformer"), "broadcast_delay": 0}))  # fmt: skip
+    dataclasses.replace(settings, packed_gate_up=True).check(cfg)  # a Laneformer's: norm and SiLU fused
+    llama = resolve("tiny-llama")
+    with pytest.raises(ValueError, match="packed_gate_up: a one-lane model's needs packed"):
+        dataclasses.replace(llama, packed=False, packed_gate_up=True).check(config("tiny-llama"))
+
+
+def test_a_laneformer_packs_its_gate_up_alone(monkeypatch):
+    """KOG_PACKED on a Laneformer: the gate/up in 12 bits where a layer's is large; the o-proj and down-proj, which
+    reduce across lanes, stay bf16."""
+    monkeypatch.setenv("KOG_PACKED", "1")
+    on = resolve("laneformer-2b")
+    assert (on.packed, on.packed_gate_up) == (False, True)
+    assert on.packed_blocks["lanes_gate_up"] == PACKED_BLOCKS["lanes_gate_up"]
+    small = resolve("tiny-laneformer")
+    assert (small.packed, small.packed_gate_up) == (False, False)
 
 
 def test_settings_are_frozen():

@@ -7,13 +7,15 @@ import torch
 from kernels.packed_mma_gemv import (
     fits,
     move,
+    pack_glu,
     pack_mma,
+    packed_glu_gemv,
     packed_mma_gemv,
     pick_split,
     placeholder,
     unpack_mma,
 )
-from tests.support.kernels import DEVICE, ON_GPU, assert_close, randn
+from tests.support.kernels import DEVICE, ON_GPU, assert_close, poisoned, randn
 
 
 def awkward_matrix(n: int, k: int, seed: int = 0) -> torch.Tensor:
@@ -177,6 +179,72 @@ def test_a_normed_then_glu_pair_is_the_mlp_of_the_reference():
     both = w13.double() @ normed
     h = torch.nn.functional.silu(both[:f]) * both[f:]
     assert_close(out - x, w2.double() @ h, torch.bfloat16)
+
+
+def lane_mlp_input(lanes: int, f: int, k: int, seed: int):
+    """x [L, K] fp32, g [L, K] bf16 and every lane's gate and up [L, F, K] bf16 (awkward: exceptions included)."""
+    w1 = torch.stack([awkward_matrix(f, k, seed=seed + 2 * lane) for lane in range(lanes)])
+    w3 = torch.stack([awkward_matrix(f, k, seed=seed + 2 * lane + 1) for lane in range(lanes)])
+    x = randn(lanes, k, scale=3.0)
+    g = (randn(lanes, k).abs() + 0.5).to(torch.bfloat16)
+    return x, g, w1, w3
+
+
+def lane_glu_reference(x, g, w1, w3, eps):
+    """fp64 on the CPU: silu(W1[l] @ n[l]) * (W3[l] @ n[l]), n[l] = rmsnorm(x[l]) * g[l]."""
+    xd = x.double().cpu()
+    n = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * g.double().cpu()
+    gate = torch.einsum("lfk,lk->lf", w1.double(), n)
+    up = torch.einsum("lfk,lk->lf", w3.double(), n)
+    return torch.nn.functional.silu(gate) * up
+
+
+# h in bf16 on the GPU only (the interpreter's bf16 rounding is not the GPU's)
+H_DTYPES = [torch.float32] + ([pytest.param(torch.bfloat16, marks=pytest.mark.gpu)] if ON_GPU else [])
+# one lane; three lanes of three M-tiles; a program of 2 M-tiles, one chunk ahead; K of 48 chunks
+LANE_SHAPES = [(1, 8, 64, None, 8), (3, 24, 192, 1, 8), (2, 32, 128, 2, 1), (2, 8, 3072, 1, 4)]
+
+
+@pytest.mark.parametrize("h_dtype", H_DTYPES)
+@pytest.mark.parametrize("lanes,f,k,block_m,ahead", LANE_SHAPES)
+def test_a_lanes_fused_gate_up_is_silu_of_its_normed_products(h_dtype, lanes, f, k, block_m, ahead):
+    """Every lane's gate/up in one launch, each reading its own row of x, of the norm weight and its own rstd,
+    the exceptions added before the SiLU, every element of h stored."""
+    x, g, w1, w3 = lane_mlp_input(lanes, f, k, seed=20)
+    h = poisoned(lanes, f, dtype=h_dtype)
+    packed = pack_glu(w1, w3)
+    assert packed.exceptions >= lanes * 2 * min(k, 40)  # every matrix's row 0
+    packed_glu_gemv(x, move(packed, DEVICE), h, g, eps=1e-5, block_m=block_m, ahead=ahead)
+    assert_close(h, lane_glu_reference(x, g, w1, w3, 1e-5), h_dtype)
+
+
+def test_a_lanes_gate_up_packs_its_rows_by_eight():
+    """pack_glu's matrix: each lane's 16-row tiles hold 8 gate rows, then the same 8 rows of the up."""
+    x, g, w1, w3 = lane_mlp_input(2, 16, 64, seed=30)
+    rows = unpack_mma(pack_glu(w1, w3)).view(2, 2, 2, 8, 64)  # [lane, tile, gate|up, row, K]
+    assert torch.equal(rows[:, :, 0].reshape(2, 16, 64).view(torch.int16), w1.view(torch.int16))
+    assert torch.equal(rows[:, :, 1].reshape(2, 16, 64).view(torch.int16), w3.view(torch.int16))
+
+
+def test_the_fused_launcher_refuses_mismatched_arguments():
+    x, g, w1, w3 = lane_mlp_input(2, 8, 64, seed=40)
+    packed = move(pack_glu(w1, w3), DEVICE)
+    h = torch.zeros(2, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="w1, w3: expected"):
+        pack_glu(w1, w3[:, :4])
+    with pytest.raises(ValueError, match="blocks of 8 rows"):
+        pack_glu(w1[:, :4], w3[:, :4])
+    with pytest.raises(ValueError, match="packed: "):  # 3 lanes cannot share 2 lanes' rows
+        packed_glu_gemv(torch.zeros(3, 64, device=DEVICE), packed, torch.zeros(3, 8, device=DEVICE),
+                        torch.ones(3, 64, dtype=torch.bfloat16, device=DEVICE))  # fmt: skip
+    with pytest.raises(ValueError, match="x: expected"):
+        packed_glu_gemv(x.half(), packed, h, g)
+    with pytest.raises(ValueError, match="norm_weight"):
+        packed_glu_gemv(x, packed, h, g.float())
+    with pytest.raises(ValueError, match="h: expected"):
+        packed_glu_gemv(x, packed, h[:, :4], g)
+    with pytest.raises(ValueError, match="block_m"):  # a lane has one M-tile
+        packed_glu_gemv(x, packed, h, g, block_m=2)
 
 
 def test_a_launch_clears_the_buffer_it_is_given():

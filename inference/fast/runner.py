@@ -272,11 +272,10 @@ class FastRunner(SpeculativeSteps):
                 f, k = w.w1.shape[1:]
                 if f % 8 or not fits(2 * f, k):
                     continue
-                name = f"layer {i} w1|w3"
                 w.w13_packed = (
                     placeholder(2 * f * w.w1.shape[0], k, self.device)
                     if self.device.type == "meta"
-                    else pack_glu(self._as_bf16(w.w1, name), self._as_bf16(w.w3, name))
+                    else pack_glu(self._as_bf16(w.w1, f"layer {i} w1"), self._as_bf16(w.w3, f"layer {i} w3"))
                 )
                 w.ffn_norm_bf16 = self._as_bf16(w.ffn_norm, f"layer {i} ffn_norm").contiguous()
 
@@ -284,11 +283,8 @@ class FastRunner(SpeculativeSteps):
         """What each packed matrix reads a step, by (layer, 'o-proj', 'gate/up' or 'down') (the benchmark's):
         summed over the lane groups that hold their own."""
         out: dict[tuple[int, str], int] = {}
-        layer_sets = [self.layers] + [group.layers for group in self.groups]
-        for layers in layer_sets:
+        for layers in [self.layers] + [group.layers for group in self.groups]:
             for i, w in enumerate(layers):
-                if layers is not self.layers and w.w13_packed is self.layers[i].w13_packed:
-                    continue  # a group's view of the whole model's (none is packed twice)
                 kinds = (("o-proj", w.wo_packed), ("gate/up", w.w13_packed), ("down", w.w2_packed))
                 for kind, packed in kinds:
                     if packed is not None:

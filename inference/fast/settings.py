@@ -33,9 +33,9 @@ LANE_GROUP_MIN_LAYER_BYTES = 32 << 20
 PACKED_GATE_UP_MIN_BYTES = 48 << 20
 # The packed launches' blocks (kernels/packed_mma_gemv.py): the o-proj takes 2 M-tiles a program and loads all its
 # chunks before its wait (attention before it reads little); the gate/up and down-proj load 2 of theirs, as more
-# would slow the launch they start beside. "lanes_gate_up": a Laneformer's fused gate/up (packed_glu_gemv).
+# would slow the launch they start beside. "lanes_gate_up" (packed_glu_gemv): 6 chunks in flight beat 4 and 8.
 PACKED_BLOCKS = {"o": {"block_m": 2, "ahead": 8}, "gate_up": {"ahead": 2}, "down": {"ahead": 2},
-                 "lanes_gate_up": {"block_m": 1, "ahead": 4}}  # fmt: skip
+                 "lanes_gate_up": {"block_m": 1, "ahead": 6}}  # fmt: skip
 # qwen3-1.7b's gate/up [2 x 6,144, 2,048]: fewer, lighter programs slow the attention and o-proj beside them less.
 PACKED_SHAPE_BLOCKS = {(2 * 6144, 2048): {"ahead": 1, "items": 2}}
 

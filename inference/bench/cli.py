@@ -24,8 +24,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -116,11 +118,16 @@ def main(argv: list[str] | None = None) -> int:
     # bf16 head: the like-for-like figure against the ceiling) and the other PDL setting, for comparison.
     defaults = RunnerSettings.resolve(cfg, device, torch.bfloat16)
 
-    def build(**changes) -> FastRunner:
-        """A runner as the engine builds it (its residual placed), with `changes` to the default settings. Plain
+    def switched_off(name: str) -> RunnerSettings:
+        """The settings a host gets by setting the switch `name` to 0 (others follow it: the attention's splits)."""
+        with mock.patch.dict(os.environ, {name: "0"}):
+            return RunnerSettings.resolve(cfg, device, torch.bfloat16)
+
+    def build(base: RunnerSettings = defaults, **changes) -> FastRunner:
+        """A runner as the engine builds it (its residual placed), with `changes` to the `base` settings. Plain
         decoding: random weights fall into loops that drafts would copy (inference/bench/speculative.py measures
         speculation on a trained model)."""
-        built = FastRunner(model, max_context, settings=dataclasses.replace(defaults, **changes),
+        built = FastRunner(model, max_context, settings=dataclasses.replace(base, **changes),
                            speculation=SpeculationSettings(enabled=False))  # fmt: skip
         built.place_residual()
         return built
@@ -158,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     if packed:  # the same step over the bf16 weights (lane_reduce_gemv, rmsnorm_gemv)
 
         def unpacked() -> dict:  # built inside the row: a failure is the row's
-            return time_fast(build(packed=False, packed_gate_up=False), prompt, args.new_tokens, args.runs)
+            return time_fast(build(switched_off("KOG_PACKED")), prompt, args.new_tokens, args.runs)
 
         row(f"fast, CUDA graph, {pdl}, bf16 weights (packed off)", unpacked)
     row(
@@ -177,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         row("fast, CUDA graph, no PDL",
             lambda: time_fast(build(pdl=False), prompt, args.new_tokens, args.runs))  # fmt: skip
     # With lane groups (two streams) kernels overlap, so the per-kernel breakdown is of the one-stream step.
-    one_stream = build(lane_groups=1) if runner.groups else runner
+    one_stream = build(switched_off("KOG_LANE_GROUPS")) if runner.groups else runner
     if runner.groups:
         row("fast, CUDA graph, one stream (no lane groups)",
             lambda: time_fast(one_stream, prompt, args.new_tokens, args.runs))  # fmt: skip

@@ -31,7 +31,8 @@ from inference.fast.runner import capture_graph
 from inference.fast.settings import RunnerSettings
 from inference.fast.speculation import LOOKAHEAD, RING
 from inference.lanes_exchange import MailboxSpec, PeerExchange
-from kernels.decode_attention import AttentionScratch, decode_attention
+from kernels import sm_count
+from kernels.decode_attention import AttentionScratch, decode_attention, default_splits
 from kernels.final_norm import final_norm
 from kernels.lane_reduce_gemv import lane_reduce_gemv
 from kernels.lane_sum_add import lane_sum_add
@@ -60,6 +61,9 @@ class LaneRankRunner:
         n_layers, dim = cfg.num_layers, cfg.hidden_size
         if settings is None:
             settings = RunnerSettings.resolve(shard.shard_cfg, device, dtype)
+            # one stream a rank: the rank's KV heads, not a lane group's, fill the GPU once
+            splits = default_splits(shard.shard_cfg.num_kv_heads, sm_count(device))
+            settings = replace(settings, attention_splits=splits)
         # one chain of launches a rank, every matrix in bf16 (the 12-bit forms are the one-device runner's)
         self.settings = replace(settings, packed=False, packed_gate_up=False, lane_groups=1)
         # the rank's blocks (its lanes' views), each layer's reduction mode that of the whole model

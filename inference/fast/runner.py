@@ -312,8 +312,7 @@ class FastRunner(SpeculativeSteps):
 
     def _lane_groups(self, count: int) -> tuple[list[LaneGroup], int]:
         """`count` groups of lanes for the layers from split_from on, and that layer; ([], number of layers) for
-        one group. Each group's attention keeps the whole model's split count: half the KV heads then take half
-        the programs, which measured faster than filling the GPU per group (the two groups run at once)."""
+        one group. Each group's attention takes the settings' split count, enough for its KV heads to fill the GPU."""
         cfg, n = self.cfg, len(self.layers)
         if count == 1:
             return [], n

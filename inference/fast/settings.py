@@ -75,12 +75,10 @@ class RunnerSettings:
     packed_blocks: dict[str, dict[str, int]]  # packed_mma_gemv's blocks by kind: o, gate_up, down
     head_screen: bool  # an int8 copy of the head that greedy (and cool sampled) steps read first
     lane_groups: int  # streams the lanes of delayed layers decode on (1: one)
-    attention_splits: int  # of each KV head's keys: the KV heads fill the GPU once
+    attention_splits: int  # of each KV head's keys: enough programs to fill the GPU (resolve says whose)
     attention_prefetch_next: bool  # each layer's attention asks L2 for the next layer's first keys
     screen_sampled_temperature: float = 0.3  # sampled steps up to it read the screen: few rows reach the draw
-    screen_leave_share: float = (
-        0.25  # of the vocabulary read again, past which the screen costs the whole head
-    )
+    screen_leave_share: float = 0.25  # of the vocabulary read again: past it, the screen costs the head
 
     @property
     def early(self) -> frozenset[str]:
@@ -124,10 +122,13 @@ class RunnerSettings:
             )
         gate_up_bytes = cfg.num_lanes * gate_up_shape[0] * gate_up_shape[1] * 2
         packed_gate_up = on["KOG_PACKED"] and gate_up_bytes >= PACKED_GATE_UP_MIN_BYTES
+        lane_groups = 2 if on["KOG_LANE_GROUPS"] else 1
+        # a lane group's KV heads fill the GPU by themselves beside a 12-bit gate/up (a bf16 one's programs need room)
+        attention_heads = cfg.num_kv_heads // (lane_groups if packed_gate_up else 1)
         settings = cls(lanes=cfg.num_lanes, pdl=on["KOG_PDL"], packed=on["KOG_PACKED"] and one_lane,
                        packed_gate_up=packed_gate_up, packed_blocks=packed_blocks(gate_up_shape),
-                       head_screen=on["KOG_HEAD_SCREEN"], lane_groups=2 if on["KOG_LANE_GROUPS"] else 1,
-                       attention_splits=default_splits(cfg.num_kv_heads, facts.multiprocessors),
+                       head_screen=on["KOG_HEAD_SCREEN"], lane_groups=lane_groups,
+                       attention_splits=default_splits(attention_heads, facts.multiprocessors),
                        attention_prefetch_next=hopper and cfg.head_dim * item % 16 == 0)  # fmt: skip
         try:
             settings.check(cfg)

@@ -67,8 +67,15 @@ def test_the_defaults_of_each_model_on_an_h200(name):
     gate_up = 3 if one_lane else 2 if settings.lane_groups == 2 else 1
     assert settings.prefetch == {"qkv": 1, "o": 64, "gate_up": gate_up, "down": 1}
     assert (settings.screen_sampled_temperature, settings.screen_leave_share) == (0.3, 0.25)
-    # the KV heads fill the 132 multiprocessors once, in powers of two (at most 64 splits)
-    assert settings.attention_splits == SPLITS_ON_132[config(name).num_kv_heads]
+    # a lane group's KV heads (the model's on one stream) fill the 132 multiprocessors once, in powers of two
+    assert settings.attention_splits == SPLITS_ON_132[config(name).num_kv_heads // settings.lane_groups]
+
+
+def test_each_lane_groups_attention_fills_the_gpu_by_itself(monkeypatch):
+    # laneformer-2b's 16 KV heads: 8 a group take 16 splits each; on one stream all 16 take 8
+    assert resolve("laneformer-2b").attention_splits == 16
+    monkeypatch.setenv("KOG_LANE_GROUPS", "0")
+    assert resolve("laneformer-2b").attention_splits == 8
 
 
 def test_packed_blocks_are_the_kinds_defaults_but_qwen3s_gate_up():

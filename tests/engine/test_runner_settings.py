@@ -71,11 +71,16 @@ def test_the_defaults_of_each_model_on_an_h200(name):
     assert settings.attention_splits == SPLITS_ON_132[config(name).num_kv_heads // settings.lane_groups]
 
 
-def test_each_lane_groups_attention_fills_the_gpu_by_itself(monkeypatch):
+def test_each_lane_groups_attention_fills_the_gpu_by_itself_beside_the_12_bit_gate_up(monkeypatch):
     # laneformer-2b's 16 KV heads: 8 a group take 16 splits each; on one stream all 16 take 8
     assert resolve("laneformer-2b").attention_splits == 16
     monkeypatch.setenv("KOG_LANE_GROUPS", "0")
     assert resolve("laneformer-2b").attention_splits == 8
+    # beside the bf16 gate/up the groups keep the whole model's 8
+    monkeypatch.setenv("KOG_LANE_GROUPS", "1")
+    monkeypatch.setenv("KOG_PACKED", "0")
+    settings = resolve("laneformer-2b")
+    assert (settings.lane_groups, settings.packed_gate_up, settings.attention_splits) == (2, False, 8)
 
 
 def test_packed_blocks_are_the_kinds_defaults_but_qwen3s_gate_up():

@@ -34,6 +34,8 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import multiprocessing
+import os
 import platform
 import shutil
 import sys
@@ -48,6 +50,7 @@ from safetensors.torch import save_file
 from inference import corpus as corpus_lib
 from inference.checkpoint import checkpoint_tensors
 from inference.fim_training import EOS, SPECIAL_TOKENS, document_segments, encode_segments
+from inference.function_examples import documented_functions, is_self_contained
 from inference.tokenizer_build import CHAT_TEMPLATES, train_bpe, write_tokenizer_files
 from inference.train import (
     WARM_STEPS,
@@ -82,9 +85,9 @@ SWEEP = ("d384l8", "d512l4", "d512l6")
 DEFAULT_SIZE = "d512l4"  # the last sweep's winner (models/default/README.md has its figures)
 SHARD_BYTES = 12 * 1024**2  # each file moves on its own and stays under a 16 MiB transfer limit
 PIECE_CHARS = 3000  # a FIM example (about 900 tokens) fits the 1,024-token context
-# The sampling the shipped model is measured with (the card): a repetition penalty of 1.25, since at a
-# milder one most of its completions loop.
-GENERATION = {"do_sample": True, "temperature": 0.2, "top_p": 0.95, "repetition_penalty": 1.25, "max_new_tokens": 256}  # fmt: skip
+# The sampling the shipped model is measured with (the card): a repetition penalty of 1.3, since at a
+# milder one a quarter or more of its completions loop.
+GENERATION = {"do_sample": True, "temperature": 0.2, "top_p": 0.95, "repetition_penalty": 1.3, "max_new_tokens": 256}  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -100,6 +103,8 @@ class Plan:
     steps: int
     sweep_seconds: float
     fim_rate: float
+    function_copies: int
+    self_contained_copies: int
     seed: int
     batch_size: int
     lr: float
@@ -152,6 +157,31 @@ def tokenizer_sample(keys: list[str], texts: list[str], budget: int) -> list[str
         sample.append(texts[i])
         size += len(texts[i])
     return sample
+
+
+def _functions_of(item: tuple[str, str]) -> list[tuple[str, str]]:
+    key, text = item
+    return [(f"{key}#{name}", document) for name, document in documented_functions(text)]
+
+
+def function_documents(
+    keys: list[str], texts: list[str], copies: int, self_contained_copies: int = 0
+) -> tuple[list[str], list[str]]:
+    """(keys, texts) of the training files' short documented functions (inference/function_examples.py),
+    each `copies` times under its own key (so each copy gets its own FIM cut), the self-contained ones
+    `self_contained_copies` times more. Worker processes, forked before CUDA starts; the files' order is kept."""
+    if copies <= 0 and self_contained_copies <= 0:
+        return [], []
+    with multiprocessing.get_context("fork").Pool(os.cpu_count()) as pool:
+        found = [
+            f
+            for per_file in pool.imap(_functions_of, zip(keys, texts, strict=True), chunksize=32)
+            for f in per_file
+        ]
+    out = [(f"{key}@{copy}", document) for copy in range(copies) for key, document in found]
+    simple = [(key, document) for key, document in found if is_self_contained(document)]
+    out += [(f"{key}@s{copy}", document) for copy in range(self_contained_copies) for key, document in simple]
+    return [key for key, _ in out], [document for _, document in out]
 
 
 def stream(
@@ -304,6 +334,14 @@ def run(plan: Plan, command: str) -> dict:
         f"budget {plan.budget_minutes} min, {clock.elapsed():.0f} s used")  # fmt: skip
     keys = {s: corpus.keys(s) for s in ("train", "validation", "test")}
     texts = {s: corpus.texts(s) for s in ("train", "validation", "test")}
+    function_keys, function_texts = function_documents(
+        keys["train"], texts["train"], plan.function_copies, plan.self_contained_copies
+    )
+    functions_found = sum(key.endswith("@0") for key in function_keys)
+    self_contained_found = sum(key.endswith("@s0") for key in function_keys)
+    log(f"functions: {functions_found} short documented functions of the training files, {plan.function_copies} "
+        f"copies each; {self_contained_found} self-contained, {plan.self_contained_copies} more copies each; "
+        f"{sum(map(len, function_texts)) / 1e6:.1f} MB in all")  # fmt: skip
 
     set_determinism(device, strict=plan.strict)
 
@@ -320,6 +358,8 @@ def run(plan: Plan, command: str) -> dict:
     test_ids, _ = stream(tok, keys["test"], texts["test"], 0.0, plan.seed)
     deadline = clock.start + 60 * plan.encode_by_minutes
     train_ids, encoded = stream(tok, keys["train"], texts["train"], plan.fim_rate, plan.seed, deadline)
+    function_ids, _ = stream(tok, function_keys, function_texts, plan.fim_rate, plan.seed)
+    train_ids = torch.cat([train_ids, function_ids])
     tok.encode_special_tokens = False
     train_bytes = sum(len(t.encode()) for t in texts["train"][:encoded])
     cut = (
@@ -327,8 +367,9 @@ def run(plan: Plan, command: str) -> dict:
         if encoded < len(keys["train"])
         else ""
     )
-    log(f"tokens: {len(train_ids) / 1e6:.1f} M training ({train_bytes / len(train_ids):.2f} bytes/token with "
-        f"FIM markers){cut}, {len(val_ids) / 1e6:.2f} M validation, {len(test_ids) / 1e6:.2f} M test")  # fmt: skip
+    log(f"tokens: {len(train_ids) / 1e6:.1f} M training, {len(function_ids) / 1e6:.1f} M of them the functions' "
+        f"copies ({train_bytes / (len(train_ids) - len(function_ids)):.2f} bytes/token in the files with FIM markers)"
+        f"{cut}, {len(val_ids) / 1e6:.2f} M validation, {len(test_ids) / 1e6:.2f} M test")  # fmt: skip
     vocab = tok.get_vocab_size()
     tokens_per_step = plan.batch_size * plan.seq_len
 
@@ -398,7 +439,7 @@ def run(plan: Plan, command: str) -> dict:
                           extra_special=SPECIAL_TOKENS[1:], model_max_length=c.seq_len)  # fmt: skip
     _check_saved(out, cfg, model)
     repeat = (f"python -m inference.train_default --out {out} --size {chosen} --steps {steps} --seed {plan.seed} "
-              f"--fim-rate {plan.fim_rate} --batch-size {plan.batch_size} --lr {plan.lr} --seq-len {plan.seq_len} "
+              f"--fim-rate {plan.fim_rate} --function-copies {plan.function_copies} --self-contained-copies {plan.self_contained_copies} --batch-size {plan.batch_size} --lr {plan.lr} --seq-len {plan.seq_len} "
               f"--vocab-size {plan.vocab_size} --tokenizer-sample-mb {plan.tokenizer_sample_mb}"
               + ("" if plan.compile else " --no-compile") + ("" if plan.strict else " --no-strict")
               + (f" --stdlib {plan.stdlib}" if plan.stdlib else "") + ("" if plan.packages else " --no-packages"))  # fmt: skip
@@ -421,6 +462,13 @@ def run(plan: Plan, command: str) -> dict:
             "special_tokens": SPECIAL_TOKENS,
         },  # fmt: skip
         "training_tokens": len(train_ids),
+        "function_documents": {
+            "found": functions_found,
+            "copies": plan.function_copies,
+            "self_contained": self_contained_found,
+            "self_contained_copies": plan.self_contained_copies,
+            "tokens": len(function_ids),
+        },
         "training_files_encoded": encoded,
         "training_bytes": train_bytes,
         "parameters": n_params,
@@ -468,6 +516,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=0, help="final run's steps (0: fill the budget)")
     p.add_argument("--sweep-seconds", type=float, default=30.0, help="training time of each candidate")
     p.add_argument("--fim-rate", type=float, default=0.5)
+    p.add_argument("--function-copies", type=int, default=2,
+                   help="extra copies of the short documented functions, each a document of its own")  # fmt: skip
+    p.add_argument("--self-contained-copies", type=int, default=8,
+                   help="more copies of those functions that use only their own names and builtins")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)

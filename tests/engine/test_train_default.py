@@ -58,6 +58,10 @@ def test_builds_packs_and_installs_a_loadable_fim_model(tmp_path):
     summary = json.loads((out / "training.json").read_text())
     assert summary["steps"] == 4 and summary["repeat_check"]["identical"] is True
     assert summary["corpus"]["splits"] == {"test": 1, "train": 4, "validation": 1}
+    # every function of the 4 training modules, twice, beside the files themselves
+    functions = summary["function_documents"]
+    assert functions["found"] == functions["self_contained"] == 4 * 30 and functions["copies"] == 2
+    assert 0 < functions["tokens"] < summary["training_tokens"]
     assert (
         summary["repeat_final_run"].startswith("python -m inference.train_default")
         and "--steps 4" in summary["repeat_final_run"]

@@ -68,8 +68,8 @@ def test_the_value_is_checked():
 def test_the_default_models_middle_ends_with_its_function():
     # a function whose last lines were taken out: without n_indent the model runs on past the function's end
     engine = Engine.load(default_model(), device="cpu")
-    prefix = 'def clamp(value, low, high):\n    """Limit value to [low, high]."""\n    if value < low:\n        return low\n'
-    suffix = "    return value\n\n\ndef mean(values):\n    return sum(values) / len(values)\n"
+    prefix = 'def load(path):\n    """Read a file."""\n    with open(path) as f:\n'
+    suffix = "    return data\n\n\ndef save(path, data):\n    pass\n"
     ids = engine.tokenizer.encode(psm_prompt(prefix, suffix), add_special=False)
     *_, free = engine.generate(ids, SamplingParams(max_new_tokens=60))
     *_, kept = engine.generate(ids, SamplingParams(max_new_tokens=60, n_indent=4))

@@ -164,14 +164,22 @@ def _functions_of(item: tuple[str, str]) -> list[tuple[str, str]]:
     return [(f"{key}#{name}", document) for name, document in documented_functions(text)]
 
 
+@dataclasses.dataclass(frozen=True)
+class FunctionDocuments:
+    keys: list[str]  # one per copy: "<file key>#<function>@<copy>" (or "@s<copy>" for the extra copies)
+    texts: list[str]
+    found: int  # distinct short documented functions in the training files
+    self_contained: int  # of those, the ones that read only their own names and builtins
+
+
 def function_documents(
     keys: list[str], texts: list[str], copies: int, self_contained_copies: int = 0
-) -> tuple[list[str], list[str]]:
-    """(keys, texts) of the training files' short documented functions (inference/function_examples.py),
-    each `copies` times under its own key (so each copy gets its own FIM cut), the self-contained ones
+) -> FunctionDocuments:
+    """The training files' short documented functions (inference/function_examples.py), each `copies`
+    times under its own key (so each copy gets its own FIM cut), the self-contained ones
     `self_contained_copies` times more. Worker processes, forked before CUDA starts; the files' order is kept."""
     if copies <= 0 and self_contained_copies <= 0:
-        return [], []
+        return FunctionDocuments([], [], 0, 0)
     with multiprocessing.get_context("fork").Pool(os.cpu_count()) as pool:
         found = [
             f
@@ -181,7 +189,9 @@ def function_documents(
     out = [(f"{key}@{copy}", document) for copy in range(copies) for key, document in found]
     simple = [(key, document) for key, document in found if is_self_contained(document)]
     out += [(f"{key}@s{copy}", document) for copy in range(self_contained_copies) for key, document in simple]
-    return [key for key, _ in out], [document for _, document in out]
+    return FunctionDocuments(
+        [key for key, _ in out], [document for _, document in out], len(found), len(simple)
+    )
 
 
 def stream(
@@ -334,14 +344,12 @@ def run(plan: Plan, command: str) -> dict:
         f"budget {plan.budget_minutes} min, {clock.elapsed():.0f} s used")  # fmt: skip
     keys = {s: corpus.keys(s) for s in ("train", "validation", "test")}
     texts = {s: corpus.texts(s) for s in ("train", "validation", "test")}
-    function_keys, function_texts = function_documents(
+    functions = function_documents(
         keys["train"], texts["train"], plan.function_copies, plan.self_contained_copies
     )
-    functions_found = sum(key.endswith("@0") for key in function_keys)
-    self_contained_found = sum(key.endswith("@s0") for key in function_keys)
-    log(f"functions: {functions_found} short documented functions of the training files, {plan.function_copies} "
-        f"copies each; {self_contained_found} self-contained, {plan.self_contained_copies} more copies each; "
-        f"{sum(map(len, function_texts)) / 1e6:.1f} MB in all")  # fmt: skip
+    log(f"functions: {functions.found} short documented functions of the training files, {plan.function_copies} "
+        f"copies each; {functions.self_contained} self-contained, {plan.self_contained_copies} more copies each; "
+        f"{sum(map(len, functions.texts)) / 1e6:.1f} MB in all")  # fmt: skip
 
     set_determinism(device, strict=plan.strict)
 
@@ -358,7 +366,7 @@ def run(plan: Plan, command: str) -> dict:
     test_ids, _ = stream(tok, keys["test"], texts["test"], 0.0, plan.seed)
     deadline = clock.start + 60 * plan.encode_by_minutes
     train_ids, encoded = stream(tok, keys["train"], texts["train"], plan.fim_rate, plan.seed, deadline)
-    function_ids, _ = stream(tok, function_keys, function_texts, plan.fim_rate, plan.seed)
+    function_ids, _ = stream(tok, functions.keys, functions.texts, plan.fim_rate, plan.seed)
     train_ids = torch.cat([train_ids, function_ids])
     tok.encode_special_tokens = False
     train_bytes = sum(len(t.encode()) for t in texts["train"][:encoded])
@@ -463,9 +471,9 @@ def run(plan: Plan, command: str) -> dict:
         },  # fmt: skip
         "training_tokens": len(train_ids),
         "function_documents": {
-            "found": functions_found,
+            "found": functions.found,
             "copies": plan.function_copies,
-            "self_contained": self_contained_found,
+            "self_contained": functions.self_contained,
             "self_contained_copies": plan.self_contained_copies,
             "tokens": len(function_ids),
         },

@@ -11,7 +11,7 @@ from common.events import SamplingParams
 from inference.engine import Engine
 from inference.fim_training import SPECIAL_TOKENS, psm_prompt
 from inference.train import split_of
-from inference.train_default import main
+from inference.train_default import function_documents, main
 from tests.support import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -85,3 +85,16 @@ def test_builds_packs_and_installs_a_loadable_fim_model(tmp_path):
     assert ids[0] == 1 and ids[-1] == 2  # <|fim_prefix|> ... <|fim_middle|>
     *_, done = engine.generate(ids, SamplingParams(max_new_tokens=3))
     assert done.stats.completion_tokens >= 1
+
+
+def test_function_documents_counts_each_function_once_whatever_the_copies():
+    methods = 'class Box:\n    def size(self):\n        """Its size."""\n        return self.n\n'
+    keys, texts = ["a.py", "b.py"], [module(0), methods]
+    only_extra = function_documents(keys, texts, copies=0, self_contained_copies=3)
+    assert (only_extra.found, only_extra.self_contained) == (31, 30)
+    assert len(only_extra.texts) == 3 * 30 and all(k.startswith("a.py#") for k in only_extra.keys)
+    both = function_documents(keys, texts, copies=2, self_contained_copies=1)
+    assert (both.found, both.self_contained) == (31, 30) and len(both.keys) == len(
+        set(both.keys)
+    ) == 2 * 31 + 30
+    assert function_documents(keys, texts, 0, 0).keys == []

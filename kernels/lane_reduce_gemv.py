@@ -33,6 +33,25 @@ SUM, DELAYED, SCALED = 0, 1, 2
 MODES = {"sum": SUM, "delayed": DELAYED, "scaled": SCALED}
 
 
+def check_lanes(mode: str, lanes: int, n: int, lane_start: int, total: int, history_out: torch.Tensor | None,
+                history_in: torch.Tensor | None) -> None:  # fmt: skip
+    """What a launch over lanes lane_start .. lane_start + lanes - 1 of `total` needs: a 'sum' all of them, the
+    histories [total, n] fp32, a 'delayed' one history_in."""
+    if not 0 <= lane_start <= total - lanes:
+        raise ValueError(
+            f"lane_start: lanes {lane_start} .. {lane_start + lanes - 1} are not within {total} lanes"
+        )
+    if mode == "sum" and total != lanes:
+        raise ValueError(f"mode: 'sum' needs all {total} lanes in one launch, got {lanes}")
+    for name, t in (("history_out", history_out), ("history_in", history_in)):
+        if t is not None and (t.shape != (total, n) or not t.is_contiguous() or t.dtype != torch.float32):
+            raise ValueError(
+                f"{name}: expected a contiguous fp32 ({total}, {n}), got {t.dtype} {tuple(t.shape)}"
+            )
+    if mode == "delayed" and history_in is None:
+        raise ValueError("history_in: required with mode 'delayed'")
+
+
 @triton.jit
 def _lane_reduce_gemv_kernel(
     act_ptr,
@@ -278,19 +297,7 @@ def lane_reduce_gemv(
     if x.shape != (lanes, n) or not x.is_contiguous() or x.dtype != torch.float32:
         raise ValueError(f"x: expected a contiguous fp32 ({lanes}, {n}), got {x.dtype} {tuple(x.shape)}")
     total = total_lanes or lanes
-    if not 0 <= lane_start <= total - lanes:
-        raise ValueError(
-            f"lane_start: lanes {lane_start} .. {lane_start + lanes - 1} are not within {total} lanes"
-        )
-    if mode == "sum" and total != lanes:
-        raise ValueError(f"mode: 'sum' needs all {total} lanes in one launch, got {lanes}")
-    for name, t in (("history_out", history_out), ("history_in", history_in)):
-        if t is not None and (t.shape != (total, n) or not t.is_contiguous() or t.dtype != torch.float32):
-            raise ValueError(
-                f"{name}: expected a contiguous fp32 ({total}, {n}), got {t.dtype} {tuple(t.shape)}"
-            )
-    if mode == "delayed" and history_in is None:
-        raise ValueError("history_in: required with mode 'delayed'")
+    check_lanes(mode, lanes, n, lane_start, total, history_out, history_in)
     if post is not None and history_out is None:
         raise ValueError("post: posts history_out, which this launch does not store")
     if post is not None and wait is not None and post[4] is not wait[1]:

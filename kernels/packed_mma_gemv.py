@@ -53,6 +53,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import interpreted, pdl_kwargs
+from kernels.lane_reduce_gemv import check_lanes
 from kernels.packed_format import (
     as_int32_words,
     bf16_pair,
@@ -71,6 +72,9 @@ EXC_BLOCK = 16  # exceptions a program adds at a time
 # one program writes it); the fp32 sums [2K] of a NORMED launch (GLU: B = silu(rstd * gate) * (rstd * up) rounded
 # to bf16, the down-proj after a packed gate/up of a bf16 model; GLU_FP32 the same unrounded, an fp32 model's)
 BF16, FP32, NORMED, GLU, GLU_FP32 = (tl.constexpr(kind) for kind in range(5))
+# A Laneformer o-proj's or down-proj's reduction (kernels/lane_reduce_gemv.py's modes but SUM, which needs every
+# lane's partial of the layer): none (out += the sums), DELAYED or SCALED
+NO_REDUCE, DELAYED, SCALED = (tl.constexpr(kind) for kind in range(3))
 
 
 def mma_chain(parts: int) -> str:
@@ -447,11 +451,13 @@ def item_chunk_loads(
 
 @triton.jit
 def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_ptr, exc_start_ptr, exc_row_ptr,
-                            exc_col_ptr, exc_value_ptr, out_ptr, zero_ptr, zero_total, eps, K: tl.constexpr,
+                            exc_col_ptr, exc_value_ptr, out_ptr, zero_ptr, zero_total, eps, hist_out_ptr,
+                            hist_in_ptr, lane_start, lane_scale, K: tl.constexpr,
                             BM: tl.constexpr, AHEAD: tl.constexpr, SPLIT: tl.constexpr, ITEMS: tl.constexpr,
                             ACT: tl.constexpr, X_BLOCK: tl.constexpr, EXC_BLOCK: tl.constexpr,
                             EXC_ROUNDS: tl.constexpr, ZERO_EACH: tl.constexpr, ZERO_BLOCK: tl.constexpr,
-                            LANE_TILES: tl.constexpr, FUSED_GLU: tl.constexpr, USE_MMA: tl.constexpr,
+                            LANE_TILES: tl.constexpr, FUSED_GLU: tl.constexpr, REDUCE: tl.constexpr,
+                            TOTAL_LANES: tl.constexpr, STORE_HISTORY: tl.constexpr, USE_MMA: tl.constexpr,
                             USE_PDL: tl.constexpr, TRIGGER_EARLY: tl.constexpr):  # fmt: skip
     # A program takes ITEMS blocks of BM M-tiles in turn (the grid's width apart), the same 1 / SPLIT of K in
     # each, its chunks one stream with AHEAD of them in flight across the items' boundaries.
@@ -567,6 +573,37 @@ def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_
                 glu_store(gate, up, g8, g8 >= 0, m_it, rstd_it, out_ptr, act_it, norm_it, base_ptr, exc_row_ptr,
                           exc_col_ptr, exc_value_ptr, exc_first, exc_end, K, LANE_TILES, EXC_BLOCK,
                           EXC_ROUNDS)  # fmt: skip
+        elif (
+            REDUCE != NO_REDUCE
+        ):  # a lane's rows over all of K: reduced and stored here, as lane_reduce_gemv does
+            if USE_MMA and TWO_PARTS:  # D's columns 0 + 1, as the atomic branch below reads them
+                pair_sums = tl.sum(tl.reshape(acc, [BM, 64, 2]), axis=2)  # [BM, 64]
+                p = tl.arange(0, 64)
+                rows = m_it[:, None] * 16 + (p // 8 + 8 * (p % 2))[None, :]
+                keep = (p // 2 % 4 == 0)[None, :] & (rows >= 0)
+                lane_reduce_store(pair_sums, rows, keep, out_ptr, hist_out_ptr, hist_in_ptr, act_it, base_ptr,
+                                  exc_row_ptr, exc_col_ptr, exc_value_ptr, exc_first, exc_end, lane_start, lane_scale,
+                                  K, ACT, LANE_TILES * 16, REDUCE, TOTAL_LANES, STORE_HISTORY, EXC_BLOCK,
+                                  EXC_ROUNDS)  # fmt: skip
+            elif USE_MMA:  # D's column 0: slots 0 and 2 of lanes 0, 4, ..., 28 (the others' rows are masked)
+                rows = m_it[:, None] * 16 + g[None, :] + 8 * (j[None, :] // 2)
+                keep = ((t == 0) & (j % 2 == 0))[None, :] & (rows >= 0)
+                lane_reduce_store(acc, rows, keep, out_ptr, hist_out_ptr, hist_in_ptr, act_it, base_ptr, exc_row_ptr,
+                                  exc_col_ptr, exc_value_ptr, exc_first, exc_end, lane_start, lane_scale, K, ACT,
+                                  LANE_TILES * 16, REDUCE, TOTAL_LANES, STORE_HISTORY, EXC_BLOCK,
+                                  EXC_ROUNDS)  # fmt: skip
+            else:  # row g's terms are the 16 words c of 16 g .. 16 g + 15
+                rows = m_it[:, None] * 16 + tl.arange(0, 8)[None, :]
+                every = rows >= 0
+                lane_reduce_store(tl.sum(tl.reshape(acc, [BM, 8, 16]), axis=2), rows, every, out_ptr, hist_out_ptr,
+                                  hist_in_ptr, act_it, base_ptr, exc_row_ptr, exc_col_ptr, exc_value_ptr, exc_first,
+                                  exc_end, lane_start, lane_scale, K, ACT, LANE_TILES * 16, REDUCE, TOTAL_LANES,
+                                  STORE_HISTORY, EXC_BLOCK, EXC_ROUNDS)  # fmt: skip
+                lane_reduce_store(tl.sum(tl.reshape(acc_8, [BM, 8, 16]), axis=2), rows + 8, every, out_ptr,
+                                  hist_out_ptr, hist_in_ptr, act_it, base_ptr, exc_row_ptr, exc_col_ptr, exc_value_ptr,
+                                  exc_first, exc_end, lane_start, lane_scale, K, ACT, LANE_TILES * 16, REDUCE,
+                                  TOTAL_LANES,
+                                  STORE_HISTORY, EXC_BLOCK, EXC_ROUNDS)  # fmt: skip
         # D's columns 0 and 1 (the hi and lo parts' sums): slots 0 + 1 (row g) and 2 + 3 (row g + 8) of lanes
         # 0, 4, ..., 28; p = c // 2 sums lane p // 2's slots 2 (p % 2) and 2 (p % 2) + 1
         elif USE_MMA and TWO_PARTS:
@@ -584,7 +621,7 @@ def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_
             tl.atomic_add(out_ptr + rows, tl.sum(tl.reshape(acc, [BM, 8, 16]), axis=2), sem="relaxed")
             tl.atomic_add(out_ptr + rows + 8, tl.sum(tl.reshape(acc_8, [BM, 8, 16]), axis=2), sem="relaxed")
 
-        if not FUSED_GLU:
+        if not FUSED_GLU and REDUCE == NO_REDUCE:
             # The exceptions of these M-tiles, a share of them each split: true weight * B[col] less the floor's
             # product, which the mma summed (a power of two: that product is exact).
             share = (exc_end - exc_first + SPLIT - 1) // SPLIT
@@ -620,6 +657,37 @@ def glu_store(gate, up, g, valid, m_it, rstd, h_ptr, act_ptr, norm_ptr, base_ptr
     lane = m_it // LANE_TILES
     f = lane[:, None] * (8 * LANE_TILES) + (m_it % LANE_TILES)[:, None] * 8 + g[None, :]
     tl.store(h_ptr + f, h.to(h_ptr.dtype.element_ty), mask=valid[None, :] & (m_it >= 0)[:, None])
+
+
+@triton.jit
+def lane_reduce_store(p, rows, keep, x_ptr, hist_out_ptr, hist_in_ptr, act_ptr, base_ptr, exc_row_ptr, exc_col_ptr,
+                      exc_value_ptr, exc_first, exc_end, lane_start, lane_scale, K: tl.constexpr,
+                      ACT: tl.constexpr, LANE_ROWS: tl.constexpr, REDUCE: tl.constexpr, TOTAL_LANES: tl.constexpr,
+                      STORE_HISTORY: tl.constexpr, EXC_BLOCK: tl.constexpr, EXC_ROUNDS: tl.constexpr):  # fmt: skip
+    """A lane-reduced launch's end: p [BM, C] the sums of W's rows `rows` (where keep), W the launch's lanes'
+    matrices stacked (row = lane * LANE_ROWS + n), act_ptr the lane's input (ACT: BF16 or FP32); their exceptions
+    added, then
+    p stored in history_out where it is kept, then lane_reduce_gemv's rule on x [lanes, LANE_ROWS] at the same
+    rows: DELAYED x[l, n] += p + the other lanes' partials of history_in [TOTAL_LANES, LANE_ROWS]; SCALED
+    x[l, n] += lane_scale * p. l counts from lane_start in the histories."""
+    for r in tl.static_range(EXC_ROUNDS):
+        idx = exc_first + r * EXC_BLOCK + tl.arange(0, EXC_BLOCK)
+        ok = idx < exc_end
+        row, term = exception_terms(exc_row_ptr, exc_col_ptr, exc_value_ptr, base_ptr, act_ptr, act_ptr, idx, ok,
+                                    1.0, ACT, K)  # fmt: skip
+        p += tl.sum(tl.where(row[None, None, :] == rows[:, :, None], term[None, None, :], 0.0), axis=2)
+    x = tl.load(x_ptr + rows, mask=keep, other=0.0)
+    lane = lane_start + rows // LANE_ROWS
+    n = rows % LANE_ROWS
+    if STORE_HISTORY:  # whatever the mode: a later delayed layer may read a scaled one's partials
+        tl.store(hist_out_ptr + lane * LANE_ROWS + n, p, mask=keep)
+    if REDUCE == DELAYED:
+        for other in tl.static_range(TOTAL_LANES):
+            p += tl.load(hist_in_ptr + other * LANE_ROWS + n, mask=keep & (lane != other), other=0.0)
+        x += p
+    else:
+        x += lane_scale * p
+    tl.store(x_ptr + rows, x, mask=keep)
 
 
 @triton.jit
@@ -710,10 +778,12 @@ def packed_mma_gemv(act: torch.Tensor, packed: MmaPackedWeight, out: torch.Tenso
         act.view(torch.int32 if kind == BF16 else torch.int64),
         norm_weight.view(torch.int32) if norm_weight is not None else act, rstd if rstd is not None else out,
         packed.lo, packed.codes, packed.base, packed.exc_start, packed.exc_row, packed.exc_col, packed.exc_value,
-        out, zero if zero is not None else out, zero.numel() if zero is not None else 0, eps, K=k, BM=block_m,
+        out, zero if zero is not None else out, zero.numel() if zero is not None else 0, eps, out, out, 0, 1.0,
+        K=k, BM=block_m,
         AHEAD=min(ahead, items * chunks // split), SPLIT=split, ITEMS=items, ACT=kind, X_BLOCK=triton.next_power_of_2(k),
         EXC_BLOCK=EXC_BLOCK, EXC_ROUNDS=packed.exception_rounds(block_m, split), ZERO_EACH=zero_each,
-        ZERO_BLOCK=triton.next_power_of_2(max(zero_each, 1)), LANE_TILES=0, FUSED_GLU=False,
+        ZERO_BLOCK=triton.next_power_of_2(max(zero_each, 1)), LANE_TILES=0, FUSED_GLU=False, REDUCE=NO_REDUCE,
+        TOTAL_LANES=1, STORE_HISTORY=False,
         USE_MMA=not interpreted(), USE_PDL=use_pdl, TRIGGER_EARLY=trigger_early, num_warps=block_m,
         **pdl_kwargs(use_pdl),
     )  # fmt: skip
@@ -757,6 +827,23 @@ def packed_glu_gemv(x: torch.Tensor, packed: MmaPackedWeight, h: torch.Tensor, n
     if h.shape != (lanes, f) or not h.is_contiguous() or h.dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"h: expected a contiguous [{lanes}, {f}] bf16 or fp32, got {h.dtype} {h.shape}")
     lane_tiles = 2 * f // 16
+    block_m = lane_block_m(block_m, lane_tiles, ahead)
+    chunks = k // CHUNK
+    _packed_mma_gemv_kernel[(n // 16 // block_m, 1)](
+        x.view(torch.int64), norm_weight.view(torch.int32), h, packed.lo, packed.codes, packed.base,
+        packed.exc_start, packed.exc_row, packed.exc_col, packed.exc_value, h, h, 0, eps, h, h, 0, 1.0, K=k,
+        BM=block_m, AHEAD=min(ahead, chunks), SPLIT=1, ITEMS=1, ACT=NORMED, X_BLOCK=triton.next_power_of_2(k),
+        EXC_BLOCK=EXC_BLOCK, EXC_ROUNDS=packed.exception_rounds(block_m, 1), ZERO_EACH=0, ZERO_BLOCK=1,
+        LANE_TILES=lane_tiles, FUSED_GLU=True, REDUCE=NO_REDUCE, TOTAL_LANES=1, STORE_HISTORY=False,
+        USE_MMA=not interpreted(), USE_PDL=use_pdl, TRIGGER_EARLY=trigger_early, num_warps=block_m,
+        **pdl_kwargs(use_pdl),
+    )  # fmt: skip
+    return h
+
+
+def lane_block_m(block_m: int | None, lane_tiles: int, ahead: int) -> int:
+    """A launch over lanes' M-tiles: block_m checked (None: 1 on a GPU, up to 8 dividing a lane's tiles under
+    the interpreter), and ahead."""
     if block_m is None:
         block_m = 1
         while interpreted() and block_m < 8 and lane_tiles % (2 * block_m) == 0:
@@ -765,13 +852,48 @@ def packed_glu_gemv(x: torch.Tensor, packed: MmaPackedWeight, h: torch.Tensor, n
         raise ValueError(f"block_m: {block_m} is not a power of two dividing a lane's {lane_tiles} M-tiles")
     if ahead < 1:
         raise ValueError(f"ahead: expected at least 1, got {ahead}")
-    chunks = k // CHUNK
-    _packed_mma_gemv_kernel[(n // 16 // block_m, 1)](
-        x.view(torch.int64), norm_weight.view(torch.int32), h, packed.lo, packed.codes, packed.base,
-        packed.exc_start, packed.exc_row, packed.exc_col, packed.exc_value, h, h, 0, eps, K=k, BM=block_m,
-        AHEAD=min(ahead, chunks), SPLIT=1, ITEMS=1, ACT=NORMED, X_BLOCK=triton.next_power_of_2(k),
-        EXC_BLOCK=EXC_BLOCK, EXC_ROUNDS=packed.exception_rounds(block_m, 1), ZERO_EACH=0, ZERO_BLOCK=1,
-        LANE_TILES=lane_tiles, FUSED_GLU=True, USE_MMA=not interpreted(), USE_PDL=use_pdl,
-        TRIGGER_EARLY=trigger_early, num_warps=block_m, **pdl_kwargs(use_pdl),
+    return block_m
+
+
+def packed_lane_reduce_gemv(act: torch.Tensor, packed: MmaPackedWeight, x: torch.Tensor, *, mode: str,
+                            history_out: torch.Tensor | None = None, history_in: torch.Tensor | None = None,
+                            lane_start: int = 0, total_lanes: int | None = None, block_m: int | None = None,
+                            ahead: int = 8, use_pdl: bool = False,
+                            trigger_early: bool = False) -> torch.Tensor:  # fmt: skip
+    """kernels/lane_reduce_gemv.py's 'delayed' and 'scaled' launches with the weights in 12 bits: a Laneformer's
+    o-proj or down-proj of layers i >= d (the runner packs the down-proj). packed: pack_mma(weight.reshape(L * N,
+    K)) of weight [L, N, K]; act [L, K] bf16 (or fp32: B in a bf16 hi and lo part); x [L, N] fp32, updated in
+    place; history_out, history_in, lane_start, total_lanes as there. A program takes block_m M-tiles of one lane
+    over all of K, so it holds its rows' whole partials: it stores them and adds the reduction itself, no atomics
+    (as packed_glu_gemv)."""
+    lanes, k = act.shape
+    n = x.shape[1] if x.dim() == 2 else 0
+    if mode not in ("delayed", "scaled"):
+        raise ValueError(
+            f"mode: expected 'delayed' or 'scaled' (a 'sum' needs every lane's partial), got {mode!r}"
+        )
+    if packed.shape != (lanes * n, k):
+        raise ValueError(f"packed: [{packed.n}, {packed.k}] is not {lanes} lanes of [{n}, {k}]")
+    if act.dtype not in (torch.bfloat16, torch.float32) or not act.is_contiguous():
+        raise ValueError(
+            f"act: expected a contiguous bf16 or fp32 [{lanes}, {k}], got {act.dtype} {tuple(act.shape)}"
+        )
+    if x.shape != (lanes, n) or not x.is_contiguous() or x.dtype != torch.float32:
+        raise ValueError(f"x: expected a contiguous fp32 [{lanes}, {n}], got {x.dtype} {tuple(x.shape)}")
+    total = total_lanes or lanes
+    check_lanes(mode, lanes, n, lane_start, total, history_out, history_in)
+    lane_tiles = n // 16
+    block_m = lane_block_m(block_m, lane_tiles, ahead)
+    bf16 = act.dtype == torch.bfloat16
+    _packed_mma_gemv_kernel[(lanes * lane_tiles // block_m, 1)](
+        act.view(torch.int32 if bf16 else torch.int64), act, x, packed.lo, packed.codes, packed.base,
+        packed.exc_start, packed.exc_row, packed.exc_col, packed.exc_value, x, x, 0, 0.0,
+        history_out if history_out is not None else x, history_in if history_in is not None else x, lane_start,
+        float(total) ** 0.5, K=k, BM=block_m, AHEAD=min(ahead, k // CHUNK), SPLIT=1, ITEMS=1,
+        ACT=BF16 if bf16 else FP32, X_BLOCK=1, EXC_BLOCK=EXC_BLOCK, EXC_ROUNDS=packed.exception_rounds(block_m, 1),
+        ZERO_EACH=0, ZERO_BLOCK=1, LANE_TILES=lane_tiles, FUSED_GLU=False,
+        REDUCE=DELAYED if mode == "delayed" else SCALED, TOTAL_LANES=total, STORE_HISTORY=history_out is not None,
+        USE_MMA=not interpreted(), USE_PDL=use_pdl, TRIGGER_EARLY=trigger_early, num_warps=block_m,
+        **pdl_kwargs(use_pdl),
     )  # fmt: skip
-    return h
+    return x

@@ -65,7 +65,9 @@ class LaneRankRunner:
             splits = default_splits(shard.shard_cfg.num_kv_heads, sm_count(device))
             settings = replace(settings, attention_splits=splits)
         # one chain of launches a rank, every matrix in bf16 (the 12-bit forms are the one-device runner's)
-        self.settings = replace(settings, packed=False, packed_gate_up=False, lane_groups=1)
+        self.settings = replace(
+            settings, packed=False, packed_gate_up=False, packed_lane_down=False, lane_groups=1
+        )
         # the rank's blocks (its lanes' views), each layer's reduction mode that of the whole model
         self.layers = [LayerWeights.of(cfg, i, block) for i, block in enumerate(shard.blocks)]
         self.cache = shard.cache  # [N, 1, KV/P, T, hd]

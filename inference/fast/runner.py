@@ -6,12 +6,10 @@ A decode step is five kernels a layer (model.py's math, fused):
     lane_reduce_gemv   o-proj of every lane + the cross-lane reduction + the residual add
     rmsnorm_gemv       ffn norm + gate/up + SiLU
     lane_reduce_gemv   down-proj + reduction + residual add
-One-lane models on a Hopper GPU (settings.packed) read the o-proj of layers 1 on and the down-proj through
-packed_mma_gemv: the bf16 weights held losslessly in 12 bits, multiplied on the tensor cores and added into the
-residual with atomics. Where a layer's gate/up is large (settings.packed_gate_up) its layers 1 on go the same way,
-into fp32 sums the o-proj cleared, their norm's scalar and SiLU left to the down-proj. A Laneformer's large gate/up
-is read in 12 bits too, every layer's, through packed_glu_gemv: its norm and SiLU in the launch, h left as
-rmsnorm_gemv leaves it (its o-proj and down-proj reduce across lanes and stay bf16).
+The 12-bit kinds (docs/fast-path.md; the bf16 weights held losslessly, multiplied on the tensor cores): one-lane
+models read the o-proj of layers 1 on, the down-proj and a large gate/up through packed_mma_gemv (added into the
+residual, or into fp32 sums the o-proj cleared, with atomics); a Laneformer its large gate/up through
+packed_glu_gemv (norm and SiLU in the launch) and its delayed layers' down-proj through packed_lane_reduce_gemv.
 Then the head: final_norm (L > 1 only) and lm_head (norm, logits, argmax, token and position bookkeeping), or for
 greedy steps lm_head_screen (the same argmax from an int8 copy of the head and the candidate rows); sampled steps
 at low temperatures read the screen too, until a request's logits turn out flat (inference/fast/head_choice.py).
@@ -20,23 +18,19 @@ The step reads its token and position from device buffers and leaves the next on
 once as a CUDA graph and replayed per token. The host never waits on the token it is about to launch for:
 it keeps LOOKAHEAD steps queued and reads finished ids from pinned memory behind an event per step.
 
-Lane groups (Laneformer): from the first layer whose reductions are delayed, a lane's layer i needs the other
+Lane groups (Laneformer, where its weights are bf16): from the first delayed layer a lane's layer i needs the other
 lanes' partials of layer i - d only, so two groups of lanes decode as independent chains of launches, one CUDA
-stream each (forked and joined inside the step's graph), meeting only through those old partials. While one
-group's attention waits on its chain of dependent reads, the other's kernels keep the memory busy.
+stream each (forked and joined inside the step's graph), meeting only through those old partials.
 
-Prefill (inference/fast/prefill.py) is the reference model's math over the whole prompt: cuBLAS matrix
-products, Triton flash attention with RoPE and the KV-cache write, one kernel per block boundary; graphs for
-short prompts. On the CPU (tests) the same kernels run eagerly under Triton's interpreter.
+Prefill (inference/fast/prefill.py): the reference model's math over the whole prompt (cuBLAS products, Triton
+attention and block boundaries; graphs for short prompts). On the CPU (tests) the kernels run under the interpreter.
 
-Speculative decoding (inference/speculative.py's drafts and rule, as the reference runner): a drafted step runs the
-current token and k drafts as k+1 positions of the prefill's path from the cache (verify), then hands the decode
-graphs the state plain steps would have left; without a draft the plain graph steps run as above
-(docs/speculative-decoding.md).
+Speculative decoding (inference/speculative.py's drafts and rule, docs/speculative-decoding.md): a drafted step
+runs the current token and k drafts as k+1 positions of the prefill's path (verify), then hands the decode graphs
+the state plain steps would have left; without a draft the plain graph steps run as above.
 
-Settings (inference/fast/settings.py) are resolved once from the model's shape and the device, or passed in;
-the launches read them from `settings`. On a GPU the engine then calls place_residual() (one measured choice of
-the residual's address: inference/fast/residual_placement.py). docs/fast-path.md has the why of each default.
+Settings (inference/fast/settings.py) are resolved once from the model's shape and the device, or passed in. On a
+GPU the engine then calls place_residual() (one measured choice of the residual's address).
 """
 
 from __future__ import annotations
@@ -60,10 +54,7 @@ from inference.fast.speculation import LOOKAHEAD, RING, SpeculativeSteps
 from inference.fast.suffix_graphs import SuffixGraphs
 from inference.model import KVCache, Transformer
 from inference.prefix_cache import check_prompt_span
-from inference.speculative import (
-    SpeculationCounts,
-    SpeculationSettings,
-)
+from inference.speculative import SpeculationCounts, SpeculationSettings
 from kernels.decode_attention import AttentionScratch, decode_attention
 from kernels.final_norm import final_norm
 from kernels.lane_reduce_gemv import lane_reduce_gemv
@@ -75,6 +66,7 @@ from kernels.packed_mma_gemv import (
     pack_glu,
     pack_mma,
     packed_glu_gemv,
+    packed_lane_reduce_gemv,
     packed_mma_gemv,
     placeholder,
 )
@@ -182,7 +174,7 @@ class FastRunner(SpeculativeSteps):
                                cfg.num_heads, self.attn_scratch)  # fmt: skip
         self.groups, self.split_from = self._lane_groups(settings.lane_groups)
         if settings.packed_gate_up and lanes > 1:
-            self._pack_lane_gate_ups()
+            self._pack_lanes()
         self.streams = [torch.cuda.Stream(device) for _ in self.groups] if device.type == "cuda" else None
         self.group_events: dict[tuple[int, int, int], torch.cuda.Event] = {}  # (group, layer, kernel) -> done
 
@@ -263,12 +255,17 @@ class FastRunner(SpeculativeSteps):
             self.glu_sums = torch.zeros(2 * self.cfg.ffn_per_lane, device=self.device)
             self.glu_rstd = torch.zeros(1, device=self.device)
 
-    def _pack_lane_gate_ups(self) -> None:
-        """A Laneformer's gate/up of every layer in 12 bits (pack_glu), for the lanes that launch it: all of them
-        before split_from, each lane group's own from there on. A lane of no whole chunks stays bf16."""
+    def _pack_lanes(self) -> None:
+        """A Laneformer's gate/up (pack_glu) and its delayed and scaled layers' down-proj (settings.packed_lane_down)
+        in 12 bits, for the lanes that launch them: all before split_from, each group's own from there on. A lane
+        of no whole chunks stays bf16; a 'sum' layer's down-proj too (one launch needs every lane's partial)."""
         for i in range(len(self.layers)):
             for group in self.groups if self.groups and i >= self.split_from else [self.whole]:
                 w = group.layers[i]
+                if (
+                    self.settings.packed_lane_down and w.mode != "sum"
+                ):  # [lanes, D, F/L] as one [lanes * D, F/L]
+                    w.w2_packed = self._packed(w.w2.reshape(-1, w.w2.shape[2]), f"layer {i} w2")
                 f, k = w.w1.shape[1:]
                 if f % 8 or not fits(2 * f, k):
                     continue
@@ -464,8 +461,14 @@ class FastRunner(SpeculativeSteps):
 
     def _add_partials(self, i: int, w: LayerWeights, block: int, act: torch.Tensor, weight: torch.Tensor,
                       first: bool, group: LaneGroup) -> None:  # fmt: skip
-        kind, settings = ("down" if block else "o"), self.settings
+        kind, settings, history = ("down" if block else "o"), self.settings, self.history
         packed = w.w2_packed if block else w.wo_packed
+        reduce = dict(mode=w.mode, history_out=history[block, i] if i in self.history_layers else None, use_pdl=settings.pdl,
+                      history_in=history[block, w.history_in] if w.history_in is not None else None, lane_start=group.start,
+                      total_lanes=self.cfg.num_lanes, trigger_early=kind in settings.early)  # fmt: skip
+        if packed is not None and self.cfg.num_lanes > 1:  # lanes: the reduction in the same launch
+            packed_lane_reduce_gemv(act, packed, group.x, **reduce, **settings.packed_blocks["lanes_reduce"])
+            return
         if packed is not None:  # one lane: out += W @ act into the residual, on the tensor cores
             # the down-proj after a packed gate/up reads its sums; the o-proj clears them (the last reader is done)
             glu = block == 1 and w.w13_packed is not None
@@ -474,14 +477,8 @@ class FastRunner(SpeculativeSteps):
                             use_pdl=settings.pdl, trigger_early=kind in settings.early,
                             **settings.packed_blocks[kind])  # fmt: skip
             return
-        history = self.history
-        lane_reduce_gemv(act, weight, group.x, mode=w.mode,
-                         history_out=history[block, i] if i in self.history_layers else None,
-                         history_in=history[block, w.history_in] if w.history_in is not None else None,
-                         embedding=self.embed if first else None, token=self.token if first else None,
-                         use_pdl=settings.pdl, trigger_early=kind in settings.early,
-                         prefetch=settings.prefetch[kind],
-                         lane_start=group.start, total_lanes=self.cfg.num_lanes)  # fmt: skip
+        lane_reduce_gemv(act, weight, group.x, **reduce, embedding=self.embed if first else None,
+                         token=self.token if first else None, prefetch=settings.prefetch[kind])  # fmt: skip
 
     def _sample_next(self, host_ring: torch.Tensor | None = None) -> None:
         """The sampled token from the logits, on the device without a host sync (kernels/sample.py: repetition

@@ -35,7 +35,7 @@ PACKED_GATE_UP_MIN_BYTES = 48 << 20
 # chunks before its wait (attention before it reads little); the gate/up and down-proj load 2 of theirs, as more
 # would slow the launch they start beside. "lanes_gate_up" (packed_glu_gemv): 6 chunks in flight beat 4 and 8.
 PACKED_BLOCKS = {"o": {"block_m": 2, "ahead": 8}, "gate_up": {"ahead": 2}, "down": {"ahead": 2},
-                 "lanes_gate_up": {"block_m": 1, "ahead": 6}}  # fmt: skip
+                 "lanes_gate_up": {"block_m": 1, "ahead": 6}, "lanes_reduce": {"block_m": 1, "ahead": 6}}  # fmt: skip
 # qwen3-1.7b's gate/up [2 x 6,144, 2,048]: fewer, lighter programs slow the attention and o-proj beside them less.
 PACKED_SHAPE_BLOCKS = {(2 * 6144, 2048): {"ahead": 1, "items": 2}}
 
@@ -73,6 +73,7 @@ class RunnerSettings:
     # lanes, every layer's, its norm and SiLU fused (the bf16 down-proj reads h as ever)
     packed_gate_up: bool
     packed_blocks: dict[str, dict[str, int]]  # packed_mma_gemv's blocks by kind: o, gate_up, down
+    packed_lane_down: bool  # beside a Laneformer's 12-bit gate/up, its delayed layers' down-proj in 12 bits
     head_screen: bool  # an int8 copy of the head that greedy (and cool sampled) steps read first
     lane_groups: int  # streams the lanes of delayed layers decode on (1: one)
     attention_splits: int  # of each KV head's keys: enough programs to fill the GPU (resolve says whose)
@@ -122,11 +123,13 @@ class RunnerSettings:
             )
         gate_up_bytes = cfg.num_lanes * gate_up_shape[0] * gate_up_shape[1] * 2
         packed_gate_up = on["KOG_PACKED"] and gate_up_bytes >= PACKED_GATE_UP_MIN_BYTES
-        lane_groups = 2 if on["KOG_LANE_GROUPS"] else 1
+        # beside the 12-bit gate/up and down-proj one stream decodes faster; KOG_LANE_GROUPS=1 still asks for groups
+        lane_groups = 2 if on["KOG_LANE_GROUPS"] and (not packed_gate_up or switch("KOG_LANE_GROUPS")) else 1
         # a lane group's KV heads fill the GPU by themselves beside a 12-bit gate/up (a bf16 one's programs need room)
         attention_heads = cfg.num_kv_heads // (lane_groups if packed_gate_up else 1)
         settings = cls(lanes=cfg.num_lanes, pdl=on["KOG_PDL"], packed=on["KOG_PACKED"] and one_lane,
                        packed_gate_up=packed_gate_up, packed_blocks=packed_blocks(gate_up_shape),
+                       packed_lane_down=packed_gate_up and not one_lane,
                        head_screen=on["KOG_HEAD_SCREEN"], lane_groups=lane_groups,
                        attention_splits=default_splits(attention_heads, facts.multiprocessors),
                        attention_prefetch_next=hopper and cfg.head_dim * item % 16 == 0)  # fmt: skip

@@ -359,6 +359,37 @@ def test_a_laneformers_packed_generation_is_its_bf16_kernels_generation():
     assert list(build(model, 64, packed_gate_up=True).generate_tokens(prompt, params)) == bf16
 
 
+# 2 lanes of F / L = 64: the down-proj's K in whole chunks
+LANE_CHUNKS = {"num_lanes": 2, "intermediate_size": 128}
+LANES_PACKED = {"packed_gate_up": True, "packed_lane_down": True}
+
+
+@pytest.mark.parametrize("lane_groups,early_comm", [(1, True), (2, True), (1, False)])
+def test_a_laneformers_packed_reductions_match_the_reference(lane_groups, early_comm):
+    """The down-proj of the delayed layers in 12 bits (packed_lane_reduce_gemv), the reduction and the residual add
+    in the launch: the whole model's lanes, or each group's (one lane each) after the split. Without early
+    communication the first layers are scaled and packed too, and the delayed ones read their partials."""
+    model = bf16_valued(make_model("tiny-laneformer", seed=14, use_early_comm=early_comm, **LANE_CHUNKS))
+    for fast, ref, token in teacher_forced(model, list(range(4, 15)), steps=3, lane_groups=lane_groups,
+                                           **LANES_PACKED):  # fmt: skip
+        assert rel_err(fast, ref) < LOGIT_TOL
+        assert token == int(fast.argmax())
+
+
+def test_which_of_a_laneformers_reductions_are_packed():
+    """The layers before d sum every lane's fresh partial (one launch must hold them all): bf16. The delayed
+    layers' down-proj is packed for the lanes that launch it (the o-proj stays bf16), and only where asked."""
+    model = bf16_valued(make_model("tiny-laneformer", seed=14, **LANE_CHUNKS))
+    runner = build(model, 32, lane_groups=2, **LANES_PACKED)
+    split = runner.split_from
+    assert [w.mode for w in runner.layers] == ["sum", "sum", "delayed", "delayed"] and split == 2
+    for w in runner.layers[:split] + [w for group in runner.groups for w in group.layers[split:]]:
+        assert w.wo_packed is None and (w.w2_packed is not None) == (w.mode == "delayed")
+    assert {kind for _, kind in runner.packed_bytes()} == {"gate/up", "down"}
+    gate_up_only = build(model, 32, packed_gate_up=True, packed_lane_down=False)
+    assert {kind for _, kind in gate_up_only.packed_bytes()} == {"gate/up"}
+
+
 def test_a_runner_of_parameters_holds_no_autograd_graph():
     """The model's weights require gradients here (make_model's Parameters): what the runner builds from them (the
     q|k|v, the packed words, the head screen) must hold none, or each keeps its temporaries alive."""

@@ -37,21 +37,27 @@ def resolve(name: str, device: Device = H200, dtype: torch.dtype = torch.bfloat1
 
 def features(settings: RunnerSettings) -> dict:
     return {"pdl": settings.pdl, "packed": settings.packed, "packed_gate_up": settings.packed_gate_up,
-            "head_screen": settings.head_screen, "lane_groups": settings.lane_groups,
+            "packed_lane_down": settings.packed_lane_down, "head_screen": settings.head_screen,
+            "lane_groups": settings.lane_groups,
             "prefetch_next": settings.attention_prefetch_next}  # fmt: skip
 
 
 # What each supported model runs with on an H200 (docs/fast-path.md): the packed form on one-lane models, the
-# gate/up in 12 bits where a layer's is 48 MiB or more (a Laneformer's too), the head screen for heads of 32 MiB or more, lane groups where a
-# Laneformer's layers are 32 MiB or more.
+# gate/up in 12 bits where a layer's is 48 MiB or more (a Laneformer's too, and then its delayed down-proj), the head
+# screen for heads of 32 MiB or more, lane groups where a Laneformer's layers are 32 MiB or more and its weights
+# stay bf16 (beside the 12-bit ones one stream decodes faster).
+FEATURES = ("packed", "packed_gate_up", "packed_lane_down", "head_screen", "lane_groups")
 H200_DEFAULTS = {
-    "laneformer-2b": dict(packed=False, packed_gate_up=True, head_screen=True, lane_groups=2),
-    "llama-3.2-1b": dict(packed=True, packed_gate_up=True, head_screen=True, lane_groups=1),
-    "qwen3-1.7b": dict(packed=True, packed_gate_up=True, head_screen=True, lane_groups=1),
-    "qwen2.5-coder-1.5b": dict(packed=True, packed_gate_up=True, head_screen=True, lane_groups=1),
-    "tiny-llama": dict(packed=True, packed_gate_up=False, head_screen=False, lane_groups=1),
-    "tiny-laneformer": dict(packed=False, packed_gate_up=False, head_screen=False, lane_groups=1),
-    "default": dict(packed=False, packed_gate_up=False, head_screen=False, lane_groups=1),
+    name: dict(zip(FEATURES, values, strict=True))
+    for name, values in {
+        "laneformer-2b": (False, True, True, True, 1),
+        "llama-3.2-1b": (True, True, False, True, 1),
+        "qwen3-1.7b": (True, True, False, True, 1),
+        "qwen2.5-coder-1.5b": (True, True, False, True, 1),
+        "tiny-llama": (True, False, False, False, 1),
+        "tiny-laneformer": (False, False, False, False, 1),
+        "default": (False, False, False, False, 1),
+    }.items()
 }
 
 
@@ -72,15 +78,17 @@ def test_the_defaults_of_each_model_on_an_h200(name):
 
 
 def test_each_lane_groups_attention_fills_the_gpu_by_itself_beside_the_12_bit_gate_up(monkeypatch):
-    # laneformer-2b's 16 KV heads: 8 a group take 16 splits each; on one stream all 16 take 8
-    assert resolve("laneformer-2b").attention_splits == 16
-    monkeypatch.setenv("KOG_LANE_GROUPS", "0")
-    assert resolve("laneformer-2b").attention_splits == 8
-    # beside the bf16 gate/up the groups keep the whole model's 8
+    # laneformer-2b's 16 KV heads: by default one stream beside the 12-bit gate/up, all 16 taking 8 splits
+    assert (resolve("laneformer-2b").lane_groups, resolve("laneformer-2b").attention_splits) == (1, 8)
+    # groups asked for: 8 KV heads a group take 16 splits each
     monkeypatch.setenv("KOG_LANE_GROUPS", "1")
+    assert (resolve("laneformer-2b").lane_groups, resolve("laneformer-2b").attention_splits) == (2, 16)
+    # beside the bf16 gate/up the groups are the default and keep the whole model's 8
+    monkeypatch.delenv("KOG_LANE_GROUPS")
     monkeypatch.setenv("KOG_PACKED", "0")
     settings = resolve("laneformer-2b")
     assert (settings.lane_groups, settings.packed_gate_up, settings.attention_splits) == (2, False, 8)
+    assert not settings.packed_lane_down
 
 
 def test_packed_blocks_are_the_kinds_defaults_but_qwen3s_gate_up():
@@ -94,8 +102,10 @@ def test_packed_blocks_are_the_kinds_defaults_but_qwen3s_gate_up():
 @pytest.mark.parametrize("name", list(H200_DEFAULTS))
 def test_off_a_hopper_gpu_only_the_head_screen_and_lane_groups_stay(name):
     on_ampere = features(resolve(name, AMPERE))
+    # (laneformer-2b's bf16 gate/up takes its lane groups back)
+    groups = 2 if name == "laneformer-2b" else features(resolve(name))["lane_groups"]
     assert on_ampere == {**features(resolve(name)), "pdl": False, "packed": False, "packed_gate_up": False,
-                         "prefetch_next": False}  # fmt: skip
+                         "packed_lane_down": False, "prefetch_next": False, "lane_groups": groups}  # fmt: skip
     # the interpreter: every default off (it gains nothing by them), one split
     cpu = resolve(name, CPU)
     assert features(cpu) == dict.fromkeys(features(cpu), False) | {"lane_groups": 1}

@@ -10,6 +10,7 @@ from kernels.packed_mma_gemv import (
     pack_glu,
     pack_mma,
     packed_glu_gemv,
+    packed_lane_reduce_gemv,
     packed_mma_gemv,
     pick_split,
     placeholder,
@@ -245,6 +246,72 @@ def test_the_fused_launcher_refuses_mismatched_arguments():
         packed_glu_gemv(x, packed, h[:, :4], g)
     with pytest.raises(ValueError, match="block_m"):  # a lane has one M-tile
         packed_glu_gemv(x, packed, h, g, block_m=2)
+
+
+def lane_reduce_reference(w, act, x, mode, history_in, lane_start, total):
+    """fp64 on the CPU: (x after lane_reduce_gemv's rule, the raw partials p[l] = W[l] @ act[l])."""
+    p = torch.einsum("lnk,lk->ln", w.double(), act.double().cpu())
+    x = x.double().cpu()
+    if mode == "scaled":
+        return x + total**0.5 * p, p
+    past = history_in.double().cpu()
+    lanes = torch.arange(lane_start, lane_start + w.shape[0])
+    return x + p + past.sum(0) - past[lanes], p
+
+
+# (lanes of the launch, total lanes, lane_start, N, K, block_m): every lane; a group of the last two of three
+# lanes (histories over all three); one M-tile a lane, 48 chunks; a program of two M-tiles
+REDUCE_SHAPES = [
+    (2, 2, 0, 32, 128, None),
+    (2, 3, 1, 48, 192, 1),
+    (4, 4, 0, 16, 3072, 1),
+    (1, 2, 1, 64, 64, 2),
+]
+
+
+@pytest.mark.parametrize("act_dtype", ACT_DTYPES)
+@pytest.mark.parametrize("mode", ["delayed", "scaled"])
+@pytest.mark.parametrize("lanes,total,lane_start,n,k,block_m", REDUCE_SHAPES)
+def test_a_lane_reduced_product_adds_the_rule_of_its_mode(
+    act_dtype, mode, lanes, total, lane_start, n, k, block_m
+):
+    """A Laneformer's o-proj or down-proj in 12 bits: each lane's product, its exceptions included, reduced
+    into its own residual row by the delayed or scaled rule, the raw partials kept for the layer d on (a scaled
+    layer's too: a delayed one may read them)."""
+    w = torch.stack([awkward_matrix(n, k, seed=50 + lane) for lane in range(lanes)])
+    act = randn(lanes, k, dtype=act_dtype, scale=2.0)
+    x = randn(lanes, n, scale=4.0)
+    history_in, history_out = randn(total, n, scale=3.0), poisoned(total, n, dtype=torch.float32)
+    out = x.clone()
+    packed = move(pack_mma(w.reshape(lanes * n, k)), DEVICE)
+    packed_lane_reduce_gemv(act, packed, out, mode=mode, history_out=history_out, history_in=history_in,
+                            lane_start=lane_start, total_lanes=total, block_m=block_m)  # fmt: skip
+    want, partials = lane_reduce_reference(w, act, x, mode, history_in, lane_start, total)
+    assert_close(out - x, want - x.double().cpu(), torch.float32)
+    assert_close(history_out[lane_start : lane_start + lanes], partials, torch.float32, "history_out")
+    others = [lane for lane in range(total) if not lane_start <= lane < lane_start + lanes]
+    assert torch.isnan(history_out[others]).all()  # another group's rows are not this launch's
+
+
+def test_the_lane_reduced_launcher_refuses_what_it_cannot_do():
+    lanes, n, k = 2, 32, 64
+    packed = move(pack_mma(awkward_matrix(lanes * n, k)), DEVICE)
+    act, x = randn(lanes, k, dtype=torch.bfloat16), randn(lanes, n)
+    history = torch.zeros(lanes, n, device=DEVICE)
+    with pytest.raises(ValueError, match="'sum' needs every lane"):
+        packed_lane_reduce_gemv(act, packed, x, mode="sum")
+    with pytest.raises(ValueError, match="history_in: required"):
+        packed_lane_reduce_gemv(act, packed, x, mode="delayed")
+    with pytest.raises(ValueError, match="packed: "):
+        packed_lane_reduce_gemv(act[:1], packed, x[:1], mode="scaled")
+    with pytest.raises(ValueError, match="act: expected"):
+        packed_lane_reduce_gemv(act.half(), packed, x, mode="scaled")
+    with pytest.raises(ValueError, match="lane_start"):
+        packed_lane_reduce_gemv(act, packed, x, mode="delayed", history_in=history, lane_start=1)
+    with pytest.raises(ValueError, match="history_in: expected"):
+        packed_lane_reduce_gemv(act, packed, x, mode="delayed", history_in=history[:, :16])
+    with pytest.raises(ValueError, match="block_m"):
+        packed_lane_reduce_gemv(act, packed, x, mode="scaled", block_m=4)
 
 
 def test_a_launch_clears_the_buffer_it_is_given():

@@ -6,10 +6,10 @@ A decode step is five kernels a layer (model.py's math, fused):
     lane_reduce_gemv   o-proj of every lane + the cross-lane reduction + the residual add
     rmsnorm_gemv       ffn norm + gate/up + SiLU
     lane_reduce_gemv   down-proj + reduction + residual add
-The 12-bit kinds (docs/fast-path.md; the bf16 weights held losslessly, multiplied on the tensor cores): one-lane
-models read the o-proj of layers 1 on, the down-proj and a large gate/up through packed_mma_gemv (added into the
-residual, or into fp32 sums the o-proj cleared, with atomics); a Laneformer its large gate/up through
-packed_glu_gemv (norm and SiLU in the launch) and its delayed layers' down-proj through packed_lane_reduce_gemv.
+The 12-bit kinds (docs/fast-path.md; bf16 weights held losslessly, multiplied on the tensor cores): one-lane models
+read the o-proj of layers 1 on, the down-proj and a large gate/up through packed_mma_gemv (added into the residual,
+or into fp32 sums the o-proj cleared, with atomics); a Laneformer its large gate/up through packed_glu_gemv (norm
+and SiLU in the launch) and its delayed (or scaled) layers' down-proj through packed_lane_reduce_gemv.
 Then the head: final_norm (L > 1 only) and lm_head (norm, logits, argmax, token and position bookkeeping), or for
 greedy steps lm_head_screen (the same argmax from an int8 copy of the head and the candidate rows); sampled steps
 at low temperatures read the screen too, until a request's logits turn out flat (inference/fast/head_choice.py).

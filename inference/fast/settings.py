@@ -73,7 +73,7 @@ class RunnerSettings:
     # lanes, every layer's, its norm and SiLU fused (the bf16 down-proj reads h as ever)
     packed_gate_up: bool
     packed_blocks: dict[str, dict[str, int]]  # packed_mma_gemv's blocks by kind: o, gate_up, down
-    packed_lane_down: bool  # beside a Laneformer's 12-bit gate/up, its delayed layers' down-proj in 12 bits
+    packed_lane_down: bool  # a Laneformer's down-proj beside its 12-bit gate/up (not a 'sum' layer's)
     head_screen: bool  # an int8 copy of the head that greedy (and cool sampled) steps read first
     lane_groups: int  # streams the lanes of delayed layers decode on (1: one)
     attention_splits: int  # of each KV head's keys: enough programs to fill the GPU (resolve says whose)

@@ -573,9 +573,7 @@ def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_
                 glu_store(gate, up, g8, g8 >= 0, m_it, rstd_it, out_ptr, act_it, norm_it, base_ptr, exc_row_ptr,
                           exc_col_ptr, exc_value_ptr, exc_first, exc_end, K, LANE_TILES, EXC_BLOCK,
                           EXC_ROUNDS)  # fmt: skip
-        elif (
-            REDUCE != NO_REDUCE
-        ):  # a lane's rows over all of K: reduced and stored here, as lane_reduce_gemv does
+        elif REDUCE != NO_REDUCE:  # a lane's rows over all of K: reduced and stored here
             if USE_MMA and TWO_PARTS:  # D's columns 0 + 1, as the atomic branch below reads them
                 pair_sums = tl.sum(tl.reshape(acc, [BM, 64, 2]), axis=2)  # [BM, 64]
                 p = tl.arange(0, 64)
@@ -592,18 +590,15 @@ def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_
                                   exc_col_ptr, exc_value_ptr, exc_first, exc_end, lane_start, lane_scale, K, ACT,
                                   LANE_TILES * 16, REDUCE, TOTAL_LANES, STORE_HISTORY, EXC_BLOCK,
                                   EXC_ROUNDS)  # fmt: skip
-            else:  # row g's terms are the 16 words c of 16 g .. 16 g + 15
-                rows = m_it[:, None] * 16 + tl.arange(0, 8)[None, :]
-                every = rows >= 0
-                lane_reduce_store(tl.sum(tl.reshape(acc, [BM, 8, 16]), axis=2), rows, every, out_ptr, hist_out_ptr,
-                                  hist_in_ptr, act_it, base_ptr, exc_row_ptr, exc_col_ptr, exc_value_ptr, exc_first,
-                                  exc_end, lane_start, lane_scale, K, ACT, LANE_TILES * 16, REDUCE, TOTAL_LANES,
-                                  STORE_HISTORY, EXC_BLOCK, EXC_ROUNDS)  # fmt: skip
-                lane_reduce_store(tl.sum(tl.reshape(acc_8, [BM, 8, 16]), axis=2), rows + 8, every, out_ptr,
-                                  hist_out_ptr, hist_in_ptr, act_it, base_ptr, exc_row_ptr, exc_col_ptr, exc_value_ptr,
-                                  exc_first, exc_end, lane_start, lane_scale, K, ACT, LANE_TILES * 16, REDUCE,
-                                  TOTAL_LANES,
-                                  STORE_HISTORY, EXC_BLOCK, EXC_ROUNDS)  # fmt: skip
+            else:  # row g's terms are the 16 words c of 16 g .. 16 g + 15; rows g and g + 8 side by side
+                sums = tl.reshape(tl.join(tl.sum(tl.reshape(acc, [BM, 8, 16]), axis=2),
+                                          tl.sum(tl.reshape(acc_8, [BM, 8, 16]), axis=2)), [BM, 16])  # fmt: skip
+                c = tl.arange(0, 16)
+                rows = m_it[:, None] * 16 + (c // 2 + 8 * (c % 2))[None, :]
+                lane_reduce_store(sums, rows, rows >= 0, out_ptr, hist_out_ptr, hist_in_ptr, act_it, base_ptr,
+                                  exc_row_ptr, exc_col_ptr, exc_value_ptr, exc_first, exc_end, lane_start, lane_scale,
+                                  K, ACT, LANE_TILES * 16, REDUCE, TOTAL_LANES, STORE_HISTORY, EXC_BLOCK,
+                                  EXC_ROUNDS)  # fmt: skip
         # D's columns 0 and 1 (the hi and lo parts' sums): slots 0 + 1 (row g) and 2 + 3 (row g + 8) of lanes
         # 0, 4, ..., 28; p = c // 2 sums lane p // 2's slots 2 (p % 2) and 2 (p % 2) + 1
         elif USE_MMA and TWO_PARTS:
@@ -665,11 +660,10 @@ def lane_reduce_store(p, rows, keep, x_ptr, hist_out_ptr, hist_in_ptr, act_ptr, 
                       ACT: tl.constexpr, LANE_ROWS: tl.constexpr, REDUCE: tl.constexpr, TOTAL_LANES: tl.constexpr,
                       STORE_HISTORY: tl.constexpr, EXC_BLOCK: tl.constexpr, EXC_ROUNDS: tl.constexpr):  # fmt: skip
     """A lane-reduced launch's end: p [BM, C] the sums of W's rows `rows` (where keep), W the launch's lanes'
-    matrices stacked (row = lane * LANE_ROWS + n), act_ptr the lane's input (ACT: BF16 or FP32); their exceptions
-    added, then
-    p stored in history_out where it is kept, then lane_reduce_gemv's rule on x [lanes, LANE_ROWS] at the same
-    rows: DELAYED x[l, n] += p + the other lanes' partials of history_in [TOTAL_LANES, LANE_ROWS]; SCALED
-    x[l, n] += lane_scale * p. l counts from lane_start in the histories."""
+    matrices stacked (row = lane * LANE_ROWS + n), act_ptr the lane's input (ACT: BF16 or FP32). Their exceptions
+    added, p is stored in history_out where it is kept, then lane_reduce_gemv's rule applied to x [lanes,
+    LANE_ROWS] at the same rows: DELAYED x[l, n] += p + the other lanes' partials of history_in [TOTAL_LANES,
+    LANE_ROWS]; SCALED x[l, n] += lane_scale * p. l counts from lane_start in the histories."""
     for r in tl.static_range(EXC_ROUNDS):
         idx = exc_first + r * EXC_BLOCK + tl.arange(0, EXC_BLOCK)
         ok = idx < exc_end

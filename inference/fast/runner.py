@@ -262,9 +262,7 @@ class FastRunner(SpeculativeSteps):
         for i in range(len(self.layers)):
             for group in self.groups if self.groups and i >= self.split_from else [self.whole]:
                 w = group.layers[i]
-                if (
-                    self.settings.packed_lane_down and w.mode != "sum"
-                ):  # [lanes, D, F/L] as one [lanes * D, F/L]
+                if self.settings.packed_lane_down and w.mode != "sum":  # [lanes, D, F/L] as [lanes * D, F/L]
                     w.w2_packed = self._packed(w.w2.reshape(-1, w.w2.shape[2]), f"layer {i} w2")
                 f, k = w.w1.shape[1:]
                 if f % 8 or not fits(2 * f, k):

@@ -142,8 +142,7 @@ class LaneShard:
             raise ValueError(f"transport: must be collective or peer, got {transport!r}")
 
     def _shard_block(self, layer: Block) -> Block:
-        with torch.device("meta"):
-            block = Block(self.shard_cfg, layer.layer)
+        block = Block(self.shard_cfg, layer.layer, device="meta")
         lane_weights = {name: tensor[self.own] for name, tensor in layer.named_parameters()
                         if name not in ("q_norm", "k_norm")}  # fmt: skip
         shared = {

@@ -108,6 +108,12 @@ def _yarn_inv_freq(cfg: ModelConfig, s: YarnRopeScaling) -> torch.Tensor:
 def rope_tables(
     cfg: ModelConfig, device: torch.device | str | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of every position's angles, [max_pos, hd/2] fp32 each (shapes only on the meta device)."""
+    if device is not None and torch.device(device).type == "meta":
+        # no arithmetic on meta: its decompositions import torch._dynamo, which then holds every live process
+        # group past destroy_process_group (a rank's gloo threads would outlive it and abort its exit)
+        shape = (cfg.max_position_embeddings, cfg.head_dim // 2)
+        return torch.empty(shape, device="meta"), torch.empty(shape, device="meta")
     positions = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
     angles = torch.outer(positions, rope_inv_freq(cfg))  # [max_pos, hd/2]
     cos, sin = angles.cos(), angles.sin()
@@ -255,8 +261,7 @@ class Transformer(nn.Module):
     def from_weights(cls, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> Transformer:
         """Wrap loaded weights (checkpoint.load_weights) without copying them, for inference: no parameter
         requires a gradient, so nothing built from them keeps an autograd graph of its temporaries."""
-        with torch.device("meta"):
-            model = cls(cfg)
+        model = cls(cfg, device="meta")
         model.load_state_dict(weights, strict=True, assign=True)
         model.rope_cos, model.rope_sin = rope_tables(cfg, weights["tok_embeddings"].device)
         return model.eval().requires_grad_(False)

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import functools
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +28,7 @@ from inference.model import KVCache
 from inference.presets import PRESETS
 from inference.synth import peaked_model
 
+ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [5, 17, 300, 42, 9, 77, 128, 3, 250, 64, 11, 199]
 NEW_TOKENS = 12
 
@@ -137,6 +141,39 @@ def test_results_larger_than_a_pipe_come_back_and_a_failed_rank_ends_the_run():
     assert [len(r) for r in results] == [200_000, 200_000] and results[1][0] == 1.0
     with pytest.raises(RuntimeError, match="lane processes failed with exit codes"):
         spawn_lanes(2, functools.partial(sized_job, 10, 1))  # rank 0 waits for it in the barrier
+
+
+# A fresh interpreter: what the ranks' processes are. The threads are counted around the process group's life.
+RANK_TEARDOWN = """
+import os
+import torch.distributed as dist
+from inference.config import ModelConfig
+from inference.lanes_parallel import LaneShard, free_port, greedy, init_rank, parallel_model
+from inference.presets import PRESETS
+from inference.synth import peaked_model
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+before = threads()
+init_rank(0, 1, free_port(), "gloo")
+during = threads()
+model = parallel_model(peaked_model(ModelConfig.from_hf(PRESETS["tiny-qwen3"]["config"]), 5), 2)
+greedy(LaneShard(model, 0, 1, 16), [5, 17, 300], 4)
+dist.destroy_process_group()
+print(before, during, threads())
+"""
+
+
+def test_a_rank_ends_its_process_groups_threads_when_it_destroys_the_group():
+    # A gloo thread that outlives destroy_process_group can finish a collective during the interpreter's exit,
+    # need the GIL there and abort the rank after it has sent its result.
+    done = subprocess.run([sys.executable, "-c", RANK_TEARDOWN], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    before, during, after = map(int, done.stdout.split())
+    assert during > before  # the group's threads, so that their end is seen
+    assert after == before
 
 
 def test_lanes_that_do_not_divide_among_the_processes_are_refused():

@@ -8,7 +8,6 @@ import functools
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,8 +26,8 @@ from inference.lanes_parallel import (
 from inference.model import KVCache
 from inference.presets import PRESETS
 from inference.synth import peaked_model
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [5, 17, 300, 42, 9, 77, 128, 3, 250, 64, 11, 199]
 NEW_TOKENS = 12
 

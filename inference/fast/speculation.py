@@ -11,7 +11,8 @@ and the next layer's L2 prefetch is a hint that reads no values. The Laneformer'
 lane partials across layers of one position only (forward_prompt keeps them per row, the decode step
 rewrites history[.., i - d] before reading it), so no state of a rejected position survives the step.
 The hand-over to the decode graphs is then prefill's: the next input token, its position, out_tokens and
-the seen ids; every other buffer a step reads it writes first.
+the seen ids; every other buffer a step reads it writes first. A greedy step does it on the device, with the
+choice of the drafts kept (verify_greedy: one wait for the host a step); a sampled one from the host.
 """
 
 from __future__ import annotations
@@ -66,17 +67,20 @@ class SpeculativeSteps:
             else None
         )
 
-    @torch.no_grad()
-    def verify(self, pos: int, draft: list[int]) -> torch.Tensor:
-        """The logits [k+1, V] fp32 of one step over the token at `pos` (self.token, not yet in the cache) and the
-        k = len(draft) tokens after it: row j is what follows position pos + j. Writes the cache rows
-        pos .. pos + k; leaves token, pos and everything else as they were."""
+    def _check_draft(self, pos: int, draft: list[int]) -> None:
         k = len(draft)
         if not 0 < k <= MAX_DRAFT:
             raise ValueError(f"draft: 1 to {MAX_DRAFT} tokens, got {k}")
         if pos + k >= self.max_context:
             raise ValueError(f"draft: positions up to {pos + k} past the context ({self.max_context})")
-        graphs = self.verify_graphs
+
+    @torch.no_grad()
+    def verify(self, pos: int, draft: list[int]) -> torch.Tensor:
+        """The logits [k+1, V] fp32 of one step over the token at `pos` (self.token, not yet in the cache) and the
+        k = len(draft) tokens after it: row j is what follows position pos + j. Writes the cache rows
+        pos .. pos + k; leaves token, pos and everything else as they were."""
+        self._check_draft(pos, draft)
+        k, graphs = len(draft), self.verify_graphs
         graphs.stage(pos, draft)
         graph = graphs.graph_for(k + 1, pos)
         if graph is None:
@@ -85,15 +89,28 @@ class SpeculativeSteps:
         return graphs.logits[: k + 1]
 
     @torch.no_grad()
-    def _verified_tokens(self, pos: int, draft: list[int], greedy: bool) -> list[int]:
-        """The model's token after each of the k+1 positions of a verify step, as plain steps would choose them
-        from the same history: greedy the argmax; sampled, kernels/sample.py at each position in turn (its noise
-        is keyed by the seed and the position, so position j draws what a plain step at pos + j would), every
-        token joining the seen ids the next position is penalised by. Tokens past the first rejected draft are
-        chosen too and then dropped (_take_verified clears their seen flags)."""
+    def verify_greedy(self, pos: int, draft: list[int]) -> list[int]:
+        """A greedy verify step from `pos` that decides on the device (kernels/accept_draft.py): the tokens it
+        emits, i.e. the drafts the model kept and then its own argmax after them. Writes the cache rows
+        pos .. pos + k and leaves token, pos, out_tokens and seen as plain steps emitting those tokens would."""
+        self._check_draft(pos, draft)
+        k, graphs = len(draft), self.verify_graphs
+        graphs.stage(pos, draft)
+        graph = graphs.graph_for(k + 1, pos, greedy=True)
+        if graph is None:
+            graphs.accept(k + 1)
+        else:
+            graph.replay()
+        return graphs.read_accepted()
+
+    @torch.no_grad()
+    def _verified_tokens(self, pos: int, draft: list[int]) -> list[int]:
+        """The model's sampled token after each of the k+1 positions of a verify step, as plain steps would draw
+        them from the same history: kernels/sample.py at each position in turn (its noise is keyed by the seed
+        and the position, so position j draws what a plain step at pos + j would), every token joining the seen
+        ids the next position is penalised by. Tokens past the first rejected draft are drawn too and then
+        dropped (_take_verified clears their seen flags)."""
         logits = self.verify(pos, draft)
-        if greedy:
-            return logits[:, : self.vocab_limit].argmax(-1).tolist()
         for j in range(len(draft) + 1):
             self.logits.copy_(logits[j])
             self._sample_next()  # reads pos (pos + j), writes token, out_tokens[pos + j + 1], seen; pos += 1
@@ -139,10 +156,16 @@ class SpeculativeSteps:
             if draft and not pending:  # a verify step
                 counts.decode_steps += 1
                 began = time.perf_counter()
-                chosen = self._verified_tokens(front, draft, greedy)  # waits for the device
-                emitted = accept(draft, chosen.__getitem__, stop_ids)
-                context.update(emitted)
-                self._take_verified(front, emitted, chosen, context)
+                if (
+                    greedy
+                ):  # kept on the device, which moved its state on; a stop id still ends what is emitted
+                    emitted = accept(draft, self.verify_greedy(front, draft).__getitem__, stop_ids)
+                    context.update(emitted)
+                else:
+                    chosen = self._verified_tokens(front, draft)  # waits for the device
+                    emitted = accept(draft, chosen.__getitem__, stop_ids)
+                    context.update(emitted)
+                    self._take_verified(front, emitted, chosen, context)
                 last = len(emitted) - 1  # emitted[last] is the model's own choice, unless an accepted stop id
                 accepted = last + int(last < len(draft) and emitted[last] == draft[last])
                 counts.draft_n += len(draft)

@@ -129,12 +129,31 @@ def test_verify_rows_are_the_plain_steps_logits_and_decoding_goes_on_after_it():
     assert runner.out_tokens[n : n + 6].tolist() == plain
 
 
+@torch.no_grad()
+def test_a_greedy_verify_step_decides_on_the_device_and_plain_decoding_goes_on_after_it():
+    model = model_of("tiny-laneformer")
+    runner = FastRunner(model, 128, speculation=OFF)
+    prompt = copying_prompt(3, 66)
+    plain = list(runner.generate_tokens(prompt, SamplingParams(max_new_tokens=7)))
+    n, wrong = len(prompt), (plain[3] + 1) % 1000
+    # two drafts kept then one rejected (the model's own token ends the step); then all three kept
+    for draft, emitted in (([plain[1], plain[2], wrong], plain[1:4]), (plain[1:4], plain[1:5])):
+        runner.prefill(prompt)  # token plain[0] at position n
+        assert runner.verify_greedy(n, draft) == emitted
+        assert (int(runner.pos), int(runner.token)) == (n + len(emitted), emitted[-1])
+        assert bool(runner.seen[torch.tensor(emitted, device=DEVICE)].all())
+        for _ in range(len(plain) - 1 - len(emitted)):
+            runner.decode_step()
+        assert runner.out_tokens[n : n + len(plain)].tolist() == plain
+
+
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs")
 @torch.no_grad()
 def test_a_verify_step_replays_a_graph_with_the_eager_steps_logits():
     model = model_of("tiny-laneformer")
     runner = FastRunner(model, 128, speculation=ON)
-    assert set(runner.verify_graphs.graphs) == {2, 4, 8}  # captured at build: up to 4 drafts, 5 rows
+    # captured at build: up to 4 drafts, 5 rows; the logits' graphs and the greedy ones that accept on the device
+    assert set(runner.verify_graphs.graphs) == set(runner.verify_graphs.greedy_graphs) == {2, 4, 8}
     prompt = copying_prompt(3, 66)
     n = len(prompt)
     runner.prefill(prompt)
@@ -149,6 +168,13 @@ def test_a_verify_step_replays_a_graph_with_the_eager_steps_logits():
         else:  # cuBLAS may round a 4-row product's rows and a 3-row one's an ulp apart
             assert (replayed - eager).norm() / eager.norm() < 1e-2
             assert torch.equal(replayed.argmax(-1), eager.argmax(-1))
+    for draft in ([5, 6, 7], [5, 6]):  # the greedy graphs leave what the eager greedy step leaves
+        runner.prefill(prompt)
+        replayed = runner.verify_greedy(n, draft), int(runner.pos), int(runner.token)
+        runner.prefill(prompt)
+        runner.verify_graphs.stage(n, draft)
+        runner.verify_graphs.accept(len(draft) + 1)
+        assert (runner.verify_graphs.read_accepted(), int(runner.pos), int(runner.token)) == replayed
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the GPU's default")

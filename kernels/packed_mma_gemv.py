@@ -72,10 +72,9 @@ EXC_BLOCK = 16  # exceptions a program adds at a time
 # one program writes it); the fp32 sums [2K] of a NORMED launch (GLU: B = silu(rstd * gate) * (rstd * up) rounded
 # to bf16, the down-proj after a packed gate/up of a bf16 model; GLU_FP32 the same unrounded, an fp32 model's)
 BF16, FP32, NORMED, GLU, GLU_FP32 = (tl.constexpr(kind) for kind in range(5))
-# How a launch over lanes' rows ends: none (out += the sums); a Laneformer o-proj's or down-proj's reduction
-# (kernels/lane_reduce_gemv.py's modes but SUM, which needs every lane's partial of the layer), DELAYED or SCALED;
-# or NORM_ROWS, a normed launch's rows scaled by their lane's RMSNorm scalar and stored (the q|k|v)
-NO_REDUCE, DELAYED, SCALED, NORM_ROWS = (tl.constexpr(kind) for kind in range(4))
+# A Laneformer o-proj's or down-proj's reduction (kernels/lane_reduce_gemv.py's modes but SUM, which needs every
+# lane's partial of the layer): none (out += the sums), DELAYED or SCALED
+NO_REDUCE, DELAYED, SCALED = (tl.constexpr(kind) for kind in range(3))
 
 
 def mma_chain(parts: int) -> str:
@@ -496,7 +495,7 @@ def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_
     scale = 1.0
     # the norm's scalar, once a launch, for the GLU launch that reads these sums (a constexpr and a runtime test:
     # two statements in Triton's jit)
-    if ACT == NORMED and not FUSED_GLU and REDUCE == NO_REDUCE:  # noqa: SIM102
+    if ACT == NORMED and not FUSED_GLU:  # noqa: SIM102
         if program == 0:
             tl.store(rstd_ptr, residual_rstd(act_ptr.to(tl.pointer_type(tl.float32)), eps, K, X_BLOCK))
     if ACT == GLU or ACT == GLU_FP32:  # noqa: SIM109
@@ -514,7 +513,7 @@ def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_
             act_it = act_ptr + lane * (K // 2)
             norm_it = norm_ptr + lane * (K // 2)
         rstd_it = 1.0
-        if FUSED_GLU or REDUCE == NORM_ROWS:  # loaded beside the first weights, used at the end
+        if FUSED_GLU:  # loaded beside the first weights, used at the end
             rstd_it = lane_rstd(act_it.to(tl.pointer_type(tl.float32)), eps, K)
         acc = tl.zeros([BM, 128], dtype=tl.float32) + (base * 0).to(
             tl.float32
@@ -580,26 +579,26 @@ def _packed_mma_gemv_kernel(act_ptr, norm_ptr, rstd_ptr, lo_ptr, code_ptr, base_
                 p = tl.arange(0, 64)
                 rows = m_it[:, None] * 16 + (p // 8 + 8 * (p % 2))[None, :]
                 keep = (p // 2 % 4 == 0)[None, :] & (rows >= 0)
-                lane_reduce_store(pair_sums, rows, keep, out_ptr, hist_out_ptr, hist_in_ptr, act_it, norm_it, rstd_it,
-                                  base_ptr, exc_row_ptr, exc_col_ptr, exc_value_ptr, exc_first, exc_end, lane_start,
-                                  lane_scale, K, ACT, LANE_TILES * 16, REDUCE, TOTAL_LANES, STORE_HISTORY, EXC_BLOCK,
+                lane_reduce_store(pair_sums, rows, keep, out_ptr, hist_out_ptr, hist_in_ptr, act_it, base_ptr,
+                                  exc_row_ptr, exc_col_ptr, exc_value_ptr, exc_first, exc_end, lane_start, lane_scale,
+                                  K, ACT, LANE_TILES * 16, REDUCE, TOTAL_LANES, STORE_HISTORY, EXC_BLOCK,
                                   EXC_ROUNDS)  # fmt: skip
             elif USE_MMA:  # D's column 0: slots 0 and 2 of lanes 0, 4, ..., 28 (the others' rows are masked)
                 rows = m_it[:, None] * 16 + g[None, :] + 8 * (j[None, :] // 2)
                 keep = ((t == 0) & (j % 2 == 0))[None, :] & (rows >= 0)
-                lane_reduce_store(acc, rows, keep, out_ptr, hist_out_ptr, hist_in_ptr, act_it, norm_it, rstd_it,
-                                  base_ptr, exc_row_ptr, exc_col_ptr, exc_value_ptr, exc_first, exc_end, lane_start,
-                                  lane_scale, K, ACT, LANE_TILES * 16, REDUCE, TOTAL_LANES, STORE_HISTORY, EXC_BLOCK,
+                lane_reduce_store(acc, rows, keep, out_ptr, hist_out_ptr, hist_in_ptr, act_it, base_ptr, exc_row_ptr,
+                                  exc_col_ptr, exc_value_ptr, exc_first, exc_end, lane_start, lane_scale, K, ACT,
+                                  LANE_TILES * 16, REDUCE, TOTAL_LANES, STORE_HISTORY, EXC_BLOCK,
                                   EXC_ROUNDS)  # fmt: skip
             else:  # row g's terms are the 16 words c of 16 g .. 16 g + 15; rows g and g + 8 side by side
                 sums = tl.reshape(tl.join(tl.sum(tl.reshape(acc, [BM, 8, 16]), axis=2),
                                           tl.sum(tl.reshape(acc_8, [BM, 8, 16]), axis=2)), [BM, 16])  # fmt: skip
                 c = tl.arange(0, 16)
                 rows = m_it[:, None] * 16 + (c // 2 + 8 * (c % 2))[None, :]
-                lane_reduce_store(sums, rows, rows >= 0, out_ptr, hist_out_ptr, hist_in_ptr, act_it, norm_it,
-                                  rstd_it, base_ptr, exc_row_ptr, exc_col_ptr, exc_value_ptr, exc_first, exc_end,
-                                  lane_start, lane_scale, K, ACT, LANE_TILES * 16, REDUCE, TOTAL_LANES,
-                                  STORE_HISTORY, EXC_BLOCK, EXC_ROUNDS)  # fmt: skip
+                lane_reduce_store(sums, rows, rows >= 0, out_ptr, hist_out_ptr, hist_in_ptr, act_it, base_ptr,
+                                  exc_row_ptr, exc_col_ptr, exc_value_ptr, exc_first, exc_end, lane_start, lane_scale,
+                                  K, ACT, LANE_TILES * 16, REDUCE, TOTAL_LANES, STORE_HISTORY, EXC_BLOCK,
+                                  EXC_ROUNDS)  # fmt: skip
         # D's columns 0 and 1 (the hi and lo parts' sums): slots 0 + 1 (row g) and 2 + 3 (row g + 8) of lanes
         # 0, 4, ..., 28; p = c // 2 sums lane p // 2's slots 2 (p % 2) and 2 (p % 2) + 1
         elif USE_MMA and TWO_PARTS:
@@ -656,38 +655,33 @@ def glu_store(gate, up, g, valid, m_it, rstd, h_ptr, act_ptr, norm_ptr, base_ptr
 
 
 @triton.jit
-def lane_reduce_store(p, rows, keep, x_ptr, hist_out_ptr, hist_in_ptr, act_ptr, norm_ptr, rstd, base_ptr,
-                      exc_row_ptr, exc_col_ptr, exc_value_ptr, exc_first, exc_end, lane_start, lane_scale,
-                      K: tl.constexpr, ACT: tl.constexpr, LANE_ROWS: tl.constexpr, REDUCE: tl.constexpr,
-                      TOTAL_LANES: tl.constexpr, STORE_HISTORY: tl.constexpr, EXC_BLOCK: tl.constexpr,
-                      EXC_ROUNDS: tl.constexpr):  # fmt: skip
-    """A launch over lanes' rows, its end: p [BM, C] the sums of W's rows `rows` (where keep), W the launch's lanes'
-    matrices stacked (row = lane * LANE_ROWS + n), act_ptr the lane's input (ACT: BF16 or FP32; NORMED with
-    norm_ptr its norm weight's row). Their exceptions added, NORM_ROWS stores x[l, n] = rstd * p (rstd the lane's
-    norm scalar). Otherwise p is stored in history_out where it is kept, then lane_reduce_gemv's rule applied to
-    x [lanes, LANE_ROWS] at the same rows: DELAYED x[l, n] += p + the other lanes' partials of history_in
-    [TOTAL_LANES, LANE_ROWS]; SCALED x[l, n] += lane_scale * p. l counts from lane_start in the histories."""
+def lane_reduce_store(p, rows, keep, x_ptr, hist_out_ptr, hist_in_ptr, act_ptr, base_ptr, exc_row_ptr, exc_col_ptr,
+                      exc_value_ptr, exc_first, exc_end, lane_start, lane_scale, K: tl.constexpr,
+                      ACT: tl.constexpr, LANE_ROWS: tl.constexpr, REDUCE: tl.constexpr, TOTAL_LANES: tl.constexpr,
+                      STORE_HISTORY: tl.constexpr, EXC_BLOCK: tl.constexpr, EXC_ROUNDS: tl.constexpr):  # fmt: skip
+    """A lane-reduced launch's end: p [BM, C] the sums of W's rows `rows` (where keep), W the launch's lanes'
+    matrices stacked (row = lane * LANE_ROWS + n), act_ptr the lane's input (ACT: BF16 or FP32). Their exceptions
+    added, p is stored in history_out where it is kept, then lane_reduce_gemv's rule applied to x [lanes,
+    LANE_ROWS] at the same rows: DELAYED x[l, n] += p + the other lanes' partials of history_in [TOTAL_LANES,
+    LANE_ROWS]; SCALED x[l, n] += lane_scale * p. l counts from lane_start in the histories."""
     for r in tl.static_range(EXC_ROUNDS):
         idx = exc_first + r * EXC_BLOCK + tl.arange(0, EXC_BLOCK)
         ok = idx < exc_end
-        row, term = exception_terms(exc_row_ptr, exc_col_ptr, exc_value_ptr, base_ptr, act_ptr, norm_ptr, idx, ok,
+        row, term = exception_terms(exc_row_ptr, exc_col_ptr, exc_value_ptr, base_ptr, act_ptr, act_ptr, idx, ok,
                                     1.0, ACT, K)  # fmt: skip
         p += tl.sum(tl.where(row[None, None, :] == rows[:, :, None], term[None, None, :], 0.0), axis=2)
-    if REDUCE == NORM_ROWS:
-        tl.store(x_ptr + rows, (rstd * p).to(x_ptr.dtype.element_ty), mask=keep)
+    x = tl.load(x_ptr + rows, mask=keep, other=0.0)
+    lane = lane_start + rows // LANE_ROWS
+    n = rows % LANE_ROWS
+    if STORE_HISTORY:  # whatever the mode: a later delayed layer may read a scaled one's partials
+        tl.store(hist_out_ptr + lane * LANE_ROWS + n, p, mask=keep)
+    if REDUCE == DELAYED:
+        for other in tl.static_range(TOTAL_LANES):
+            p += tl.load(hist_in_ptr + other * LANE_ROWS + n, mask=keep & (lane != other), other=0.0)
+        x += p
     else:
-        x = tl.load(x_ptr + rows, mask=keep, other=0.0)
-        lane = lane_start + rows // LANE_ROWS
-        n = rows % LANE_ROWS
-        if STORE_HISTORY:  # whatever the mode: a later delayed layer may read a scaled one's partials
-            tl.store(hist_out_ptr + lane * LANE_ROWS + n, p, mask=keep)
-        if REDUCE == DELAYED:
-            for other in tl.static_range(TOTAL_LANES):
-                p += tl.load(hist_in_ptr + other * LANE_ROWS + n, mask=keep & (lane != other), other=0.0)
-            x += p
-        else:
-            x += lane_scale * p
-        tl.store(x_ptr + rows, x, mask=keep)
+        x += lane_scale * p
+    tl.store(x_ptr + rows, x, mask=keep)
 
 
 @triton.jit
@@ -839,41 +833,6 @@ def packed_glu_gemv(x: torch.Tensor, packed: MmaPackedWeight, h: torch.Tensor, n
         **pdl_kwargs(use_pdl),
     )  # fmt: skip
     return h
-
-
-def packed_norm_gemv(x: torch.Tensor, packed: MmaPackedWeight, out: torch.Tensor, norm_weight: torch.Tensor, *,
-                     eps: float = 1e-6, block_m: int | None = None, ahead: int = 8, use_pdl: bool = False,
-                     trigger_early: bool = False) -> torch.Tensor:  # fmt: skip
-    """A Laneformer's q|k|v with its norm, the weights in 12 bits (pack_mma of weight [L, N, K] as [L * N, K]):
-
-        out[l] = W[l] @ (RMSNorm(x[l]) * norm_weight[l])
-
-    x [L, K] fp32 (the residual), norm_weight [L, K] bf16, out [L, N] fp32 overwritten. A program takes block_m
-    M-tiles of one lane over all of K and stores its rows itself, as packed_glu_gemv does."""
-    lanes, k = x.shape
-    n = out.shape[1] if out.dim() == 2 else 0
-    if packed.shape != (lanes * n, k):
-        raise ValueError(f"packed: [{packed.n}, {packed.k}] is not {lanes} lanes of [{n}, {k}]")
-    if x.dtype != torch.float32 or not x.is_contiguous():
-        raise ValueError(f"x: expected a contiguous fp32 [{lanes}, {k}], got {x.dtype} {tuple(x.shape)}")
-    if norm_weight.shape != (lanes, k) or norm_weight.dtype != torch.bfloat16 or not norm_weight.is_contiguous():  # fmt: skip
-        raise ValueError(f"norm_weight: expected a contiguous bf16 [{lanes}, {k}], got {norm_weight.dtype} "
-                         f"{tuple(norm_weight.shape)}")  # fmt: skip
-    if out.shape != (lanes, n) or not out.is_contiguous() or out.dtype != torch.float32:
-        raise ValueError(
-            f"out: expected a contiguous fp32 [{lanes}, {n}], got {out.dtype} {tuple(out.shape)}"
-        )
-    lane_tiles = n // 16
-    block_m = lane_block_m(block_m, lane_tiles, ahead)
-    _packed_mma_gemv_kernel[(lanes * lane_tiles // block_m, 1)](
-        x.view(torch.int64), norm_weight.view(torch.int32), out, packed.lo, packed.codes, packed.base,
-        packed.exc_start, packed.exc_row, packed.exc_col, packed.exc_value, out, out, 0, eps, out, out, 0, 1.0, K=k,
-        BM=block_m, AHEAD=min(ahead, k // CHUNK), SPLIT=1, ITEMS=1, ACT=NORMED, X_BLOCK=1, EXC_BLOCK=EXC_BLOCK,
-        EXC_ROUNDS=packed.exception_rounds(block_m, 1), ZERO_EACH=0, ZERO_BLOCK=1, LANE_TILES=lane_tiles,
-        FUSED_GLU=False, REDUCE=NORM_ROWS, TOTAL_LANES=1, STORE_HISTORY=False, USE_MMA=not interpreted(),
-        USE_PDL=use_pdl, TRIGGER_EARLY=trigger_early, num_warps=block_m, **pdl_kwargs(use_pdl),
-    )  # fmt: skip
-    return out
 
 
 def lane_block_m(block_m: int | None, lane_tiles: int, ahead: int) -> int:

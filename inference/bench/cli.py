@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     if packed:
         first = model.layers[0]
         bf16_bytes = {kind: sum(w.numel() * w.element_size() for w in weights) for kind, weights in
-                      (("q|k|v", [first.wq, first.wk, first.wv]), ("o-proj", [first.wo]),
+                      (("qkv", [first.wq, first.wk, first.wv]), ("o-proj", [first.wo]),
                        ("gate/up", [first.w1, first.w3]), ("down", [first.w2]))}  # fmt: skip
         runner_bytes -= sum(bf16_bytes[kind] - n for (_, kind), n in packed.items())
     if runner.residual_seconds:  # the residual's addresses the runner timed as it was built, and its choice

@@ -53,9 +53,6 @@ class LayerWeights:
     w13_packed: MmaPackedWeight | None = None
     w2_packed: MmaPackedWeight | None = None
     ffn_norm_bf16: torch.Tensor | None = None
-    # a Laneformer's q|k|v of layers 1 on in 12 bits (settings.packed_lane_qkv) and its norm weight [L, D] in bf16
-    wqkv_packed: MmaPackedWeight | None = None
-    attention_norm_bf16: torch.Tensor | None = None
 
     @classmethod
     def of(cls, cfg: ModelConfig, i: int, block) -> LayerWeights:

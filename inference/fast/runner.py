@@ -68,7 +68,6 @@ from kernels.packed_mma_gemv import (
     packed_glu_gemv,
     packed_lane_reduce_gemv,
     packed_mma_gemv,
-    packed_norm_gemv,
     placeholder,
 )
 from kernels.rmsnorm_gemv import rmsnorm_gemv
@@ -257,19 +256,14 @@ class FastRunner(SpeculativeSteps):
             self.glu_rstd = torch.zeros(1, device=self.device)
 
     def _pack_lanes(self) -> None:
-        """A Laneformer's gate/up (pack_glu), its delayed and scaled layers' down-proj (settings.packed_lane_down)
-        and its q|k|v of layers 1 on (settings.packed_lane_qkv) in 12 bits, for the lanes that launch them: all
-        before split_from, each group's own from there on. A lane of no whole chunks stays bf16; a 'sum' layer's
-        down-proj too (one launch needs every lane's partial)."""
+        """A Laneformer's gate/up (pack_glu) and its delayed and scaled layers' down-proj (settings.packed_lane_down)
+        in 12 bits, for the lanes that launch them: all before split_from, each group's own from there on. A lane
+        of no whole chunks stays bf16; a 'sum' layer's down-proj too (one launch needs every lane's partial)."""
         for i in range(len(self.layers)):
             for group in self.groups if self.groups and i >= self.split_from else [self.whole]:
                 w = group.layers[i]
                 if self.settings.packed_lane_down and w.mode != "sum":  # [lanes, D, F/L] as [lanes * D, F/L]
                     w.w2_packed = self._packed(w.w2.reshape(-1, w.w2.shape[2]), f"layer {i} w2")
-                if self.settings.packed_lane_qkv and i > 0:  # layer 0 reads the token's embedding row
-                    w.wqkv_packed = self._packed(w.wqkv.reshape(-1, w.wqkv.shape[2]), f"layer {i} wqkv")
-                    norm = self._as_bf16(w.attention_norm, f"layer {i} attention_norm")
-                    w.attention_norm_bf16 = norm.contiguous() if w.wqkv_packed is not None else None
                 f, k = w.w1.shape[1:]
                 if f % 8 or not fits(2 * f, k):
                     continue
@@ -281,17 +275,12 @@ class FastRunner(SpeculativeSteps):
                 w.ffn_norm_bf16 = self._as_bf16(w.ffn_norm, f"layer {i} ffn_norm").contiguous()
 
     def packed_bytes(self) -> dict[tuple[int, str], int]:
-        """What each packed matrix reads a step, by (layer, 'q|k|v', 'o-proj', 'gate/up' or 'down') (the benchmark's):
+        """What each packed matrix reads a step, by (layer, 'o-proj', 'gate/up' or 'down') (the benchmark's):
         summed over the lane groups that hold their own."""
         out: dict[tuple[int, str], int] = {}
         for layers in [self.layers] + [group.layers for group in self.groups]:
             for i, w in enumerate(layers):
-                kinds = (
-                    ("q|k|v", w.wqkv_packed),
-                    ("o-proj", w.wo_packed),
-                    ("gate/up", w.w13_packed),
-                    ("down", w.w2_packed),
-                )
+                kinds = (("o-proj", w.wo_packed), ("gate/up", w.w13_packed), ("down", w.w2_packed))
                 for kind, packed in kinds:
                     if packed is not None:
                         out[i, kind] = out.get((i, kind), 0) + packed.nbytes()
@@ -427,10 +416,6 @@ class FastRunner(SpeculativeSteps):
         pdl, early, prefetch = settings.pdl, settings.early, settings.prefetch
 
         def qkv() -> None:
-            if w.wqkv_packed is not None:  # lanes, layers 1 on: the norm in the same launch
-                packed_norm_gemv(group.x, w.wqkv_packed, group.qkv, w.attention_norm_bf16, eps=eps, use_pdl=pdl,
-                                 trigger_early="qkv" in early, **settings.packed_blocks["lanes_qkv"])  # fmt: skip
-                return
             rmsnorm_gemv(self.embed if first else group.x, w.wqkv, group.qkv, norm_weight=w.attention_norm, eps=eps,
                          bias=w.bqkv, token=self.token if first else None, use_pdl=pdl,
                          trigger_early="qkv" in early, prefetch=prefetch["qkv"])  # fmt: skip

@@ -35,8 +35,7 @@ PACKED_GATE_UP_MIN_BYTES = 48 << 20
 # chunks before its wait (attention before it reads little); the gate/up and down-proj load 2 of theirs, as more
 # would slow the launch they start beside. "lanes_gate_up" (packed_glu_gemv): 6 chunks in flight beat 4 and 8.
 PACKED_BLOCKS = {"o": {"block_m": 2, "ahead": 8}, "gate_up": {"ahead": 2}, "down": {"ahead": 2},
-                 "lanes_gate_up": {"block_m": 1, "ahead": 6}, "lanes_reduce": {"block_m": 1, "ahead": 6},
-                 "lanes_qkv": {"block_m": 1, "ahead": 6}}  # fmt: skip
+                 "lanes_gate_up": {"block_m": 1, "ahead": 6}, "lanes_reduce": {"block_m": 1, "ahead": 6}}  # fmt: skip
 # qwen3-1.7b's gate/up [2 x 6,144, 2,048]: fewer, lighter programs slow the attention and o-proj beside them less.
 PACKED_SHAPE_BLOCKS = {(2 * 6144, 2048): {"ahead": 1, "items": 2}}
 
@@ -75,7 +74,6 @@ class RunnerSettings:
     packed_gate_up: bool
     packed_blocks: dict[str, dict[str, int]]  # packed_mma_gemv's blocks by kind: o, gate_up, down
     packed_lane_down: bool  # a Laneformer's down-proj beside its 12-bit gate/up (not a 'sum' layer's)
-    packed_lane_qkv: bool  # a Laneformer's q|k|v of layers 1 on beside its 12-bit gate/up, its norm fused
     head_screen: bool  # an int8 copy of the head that greedy (and cool sampled) steps read first
     lane_groups: int  # streams the lanes of delayed layers decode on (1: one)
     attention_splits: int  # of each KV head's keys: enough programs to fill the GPU (resolve says whose)
@@ -132,7 +130,6 @@ class RunnerSettings:
         settings = cls(lanes=cfg.num_lanes, pdl=on["KOG_PDL"], packed=on["KOG_PACKED"] and one_lane,
                        packed_gate_up=packed_gate_up, packed_blocks=packed_blocks(gate_up_shape),
                        packed_lane_down=packed_gate_up and not one_lane,
-                       packed_lane_qkv=packed_gate_up and not one_lane and not cfg.qkv_bias,
                        head_screen=on["KOG_HEAD_SCREEN"], lane_groups=lane_groups,
                        attention_splits=default_splits(attention_heads, facts.multiprocessors),
                        attention_prefetch_next=hopper and cfg.head_dim * item % 16 == 0)  # fmt: skip
@@ -156,8 +153,6 @@ class RunnerSettings:
                 "packed_gate_up: a one-lane model's needs packed (the o-proj clears its sums, the down-proj "
                 "reads them)"
             )
-        if self.packed_lane_qkv and (cfg.num_lanes == 1 or cfg.qkv_bias):
-            raise ValueError("packed_lane_qkv: a Laneformer's q|k|v without biases (one lane: its own forms)")
         if self.lane_groups not in (1, 2):
             raise ValueError(f"lane_groups: expected 1 or 2, got {self.lane_groups}")
         if self.lane_groups == 2 and (cfg.num_lanes % 2 or split_from(cfg) == cfg.num_layers):

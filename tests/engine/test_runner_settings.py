@@ -37,8 +37,7 @@ def resolve(name: str, device: Device = H200, dtype: torch.dtype = torch.bfloat1
 
 def features(settings: RunnerSettings) -> dict:
     return {"pdl": settings.pdl, "packed": settings.packed, "packed_gate_up": settings.packed_gate_up,
-            "packed_lane_down": settings.packed_lane_down, "packed_lane_qkv": settings.packed_lane_qkv,
-            "head_screen": settings.head_screen,
+            "packed_lane_down": settings.packed_lane_down, "head_screen": settings.head_screen,
             "lane_groups": settings.lane_groups,
             "prefetch_next": settings.attention_prefetch_next}  # fmt: skip
 
@@ -47,17 +46,17 @@ def features(settings: RunnerSettings) -> dict:
 # gate/up in 12 bits where a layer's is 48 MiB or more (a Laneformer's too, and then its delayed down-proj), the head
 # screen for heads of 32 MiB or more, lane groups where a Laneformer's layers are 32 MiB or more and its weights
 # stay bf16 (beside the 12-bit ones one stream decodes faster).
-FEATURES = ("packed", "packed_gate_up", "packed_lane_down", "packed_lane_qkv", "head_screen", "lane_groups")
+FEATURES = ("packed", "packed_gate_up", "packed_lane_down", "head_screen", "lane_groups")
 H200_DEFAULTS = {
     name: dict(zip(FEATURES, values, strict=True))
     for name, values in {
-        "laneformer-2b": (False, True, True, True, True, 1),
-        "llama-3.2-1b": (True, True, False, False, True, 1),
-        "qwen3-1.7b": (True, True, False, False, True, 1),
-        "qwen2.5-coder-1.5b": (True, True, False, False, True, 1),
-        "tiny-llama": (True, False, False, False, False, 1),
-        "tiny-laneformer": (False, False, False, False, False, 1),
-        "default": (False, False, False, False, False, 1),
+        "laneformer-2b": (False, True, True, True, 1),
+        "llama-3.2-1b": (True, True, False, True, 1),
+        "qwen3-1.7b": (True, True, False, True, 1),
+        "qwen2.5-coder-1.5b": (True, True, False, True, 1),
+        "tiny-llama": (True, False, False, False, 1),
+        "tiny-laneformer": (False, False, False, False, 1),
+        "default": (False, False, False, False, 1),
     }.items()
 }
 
@@ -106,8 +105,7 @@ def test_off_a_hopper_gpu_only_the_head_screen_and_lane_groups_stay(name):
     # (laneformer-2b's bf16 gate/up takes its lane groups back)
     groups = 2 if name == "laneformer-2b" else features(resolve(name))["lane_groups"]
     assert on_ampere == {**features(resolve(name)), "pdl": False, "packed": False, "packed_gate_up": False,
-                         "packed_lane_down": False, "packed_lane_qkv": False, "prefetch_next": False,
-                         "lane_groups": groups}  # fmt: skip
+                         "packed_lane_down": False, "prefetch_next": False, "lane_groups": groups}  # fmt: skip
     # the interpreter: every default off (it gains nothing by them), one split
     cpu = resolve(name, CPU)
     assert features(cpu) == dict.fromkeys(features(cpu), False) | {"lane_groups": 1}
@@ -176,9 +174,6 @@ def test_a_replaced_setting_is_checked_against_the_model():
     llama = resolve("tiny-llama")
     with pytest.raises(ValueError, match="packed_gate_up: a one-lane model's needs packed"):
         dataclasses.replace(llama, packed=False, packed_gate_up=True).check(config("tiny-llama"))
-    dataclasses.replace(settings, packed_lane_qkv=True).check(cfg)
-    with pytest.raises(ValueError, match="packed_lane_qkv: a Laneformer's"):  # one lane: not this launch's
-        dataclasses.replace(llama, packed_lane_qkv=True).check(config("tiny-llama"))
 
 
 def test_a_laneformer_packs_its_gate_up_alone(monkeypatch):

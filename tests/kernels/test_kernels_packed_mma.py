@@ -12,7 +12,6 @@ from kernels.packed_mma_gemv import (
     packed_glu_gemv,
     packed_lane_reduce_gemv,
     packed_mma_gemv,
-    packed_norm_gemv,
     pick_split,
     placeholder,
     unpack_mma,
@@ -247,43 +246,6 @@ def test_the_fused_launcher_refuses_mismatched_arguments():
         packed_glu_gemv(x, packed, h[:, :4], g)
     with pytest.raises(ValueError, match="block_m"):  # a lane has one M-tile
         packed_glu_gemv(x, packed, h, g, block_m=2)
-
-
-# (lanes, N, K, block_m, ahead): one lane; a Laneformer-like layout of 3 lanes of 3 M-tiles; programs of two
-# M-tiles, one chunk ahead; K of 48 chunks
-NORM_SHAPES = [(1, 16, 64, None, 8), (3, 48, 192, 1, 8), (2, 32, 128, 2, 1), (2, 16, 3072, 1, 4)]
-
-
-@pytest.mark.parametrize("lanes,n,k,block_m,ahead", NORM_SHAPES)
-def test_a_lanes_normed_product_is_its_weights_times_its_normed_residual(lanes, n, k, block_m, ahead):
-    """A Laneformer's q|k|v in 12 bits: each lane's rows times its own RMSNorm of its own residual row (its norm
-    weight, its scalar), the exceptions added before the scalar, every element of out stored."""
-    w = torch.stack([awkward_matrix(n, k, seed=70 + lane) for lane in range(lanes)])
-    x = randn(lanes, k, scale=3.0)
-    g = (randn(lanes, k).abs() + 0.5).to(torch.bfloat16)
-    out = poisoned(lanes, n, dtype=torch.float32)
-    packed = move(pack_mma(w.reshape(lanes * n, k)), DEVICE)
-    packed_norm_gemv(x, packed, out, g, eps=1e-5, block_m=block_m, ahead=ahead)
-    xd = x.double().cpu()
-    normed = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5) * g.double().cpu()
-    assert_close(out, torch.einsum("lnk,lk->ln", w.double(), normed), torch.float32)
-
-
-def test_the_normed_launcher_refuses_mismatched_arguments():
-    lanes, n, k = 2, 32, 64
-    packed = move(pack_mma(awkward_matrix(lanes * n, k)), DEVICE)
-    x, out = randn(lanes, k), torch.zeros(lanes, n, device=DEVICE)
-    g = torch.ones(lanes, k, dtype=torch.bfloat16, device=DEVICE)
-    with pytest.raises(ValueError, match="packed: "):  # 4 lanes of 16 rows are not 2 of 32 by shape
-        packed_norm_gemv(x, packed, torch.zeros(lanes, 16, device=DEVICE), g)
-    with pytest.raises(ValueError, match="x: expected"):
-        packed_norm_gemv(x.half(), packed, out, g)
-    with pytest.raises(ValueError, match="norm_weight"):
-        packed_norm_gemv(x, packed, out, g.float())
-    with pytest.raises(ValueError, match="out: expected"):
-        packed_norm_gemv(x, packed, out.to(torch.bfloat16), g)
-    with pytest.raises(ValueError, match="block_m"):  # a lane has two M-tiles
-        packed_norm_gemv(x, packed, out, g, block_m=4)
 
 
 def lane_reduce_reference(w, act, x, mode, history_in, lane_start, total):

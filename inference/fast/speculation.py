@@ -39,8 +39,8 @@ from inference.speculative import (
 LOOKAHEAD = 8  # decode steps queued on the GPU ahead of the token handed to the caller
 RING = 16  # pinned slots for finished token ids (> LOOKAHEAD)
 MAX_DRAFT = 32  # draft tokens a verify step takes at most (KOG_DRAFT_MAX's bound)
-# Below this much weight a GPU decode step is shorter than a verify step's round trip to the host, so drafts cost
-# more than they save: such models decode plainly unless KOG_SPECULATIVE=1 asks (docs/speculative-decoding.md).
+# Below this much weight a GPU decode step is so short that a verify step's launches cost several of them, more
+# than drafts save: such models decode plainly unless KOG_SPECULATIVE=1 asks (docs/speculative-decoding.md).
 GPU_SPECULATION_MIN_BYTES = 512 << 20
 
 

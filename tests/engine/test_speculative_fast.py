@@ -59,7 +59,7 @@ def assert_drafts_both_kept_and_rejected(runner: FastRunner, tokens: int) -> Non
     assert counts.decode_steps + counts.draft_n_accepted == tokens - 1, counts
     if (
         ON_GPU
-    ):  # a tiny model's GPU step is shorter than a verify's round trip: drafting pauses (graph tests below)
+    ):  # a tiny model's GPU step is a fraction of a verify step's: drafting pauses (graph tests below)
         return
     assert 0 < counts.draft_n_accepted < counts.draft_n, counts
 

@@ -103,12 +103,17 @@ def test_seeded_sampling_with_a_repetition_penalty_draws_the_plain_tokens():
     assert ON_GPU or runner.counts.draft_n_accepted > 0, runner.counts
 
 
-@torch.no_grad()
-def test_verify_rows_are_the_plain_steps_logits_and_decoding_goes_on_after_it():
+def laneformer_decoding(tokens: int) -> tuple[Transformer, FastRunner, list[int], list[int]]:
+    """(tiny-laneformer, a runner of it without drafts, a 69-token prompt past its windows, its plain greedy tokens)."""
     model = model_of("tiny-laneformer")
     runner = FastRunner(model, 128, speculation=OFF)
     prompt = copying_prompt(3, 66)
-    plain = list(runner.generate_tokens(prompt, SamplingParams(max_new_tokens=6)))
+    return model, runner, prompt, list(runner.generate_tokens(prompt, SamplingParams(max_new_tokens=tokens)))
+
+
+@torch.no_grad()
+def test_verify_rows_are_the_plain_steps_logits_and_decoding_goes_on_after_it():
+    model, runner, prompt, plain = laneformer_decoding(6)
     n = len(prompt)
     runner.prefill(prompt)  # token plain[0] at position n
     # the first two drafts are the plain tokens, the third is not: rows 0..2 must choose plain[1..3]
@@ -131,10 +136,7 @@ def test_verify_rows_are_the_plain_steps_logits_and_decoding_goes_on_after_it():
 
 @torch.no_grad()
 def test_a_greedy_verify_step_decides_on_the_device_and_plain_decoding_goes_on_after_it():
-    model = model_of("tiny-laneformer")
-    runner = FastRunner(model, 128, speculation=OFF)
-    prompt = copying_prompt(3, 66)
-    plain = list(runner.generate_tokens(prompt, SamplingParams(max_new_tokens=7)))
+    _, runner, prompt, plain = laneformer_decoding(7)
     n, wrong = len(prompt), (plain[3] + 1) % 1000
     # two drafts kept then one rejected (the model's own token ends the step); then all three kept
     for draft, emitted in (([plain[1], plain[2], wrong], plain[1:4]), (plain[1:4], plain[1:5])):

@@ -9,6 +9,8 @@
 #                                        # start past it are skipped and say so)
 #   PEERS=1 scripts/gpu_check.sh         # also the torch.compile and HF transformers peers (minutes more)
 #   MODELS="llama-3.2-1b" TESTS=0 LONG_MODELS="" scripts/gpu_check.sh
+#   MODELS="" TESTS=0 WORKER_MODELS="" PEAKED_MODELS="" DEFAULT_CHECK=0 LONG_MODELS="laneformer-2b" \
+#     TTFT_FLAGS="--prefill-profile" scripts/gpu_check.sh   # one model's long context alone (an empty list skips)
 #   BENCH_FLAGS="" PEERS=1 LONG_MODELS="" TESTS=0 DEFAULT_CHECK=0 scripts/gpu_check.sh   # the peers alone
 #   WORKER_MODELS="llama-3.2-1b"       # the worker streaming into a real Redis vs the benchmark (needs the redis
 #                                      # package and a redis-server on PATH; default: llama-3.2-1b)
@@ -27,7 +29,7 @@ if ! $PY -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'
   echo "gpu_check: needs a CUDA GPU and a torch built for it ($PY has none; PYTHON=... picks another)" >&2
   exit 2
 fi
-MODELS=${MODELS:-"llama-3.2-1b laneformer-2b qwen3-1.7b"}
+MODELS=${MODELS-"llama-3.2-1b laneformer-2b qwen3-1.7b"}
 LONG_MODELS=${LONG_MODELS-"laneformer-2b llama-3.2-1b qwen3-1.7b"}
 TESTS=${TESTS:-1}
 PEERS=${PEERS:-0}

@@ -67,41 +67,38 @@ class SpeculativeSteps:
             else None
         )
 
-    def _check_draft(self, pos: int, draft: list[int]) -> None:
+    def _staged_graph(self, pos: int, draft: list[int], greedy: bool) -> torch.cuda.CUDAGraph | None:
+        """The draft checked and staged for a step from pos; the graph that runs it (None: it runs eagerly)."""
         k = len(draft)
         if not 0 < k <= MAX_DRAFT:
             raise ValueError(f"draft: 1 to {MAX_DRAFT} tokens, got {k}")
         if pos + k >= self.max_context:
             raise ValueError(f"draft: positions up to {pos + k} past the context ({self.max_context})")
+        self.verify_graphs.stage(pos, draft)
+        return self.verify_graphs.graph_for(k + 1, pos, greedy)
 
     @torch.no_grad()
     def verify(self, pos: int, draft: list[int]) -> torch.Tensor:
         """The logits [k+1, V] fp32 of one step over the token at `pos` (self.token, not yet in the cache) and the
         k = len(draft) tokens after it: row j is what follows position pos + j. Writes the cache rows
         pos .. pos + k; leaves token, pos and everything else as they were."""
-        self._check_draft(pos, draft)
-        k, graphs = len(draft), self.verify_graphs
-        graphs.stage(pos, draft)
-        graph = graphs.graph_for(k + 1, pos)
+        rows, graph = len(draft) + 1, self._staged_graph(pos, draft, greedy=False)
         if graph is None:
-            return graphs.forward(k + 1).float()
+            return self.verify_graphs.forward(rows).float()
         graph.replay()
-        return graphs.logits[: k + 1]
+        return self.verify_graphs.logits[:rows]
 
     @torch.no_grad()
     def verify_greedy(self, pos: int, draft: list[int]) -> list[int]:
         """A greedy verify step from `pos` that decides on the device (kernels/accept_draft.py): the tokens it
         emits, i.e. the drafts the model kept and then its own argmax after them. Writes the cache rows
         pos .. pos + k and leaves token, pos, out_tokens and seen as plain steps emitting those tokens would."""
-        self._check_draft(pos, draft)
-        k, graphs = len(draft), self.verify_graphs
-        graphs.stage(pos, draft)
-        graph = graphs.graph_for(k + 1, pos, greedy=True)
+        graph = self._staged_graph(pos, draft, greedy=True)
         if graph is None:
-            graphs.accept(k + 1)
+            self.verify_graphs.accept(len(draft) + 1)
         else:
             graph.replay()
-        return graphs.read_accepted()
+        return self.verify_graphs.read_accepted()
 
     @torch.no_grad()
     def _verified_tokens(self, pos: int, draft: list[int]) -> list[int]:
@@ -156,15 +153,12 @@ class SpeculativeSteps:
             if draft and not pending:  # a verify step
                 counts.decode_steps += 1
                 began = time.perf_counter()
-                if (
-                    greedy
-                ):  # kept on the device, which moved its state on; a stop id still ends what is emitted
-                    emitted = accept(draft, self.verify_greedy(front, draft).__getitem__, stop_ids)
-                    context.update(emitted)
-                else:
-                    chosen = self._verified_tokens(front, draft)  # waits for the device
-                    emitted = accept(draft, chosen.__getitem__, stop_ids)
-                    context.update(emitted)
+                # greedy: the step's emitted tokens, its state moved past them on the device; sampled: every row's
+                # token (both wait for the device). A stop id among them still ends what is emitted.
+                chosen = self.verify_greedy(front, draft) if greedy else self._verified_tokens(front, draft)
+                emitted = accept(draft, chosen.__getitem__, stop_ids)
+                context.update(emitted)
+                if not greedy:
                     self._take_verified(front, emitted, chosen, context)
                 last = len(emitted) - 1  # emitted[last] is the model's own choice, unless an accepted stop id
                 accepted = last + int(last < len(draft) and emitted[last] == draft[last])

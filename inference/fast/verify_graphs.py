@@ -45,7 +45,7 @@ class VerifyGraphs:
         # [pos, k, ids...]: the step's first position, its draft's length, then its input ids (row 0, the current
         # token, is copied from runner.token on the device; rows 1 .. k are the drafts)
         self.staged = torch.zeros(max_rows + 2, dtype=torch.long, device=device)
-        self.start, self.count, self.ids = self.staged[:1], self.staged[1:2], self.staged[2:]
+        self.start, self.ids = self.staged[:1], self.staged[2:]
         self.host = torch.zeros(max_rows + 2, dtype=torch.long, pin_memory=self.on_gpu)
         self.copied = torch.cuda.Event() if self.on_gpu else None
         self.buckets = [b for b in VERIFY_BUCKETS if b <= max_rows and b < runner.max_context]
@@ -79,11 +79,13 @@ class VerifyGraphs:
 
     def _capture(self, bucket: int, greedy: bool) -> None:
         self.pool = self.pool if self.graphs or self.greedy_graphs else torch.cuda.graph_pool_handle()
-        run = (
-            (lambda: self.accept(bucket))
-            if greedy
-            else lambda: self.logits[:bucket].copy_(self.forward(bucket))
-        )
+
+        def run() -> None:
+            if greedy:
+                self.accept(bucket)
+            else:
+                self.logits[:bucket].copy_(self.forward(bucket))
+
         with self.runner.step_state_kept():  # the capture's eager run of a greedy step moves the state on
             self._graphs(greedy)[bucket] = self.runner._graph_of(run, pool=self.pool)
 

@@ -10,14 +10,19 @@ with k_t, v_t the cache rows [g, t] that kernels/prefill_kv_write.py writes firs
 why). The launcher runs both: the cache write, then this kernel. Softmax online in fp32 (exp2, the
 log2(e) folded into the scale); both products on the tensor cores (tl.dot, fp32 accumulation).
 
-Grid: (H, cdiv(T, BLOCK_M)). A program owns BLOCK_M positions of one query head, holds its rotated q block
-in registers and streams the key/value blocks its rows can see. Key blocks that the window or causality
-masks entirely are never visited; blocks wholly visible to every row run without a mask, only the blocks
+Grid: (H, cdiv(T, BLOCK_M), SPLITS). A program owns BLOCK_M positions of one query head, holds its rotated q
+block in registers and streams the key/value blocks its rows can see (its split's share of them). Key blocks
+that the window or causality masks entirely are never visited; blocks wholly visible to every row run without a mask, only the blocks
 that straddle the diagonal or the window's lower edge build one. tl.dot takes power-of-two sizes, so a head
 dim like 96 is split in two parts (64 + 32: head_dim_parts) rather than padded to 128, which would waste a
 quarter of the tensor-core work; a remainder under 16 pads instead. Heads vary fastest in the grid, so the
 G query heads of a KV head run side by side and share its cache blocks in L2; query blocks run last-first,
 so the longest programs (the most keys) start first and the short ones fill the tail.
+
+A few rows after many keys (a speculative verify step, a short suffix after a reused prefix) make too few
+programs to fill the GPU, each a long chain of dependent block reads. There the keys are split too
+(flash-decoding): each of SPLITS programs of a query block streams a contiguous share of its key blocks and
+stores its unnormalised partial (acc, max, sum) in fp32, and _merge_splits_kernel combines them into the heads.
 
 Work (laneformer-2b, T = 4,094, bf16): q . k and p @ v are 4 * hd FLOPs per (query, visible key) pair per
 head: 5 causal layers * 32 heads * 8.38 M pairs + 10 windowed layers (W = 2,048) * 32 heads * 6.29 M pairs
@@ -41,6 +46,8 @@ from kernels.prefill_kv_write import (
 )
 
 LOG2E = 1.4426950408889634
+# keys a split takes at least: a query block seeing fewer keys than twice this stays one pass
+SPLIT_KEYS = 256
 
 
 @triton.jit
@@ -160,6 +167,8 @@ def _prefill_attention_kernel(
     out_ptr,
     stride_out_lane,
     stride_out_t,
+    part_o_ptr,
+    part_ml_ptr,
     T,
     start,
     start_ptr,
@@ -175,6 +184,8 @@ def _prefill_attention_kernel(
     HDB: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    SPLIT_KEYS: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     QK_NORM: tl.constexpr,
     FOR_LOOP: tl.constexpr,
@@ -184,56 +195,93 @@ def _prefill_attention_kernel(
         start = tl.load(start_ptr).to(tl.int32)
     head = tl.program_id(0)
     m0 = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M  # last query block first
-    lane = head // heads_per_lane
-    j = head % heads_per_lane
-    kv = head // group
-    r_rows = m0 + tl.arange(0, BLOCK_M)  # rows of qkv and out
-    row_ok = r_rows < T
-    p_rows = start + r_rows  # their positions
     total = start + T  # keys 0 .. total - 1 are in the cache
     window = tl.minimum(window, total)  # a window at least as long as the prompt is plain causal
-
-    # This block's queries, normed and rotated once, in the input dtype for tl.dot: [BLOCK_M, HDA], [.., HDB].
-    q_cols = qkv_ptr + lane.to(tl.int64) * stride_qkv_lane + j * HD
-    q_rows = r_rows * stride_qkv_t
-    rstd = eps  # unused without the norm
-    if QK_NORM:
-        rstd = head_rstd(q_cols, q_rows, row_ok, eps, HD, HDP)
-    dtype = k_cache_ptr.dtype.element_ty
-    q_a = rope_rows(q_cols, q_rows, row_ok, p_rows, cos_ptr, sin_ptr, q_norm_ptr, rstd, HD, 0, HDA,
-                    INTERLEAVED, QK_NORM).to(dtype)  # fmt: skip
-    acc_a = tl.zeros([BLOCK_M, HDA], dtype=tl.float32)
-    if HDB > 0:
-        q_b = rope_rows(q_cols, q_rows, row_ok, p_rows, cos_ptr, sin_ptr, q_norm_ptr, rstd, HD, HDA, HDB,
-                        INTERLEAVED, QK_NORM).to(dtype)  # fmt: skip
-        acc_b = tl.zeros([BLOCK_M, HDB], dtype=tl.float32)
-    else:
-        q_b = q_a  # unused
-        acc_b = tl.zeros([1], dtype=tl.float32)  # unused
-
+    p0, hi_pos, lo, hi = _key_blocks(start, m0, T, window, BLOCK_M, BLOCK_N)
     # Key blocks: [lo, full_lo) and [full_hi, hi) need a mask, [full_lo, full_hi) is visible to every row.
-    # `window` is at most total (no window: total), so every bound below is >= 0. Positions, not rows.
-    p0 = start + m0  # the block's first position
-    hi_pos = start + tl.minimum(m0 + BLOCK_M, T)  # the last real row's position is hi_pos - 1
-    lo = tl.maximum(p0 - window + 1, 0) // BLOCK_N * BLOCK_N
-    hi = (hi_pos + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     # the first block past the last real row's window start
     full_lo = (tl.maximum(hi_pos - window, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
     full_hi = tl.maximum(tl.minimum((p0 + 1) // BLOCK_N * BLOCK_N, hi), full_lo)
+    split, used = 0, 1
+    if SPLITS > 1:  # this program's share of the key blocks, [s_lo, s_hi): each segment cut to it
+        split = tl.program_id(2)
+        used = _used_splits(lo, hi, SPLIT_KEYS, SPLITS)
+        chunk = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), used) * BLOCK_N
+        s_lo = tl.minimum(lo + split * chunk, hi)
+        s_hi = tl.minimum(s_lo + chunk, hi)
+        lo, full_lo, full_hi, hi = s_lo, tl.maximum(full_lo, s_lo), tl.minimum(full_hi, s_hi), s_hi
+        full_lo = tl.minimum(full_lo, s_hi)
+        full_hi = tl.maximum(full_hi, full_lo)
+    if split < used:  # the splits past `used` have no keys: nothing to do, the merge skips them
+        lane = head // heads_per_lane
+        j = head % heads_per_lane
+        kv = head // group
+        r_rows = m0 + tl.arange(0, BLOCK_M)  # rows of qkv and out
+        row_ok = r_rows < T
+        p_rows = start + r_rows  # their positions
 
-    cache = kv.to(tl.int64) * max_len * HD
-    k_ptr = k_cache_ptr + cache
-    v_ptr = v_cache_ptr + cache
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc_a, acc_b, m_i, l_i = _attend(acc_a, acc_b, m_i, l_i, q_a, q_b, k_ptr, v_ptr, p_rows, lo, full_lo, total,
-                                     window, scale_log2e, HD, HDA, HDB, BLOCK_N, True, FOR_LOOP)  # fmt: skip
-    acc_a, acc_b, m_i, l_i = _attend(acc_a, acc_b, m_i, l_i, q_a, q_b, k_ptr, v_ptr, p_rows, full_lo, full_hi, total,
-                                     window, scale_log2e, HD, HDA, HDB, BLOCK_N, False, FOR_LOOP)  # fmt: skip
-    acc_a, acc_b, m_i, l_i = _attend(acc_a, acc_b, m_i, l_i, q_a, q_b, k_ptr, v_ptr, p_rows, full_hi, hi, total,
-                                     window, scale_log2e, HD, HDA, HDB, BLOCK_N, True, FOR_LOOP)  # fmt: skip
+        # This block's queries, normed and rotated once, in the input dtype for tl.dot: [BLOCK_M, HDA], [.., HDB].
+        q_cols = qkv_ptr + lane.to(tl.int64) * stride_qkv_lane + j * HD
+        q_rows = r_rows * stride_qkv_t
+        rstd = eps  # unused without the norm
+        if QK_NORM:
+            rstd = head_rstd(q_cols, q_rows, row_ok, eps, HD, HDP)
+        dtype = k_cache_ptr.dtype.element_ty
+        q_a = rope_rows(q_cols, q_rows, row_ok, p_rows, cos_ptr, sin_ptr, q_norm_ptr, rstd, HD, 0, HDA,
+                        INTERLEAVED, QK_NORM).to(dtype)  # fmt: skip
+        acc_a = tl.zeros([BLOCK_M, HDA], dtype=tl.float32)
+        if HDB > 0:
+            q_b = rope_rows(q_cols, q_rows, row_ok, p_rows, cos_ptr, sin_ptr, q_norm_ptr, rstd, HD, HDA, HDB,
+                            INTERLEAVED, QK_NORM).to(dtype)  # fmt: skip
+            acc_b = tl.zeros([BLOCK_M, HDB], dtype=tl.float32)
+        else:
+            q_b = q_a  # unused
+            acc_b = tl.zeros([1], dtype=tl.float32)  # unused
 
+        cache = kv.to(tl.int64) * max_len * HD
+        k_ptr = k_cache_ptr + cache
+        v_ptr = v_cache_ptr + cache
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc_a, acc_b, m_i, l_i = _attend(acc_a, acc_b, m_i, l_i, q_a, q_b, k_ptr, v_ptr, p_rows, lo, full_lo, total,
+                                         window, scale_log2e, HD, HDA, HDB, BLOCK_N, True, FOR_LOOP)  # fmt: skip
+        acc_a, acc_b, m_i, l_i = _attend(acc_a, acc_b, m_i, l_i, q_a, q_b, k_ptr, v_ptr, p_rows, full_lo, full_hi,
+                                         total, window, scale_log2e, HD, HDA, HDB, BLOCK_N, False, FOR_LOOP)  # fmt: skip
+        acc_a, acc_b, m_i, l_i = _attend(acc_a, acc_b, m_i, l_i, q_a, q_b, k_ptr, v_ptr, p_rows, full_hi, hi, total,
+                                         window, scale_log2e, HD, HDA, HDB, BLOCK_N, True, FOR_LOOP)  # fmt: skip
+
+        if used > 1:
+            _store_partial(part_o_ptr, part_ml_ptr, acc_a, acc_b, m_i, l_i, head, r_rows, row_ok, T, HD, HDA,
+                           HDB, SPLITS)  # fmt: skip
+        else:  # one split took every key: its rows are the heads
+            _store_heads(out_ptr, stride_out_lane, stride_out_t, acc_a, acc_b, l_i, lane, j, r_rows, row_ok, HD,
+                         HDA, HDB)  # fmt: skip
+
+
+@triton.jit
+def _key_blocks(start, m0, T, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The key blocks [lo, hi) that the query rows m0 .. m0 + BLOCK_M - 1 (positions from start) can see, with the
+    block's first position p0 and its last real row's position plus one, hi_pos. `window` is at most
+    start + T (no window: that), so every bound is >= 0. Positions, not rows."""
+    p0 = start + m0
+    hi_pos = start + tl.minimum(m0 + BLOCK_M, T)
+    lo = tl.maximum(p0 - window + 1, 0) // BLOCK_N * BLOCK_N
+    hi = (hi_pos + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    return p0, hi_pos, lo, hi
+
+
+@triton.jit
+def _used_splits(lo, hi, SPLIT_KEYS: tl.constexpr, SPLITS: tl.constexpr):
+    """How many of the SPLITS programs take a share of the keys [lo, hi): one per SPLIT_KEYS of them, at least one
+    (a short context keeps one pass: the partials' round trip would cost more than the split saves)."""
+    return tl.minimum(tl.maximum((hi - lo) // SPLIT_KEYS, 1), SPLITS)
+
+
+@triton.jit
+def _store_heads(out_ptr, stride_out_lane, stride_out_t, acc_a, acc_b, l_i, lane, j, r_rows, row_ok,
+                 HD: tl.constexpr, HDA: tl.constexpr, HDB: tl.constexpr):  # fmt: skip
+    """The normalised rows of one query head (no key split) into out [L, T, H/L * hd]."""
     l_i = tl.where(row_ok, l_i, 1.0)  # every real row saw at least its own key: l_i >= 1
     out_rows = out_ptr + lane.to(tl.int64) * stride_out_lane + (r_rows * stride_out_t + j * HD)[:, None]
     da = tl.arange(0, HDA)
@@ -243,6 +291,73 @@ def _prefill_attention_kernel(
         db = HDA + tl.arange(0, HDB)
         tl.store(out_rows + db[None, :], (acc_b / l_i[:, None]).to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & (db < HD)[None, :])  # fmt: skip
+
+
+@triton.jit
+def _store_partial(part_o_ptr, part_ml_ptr, acc_a, acc_b, m_i, l_i, head, r_rows, row_ok, T, HD: tl.constexpr,
+                   HDA: tl.constexpr, HDB: tl.constexpr, SPLITS: tl.constexpr):  # fmt: skip
+    """One split's unnormalised rows: acc into part_o [H, SPLITS, T, HD], (max, sum) into part_ml [H, SPLITS, 2, T].
+    A row that saw none of this split's keys leaves (-inf, 0) and zeros."""
+    part = head * SPLITS + tl.program_id(2)
+    o_rows = part_o_ptr + (part.to(tl.int64) * T + r_rows)[:, None] * HD  # [BLOCK_M, 1]
+    da = tl.arange(0, HDA)
+    tl.store(o_rows + da[None, :], acc_a, mask=row_ok[:, None] & (da < HD)[None, :])
+    if HDB > 0:
+        db = HDA + tl.arange(0, HDB)
+        tl.store(o_rows + db[None, :], acc_b, mask=row_ok[:, None] & (db < HD)[None, :])
+    ml = part_ml_ptr + part.to(tl.int64) * 2 * T + r_rows
+    tl.store(ml, m_i, mask=row_ok)
+    tl.store(ml + T, l_i, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["start"])
+def _merge_splits_kernel(part_o_ptr, part_ml_ptr, out_ptr, stride_out_lane, stride_out_t, T, start, start_ptr,
+                         window, heads_per_lane, HD: tl.constexpr, HDP: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, SPLIT_KEYS: tl.constexpr,
+                         START_PTR: tl.constexpr):  # fmt: skip
+    """out[l, r, j] = sum_s 2^(m_s - m) acc_s / sum_s 2^(m_s - m) l_s over the splits s that took keys of head
+    h = l * H/L + j's query block (m the rows' largest m_s; a split that saw none of a row's keys weighs 0). A
+    block whose keys one split took has its heads written already. Grid: (H, cdiv(T, BLOCK_M))."""
+    if START_PTR:
+        start = tl.load(start_ptr).to(tl.int32)
+    head = tl.program_id(0)
+    m0 = tl.program_id(1) * BLOCK_M
+    window = tl.minimum(window, start + T)
+    _, _, lo, hi = _key_blocks(start, m0, T, window, BLOCK_M, BLOCK_N)
+    used = _used_splits(lo, hi, SPLIT_KEYS, SPLITS)
+    if used > 1:
+        r_rows = m0 + tl.arange(0, BLOCK_M)
+        row_ok = r_rows < T
+        d = tl.arange(0, HDP)
+        mask = row_ok[:, None] & (d < HD)[None, :]
+        ml = part_ml_ptr + (head * SPLITS).to(tl.int64) * 2 * T + r_rows  # split s: + s * 2 * T
+        m_all = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        s = 0
+        while s < used:
+            m_all = tl.maximum(m_all, tl.load(ml + s * 2 * T, mask=row_ok, other=0.0))
+            s += 1
+        den = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, HDP], dtype=tl.float32)
+        s = 0
+        while s < used:  # m_all is finite: every real row saw its own key in some split
+            weight = tl.exp2(tl.load(ml + s * 2 * T, mask=row_ok, other=0.0) - m_all)
+            den += weight * tl.load(ml + s * 2 * T + T, mask=row_ok, other=1.0)
+            o_rows = part_o_ptr + ((head * SPLITS + s).to(tl.int64) * T + r_rows)[:, None] * HD
+            acc += weight[:, None] * tl.load(o_rows + d[None, :], mask=mask, other=0.0)
+            s += 1
+        lane = head // heads_per_lane
+        j = head % heads_per_lane
+        out_rows = out_ptr + lane.to(tl.int64) * stride_out_lane + (r_rows * stride_out_t + j * HD)[:, None]
+        tl.store(out_rows + d[None, :], (acc / den[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def key_splits(programs: int, multiprocessors: int, most: int = 16) -> int:
+    """How many ways to split the keys of `programs` (query head, row block) programs: none where they fill the
+    GPU, else a power of two up to `most` that makes ~2 programs a multiprocessor. Empty splits (fewer keys than
+    the split count expects) end at once; the merge is one more small launch."""
+    if programs >= multiprocessors:
+        return 1
+    return min(most, triton.next_power_of_2(triton.cdiv(2 * multiprocessors, programs)))
 
 
 def head_dim_parts(head_dim: int) -> tuple[int, int]:
@@ -288,6 +403,8 @@ def prefill_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     start: int | torch.Tensor = 0,
+    splits: int | None = None,
+    split_keys: int = SPLIT_KEYS,
 ) -> torch.Tensor:
     """Attention of positions start .. start + T - 1 of a prompt over themselves and the start positions before
     them (already in the cache: a reused prefix); writes their keys and values into the cache first
@@ -297,6 +414,8 @@ def prefill_attention(
     k_cache, v_cache: [KV, max_len, hd] of this layer, qkv's dtype. cos, sin: [>= start + T, hd/2] fp32.
     window: keys p - window + 1 .. p (None: causal). q_norm, k_norm: [hd] (Qwen3) or None.
     start: an int, or a device int tensor [1] read at launch (a CUDA graph's: start + T must fit the cache).
+    splits: how many programs share a query block's keys (a power of two; None: key_splits, where the query
+    blocks alone leave multiprocessors idle); a block takes one per split_keys keys it sees, at least one.
     """
     lanes, T, heads_per_lane, _ = check_prefill_layout(qkv, k_cache, v_cache, cos, sin, num_heads, q_norm,
                                                        k_norm, start)  # fmt: skip
@@ -316,10 +435,23 @@ def prefill_attention(
     bm, bn = block_m or bm, block_n or bn
     if bm < 16 or bn < 16 or bm & (bm - 1) or bn & (bn - 1):
         raise ValueError(f"block_m: block_m and block_n must be powers of two >= 16, got {bm}, {bn}")
+    query_blocks = triton.cdiv(T, bm)
+    if splits is None:  # an int start bounds the keys now; a device scalar's (a graph's) only at each replay
+        few_keys = not isinstance(start, torch.Tensor) and start + T < 2 * split_keys
+        splits = 1 if few_keys else key_splits(num_heads * query_blocks, sm_count(qkv.device))
+    if splits < 1 or splits & (splits - 1):
+        raise ValueError(f"splits: expected a power of two >= 1, got {splits}")
+    if split_keys < bn or split_keys % bn:
+        raise ValueError(f"split_keys: expected a multiple of the key block ({bn}), got {split_keys}")
+    if splits > 1:  # fp32 partials [H, splits, T, hd] and their (max, sum) [H, splits, 2, T]
+        part_o = torch.empty(num_heads, splits, T, hd, dtype=torch.float32, device=qkv.device)
+        part_ml = torch.empty(num_heads, splits, 2, T, dtype=torch.float32, device=qkv.device)
+    else:
+        part_o = part_ml = out  # unused
 
     launch_prefill_kv_write(qkv, k_cache, v_cache, cos, sin, num_heads=num_heads, interleaved=interleaved,
                             k_norm=k_norm, eps=eps, start=start)  # fmt: skip
-    _prefill_attention_kernel[(num_heads, triton.cdiv(T, bm))](
+    _prefill_attention_kernel[(num_heads, query_blocks, splits)](
         qkv,
         qkv.stride(0),
         qkv.stride(1),
@@ -331,6 +463,8 @@ def prefill_attention(
         out,
         out.stride(0),
         out.stride(1),
+        part_o,
+        part_ml,
         T,
         *start_args(start, cos),
         heads_per_lane,
@@ -345,6 +479,8 @@ def prefill_attention(
         HDB=hdb,
         BLOCK_M=bm,
         BLOCK_N=bn,
+        SPLITS=splits,
+        SPLIT_KEYS=split_keys,
         INTERLEAVED=interleaved,
         QK_NORM=q_norm is not None,
         FOR_LOOP=not interpreted(),
@@ -352,4 +488,10 @@ def prefill_attention(
         num_warps=num_warps or warps,
         num_stages=num_stages or stages,
     )
+    if splits > 1:
+        _merge_splits_kernel[(num_heads, query_blocks)](
+            part_o, part_ml, out, out.stride(0), out.stride(1), T, *start_args(start, cos), window or max_len,
+            heads_per_lane, HD=hd, HDP=max(16, triton.next_power_of_2(hd)), BLOCK_M=bm, BLOCK_N=bn, SPLITS=splits,
+            SPLIT_KEYS=split_keys, START_PTR=isinstance(start, torch.Tensor),
+        )  # fmt: skip
     return out

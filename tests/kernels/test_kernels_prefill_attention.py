@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from inference.model import apply_rope, attention_mask, rms_norm, rope_pairs
-from kernels.prefill_attention import head_dim_parts, prefill_attention
+from kernels.prefill_attention import head_dim_parts, key_splits, prefill_attention
 from kernels.prefill_kv_write import prefill_kv_write
 from tests.support.kernels import DEVICE, assert_close, dtype_params, poisoned, randn
 
@@ -99,6 +99,34 @@ def test_block_sizes_agree(block_m, block_n):
     run_case(torch.float32, 2, 4, 2, 16, 70, window=24, block_m=block_m, block_n=block_n)
 
 
+@pytest.mark.parametrize(
+    "lanes,num_heads,num_kv,hd,T,window,splits",
+    [
+        (1, 2, 2, 64, 37, None, 2),  # causal: the diagonal block in the last split only
+        (2, 4, 2, 48, 70, 24, 4),  # a window: its lower edge inside some splits, others wholly visible
+        (2, 8, 2, 96, 45, None, 8),  # the head dim in two parts; more splits than some rows have key blocks
+        (1, 2, 1, 16, 19, 1, 16),  # a window of one key: most splits see none of a row's keys
+    ],
+)
+def test_keys_split_across_programs_give_the_one_pass_rows(lanes, num_heads, num_kv, hd, T, window, splits):
+    run_case(torch.float32, lanes, num_heads, num_kv, hd, T, window, block_m=16, block_n=16, splits=splits,
+             split_keys=16)  # fmt: skip
+
+
+@pytest.mark.parametrize("split_keys", [32, 48, 1024])
+def test_a_block_splits_its_keys_once_per_split_keys_and_one_split_writes_the_heads_itself(split_keys):
+    # 70 keys in blocks of 16: 2 splits of 32 keys, 1 of 48 (a one-pass block), none past one at 1024
+    run_case(torch.float32, 2, 4, 2, 16, 70, None, block_m=16, block_n=16, splits=4, split_keys=split_keys)
+
+
+def test_keys_are_split_only_where_the_query_blocks_leave_multiprocessors_idle():
+    assert key_splits(programs=132, multiprocessors=132) == 1
+    assert key_splits(programs=32, multiprocessors=132) == 16  # laneformer-2b's 9-row verify step: 32 heads
+    assert key_splits(programs=64, multiprocessors=132) == 8
+    assert key_splits(programs=100, multiprocessors=132) == 4
+    assert key_splits(programs=1, multiprocessors=132, most=8) == 8
+
+
 def test_head_dims_split_into_power_of_two_parts_or_pad():
     assert [head_dim_parts(hd) for hd in (96, 48, 80, 64, 128, 24, 8, 112)] == [
         (64, 32), (32, 16), (64, 16), (64, 0), (128, 0), (32, 0), (16, 0), (128, 0)
@@ -153,6 +181,8 @@ def test_names_bad_arguments():
         ("window", {"window": 0}),
         ("out", {"out": torch.empty(lanes, T, 31, device=DEVICE)}),
         ("block_m", {"block_m": 24}),
+        ("splits", {"splits": 3}),
+        ("split_keys", {"splits": 2, "split_keys": 24, "block_n": 16}),
     ]
     for name, kwargs in bad:
         with pytest.raises(ValueError, match=name):

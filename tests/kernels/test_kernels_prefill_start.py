@@ -34,6 +34,23 @@ def test_a_prefill_from_start_matches_the_whole_prompts(lanes, num_heads, num_kv
     assert k_cache[:, T:].isnan().all() and v_cache[:, T:].isnan().all(), "cache past the prompt: written"
 
 
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_a_few_rows_after_a_long_prefix_with_split_keys_match_the_whole_prompts(as_tensor):
+    """A verify step's shape: 9 rows after 60 cached positions, the keys shared out over 4 programs a query block
+    (the start as a device scalar too, as the verify graphs pass it)."""
+    lanes, num_heads, num_kv, hd, T, start, window = 2, 8, 2, 96, 69, 60, 24
+    dtype = torch.float32
+    qkv, cos, sin, _, _ = make_inputs(dtype, lanes, num_heads, num_kv, hd, T, T + 7)
+    want, _, _ = reference(qkv, cos, sin, num_heads, num_kv, window, True, None, None, 1e-6)
+    k_cache, v_cache = poisoned(num_kv, T + 7, hd, dtype=dtype), poisoned(num_kv, T + 7, hd, dtype=dtype)
+    kwargs = {"num_heads": num_heads, "window": window, "eps": 1e-6}
+    prefill_attention(qkv[:, :start], k_cache, v_cache, cos, sin, **kwargs)
+    given = torch.tensor([start], device=qkv.device) if as_tensor else start
+    out = prefill_attention(qkv[:, start:], k_cache, v_cache, cos, sin, start=given, splits=4, block_n=16,
+                            split_keys=16, **kwargs)  # fmt: skip
+    assert_close(out, want[:, start:], dtype, "out")
+
+
 def test_a_start_past_the_cache_is_refused():
     qkv, cos, sin, _, _ = make_inputs(torch.float32, 1, 2, 2, 64, 8, 16)
     cache = poisoned(2, 16, 64, dtype=torch.float32)

@@ -12,10 +12,10 @@ log2(e) folded into the scale); both products on the tensor cores (tl.dot, fp32 
 
 Grid: (H, cdiv(T, BLOCK_M), SPLITS). A program owns BLOCK_M positions of one query head, holds its rotated q
 block in registers and streams the key/value blocks its rows can see (its split's share of them). Key blocks
-that the window or causality masks entirely are never visited; blocks wholly visible to every row run without a mask, only the blocks
-that straddle the diagonal or the window's lower edge build one. tl.dot takes power-of-two sizes, so a head
-dim like 96 is split in two parts (64 + 32: head_dim_parts) rather than padded to 128, which would waste a
-quarter of the tensor-core work; a remainder under 16 pads instead. Heads vary fastest in the grid, so the
+that the window or causality masks entirely are never visited; blocks wholly visible to every row run without
+a mask, only the blocks that straddle the diagonal or the window's lower edge build one. tl.dot takes
+power-of-two sizes, so a head dim like 96 is split in two parts (64 + 32: head_dim_parts) rather than padded to
+128, which would waste a quarter of the tensor-core work; a remainder under 16 pads instead. Heads vary fastest in the grid, so the
 G query heads of a KV head run side by side and share its cache blocks in L2; query blocks run last-first,
 so the longest programs (the most keys) start first and the short ones fill the tail.
 

@@ -15,9 +15,9 @@ block in registers and streams the key/value blocks its rows can see (its split'
 that the window or causality masks entirely are never visited; blocks wholly visible to every row run without
 a mask, only the blocks that straddle the diagonal or the window's lower edge build one. tl.dot takes
 power-of-two sizes, so a head dim like 96 is split in two parts (64 + 32: head_dim_parts) rather than padded to
-128, which would waste a quarter of the tensor-core work; a remainder under 16 pads instead. Heads vary fastest in the grid, so the
-G query heads of a KV head run side by side and share its cache blocks in L2; query blocks run last-first,
-so the longest programs (the most keys) start first and the short ones fill the tail.
+128, which would waste a quarter of the tensor-core work; a remainder under 16 pads instead. Heads vary fastest
+in the grid, so the G query heads of a KV head run side by side and share its cache blocks in L2; query blocks
+run last-first, so the longest programs (the most keys) start first and the short ones fill the tail.
 
 A few rows after many keys (a speculative verify step, a short suffix after a reused prefix) make too few
 programs to fill the GPU, each a long chain of dependent block reads. There the keys are split too
@@ -204,15 +204,14 @@ def _prefill_attention_kernel(
     full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
     full_hi = tl.maximum(tl.minimum((p0 + 1) // BLOCK_N * BLOCK_N, hi), full_lo)
     split, used = 0, 1
-    if SPLITS > 1:  # this program's share of the key blocks, [s_lo, s_hi): each segment cut to it
+    if SPLITS > 1:  # this program's share of the key blocks becomes [lo, hi), each segment cut to it
         split = tl.program_id(2)
         used = _used_splits(lo, hi, SPLIT_KEYS, SPLITS)
         chunk = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), used) * BLOCK_N
-        s_lo = tl.minimum(lo + split * chunk, hi)
-        s_hi = tl.minimum(s_lo + chunk, hi)
-        lo, full_lo, full_hi, hi = s_lo, tl.maximum(full_lo, s_lo), tl.minimum(full_hi, s_hi), s_hi
-        full_lo = tl.minimum(full_lo, s_hi)
-        full_hi = tl.maximum(full_hi, full_lo)
+        lo = tl.minimum(lo + split * chunk, hi)
+        hi = tl.minimum(lo + chunk, hi)
+        full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+        full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
     if split < used:  # the splits past `used` have no keys: nothing to do, the merge skips them
         lane = head // heads_per_lane
         j = head % heads_per_lane
@@ -247,7 +246,8 @@ def _prefill_attention_kernel(
         acc_a, acc_b, m_i, l_i = _attend(acc_a, acc_b, m_i, l_i, q_a, q_b, k_ptr, v_ptr, p_rows, lo, full_lo, total,
                                          window, scale_log2e, HD, HDA, HDB, BLOCK_N, True, FOR_LOOP)  # fmt: skip
         acc_a, acc_b, m_i, l_i = _attend(acc_a, acc_b, m_i, l_i, q_a, q_b, k_ptr, v_ptr, p_rows, full_lo, full_hi,
-                                         total, window, scale_log2e, HD, HDA, HDB, BLOCK_N, False, FOR_LOOP)  # fmt: skip
+                                         total, window, scale_log2e, HD, HDA, HDB, BLOCK_N, False,
+                                         FOR_LOOP)  # fmt: skip
         acc_a, acc_b, m_i, l_i = _attend(acc_a, acc_b, m_i, l_i, q_a, q_b, k_ptr, v_ptr, p_rows, full_hi, hi, total,
                                          window, scale_log2e, HD, HDA, HDB, BLOCK_N, True, FOR_LOOP)  # fmt: skip
 

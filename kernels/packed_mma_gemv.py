@@ -77,30 +77,21 @@ BF16, FP32, NORMED, GLU, GLU_FP32 = (tl.constexpr(kind) for kind in range(5))
 NO_REDUCE, DELAYED, SCALED = (tl.constexpr(kind) for kind in range(3))
 
 
-def mma_chain(parts: int) -> str:
-    """The asm of 4 chained `mma.sync.m16n8k16` over a thread's 4 slots (K-parts), each against `parts` B
-    operands (2: an fp32 input's bf16 hi and lo parts). Operands: D $0-$3; A's 4 registers, 4 slots each,
-    $4-$19; then per part B's 2 registers, 4 slots each; then C's 4. The outputs are early-clobber in the
-    constraints, since the later mma read inputs after D is written."""
+def mma_chain() -> str:
+    """The asm of 4 chained `mma.sync.m16n8k16` over a thread's 4 slots (K-parts). Operands: D $0-$3; A's 4
+    registers, 4 slots each, $4-$19; B's 2 registers, 4 slots each, $20-$27; C's 4, $28-$31. The outputs are
+    early-clobber in the constraints, since the later mma read inputs after D is written."""
     lines = []
     for j in range(4):
-        for part in range(parts):
-            a = ", ".join(f"${4 + 4 * r + j}" for r in range(4))
-            b = f"${20 + 8 * part + j}, ${24 + 8 * part + j}"
-            c_in = 20 + 8 * parts
-            c = (
-                f"${c_in}, ${c_in + 1}, ${c_in + 2}, ${c_in + 3}"
-                if j == 0 and part == 0
-                else "$0, $1, $2, $3"
-            )
-            lines.append(
-                f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{$0, $1, $2, $3}}, {{{a}}}, {{{b}}}, {{{c}}};"
-            )
+        a = ", ".join(f"${4 + 4 * r + j}" for r in range(4))
+        c = "$28, $29, $30, $31" if j == 0 else "$0, $1, $2, $3"
+        lines.append(
+            f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{$0, $1, $2, $3}}, {{{a}}}, {{${20 + j}, ${24 + j}}}, {{{c}}};"
+        )
     return "{\n" + "\n".join(lines) + "\n}"
 
 
-MMA4 = tl.constexpr(mma_chain(1))
-MMA4_SPLIT_B = tl.constexpr(mma_chain(2))
+MMA4 = tl.constexpr(mma_chain())
 
 
 def fragment_index(device) -> tuple[torch.Tensor, torch.Tensor]:

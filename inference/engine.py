@@ -81,6 +81,26 @@ def peak_bandwidth_from_env() -> float | None:
     return peak or None
 
 
+def rated_bandwidth_gbs(memory_clock_khz: int, bus_width_bits: int) -> float | None:
+    """A GPU's rated memory bandwidth in GB/s: two transfers a clock (DDR, HBM) of the bus's width; None where the
+    driver gives no clock or width (0)."""
+    if memory_clock_khz <= 0 or bus_width_bits <= 0:
+        return None
+    return 2 * memory_clock_khz * 1e3 * (bus_width_bits // 8) / 1e9
+
+
+def peak_bandwidth_gbs(device: torch.device) -> float | None:
+    """The peak a run's bandwidth is shown against: KOG_PEAK_BANDWIDTH_GBS where set, else the GPU's rated figure;
+    None on a CPU (no figure to hold a CPU's decode against)."""
+    peak = peak_bandwidth_from_env()
+    if device.type != "cuda":
+        return None
+    if peak is not None:
+        return peak
+    props = torch.cuda.get_device_properties(device)
+    return rated_bandwidth_gbs(getattr(props, "memory_clock_rate", 0), getattr(props, "memory_bus_width", 0))
+
+
 def check_tokenizer_fits(path: Path, tokenizer: Tokenizer, vocab_size: int) -> None:
     """A tokenizer with ids past the model's embedding rows, or an end token it can never produce, is a
     broken checkpoint: said at load, not as a user's invalid prompt or a generation that never stops."""
@@ -272,8 +292,7 @@ class Engine:
         self.token_names = TokenNames(tokenizer)
         self._logprob_runner: ReferenceRunner | None = None
         self.device, self.dtype = model.tok_embeddings.device, model.tok_embeddings.dtype
-        peak = peak_bandwidth_from_env()
-        self.peak_bandwidth_gbs = peak if self.device.type == "cuda" else None
+        self.peak_bandwidth_gbs = peak_bandwidth_gbs(self.device)
         item = self.dtype.itemsize
         # A decode step reads every weight once, except the embedding: one row (all of it when it is the head).
         embedding_rows = config.vocab_size if config.tie_word_embeddings else 1

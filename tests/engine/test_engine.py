@@ -7,7 +7,14 @@ import torch
 
 from common.events import Done, InvalidRequest, Prefilled, SamplingParams, TextDelta, decode_tok_s
 from inference.checkpoint import CheckpointError, checkpoint_shapes
-from inference.engine import Engine, LoadOutOfMemory, StopStrings, resolve_model
+from inference.engine import (
+    Engine,
+    LoadOutOfMemory,
+    StopStrings,
+    peak_bandwidth_gbs,
+    rated_bandwidth_gbs,
+    resolve_model,
+)
 from inference.synth import synth
 from tests.support.chosen_ids import ChosenIds
 
@@ -282,6 +289,25 @@ def test_the_engines_other_settings_name_their_variable(checkpoints, monkeypatch
     with pytest.raises(ValueError) as info:
         Engine.load(checkpoints["tiny-llama"], device="cpu")
     assert str(info.value) == f"{variable}: must be {expects}, got {value!r}"
+
+
+@pytest.mark.parametrize(
+    "clock_khz, bus_bits, datasheet_gbs",
+    [(2_619_000, 5120, 3350), (1_215_000, 5120, 1555), (1_593_000, 5120, 2039)],
+    ids=["H100-SXM", "A100-40GB", "A100-80GB"],
+)
+def test_a_gpus_rated_bandwidth_is_its_datasheets(clock_khz, bus_bits, datasheet_gbs):
+    assert rated_bandwidth_gbs(clock_khz, bus_bits) == pytest.approx(datasheet_gbs, rel=0.002)
+
+
+def test_a_driver_without_memory_figures_gives_no_rated_bandwidth():
+    assert rated_bandwidth_gbs(0, 5120) is None and rated_bandwidth_gbs(2_619_000, 0) is None
+
+
+def test_the_cpu_shows_no_bandwidth_even_with_a_peak_set(checkpoints, monkeypatch):
+    monkeypatch.setenv("KOG_PEAK_BANDWIDTH_GBS", "4800")
+    engine = Engine.load(checkpoints["tiny-llama"], device="cpu")
+    assert peak_bandwidth_gbs(torch.device("cpu")) is None and engine.peak_bandwidth_gbs is None
 
 
 def test_a_model_the_memory_cannot_hold_is_one_line_saying_what_did_not_fit(tmp_path, checkpoints):

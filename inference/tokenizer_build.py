@@ -80,7 +80,7 @@ def continues_code(chat_template: str | None) -> bool:
 
 
 SPIECE_UNDERLINE = "▁"
-# The pre-tokenizer regex of Qwen2 / Llama 3 (numbers in groups of up to 3). Unlike GPT-2's, it keeps a
+# The pre-tokenizer regex of Llama 3 (numbers in groups of up to 3; Qwen2's splits every digit). Unlike GPT-2's, it keeps a
 # newline apart from the next line's indentation ("\n", "   ", " return"), so a prompt that ends with
 # "\n" is cut into the same tokens as the training text was, and the model continues the next line
 # instead of assuming column 0.
@@ -97,7 +97,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, style: Style, special_token
     <0x00>, ...), and the first special token is the unknown token."""
     if style == "bytelevel":
         tok = Tokenizer(models.BPE())
-        # Qwen2 / Llama 3 style: split with SPLIT_PATTERN first, then map bytes to symbols.
+        # Llama 3 style: split with SPLIT_PATTERN first, then map bytes to symbols.
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [
                 pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),

@@ -10,8 +10,8 @@ engine's figure, generated tokens over decode time), tokens per step, the drafts
 outputs are the same tokens (they must be). The runner is the engine's: on a GPU the fast runner (--backend
 reference times the reference runner instead).
 --verify-curve (GPU only: it refuses without one) is part one on the fast runner, then per 2B-class preset
-(VERIFY_PRESETS, random bf16 weights) the fast runner's verify step over k+1 positions (FastRunner.verify, as
-generate_tokens runs it) against its one-position decode step (the greedy CUDA graph), k = 1..16, each the
+(VERIFY_PRESETS, random bf16 weights) the fast runner's verify step over k+1 positions (FastRunner.verify_greedy,
+as generate_tokens runs it) against its one-position decode step (the greedy CUDA graph), k = 1..16, each the
 median of device-timed repeats from a --context-token cache, with the decode tok/s implied at part one's
 acceptance (the formula below).
 Part two, per shape named in --curve (a preset or a checkpoint folder; random bf16 weights on the device; fp32 on the CPU): the time of one

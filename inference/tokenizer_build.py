@@ -80,10 +80,10 @@ def continues_code(chat_template: str | None) -> bool:
 
 
 SPIECE_UNDERLINE = "▁"
-# The pre-tokenizer regex of Llama 3 (numbers in groups of up to 3; Qwen2's splits every digit). Unlike GPT-2's, it keeps a
-# newline apart from the next line's indentation ("\n", "   ", " return"), so a prompt that ends with
-# "\n" is cut into the same tokens as the training text was, and the model continues the next line
-# instead of assuming column 0.
+# The pre-tokenizer regex of Llama 3 (numbers in groups of up to 3; Qwen2's splits every digit). Unlike
+# GPT-2's, it keeps a newline apart from the next line's indentation ("\n", "   ", " return"), so a prompt
+# that ends with "\n" is cut into the same tokens as the training text was, and the model continues the
+# next line instead of assuming column 0.
 SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"

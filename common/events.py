@@ -59,6 +59,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # stop strings; the text stops before the first match
     # None: no logprobs; N >= 0: each token's log-probability and the N most likely tokens at its step
     logprobs: int | None = None
+    # the same for the prompt's tokens, each given the ones before it (an echoed completion's; vLLM's name)
+    prompt_logprobs: int | None = None
     # > 0: the text stops before a line indented less than this (llama.cpp's n_indent): a code completion
     # inside a block ends where the block does
     n_indent: int = 0
@@ -96,12 +98,12 @@ class SamplingParams:
             bad("stop", "a stop sequence must not be empty (it would end every reply before it began)")
         for text in self.stop:
             unicode_text(text, "stop")  # half a surrogate pair could never match what the model writes
-        if self.logprobs is not None and (
-            not isinstance(self.logprobs, int)
-            or isinstance(self.logprobs, bool)
-            or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS
-        ):
-            bad("logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_TOP_LOGPROBS
+            ):
+                bad(name, f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {value!r}")
         if (
             not isinstance(self.n_indent, int)
             or isinstance(self.n_indent, bool)
@@ -121,6 +123,9 @@ class Prefilled:
     prompt_tokens: int
     prefill_ms: float
     cached_tokens: int = 0  # of prompt_tokens, reused from an earlier request's KV cache (not prefilled)
+    # with SamplingParams.prompt_logprobs: one entry per prompt token as TextDelta.logprobs has them, the
+    # first's logprob None; a special token the tokenizer added (not in the prompt's text) has "special": true
+    prompt_logprobs: list[dict] | None = None
     kind: Literal["prefilled"] = "prefilled"
 
 

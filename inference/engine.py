@@ -42,7 +42,7 @@ from inference.config import ModelConfig, check_link, env_max_context, read_json
 from inference.failures import is_memory_error
 from inference.fim import find_fim_tokens, no_fim_error
 from inference.hub import Progress, fetch, resolve_cache_folder
-from inference.logprobs import TokenNames, delta_entry
+from inference.logprobs import TokenNames, delta_entry, prompt_entries, prompt_logprobs
 from inference.model import Transformer
 from inference.prefix_cache import PrefixCache
 from inference.presets import PRESETS
@@ -464,6 +464,9 @@ class Engine:
         self._check_fits(prompt_ids)
         if not all(0 <= i < self.config.vocab_size for i in prompt_ids):
             raise InvalidRequest("prompt", f"token ids must be in [0, {self.config.vocab_size})")
+        if params.prompt_logprobs is not None and not getattr(self.runner, "scores_prompts", True):
+            raise InvalidRequest("prompt_logprobs", "(logprobs with echo) a model split over several GPUs does "
+                                 "not score its prompt's tokens")  # fmt: skip
         params = replace(
             params, max_new_tokens=min(params.max_new_tokens, self.max_context - len(prompt_ids))
         )
@@ -482,14 +485,17 @@ class Engine:
         reuses = runner is self.runner
         cached = self.prefix.begin(prompt_ids) if reuses else 0
         produced: list[int] = []
+        scored = None
+        if params.prompt_logprobs is not None:  # its own forward over the prompt: the runner keeps one row
+            lps = prompt_logprobs(self.model, prompt_ids, params.prompt_logprobs, self.tokenizer.max_id + 1)
+            scored = prompt_entries(self.token_names, prompt_ids, lps, self.tokenizer.special_ids)
         tokens = runner.generate_tokens(prompt_ids, params, stop_ids, start=cached)
         try:
             for token in tokens:
                 now = time.perf_counter() - start
                 if not token_times:
-                    yield Prefilled(
-                        prompt_tokens=len(prompt_ids), prefill_ms=runner.last_prefill_ms, cached_tokens=cached
-                    )
+                    yield Prefilled(prompt_tokens=len(prompt_ids), prefill_ms=runner.last_prefill_ms,
+                                    cached_tokens=cached, prompt_logprobs=scored)  # fmt: skip
                 produced.append(token)
                 token_times.append(now)
                 spec = self.speculation_counts(runner, len(token_times))

@@ -150,6 +150,8 @@ class LanesRunner:
 
     # a request with logprobs runs here too, through the eager steps, whose logits every rank gathers
     serves_logprobs = True
+    # but not a prompt's (an echo's): this process holds its own lanes only, no whole model to score it with
+    scores_prompts = False
 
     def __init__(self, model: Transformer, cfg: ModelConfig, path: Path, max_context: int, vocab_limit: int,
                  world: int, fast: bool = False):  # fmt: skip

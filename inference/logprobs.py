@@ -13,6 +13,8 @@ import json
 
 import torch
 
+from inference.model import KVCache, Transformer
+
 
 @functools.cache
 def _byte_level_chars() -> dict[str, int]:
@@ -77,3 +79,41 @@ def step_logprobs(logits: torch.Tensor, token: int, top: int) -> tuple[float, li
 
 def delta_entry(names: TokenNames, token: int, chosen: float, top: list[tuple[int, float]]) -> dict:
     return {**names.entry(token, chosen), "top": [names.entry(i, lp) for i, lp in top]}
+
+
+@torch.inference_mode()
+def prompt_logprobs(model: Transformer, ids: list[int], top: int, vocab: int, rows: int = 256) -> list[tuple]:
+    """Each prompt token after the first: (its logprob given the tokens before it, the `top` most likely
+    [(id, logprob)] there), len(ids) - 1 of them, as step_logprobs gives a generated token's. One forward over
+    the prompt into a cache of its own, `rows` positions at a time (logits [rows, vocab] at most at once)."""
+    device, dtype = model.tok_embeddings.device, model.tok_embeddings.dtype
+    cache = KVCache(model.cfg, len(ids), 1, device, dtype)
+    tokens = torch.tensor([ids], device=device)  # [1, T]
+    out: list[tuple] = []
+    for start in range(0, len(ids) - 1, rows):
+        stop = min(start + rows, len(ids) - 1)
+        logprobs = model(tokens[:, start:stop], start, cache)[0, :, :vocab].float().log_softmax(-1)  # [R, V]
+        chosen = logprobs.gather(1, tokens[0, start + 1 : stop + 1, None])[:, 0].tolist()  # [R]
+        if top > 0:
+            values, top_ids = logprobs.topk(min(top, vocab), dim=-1)  # [R, top] each
+            alternatives = [
+                list(zip(i, v, strict=True)) for i, v in zip(top_ids.tolist(), values.tolist(), strict=True)
+            ]
+        else:
+            alternatives = [[] for _ in chosen]
+        out.extend(zip(chosen, alternatives, strict=True))
+    return out
+
+
+def prompt_entries(
+    names: TokenNames, ids: list[int], scored: list[tuple], special: frozenset[int]
+) -> list[dict]:
+    """A prompt's entries in the shape of a generated token's (delta_entry), the first without a logprob
+    (nothing precedes it); a special token the tokenizer added (a BOS) is marked: it is not in the prompt's
+    text."""
+    entries = [{**names.entry(ids[0], None), "top": []}]
+    entries += [delta_entry(names, token, *lp) for token, lp in zip(ids[1:], scored, strict=True)]
+    for entry in entries:
+        if entry["id"] in special:
+            entry["special"] = True
+    return entries

@@ -393,7 +393,10 @@ class Worker:
                 if coalescer.add(event):
                     cancelled = cancelled or asked_to_stop()
             elif isinstance(event, Prefilled):
-                publish("prefilled", asdict(event))
+                prefilled = asdict(event)
+                if event.prompt_logprobs is None:  # only an echo with logprobs asks for them
+                    del prefilled["prompt_logprobs"]
+                publish("prefilled", prefilled)
                 cancelled = asked_to_stop()
             elif isinstance(event, Done):
                 if job.finished:

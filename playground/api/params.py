@@ -1,8 +1,9 @@
 """OpenAI request bodies -> a JobSpec, validated once at the edge; every refusal names its field.
 
 Every field a request may carry is one of four kinds here:
-- honoured: read below (model, messages / prompt, max_tokens, temperature, top_p, top_k, stop, seed, ...);
-- refused unless given the value that changes nothing (n, echo, tools, penalties, other modalities, and
+- honoured: read below (model, messages / prompt, max_tokens, temperature, top_p, top_k, stop, seed, a
+  completion's echo, ...);
+- refused unless given the value that changes nothing (n, chat's echo, tools, penalties, other modalities, and
   the template switches and samplers of vLLM's and llama.cpp's servers that a client written for them sends):
   a 400 naming the field, never a silent drop;
 - ignored, because it changes nothing in the reply (user, metadata, store, service_tier, caching hints, and
@@ -142,6 +143,7 @@ class ApiRequest:
     spec: JobSpec
     stream: bool
     include_usage: bool
+    echo: bool = False  # a completion's reply begins with its prompt (with logprobs: the prompt's too)
 
     @property
     def logprobs(self) -> bool:
@@ -190,6 +192,7 @@ def parse_request(
     if logprobs is not None:
         params["logprobs"] = logprobs
     named = {"id": job_id} if job_id is not None else {}
+    echo = False
     if chat:
         messages = _messages(body.get("messages"))
         spec = JobSpec(model, messages=messages, chat=True, params=params, source="api",
@@ -198,13 +201,18 @@ def parse_request(
     else:
         suffix = _suffix(body.get("suffix"))
         prompt = _prompt(body.get("prompt"), allow_empty=suffix is not None)
+        echo = _optional(body, "echo", bool, False)
+        if echo and suffix is not None:
+            raise InvalidRequest("echo", "cannot be combined with suffix (a fill-in-the-middle reply)")
+        if echo and logprobs is not None:
+            params["prompt_logprobs"] = logprobs
         spec = JobSpec(model, prompt=prompt, suffix=suffix, params=params, source="api", **named)
         prompt_field, chars = "prompt", len(spec.prompt) + len(suffix or "")
     if chars > max_prompt_chars:
         raise InvalidRequest(
             prompt_field, f"is {chars} characters long; the server takes at most {max_prompt_chars}"
         )
-    return ApiRequest(spec=spec, stream=stream, include_usage=include_usage)
+    return ApiRequest(spec=spec, stream=stream, include_usage=include_usage, echo=echo)
 
 
 def _sampling_params(body: dict, max_new_tokens: int, chat: bool, model_defaults: dict) -> dict:
@@ -409,8 +417,8 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
             raise InvalidRequest(name, _not_supported(name))
     if body.get("tools") or body.get("functions"):
         raise InvalidRequest("tools", "tool calling is not supported")
-    if body.get("echo"):
-        raise InvalidRequest("echo", "is not supported")
+    if chat and body.get("echo"):
+        raise InvalidRequest("echo", "is for /v1/completions (the prompt before the reply), not chat")
     if chat and body.get("suffix"):  # an empty suffix asks for nothing after the reply
         raise InvalidRequest("suffix", "is for /v1/completions (fill in the middle), not chat")
     if body.get("logit_bias"):

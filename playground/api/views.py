@@ -181,11 +181,14 @@ def json_body(request):
 async def complete(request, chat: bool):
     body = json_body(request)
     run, api_request, first = await start_job(request, body, chat)
+    echo = run.spec.prompt if api_request.echo else None
     try:
         if api_request.stream:
-            return stream_response(job_stream(run, first, Chunks(run.spec, api_request.include_usage)), run)
+            return stream_response(
+                job_stream(run, first, Chunks(run.spec, api_request.include_usage, echo)), run
+            )
         event, logprobs = await run.until_end(first)
-        return JsonResponse(await run.finish(event[1], logprobs))
+        return JsonResponse(await run.finish(event[1], logprobs, echo))
     except BaseException:  # the client left (CancelledError) or we failed: stop the job
         await run.cancel_unless_finished()
         raise
@@ -411,9 +414,11 @@ class JobRun:
 
     async def until_end(self, first: tuple[str, dict]) -> tuple[tuple[str, dict], list[dict] | None]:
         """The job's `done` event (an error raises its ApiError) and its tokens' logprobs (None when the
-        request asked for none), read on from `first`."""
+        request asked for none; an echo's start with the prompt's), read on from `first`."""
         event, logprobs = first, None
         while True:
+            if event[0] == "prefilled" and "prompt_logprobs" in event[1]:
+                logprobs = event[1]["prompt_logprobs"] + (logprobs or [])
             if event[0] == "delta" and "logprobs" in event[1]:
                 logprobs = (logprobs or []) + event[1]["logprobs"]
             if event[0] in TERMINAL:
@@ -425,14 +430,14 @@ class JobRun:
             raise job_error({"code": "cancelled", "message": "The job was cancelled before it finished"})
         return event, logprobs
 
-    async def finish(self, done: dict, logprobs: list[dict] | None = None) -> dict:
-        """The non-streamed body for a `done` event."""
+    async def finish(self, done: dict, logprobs: list[dict] | None = None, echo: str | None = None) -> dict:
+        """The non-streamed body for a `done` event; `echo`: the prompt the text begins with."""
         await save(self.spec, done)
         body = reply_envelope(self.spec, "chat.completion" if self.spec.chat else "text_completion")
         if self.spec.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": done["text"]}}
         else:
-            choice = {"index": 0, "text": done["text"]}
+            choice = {"index": 0, "text": (echo or "") + done["text"]}
         shaped = None if logprobs is None else openai_logprobs(logprobs, self.spec.chat)
         body["choices"] = [{**choice, "finish_reason": done["finish_reason"], "logprobs": shaped}]
         body["usage"] = usage(done["stats"])
@@ -453,6 +458,10 @@ async def job_stream(run: JobRun, first: tuple[str, dict], chunks: Chunks | Infi
             yield line
         kind, data = first
         while True:
+            if kind == "prefilled" or (kind in ("delta", "done") and chunks.echo_pending):
+                line = chunks.echo_line(data.get("prompt_logprobs") if kind == "prefilled" else None)
+                if line is not None:
+                    yield line
             if kind == "delta":
                 line = chunks.delta(data, sum(map(len, streamed)))
                 if line is not None:
@@ -491,9 +500,10 @@ class Chunks:
 
     name = "api"
 
-    def __init__(self, spec: JobSpec, include_usage: bool):
+    def __init__(self, spec: JobSpec, include_usage: bool, echo: str | None = None):
         self.spec = spec
         self.include_usage = include_usage
+        self.echo, self.echo_pending = echo, echo is not None  # the prompt, sent as the first text chunk
         self.envelope = reply_envelope(spec, "chat.completion.chunk" if spec.chat else "text_completion")
         if include_usage:
             self.envelope["usage"] = None  # as OpenAI does: null on every chunk but the usage one
@@ -505,13 +515,20 @@ class Chunks:
     def opening(self) -> list[bytes]:
         return [self._line({"role": "assistant", "content": ""})] if self.spec.chat else []
 
+    def echo_line(self, prompt_logprobs: list[dict] | None) -> bytes | None:
+        """The echoed prompt's chunk (with its tokens' logprobs where the job scored them), once."""
+        if not self.echo_pending:
+            return None
+        self.echo_pending = False
+        return self._line(self.echo, prompt_logprobs)
+
     def delta(self, data: dict, offset: int) -> bytes | None:
-        """A delta event's chunk (None when it has neither text nor logprobs); `offset`: the characters sent
-        before it."""
+        """A delta event's chunk (None when it has neither text nor logprobs); `offset`: the characters of the
+        reply sent before it."""
         if not (data["text"] or data.get("logprobs")):
             return None
         content = {"content": data["text"]} if self.spec.chat else data["text"]
-        return self._line(content, data.get("logprobs"), offset)
+        return self._line(content, data.get("logprobs"), offset + len(self.echo or ""))
 
     def _line(self, content, logprobs: list[dict] | None = None, offset: int = 0) -> bytes:
         """`logprobs`: the worker's entries for this chunk's tokens."""
@@ -538,12 +555,16 @@ class InfillChunks:
     (stop: true, its timings); no [DONE] line, as llama.cpp sends none."""
 
     name = "infill"
+    echo_pending = False  # /infill has no echo
 
     def __init__(self, run: JobRun):
         self.run = run
 
     def opening(self) -> list[bytes]:
         return []
+
+    def echo_line(self, prompt_logprobs: list[dict] | None) -> None:
+        return None
 
     def delta(self, data: dict, offset: int) -> bytes | None:
         return sse(infill_body(self.run, data["text"], None)) if data["text"] else None
@@ -584,7 +605,7 @@ def openai_logprobs(entries: list[dict], chat: bool, offset: int = 0) -> dict:
     offsets = []
     for entry in entries:
         offsets.append(offset)
-        offset += len(entry["token"])
+        offset += 0 if entry.get("special") else len(entry["token"])  # a BOS is not in an echo's text
     return {
         "tokens": [e["token"] for e in entries],
         "token_logprobs": [e["logprob"] for e in entries],

@@ -235,6 +235,79 @@ def test_completion_logprobs_match_a_reference_forward_pass(stack, engine):
     assert logprobs.text_offset[0] == 0 and "".join(logprobs.tokens) == reply.choices[0].text
 
 
+def test_an_echoed_completion_scores_its_prompt_as_a_forward_pass_does(stack, engine):
+    prompt = "import os\n\ndef list_files(path):\n"
+    kwargs = {
+        "model": "coder",
+        "prompt": prompt,
+        "max_tokens": 6,
+        "temperature": 0,
+        "logprobs": 2,
+        "echo": True,
+    }
+    reply = api(stack.web).completions.create(**kwargs)
+    text, logprobs = reply.choices[0].text, reply.choices[0].logprobs
+    prompt_ids = engine.tokenizer.encode_text(prompt)
+    local = list(engine.generate(prompt_ids, SamplingParams(max_new_tokens=6, temperature=0)))
+    new_ids = [i for event in local if event.kind == "delta" for i in event.token_ids]
+    plain = "".join(event.text for event in local if event.kind == "delta")
+    assert text == prompt + plain
+    ids = prompt_ids + new_ids[: len(logprobs.tokens) - len(prompt_ids)]
+    names = engine.token_names
+    assert logprobs.tokens == [names.name(i)[0] for i in ids] and "".join(logprobs.tokens) == text
+    assert logprobs.text_offset == [len("".join(logprobs.tokens[:i])) for i in range(len(ids))]
+    # the first token has nothing before it; every other is scored given the ones before it
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    with torch.inference_mode():
+        logits = engine.model(torch.tensor([ids]))[0, :-1, : engine.tokenizer.max_id + 1]
+    reference = logits.float().log_softmax(-1)  # row r: what follows ids[r]
+    for i in range(1, len(ids)):
+        assert logprobs.token_logprobs[i] == pytest.approx(float(reference[i - 1, ids[i]]), abs=1e-3)
+        # the 2 most likely and the chosen one, by text: where two ids spell the same text the likelier stays
+        expected = reference[i - 1].topk(2)
+        chosen = (ids[i], float(reference[i - 1, ids[i]]))
+        candidates = [*zip(expected.indices.tolist(), expected.values.tolist(), strict=True), chosen]
+        shown = {}
+        for token_id, value in sorted(candidates, key=lambda pair: -pair[1]):
+            shown.setdefault(names.name(token_id)[0], value)
+        assert logprobs.top_logprobs[i] == pytest.approx(shown, abs=1e-3)
+
+    chunks = list(api(stack.web).completions.create(**kwargs, stream=True))
+    texts = [c.choices[0].text for c in chunks if c.choices]
+    assert texts[0] == prompt and "".join(texts) == text  # the prompt first, in a chunk of its own
+    streamed = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+    assert [t for lp in streamed for t in lp.tokens] == logprobs.tokens
+    assert [o for lp in streamed for o in lp.text_offset] == logprobs.text_offset
+    assert [v for lp in streamed for v in lp.token_logprobs] == pytest.approx(logprobs.token_logprobs)
+
+
+def test_an_echo_without_logprobs_is_the_prompt_then_the_reply(stack):
+    client = api(stack.web)
+    kwargs = {"model": "plain", "prompt": "def add(a, b):", "max_tokens": 5, "temperature": 0}
+    reply = client.completions.create(**kwargs)
+    echoed = client.completions.create(**kwargs, echo=True)
+    assert echoed.choices[0].text == "def add(a, b):" + reply.choices[0].text
+    assert echoed.choices[0].logprobs is None
+    assert echoed.usage.prompt_tokens == reply.usage.prompt_tokens  # the echo is not counted twice
+    assert echoed.usage.completion_tokens == reply.usage.completion_tokens
+    streamed = "".join(c.choices[0].text for c in client.completions.create(**kwargs, echo=True, stream=True))
+    assert streamed == echoed.choices[0].text
+
+
+def test_echo_refusals(stack):
+    client = api(stack.web)
+    messages = [{"role": "user", "content": "hi"}]
+    cases = [
+        lambda: client.chat.completions.create(model="coder", messages=messages, extra_body={"echo": True}),
+        lambda: client.completions.create(model="coder", prompt="def f(", suffix=")\n", echo=True),
+        lambda: client.completions.create(model="coder", prompt="a", extra_body={"echo": "yes"}),
+    ]
+    for call in cases:
+        with pytest.raises(openai.BadRequestError) as refused:
+            call()
+        assert refused.value.body["param"] == "echo"
+
+
 def test_chat_logprobs_streamed_and_not(stack, engine):
     client = api(stack.web)
     kwargs = {

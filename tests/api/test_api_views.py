@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 from django.test import AsyncClient
 
 from common.protocol import JobSpec, cancel_key, events_key, queue_key
-from playground.api.views import JobRun, job_error, timings, usage
+from playground.api.views import JobRun, job_error, openai_logprobs, timings, usage
 from playground.jobs import job_client
 
 STATS = {"prompt_tokens": 40, "completion_tokens": 11, "prefill_ms": 20.0, "ttft_ms": 25.0, "total_ms": 120.0}
@@ -176,3 +176,23 @@ async def test_a_body_nested_too_deeply_is_a_400_that_does_not_count_against_the
     with contextlib.suppress(asyncio.CancelledError):
         await task
     sync.close()
+
+
+def test_a_token_the_tokenizer_added_takes_no_characters_of_an_echo():
+    def entry(token: str, logprob: float | None, **extra) -> dict:
+        return {
+            "id": 0,
+            "token": token,
+            "bytes": list(token.encode()),
+            "logprob": logprob,
+            "top": [],
+            **extra,
+        }
+
+    # a BOS, then the prompt "def f" in two tokens, then a reply token: text "def f():"
+    entries = [entry("<s>", None, special=True), entry("def", -1.0), entry(" f", -2.0), entry("():", -0.5)]
+    shaped = openai_logprobs(entries, chat=False)
+    assert shaped["tokens"] == ["<s>", "def", " f", "():"]
+    assert shaped["token_logprobs"] == [None, -1.0, -2.0, -0.5]
+    assert shaped["text_offset"] == [0, 0, 3, 5]
+    assert shaped["top_logprobs"] == [None, None, None, None]  # logprobs: 0 asks for no alternatives

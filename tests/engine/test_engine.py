@@ -291,6 +291,42 @@ def test_the_engines_other_settings_name_their_variable(checkpoints, monkeypatch
     assert str(info.value) == f"{variable}: must be {expects}, got {value!r}"
 
 
+def test_prompt_logprobs_score_each_prompt_token_given_the_ones_before_it(checkpoints):
+    engine = Engine.load(checkpoints["tiny-llama"], device="cpu")
+    ids = engine.encode_prompt("def mean(xs):\n    return sum(xs) / len(xs)\n")
+    assert ids[0] in engine.tokenizer.special_ids  # a BOS the tokenizer added, which the text does not hold
+    events = list(engine.generate(ids, SamplingParams(max_new_tokens=2, prompt_logprobs=3)))
+    entries = events[0].prompt_logprobs
+    assert isinstance(events[0], Prefilled) and [e["id"] for e in entries] == ids
+    assert entries[0]["logprob"] is None and entries[0]["top"] == [] and entries[0]["special"] is True
+    assert not any(e.get("special") for e in entries[1:])
+    with torch.inference_mode():
+        logits = engine.model(torch.tensor([ids]))[0, :-1, : engine.tokenizer.max_id + 1]
+    reference = logits.float().log_softmax(-1)  # row r: what follows ids[r]
+    for i in range(1, len(ids)):
+        assert entries[i]["logprob"] == pytest.approx(float(reference[i - 1, ids[i]]), abs=1e-4)
+        expected = reference[i - 1].topk(3)
+        assert [t["id"] for t in entries[i]["top"]] == expected.indices.tolist()
+        assert [t["logprob"] for t in entries[i]["top"]] == pytest.approx(expected.values.tolist(), abs=1e-4)
+    assert all(
+        isinstance(e, TextDelta) and e.logprobs is None for e in events[1:-1]
+    )  # the reply's: not asked
+
+
+def test_a_prompt_longer_than_a_block_of_rows_is_scored_whole(checkpoints):
+    from inference.logprobs import prompt_logprobs
+
+    engine = Engine.load(checkpoints["tiny-llama"], device="cpu")
+    ids = engine.encode_prompt("x = [" + ", ".join(str(i) for i in range(60)) + "]\n")
+    vocab = engine.tokenizer.max_id + 1
+    whole = prompt_logprobs(engine.model, ids, 2, vocab)
+    blocks = prompt_logprobs(engine.model, ids, 2, vocab, rows=7)  # uneven blocks through the KV cache
+    assert len(whole) == len(blocks) == len(ids) - 1
+    for (a, top_a), (b, top_b) in zip(whole, blocks, strict=True):
+        assert a == pytest.approx(b, abs=1e-4)
+        assert [i for i, _ in top_a] == [i for i, _ in top_b]
+
+
 @pytest.mark.parametrize(
     "clock_khz, bus_bits, datasheet_gbs",
     [(2_619_000, 5120, 3350), (1_215_000, 5120, 1555), (1_593_000, 5120, 2039)],

@@ -45,6 +45,14 @@ def test_a_worker_on_two_ranks_answers_with_the_one_process_engines_tokens(start
     assert sampled.choices[0].text == list(engine.generate(engine.encode_prompt(PROMPT), params))[-1].text
     assert sampled.choices[0].text != done.text  # the sampling took effect
     assert "and 1 more ranks" in worker.log_path.read_text()
+    # a prompt's own logprobs need a whole model, which no rank holds: refused, and the worker serves on
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="lanes", prompt=PROMPT, max_tokens=4, logprobs=1, echo=True)
+    assert (
+        refused.value.body["param"] == "prompt_logprobs" and "several GPUs" in refused.value.body["message"]
+    )
+    echoed = client.completions.create(model="lanes", prompt=PROMPT, max_tokens=16, temperature=0, echo=True)
+    assert echoed.choices[0].text == PROMPT + done.text
 
     followers = children(worker.process.pid)
     assert followers, "the worker started no follower rank"

@@ -66,15 +66,24 @@ def _uses_byte_level(tok) -> bool:
     return "ByteLevel" in json.dumps(json.loads(tok.to_str()).get("decoder") or {})
 
 
-def step_logprobs(logits: torch.Tensor, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
-    """logits: [V] one step's head output (V: the ids the tokenizer has) -> (the chosen token's logprob, the
-    `top` most likely (id, logprob), most likely first). Float32: bf16 logits would round the values."""
-    logprobs = logits.float().log_softmax(-1)
-    chosen = float(logprobs[token])
+def rows_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, top: int
+) -> list[tuple[float, list[tuple[int, float]]]]:
+    """logits: [R, V] head outputs (V: the ids the tokenizer has), tokens: [R] the one chosen at each row -> per
+    row (the chosen token's logprob, the `top` most likely (id, logprob), most likely first). Float32: bf16
+    logits would round the values."""
+    logprobs = logits.float().log_softmax(-1)  # [R, V]
+    chosen = logprobs.gather(1, tokens[:, None])[:, 0].tolist()  # [R]
     if top <= 0:
-        return chosen, []
-    values, ids = logprobs.topk(min(top, logprobs.numel()))
-    return chosen, list(zip(ids.tolist(), values.tolist(), strict=True))
+        return [(value, []) for value in chosen]
+    values, ids = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1)  # [R, top] each
+    alternatives = [list(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]
+    return list(zip(chosen, alternatives, strict=True))
+
+
+def step_logprobs(logits: torch.Tensor, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+    """logits: [V] one step's head output -> rows_logprobs' pair for the chosen `token`."""
+    return rows_logprobs(logits[None], torch.tensor([token], device=logits.device), top)[0]
 
 
 def delta_entry(names: TokenNames, token: int, chosen: float, top: list[tuple[int, float]]) -> dict:
@@ -84,7 +93,7 @@ def delta_entry(names: TokenNames, token: int, chosen: float, top: list[tuple[in
 @torch.inference_mode()
 def prompt_logprobs(model: Transformer, ids: list[int], top: int, vocab: int, rows: int = 256) -> list[tuple]:
     """Each prompt token after the first: (its logprob given the tokens before it, the `top` most likely
-    [(id, logprob)] there), len(ids) - 1 of them, as step_logprobs gives a generated token's. One forward over
+    [(id, logprob)] there), len(ids) - 1 of them, as rows_logprobs gives a generated token's. One forward over
     the prompt into a cache of its own, `rows` positions at a time (logits [rows, vocab] at most at once)."""
     device, dtype = model.tok_embeddings.device, model.tok_embeddings.dtype
     cache = KVCache(model.cfg, len(ids), 1, device, dtype)
@@ -92,16 +101,8 @@ def prompt_logprobs(model: Transformer, ids: list[int], top: int, vocab: int, ro
     out: list[tuple] = []
     for start in range(0, len(ids) - 1, rows):
         stop = min(start + rows, len(ids) - 1)
-        logprobs = model(tokens[:, start:stop], start, cache)[0, :, :vocab].float().log_softmax(-1)  # [R, V]
-        chosen = logprobs.gather(1, tokens[0, start + 1 : stop + 1, None])[:, 0].tolist()  # [R]
-        if top > 0:
-            values, top_ids = logprobs.topk(min(top, vocab), dim=-1)  # [R, top] each
-            alternatives = [
-                list(zip(i, v, strict=True)) for i, v in zip(top_ids.tolist(), values.tolist(), strict=True)
-            ]
-        else:
-            alternatives = [[] for _ in chosen]
-        out.extend(zip(chosen, alternatives, strict=True))
+        logits = model(tokens[:, start:stop], start, cache)[0, :, :vocab]  # [R, V]: what follows each row
+        out += rows_logprobs(logits, tokens[0, start + 1 : stop + 1], top)
     return out
 
 

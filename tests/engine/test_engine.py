@@ -308,9 +308,8 @@ def test_prompt_logprobs_score_each_prompt_token_given_the_ones_before_it(checkp
         expected = reference[i - 1].topk(3)
         assert [t["id"] for t in entries[i]["top"]] == expected.indices.tolist()
         assert [t["logprob"] for t in entries[i]["top"]] == pytest.approx(expected.values.tolist(), abs=1e-4)
-    assert all(
-        isinstance(e, TextDelta) and e.logprobs is None for e in events[1:-1]
-    )  # the reply's: not asked
+    # the reply's own logprobs were not asked for
+    assert all(isinstance(e, TextDelta) and e.logprobs is None for e in events[1:-1])
 
 
 def test_a_prompt_longer_than_a_block_of_rows_is_scored_whole(checkpoints):

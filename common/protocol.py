@@ -174,6 +174,9 @@ class VisitorBusy(Exception):
 class JobSpec:
     model: str
     prompt: str | None = None
+    # the prompt as token ids, read as given (no BOS added, as vLLM reads them); the worker decodes them for the
+    # prompt's text (an echo, the saved run)
+    prompt_ids: list[int] | None = None
     messages: list[dict] | None = None  # chat: [{"role": ..., "content": ...}]
     chat: bool = False  # render `prompt` (or `messages`) through the model's chat template
     template_kwargs: dict | None = (
@@ -219,9 +222,20 @@ class JobSpec:
             raise ValueError(f"task must be generate or one of {', '.join(TASKS)}, got {spec.task!r}")
         if spec.suffix is not None and not isinstance(spec.suffix, str):
             raise ValueError("suffix must be a string")
+        ids = spec.prompt_ids
+        if ids is not None and not (
+            isinstance(ids, list) and 0 < len(ids) <= MAX_PROMPT_IDS and all(map(is_token_id, ids))
+        ):
+            raise ValueError(f"prompt_ids must be a list of 1 to {MAX_PROMPT_IDS:,} integers >= 0")
         return spec
 
 
+def is_token_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0  # JSON's true is no id
+
+
+# A job's prompt_ids at most: past any context served here, and a bound on the spec a worker reads from Redis
+MAX_PROMPT_IDS = 1 << 20
 # Jobs that run no generation: a tokenizer's answer, which the web cannot give itself (it has no tokenizer)
 TASKS = ("tokenize", "detokenize")
 

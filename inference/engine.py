@@ -407,11 +407,14 @@ class Engine:
             ids = ids[1:]
         return ids
 
-    def detokenize(self, ids: list[int]) -> str:
+    def detokenize(self, ids: list[int], field: str = "tokens") -> str:
+        """`ids` as text (special tokens left out); `field`: the request's field that gave them, for a refusal."""
         limit = self.tokenizer.max_id + 1
         bad = next((i for i in ids if not (isinstance(i, int) and 0 <= i < limit)), None)
         if bad is not None:
-            raise InvalidRequest("tokens", f"token ids must be integers in [0, {limit}), got {bad!r}")
+            raise InvalidRequest(
+                field, f"token ids must be integers in [0, {limit}) (the model's vocabulary), got {bad!r}"
+            )
         return self.tokenizer.decode(ids)
 
     def logprob_runner(self):

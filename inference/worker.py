@@ -218,6 +218,8 @@ class Worker:
                     "fim_tokens": list(engine.fim.spelling) if getattr(engine, "fim", None) else None,
                     "logprobs": hasattr(engine, "logprob_runner"),
                     "tokenize": hasattr(engine, "tokenize"),
+                    # a prompt as token ids, which its tokenizer decodes (the web asks before sending one)
+                    "prompt_ids": hasattr(engine, "detokenize"),
                 }
                 for name, engine in self.engines.items()
             },
@@ -349,7 +351,12 @@ class Worker:
             return
         params = spec.sampling_params()
         extra_stop_ids: frozenset[int] = frozenset()
-        if spec.suffix is not None:
+        prompt_text = None
+        if spec.prompt_ids is not None:
+            # read as given, as vLLM reads them (no BOS added); their text is the echo's and the saved run's
+            prompt_ids = list(spec.prompt_ids)
+            prompt_text = engine.detokenize(prompt_ids, field="prompt")
+        elif spec.suffix is not None:
             prompt_ids = engine.encode_fim(spec.prompt or "", spec.suffix)
             extra_stop_ids = engine.fim.stop_ids
         else:
@@ -396,6 +403,8 @@ class Worker:
                 prefilled = asdict(event)
                 if event.prompt_logprobs is None:  # only an echo with logprobs asks for them
                     del prefilled["prompt_logprobs"]
+                if prompt_text is not None:
+                    prefilled["prompt"] = prompt_text
                 publish("prefilled", prefilled)
                 cancelled = asked_to_stop()
             elif isinstance(event, Done):

@@ -150,7 +150,7 @@ async def redis_back(jobs: JobClient, deadline: float) -> bool:
 # What a worker's heartbeat says of each model it serves that the web uses
 MODEL_INFO_KEYS = (
     "chat", "base", "max_context", "sampling_defaults", "template_kwargs", "fim", "fim_tokens", "logprobs",
-    "tokenize",
+    "tokenize", "prompt_ids",
 )  # fmt: skip
 
 
@@ -173,6 +173,7 @@ def served_models(workers: list[dict]) -> dict[str, dict]:
             "fim_tokens": None,
             "logprobs": False,
             "tokenize": False,
+            "prompt_ids": False,
             "workers": 0,
         }
 

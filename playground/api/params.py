@@ -25,7 +25,7 @@ from common.events import (
     SamplingParams,
     unicode_text,
 )
-from common.protocol import JobSpec
+from common.protocol import MAX_PROMPT_IDS, JobSpec, is_token_id
 
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # OpenAI's own limit; every stop string is searched for after every token, so a long list would
@@ -36,6 +36,8 @@ MAX_STOP_SEQUENCES = 4
 MAX_STOP_CHARS = 256
 MAX_TEMPLATE_KWARGS_CHARS = 4096
 MAX_TEMPLATE_KWARGS_DEPTH = 8
+# What a completion's prompt may be, as a refusal says it (OpenAI's, vLLM's and llama.cpp's forms)
+PROMPT_FORMS = "must be a string, a list of token ids (integers >= 0), or a list holding one of either"
 COMPLETIONS_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI's legacy API
 # OpenAI's pattern for a participant's name; it also keeps a control token's spelling (`<|...|>`) out of the
 # chat template, which copies names outside any message's content.
@@ -200,14 +202,18 @@ def parse_request(
         prompt_field, chars = "messages", sum(len(m["content"]) for m in messages)
     else:
         suffix = _suffix(body.get("suffix"))
-        prompt = _prompt(body.get("prompt"), allow_empty=suffix is not None)
+        prompt = _prompt(body.get("prompt"), suffix, most_ids=min(max_prompt_chars, MAX_PROMPT_IDS))
+        ids = prompt if isinstance(prompt, list) else None
         echo = _optional(body, "echo", bool, False)
         if echo and suffix is not None:
             raise InvalidRequest("echo", "cannot be combined with suffix (a fill-in-the-middle reply)")
         if echo and logprobs is not None:
             params["prompt_logprobs"] = logprobs
-        spec = JobSpec(model, prompt=prompt, suffix=suffix, params=params, source="api", **named)
-        prompt_field, chars = "prompt", len(spec.prompt) + len(suffix or "")
+        text = prompt if ids is None else None
+        spec = JobSpec(
+            model, prompt=text, prompt_ids=ids, suffix=suffix, params=params, source="api", **named
+        )
+        prompt_field, chars = "prompt", len(text or "") + len(suffix or "")  # ids: counted by _prompt
     if chars > max_prompt_chars:
         raise InvalidRequest(
             prompt_field, f"is {chars} characters long; the server takes at most {max_prompt_chars}"
@@ -342,13 +348,34 @@ def _content(content, where: str) -> str:
     raise InvalidRequest(where, "must be a string or a list of text parts")
 
 
-def _prompt(prompt, allow_empty: bool = False) -> str:
-    """`allow_empty`: with a suffix, the FIM tokens are the context (a cursor at the file's start)."""
-    if isinstance(prompt, list) and len(prompt) == 1:
+def _prompt(prompt, suffix: str | None, most_ids: int) -> str | list[int]:
+    """The prompt as text, or as token ids ([int, ...], or [[int, ...]]) as OpenAI's, vLLM's and llama.cpp's
+    servers take them: at most `most_ids`, and never with a `suffix` (fill in the middle takes text). A list of
+    several prompts (a batch) is refused."""
+    if isinstance(prompt, list) and prompt and all(isinstance(each, str | list) for each in prompt):
+        if len(prompt) > 1:
+            batch = f"holds {len(prompt)} prompts: batching several prompts is not supported"
+            raise InvalidRequest("prompt", f"{batch}, send one prompt per request")
         prompt = prompt[0]
+    if isinstance(prompt, list):
+        if not prompt:
+            raise InvalidRequest("prompt", "must not be empty")
+        for token in prompt:
+            if not is_token_id(token):
+                raise InvalidRequest("prompt", f"{PROMPT_FORMS}; got {token!r:.40} in a list of token ids")
+        if suffix is not None:
+            raise InvalidRequest(
+                "prompt", "token ids cannot go with a suffix: fill in the middle takes the prompt as text"
+            )
+        if len(prompt) > most_ids:
+            raise InvalidRequest(
+                "prompt", f"is {len(prompt)} token ids long; the server takes at most {most_ids}"
+            )
+        return prompt
     if not isinstance(prompt, str):
-        raise InvalidRequest("prompt", "must be a string (or a list of exactly one string)")
-    if not prompt and not allow_empty:  # the model needs at least one token to continue from
+        raise InvalidRequest("prompt", PROMPT_FORMS)
+    # with a suffix the FIM tokens are the context (a cursor at the file's start); else the model needs a token
+    if not prompt and suffix is None:
         raise InvalidRequest("prompt", "must not be empty")
     return unicode_text(prompt, "prompt")
 

@@ -234,6 +234,9 @@ async def start_job(
         raise ApiError(400, f"suffix: the model {spec.model!r} has no fill-in-the-middle tokens in its tokenizer, "
                        "so it cannot complete between a prompt and a suffix; GET /v1/models lists which models "
                        "can (fim: true)", param="suffix", code="fim_not_supported")  # fmt: skip
+    if spec.prompt_ids is not None and not served[spec.model].get("prompt_ids"):
+        raise ApiError(400, f"prompt: the workers of {spec.model!r} do not take a prompt as token ids (a stand-in "
+                       "engine has no tokenizer); send it as text", param="prompt", code="invalid_value")  # fmt: skip
     if api_request.logprobs and not served[spec.model].get("logprobs"):
         raise ApiError(400, f"logprobs: the workers of {spec.model!r} do not compute them",
                        param="logprobs", code="invalid_value")  # fmt: skip
@@ -268,6 +271,9 @@ async def start_job(
         first = await run.next()
         if first[0] == "error":
             raise job_error(first[1], counted=True)
+        if spec.prompt_ids is not None and first[0] == "prefilled":
+            # the ids as text, decoded by the worker: what an echo begins with, and the saved run's prompt
+            spec.prompt = first[1].get("prompt", "")
     except BaseException:
         await run.cancel_unless_finished()
         raise

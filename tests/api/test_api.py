@@ -410,6 +410,15 @@ def test_a_streamed_chunk_stays_one_line_whatever_the_model_writes(stack, standi
     assert "".join(chunk["choices"][0]["text"] for chunk in chunks) == prompt
 
 
+def test_a_prompt_of_token_ids_is_refused_where_no_tokenizer_reads_them(stack, standin):
+    # the stand-in engine has none: the web refuses before queueing, as the worker's heartbeat says
+    with pytest.raises(openai.BadRequestError) as refused:
+        api(stack.web).completions.create(model=STANDIN, prompt=[97, 98], max_tokens=2)
+    assert refused.value.body["param"] == "prompt"
+    assert f"the workers of '{STANDIN}' do not take a prompt as token ids" in refused.value.body["message"]
+    assert api(stack.web).completions.create(model=STANDIN, prompt="ab", max_tokens=2).choices[0].text == "ab"
+
+
 def test_a_worker_lost_mid_stream_is_an_error_chunk_then_done(stack, standin):
     body = {
         "model": STANDIN,

@@ -1,6 +1,7 @@
 """What agents ask of the API besides a completion, end to end (the official openai client, daphne, Redis, a real
 worker): fill in the middle through `suffix` and llama.cpp's /infill, logprobs in OpenAI's shapes checked against
-a forward pass of the same model, /tokenize and /detokenize, a model's facts, /health.
+a forward pass of the same model, a prompt given as token ids, /tokenize and /detokenize, a model's facts,
+/health.
 
 The worker serves a tiny synthetic checkpoint whose tokenizer carries Qwen2.5-Coder's FIM tokens
 (tests/support/fim_checkpoint.py) as `coder`, and the tiny-qwen2 preset (no FIM tokens) as `plain`."""
@@ -8,6 +9,7 @@ The worker serves a tiny synthetic checkpoint whose tokenizer carries Qwen2.5-Co
 from __future__ import annotations
 
 import json
+import sqlite3
 
 import httpx
 import openai
@@ -348,3 +350,97 @@ def test_logprobs_refusals(stack):
         with pytest.raises(openai.BadRequestError) as refused:
             call()
         assert refused.value.body["param"] == param
+
+
+# ---- a prompt as token ids -----------------------------------------------------------------------------
+
+
+def saved_prompt(web, reply) -> str:
+    database = sqlite3.connect(web.env["DATABASE_URL"].removeprefix("sqlite:///"))
+    saved = "SELECT prompt FROM playground_generation WHERE job_id = ?"
+    (row,) = database.execute(saved, [reply.id.removeprefix("cmpl-")]).fetchall()
+    database.close()
+    return row[0]
+
+
+def test_a_prompt_of_token_ids_completes_as_its_text_does(stack, engine):
+    client = api(stack.web)
+    prompt = "import os\n\ndef list_files(path):\n"
+    ids = engine.tokenizer.encode_text(prompt)
+    kwargs = {"model": "coder", "max_tokens": 8, "temperature": 0, "logprobs": 0}
+    from_text = client.completions.create(prompt=prompt, **kwargs)
+    assert from_text.choices[0].text and from_text.usage.prompt_tokens == len(ids)
+    for form in (ids, [ids]):  # OpenAI's two forms: a list of ids, and a list holding one
+        from_ids = client.completions.create(prompt=form, **kwargs)
+        assert from_ids.choices[0].text == from_text.choices[0].text
+        assert from_ids.choices[0].logprobs.tokens == from_text.choices[0].logprobs.tokens
+        assert (from_ids.usage.prompt_tokens, from_ids.usage.completion_tokens) == (
+            len(ids),
+            from_text.usage.completion_tokens,
+        )
+        assert saved_prompt(stack.web, from_ids) == prompt  # the run is kept with the ids' text
+    streamed = client.completions.create(prompt=ids, stream=True, **kwargs)
+    assert "".join(c.choices[0].text for c in streamed) == from_text.choices[0].text
+
+
+def test_an_echo_of_token_ids_is_their_text_and_their_scores(stack, engine):
+    client = api(stack.web)
+    prompt = "import os\n\ndef list_files(path):\n"
+    ids = engine.tokenizer.encode_text(prompt)
+    kwargs = {"model": "coder", "max_tokens": 4, "temperature": 0, "logprobs": 2, "echo": True}
+    from_text = client.completions.create(prompt=prompt, **kwargs).choices[0]
+    from_ids = client.completions.create(prompt=ids, **kwargs).choices[0]
+    assert from_ids.text.startswith(prompt) and from_ids.text == from_text.text
+    assert from_ids.logprobs.tokens[: len(ids)] == [engine.token_names.name(i)[0] for i in ids]
+    assert from_ids.logprobs.tokens == from_text.logprobs.tokens
+    assert from_ids.logprobs.text_offset == from_text.logprobs.text_offset
+    assert from_ids.logprobs.token_logprobs == pytest.approx(from_text.logprobs.token_logprobs)
+    chunks = [c.choices[0] for c in client.completions.create(prompt=[ids], stream=True, **kwargs)]
+    assert chunks[0].text == prompt and "".join(c.text for c in chunks) == from_text.text
+
+    # ids no text encodes to are taken as given: a special token first, listed, and no character of the text
+    im_start = engine.tokenizer._tok.token_to_id("<|im_start|>")
+    given = [im_start, *ids]
+    reply = client.completions.create(prompt=given, **{**kwargs, "max_tokens": 1})
+    logprobs = reply.choices[0].logprobs
+    assert reply.usage.prompt_tokens == len(given)
+    assert reply.choices[0].text.startswith(prompt) and "<|im_start|>" not in reply.choices[0].text
+    assert logprobs.tokens[:2] == ["<|im_start|>", engine.token_names.name(ids[0])[0]]
+    assert logprobs.text_offset[:2] == [0, 0] and logprobs.token_logprobs[0] is None
+
+
+def test_token_id_prompts_that_make_no_sense_are_refused_saying_why(stack, engine):
+    client = api(stack.web)
+    cases = [
+        ({"prompt": []}, "prompt: must not be empty"),
+        ({"prompt": [[5, 6], [7]]}, "batching several prompts is not supported, send one prompt per request"),
+        ({"prompt": [5, "a"]}, "got 'a' in a list of token ids"),
+        ({"prompt": [5, -1]}, "got -1 in a list of token ids"),
+        ({"prompt": [5, 6], "suffix": "x"}, "token ids cannot go with a suffix"),
+        ({"prompt": [5] * engine.max_context}, f"do not fit the {engine.max_context}-token context"),
+    ]
+    for kwargs, words in cases:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(model="coder", max_tokens=2, **kwargs)
+        assert refused.value.body["param"] == "prompt" and words in refused.value.body["message"], kwargs
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model="coder", messages=[{"role": "user", "content": "hi"}], extra_body={"prompt": [5, 6]}
+        )
+    assert refused.value.body["param"] == "prompt"
+    assert "is not a field of /v1/chat/completions, which takes messages" in refused.value.body["message"]
+
+
+def test_an_id_past_the_vocabulary_is_a_400_and_the_worker_serves_on(stack, engine):
+    client = api(stack.web)
+    limit = engine.tokenizer.max_id + 1
+    for bad, stream in ((limit, False), (2**40, True)):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(model="coder", prompt=[5, bad], max_tokens=2, stream=stream)
+        error = refused.value.body
+        assert error["param"] == "prompt" and error["code"] == "invalid_request"
+        expected = f"prompt: token ids must be integers in [0, {limit}) (the model's vocabulary), got {bad}"
+        assert expected in error["message"]
+    reply = client.completions.create(model="coder", prompt=[5, limit - 1], max_tokens=2, temperature=0)
+    assert reply.usage.prompt_tokens == 2 and reply.usage.completion_tokens >= 1
+    assert httpx.get(stack.web.url + "/health", timeout=10).json()["models"] == {"coder": 1, "plain": 1}

@@ -142,9 +142,43 @@ def test_bad_chat_parameters_name_their_field(change, field):
     assert refused_field({**CHAT, **change}) == field
 
 
-@pytest.mark.parametrize("prompt", [None, 3, ["a", "b"], [1, 2, 3]])
-def test_completion_prompt_must_be_one_string(prompt):
+@pytest.mark.parametrize("prompt", [None, 3, {"text": "a"}, [None], ["a", "b"]])
+def test_completion_prompt_must_be_one_prompt(prompt):
     assert refused_field({"model": "m", "prompt": prompt}, chat=False) == "prompt"
+
+
+@pytest.mark.parametrize("prompt", [[5, 0, 17], [[5, 0, 17]]])
+def test_a_prompt_of_token_ids_is_kept_as_ids_not_text(prompt):
+    spec = parse({"model": "m", "prompt": prompt, "echo": True, "logprobs": 1}, chat=False).spec
+    assert (spec.prompt, spec.prompt_ids) == (None, [5, 0, 17])
+    assert spec.params["prompt_logprobs"] == 1  # an echo scores the ids as it scores a text's tokens
+
+
+@pytest.mark.parametrize(
+    "body, chat, words",
+    [
+        ({"prompt": []}, False, "prompt: must not be empty"),
+        ({"prompt": [[]]}, False, "prompt: must not be empty"),
+        ({"prompt": [[1, 2], [3]]}, False,
+         "prompt: holds 2 prompts: batching several prompts is not supported, send one prompt per request"),
+        ({"prompt": ["a", "b", "c"]}, False, "prompt: holds 3 prompts: batching several prompts is not supported"),
+        ({"prompt": ["a", [1]]}, False, "prompt: holds 2 prompts"),
+        ({"prompt": [1, "a"]}, False, "or a list holding one of either; got 'a' in a list of token ids"),
+        ({"prompt": [[1, "a"]]}, False, "got 'a' in a list of token ids"),
+        ({"prompt": [7, -2]}, False, "got -2 in a list of token ids"),
+        ({"prompt": [7, True]}, False, "got True in a list of token ids"),  # JSON's true is no id
+        ({"prompt": [7.0]}, False, "got 7.0 in a list of token ids"),
+        ({"prompt": [7, 8], "suffix": "x"}, False,
+         "prompt: token ids cannot go with a suffix: fill in the middle takes the prompt as text"),
+        ({"prompt": list(range(MAX_CHARS + 1))}, False,
+         f"prompt: is {MAX_CHARS + 1} token ids long; the server takes at most {MAX_CHARS}"),
+        ({**CHAT, "prompt": [7, 8]}, True, "prompt: is not a field of /v1/chat/completions, which takes messages"),
+    ],
+)  # fmt: skip
+def test_token_id_prompts_that_make_no_sense_are_refused_saying_why(body, chat, words):
+    with pytest.raises(InvalidRequest) as refused:
+        parse({"model": "m", **body}, chat)
+    assert refused.value.field == "prompt" and words in str(refused.value)
 
 
 def test_body_must_be_an_object():

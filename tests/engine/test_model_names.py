@@ -138,6 +138,7 @@ def test_the_model_list_holds_still_however_the_heartbeats_fall(settings):
         "fim_tokens": None,
         "logprobs": False,
         "tokenize": False,
+        "prompt_ids": False,
         "workers": 1,
     }  # fmt: skip (a heartbeat that does not say what it does besides generating: it is taken not to)
     assert models["default"]["sampling_defaults"] == {}  # a worker that says none

@@ -202,6 +202,11 @@ async def test_a_queued_job_waits_while_a_worker_serves_its_model(client, channe
         ('["a list"]', "JSON object"),
         ('{"model": "m", "prompt": "x", "created": "yesterday"}', "created"),
         ('{"model": "m", "prompt": "x", "params": "hot"}', "params"),
+        ('{"model": "m", "prompt_ids": []}', "prompt_ids must be a list of 1 to 1,048,576 integers >= 0"),
+        ('{"model": "m", "prompt_ids": [5, -1]}', "prompt_ids"),
+        ('{"model": "m", "prompt_ids": [5, true]}', "prompt_ids"),
+        ('{"model": "m", "prompt_ids": "5 6"}', "prompt_ids"),
+        (json.dumps({"model": "m", "prompt_ids": [1] * (protocol.MAX_PROMPT_IDS + 1)}), "prompt_ids"),
     ],
 )
 async def test_an_unreadable_job_is_ended_and_the_worker_takes_the_next(
@@ -252,6 +257,11 @@ async def test_a_worker_is_listed_exactly_while_its_heartbeat_lives(client, chan
     assert await client.workers() == []
     assert r.zrange(workers_key(), 0, -1) == []
     r.close()
+
+
+def test_a_prompt_of_token_ids_travels_as_it_was_given():
+    spec = JobSpec(model="m", prompt_ids=[0, 7, 7, 1023], params={"max_new_tokens": 2})
+    assert JobSpec.from_json(spec.to_json()) == spec  # prompt_ids included, in their order
 
 
 def test_sampling_params_roundtrip_through_spec():

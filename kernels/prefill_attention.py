@@ -35,8 +35,9 @@ is read by the G heads of every query block that sees it; the 25 MB cache of a l
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels import interpreted, sm_count
+from kernels import interpreted, pdl_kwargs, sm_count
 from kernels.prefill_kv_write import (
     check_prefill_layout,
     head_rstd,
@@ -190,7 +191,11 @@ def _prefill_attention_kernel(
     QK_NORM: tl.constexpr,
     FOR_LOOP: tl.constexpr,
     START_PTR: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # every program waits: the chain of dependencies stays transitive
+        gdc_wait()
+        gdc_launch_dependents()
     if START_PTR:  # a graph's replays: the host writes start into a device scalar before each
         start = tl.load(start_ptr).to(tl.int32)
     head = tl.program_id(0)
@@ -314,10 +319,13 @@ def _store_partial(part_o_ptr, part_ml_ptr, acc_a, acc_b, m_i, l_i, head, r_rows
 def _merge_splits_kernel(part_o_ptr, part_ml_ptr, out_ptr, stride_out_lane, stride_out_t, T, start, start_ptr,
                          window, heads_per_lane, HD: tl.constexpr, HDP: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, SPLIT_KEYS: tl.constexpr,
-                         START_PTR: tl.constexpr):  # fmt: skip
+                         START_PTR: tl.constexpr, USE_PDL: tl.constexpr):  # fmt: skip
     """out[l, r, j] = sum_s 2^(m_s - m) acc_s / sum_s 2^(m_s - m) l_s over the splits s that took keys of head
     h = l * H/L + j's query block (m the rows' largest m_s; a split that saw none of a row's keys weighs 0). A
     block whose keys one split took has its heads written already. Grid: (H, cdiv(T, BLOCK_M))."""
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     if START_PTR:
         start = tl.load(start_ptr).to(tl.int32)
     head = tl.program_id(0)
@@ -405,6 +413,7 @@ def prefill_attention(
     start: int | torch.Tensor = 0,
     splits: int | None = None,
     split_keys: int = SPLIT_KEYS,
+    use_pdl: bool = False,
 ) -> torch.Tensor:
     """Attention of positions start .. start + T - 1 of a prompt over themselves and the start positions before
     them (already in the cache: a reused prefix); writes their keys and values into the cache first
@@ -450,7 +459,7 @@ def prefill_attention(
         part_o = part_ml = out  # unused
 
     launch_prefill_kv_write(qkv, k_cache, v_cache, cos, sin, num_heads=num_heads, interleaved=interleaved,
-                            k_norm=k_norm, eps=eps, start=start)  # fmt: skip
+                            k_norm=k_norm, eps=eps, start=start, use_pdl=use_pdl)  # fmt: skip
     _prefill_attention_kernel[(num_heads, query_blocks, splits)](
         qkv,
         qkv.stride(0),
@@ -485,13 +494,15 @@ def prefill_attention(
         QK_NORM=q_norm is not None,
         FOR_LOOP=not interpreted(),
         START_PTR=isinstance(start, torch.Tensor),
+        USE_PDL=use_pdl,
         num_warps=num_warps or warps,
         num_stages=num_stages or stages,
+        **pdl_kwargs(use_pdl),
     )
     if splits > 1:
         _merge_splits_kernel[(num_heads, query_blocks)](
             part_o, part_ml, out, out.stride(0), out.stride(1), T, *start_args(start, cos), window or max_len,
             heads_per_lane, HD=hd, HDP=max(16, triton.next_power_of_2(hd)), BLOCK_M=bm, BLOCK_N=bn, SPLITS=splits,
-            SPLIT_KEYS=split_keys, START_PTR=isinstance(start, torch.Tensor),
+            SPLIT_KEYS=split_keys, START_PTR=isinstance(start, torch.Tensor), USE_PDL=use_pdl, **pdl_kwargs(use_pdl),
         )  # fmt: skip
     return out

@@ -20,7 +20,9 @@ Bytes (laneformer-2b, T = 4,094, bf16): k and v read from qkv and written to the
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from kernels import pdl_kwargs
 from kernels.rope import rope_pairing
 
 
@@ -99,7 +101,11 @@ def _prefill_kv_write_kernel(
     INTERLEAVED: tl.constexpr,
     QK_NORM: tl.constexpr,
     START_PTR: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # every program waits: the chain of dependencies stays transitive
+        gdc_wait()
+        gdc_launch_dependents()
     if START_PTR:  # a graph's replays: the host writes start into a device scalar before each
         start = tl.load(start_ptr).to(tl.int32)
     kv = tl.program_id(1)
@@ -239,6 +245,7 @@ def launch_prefill_kv_write(
     eps: float,
     block_t: int | None = None,
     start: int | torch.Tensor = 0,
+    use_pdl: bool = False,
 ) -> None:
     """prefill_kv_write on arguments check_prefill_layout has already accepted (prefill_attention's)."""
     lanes, T = qkv.shape[0], qkv.shape[1]
@@ -268,5 +275,7 @@ def launch_prefill_kv_write(
         INTERLEAVED=interleaved,
         QK_NORM=k_norm is not None,
         START_PTR=isinstance(start, torch.Tensor),
+        USE_PDL=use_pdl,
         num_warps=8,
+        **pdl_kwargs(use_pdl),
     )

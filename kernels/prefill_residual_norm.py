@@ -36,8 +36,9 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels import interpreted
+from kernels import interpreted, pdl_kwargs
 
 MODES = {"sum": 0, "scaled": 1, "delayed": 2}
 
@@ -62,7 +63,11 @@ def _prefill_residual_norm_kernel(
     STAGES: tl.constexpr,
     MODE: tl.constexpr,
     HAS_NORM: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # every program waits: the chain of dependencies stays transitive
+        gdc_wait()
+        gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     lane = tl.arange(0, LP)
     lane_ok = lane < lanes
@@ -124,7 +129,11 @@ def _row_residual_norm_kernel(
     LANES: tl.constexpr,
     MODE: tl.constexpr,
     HAS_NORM: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # every program waits: the chain of dependencies stays transitive
+        gdc_wait()
+        gdc_launch_dependents()
     """The same boundary for a few positions: a program per (position, lane) holds its whole row [DP] in registers
     and reads the other lanes' rows for the sums one row at a time, all loads issued before any is used, so a
     program waits on memory about twice (its inputs, then its norm) instead of once a chunk and pass."""
@@ -184,6 +193,7 @@ def prefill_residual_norm(
     num_warps: int | None = None,
     stages: int | None = None,
     row_programs: bool | None = None,
+    use_pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(x + reduce(partial, past), rmsnorm of that * norm_weight or None without norm_weight).
 
@@ -222,7 +232,7 @@ def prefill_residual_norm(
             x, x.stride(0), x.stride(1), partial, past if past is not None else partial,
             norm_weight if norm_weight is not None else partial, x_out, h if h is not None else x_out,
             T, math.sqrt(lanes), eps, D=D, DP=dp, LANES=lanes, MODE=MODES[mode],
-            HAS_NORM=norm_weight is not None, **launch,
+            HAS_NORM=norm_weight is not None, USE_PDL=use_pdl, **launch, **pdl_kwargs(use_pdl),
         )  # fmt: skip
         return x_out, h
     _prefill_residual_norm_kernel[(T,)](
@@ -244,6 +254,8 @@ def prefill_residual_norm(
         STAGES=stages or default_stages,
         MODE=MODES[mode],
         HAS_NORM=norm_weight is not None,
+        USE_PDL=use_pdl,
         num_warps=num_warps or default_warps,
+        **pdl_kwargs(use_pdl),
     )
     return x_out, h

@@ -1,23 +1,23 @@
 """The fast runner's prefill: the reference model's math over a whole prompt, writing the KV cache that the
 decode kernels read.
 
-A layer is five Triton launches besides its cuBLAS matrix products (and Qwen2's eager bias add):
-    q|k|v matmul (cuBLAS)       h [L, T, D] -> qkv [L, T, (H/L + 2 KV/L) * hd] (+ Qwen2's bias)
+A layer is five Triton launches besides its matrix products (and Qwen2's eager bias add):
+    q|k|v matmul                h [L, T, D] -> qkv [L, T, (H/L + 2 KV/L) * hd] (+ Qwen2's bias)
     prefill_attention           two kernels: the rotated (q/k-normed) keys and the values into the cache
                                 (kernels/prefill_kv_write.py), then flash attention reading q from qkv with RoPE
                                 on the fly, the keys from the cache, skipping the blocks a window or causality
                                 masks, and writing the heads as [L, T, H/L * hd], the o-proj's input
-    o-proj matmul, then prefill_residual_norm: the lane reduction into the residual and the ffn norm
-    gate and up matmuls (cuBLAS, two [L, T, F/L] products: w1 and w3 stay separate, no weight copies), then
-    silu_mul (kernels/silu_mul.py: silu(gate) * up in one pass, written over gate); up to 32 rows (a verify
-    step, a short suffix) kernels/skinny_glu.py's one launch instead; then the down matmul (cuBLAS), then
-    prefill_residual_norm with the next layer's attention norm
-The last layer writes every position's keys and values into the cache, then goes on for the one position whose
-logits are asked for (its attention through the decode kernel, its o-proj, MLP and head eager on that row):
-the reference computes the other rows too, but nothing reads them.
-Each block boundary is one kernel (kernels/prefill_residual_norm.py): eager, those [L, T, D] casts, lane sums
-and adds were most of a long Laneformer prefill's GPU time. There is no SDPA fallback: the attention kernel
-takes every head dim the runner's models have (even, up to 256; it checks and names what it refuses).
+    o-proj matmul, then prefill_residual_norm (the lane reduction into the residual and the ffn norm), gate and
+    up matmuls ([L, T, F/L] each: w1 and w3 stay apart) and silu_mul (kernels/silu_mul.py, written over gate),
+    the down matmul, prefill_residual_norm with the next layer's attention norm
+The products are cuBLAS's, but up to 32 rows (a verify step, a short suffix) kernels/skinny_matmul.py's: gate/up
+and gating in one launch, the others where its launch streams the weight faster. With `pdl` (a Hopper GPU) each
+Triton launch waits on the one before it by programmatic dependent launch. The last layer writes every position's
+keys and values into the cache, then goes on for the one position whose logits are asked for (its attention
+through the decode kernel, its o-proj, MLP and head eager on that row): nothing reads the other rows. Each block
+boundary is one kernel (kernels/prefill_residual_norm.py): eager, those [L, T, D] casts, lane sums and adds were
+most of a long Laneformer prefill's GPU time. There is no SDPA fallback: the attention kernel takes every head
+dim the runner's models have (even, up to 256; it checks and names what it refuses).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from kernels.prefill_embed_norm import prefill_embed_norm
 from kernels.prefill_kv_write import launch_prefill_kv_write
 from kernels.prefill_residual_norm import prefill_residual_norm
 from kernels.silu_mul import silu_mul
-from kernels.skinny_glu import MAX_ROWS as SKINNY_ROWS
-from kernels.skinny_glu import skinny_glu
+from kernels.skinny_matmul import MAX_ROWS as SKINNY_ROWS
+from kernels.skinny_matmul import few_rows_matmul, skinny_glu
 
 if TYPE_CHECKING:
     from inference.fast.layers import LayerWeights
@@ -42,7 +42,8 @@ if TYPE_CHECKING:
 
 @torch.no_grad()
 def forward_prompt(model: Transformer, layers: list[LayerWeights], cache: KVCache, scratch: AttentionScratch,
-                   ids: torch.Tensor, last: torch.Tensor | None, start: int | torch.Tensor = 0) -> torch.Tensor:  # fmt: skip
+                   ids: torch.Tensor, last: torch.Tensor | None, start: int | torch.Tensor = 0,
+                   pdl: bool = False) -> torch.Tensor:  # fmt: skip
     """model.forward over a prompt ids [T] at positions start .. start + T - 1 into cache (whose rows before start
     hold a reused prefix's keys and values; start: an int, or a device int64 [1] a graph reads at each replay);
     the logits [V] at row last [1] of ids. layers: the model's as the
@@ -62,7 +63,7 @@ def forward_prompt(model: Transformer, layers: list[LayerWeights], cache: KVCach
     mlp_partials: list[torch.Tensor | None] = []
     read_later = {w.history_in for w in layers if w.mode == "delayed"}
     for i, w in enumerate(layers):
-        qkv = h @ w.wqkv.mT  # [L, T, (H/L + 2 KV/L) * hd]
+        qkv = few_rows_matmul(h, w.wqkv, pdl)  # [L, T, (H/L + 2 KV/L) * hd]
         if w.bqkv is not None:
             qkv = qkv + w.bqkv[:, None]
         if i == len(layers) - 1 and last is not None:
@@ -70,19 +71,18 @@ def forward_prompt(model: Transformer, layers: list[LayerWeights], cache: KVCach
         # the cache rows start .. start + T - 1 of layer i written, and the heads [L, T, H/L * hd] for the o-proj
         heads = prefill_attention(qkv, cache.k[i, 0], cache.v[i, 0], model.rope_cos, model.rope_sin,
                                   num_heads=cfg.num_heads, window=w.window, q_norm=w.q_norm, k_norm=w.k_norm,
-                                  eps=eps, start=start)  # fmt: skip
+                                  eps=eps, start=start, use_pdl=pdl)  # fmt: skip
         next_norm = layers[i + 1].attention_norm if i + 1 < len(layers) else None
-        attn_partials.append(heads @ w.wo.mT)  # [L, T, D] raw lane partials
-        x, h = _residual_norm(i, w, x, attn_partials, w.ffn_norm, eps)
+        attn_partials.append(few_rows_matmul(heads, w.wo, pdl))  # [L, T, D] raw lane partials
+        x, h = _residual_norm(i, w, x, attn_partials, w.ffn_norm, eps, pdl)
         # block.mlp's math: silu(h w1^T) * (h w3^T), rounded as eager rounds it, then w2 (lane partials)
-        # a verify step, a short suffix: both products and the gating in one weight stream
         if T <= SKINNY_ROWS:
-            glu = skinny_glu(h, w.w1, w.w3)  # [L, T, F/L]
+            glu = skinny_glu(h, w.w1, w.w3, use_pdl=pdl)  # [L, T, F/L]
         else:
             gate = torch.bmm(h, w.w1.mT)  # [L, T, F/L]
             glu = silu_mul(gate, torch.bmm(h, w.w3.mT), out=gate)
-        mlp_partials.append(torch.bmm(glu, w.w2.mT))
-        x, h = _residual_norm(i, w, x, mlp_partials, next_norm, eps)
+        mlp_partials.append(few_rows_matmul(glu, w.w2, pdl))
+        x, h = _residual_norm(i, w, x, mlp_partials, next_norm, eps, pdl)
         for partials in (attn_partials, mlp_partials):
             if i not in read_later:
                 partials[i] = None
@@ -125,8 +125,9 @@ def _last_layer(model: Transformer, cache: KVCache, scratch: AttentionScratch, i
 
 
 def _residual_norm(i: int, w: LayerWeights, x: torch.Tensor, partials: list[torch.Tensor | None],
-                   norm_weight: torch.Tensor | None,
-                   eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+                   norm_weight: torch.Tensor | None, eps: float,
+                   pdl: bool) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """x + model.reduce(i, partials[i], partials), and rms_norm of it with norm_weight [L, D] (or None)."""
     past = partials[w.history_in] if w.mode == "delayed" else None
-    return prefill_residual_norm(x, partials[i], mode=w.mode, past=past, norm_weight=norm_weight, eps=eps)
+    return prefill_residual_norm(x, partials[i], mode=w.mode, past=past, norm_weight=norm_weight, eps=eps,
+                                 use_pdl=pdl)  # fmt: skip

@@ -564,7 +564,8 @@ class FastRunner(SpeculativeSteps):
     ) -> torch.Tensor:
         """model.forward over a prompt ids [T] at positions start .. start + T - 1 into the cache (rows before
         start already hold the prompt's first ids); the logits [V] at row last [1] of ids."""
-        return forward_prompt(self.model, self.layers, self.cache, self.attn_scratch, ids, last, start)
+        return forward_prompt(self.model, self.layers, self.cache, self.attn_scratch, ids, last, start,
+                              pdl=self.settings.pdl)  # fmt: skip
 
     def _capture_prefill(self, bucket: int) -> torch.cuda.CUDAGraph:
         """forward_prompt over the first `bucket` positions of prompt_ids as a graph: prompts up to the bucket

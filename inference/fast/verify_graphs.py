@@ -139,4 +139,5 @@ class VerifyGraphs:
         r = self.runner
         ids = self.ids[:rows]
         ids[:1].copy_(r.token)
-        return forward_prompt(r.model, r.layers, r.cache, r.attn_scratch, ids, None, self.start)
+        return forward_prompt(r.model, r.layers, r.cache, r.attn_scratch, ids, None, self.start,
+                              pdl=r.settings.pdl)  # fmt: skip

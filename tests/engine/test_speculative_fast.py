@@ -15,11 +15,13 @@ import torch
 from common.events import Done, SamplingParams
 from inference.config import ModelConfig
 from inference.engine import Engine
+from inference.fast import prefill
 from inference.fast.runner import FastRunner
 from inference.fast.settings import RunnerSettings
 from inference.model import Transformer
 from inference.presets import preset_config
 from inference.speculative import SpeculationSettings
+from kernels.skinny_matmul import MAX_ROWS, skinny_linear
 from tests.engine.test_fast_runner import ALL_PACKED, bf16_valued, make_model
 from tests.support import ROOT
 from tests.support.kernels import DEVICE, ON_GPU
@@ -112,7 +114,11 @@ def laneformer_decoding(tokens: int) -> tuple[Transformer, FastRunner, list[int]
 
 
 @torch.no_grad()
-def test_verify_rows_are_the_plain_steps_logits_and_decoding_goes_on_after_it():
+@pytest.mark.parametrize("products", ["as chosen", "skinny_linear"])
+def test_verify_rows_are_the_plain_steps_logits_and_decoding_goes_on_after_it(products, monkeypatch):
+    if products == "skinny_linear":  # every product of the step by the kernel (the CPU's choice is torch's)
+        few = lambda x, w, pdl: skinny_linear(x, w, use_pdl=pdl) if x.shape[1] <= MAX_ROWS else x @ w.mT  # noqa: E731
+        monkeypatch.setattr(prefill, "few_rows_matmul", few)
     model, runner, prompt, plain = laneformer_decoding(6)
     n = len(prompt)
     runner.prefill(prompt)  # token plain[0] at position n

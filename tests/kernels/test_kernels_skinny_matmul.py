@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.skinny_glu import MAX_ROWS, skinny_glu
+from kernels.skinny_matmul import MAX_ROWS, skinny_glu, skinny_linear
 from tests.support.kernels import DEVICE, assert_close, dtype_params, poisoned, randn
 
 
@@ -27,6 +27,18 @@ def test_skinny_glu_matches_reference(dtype, shape):
     out = poisoned(lanes, rows, n, dtype=dtype)
     assert skinny_glu(x, w1, w3, out=out, block_n=16, block_k=32) is out
     assert_close(out, reference(x, w1, w3), dtype)
+
+
+@pytest.mark.parametrize("dtype", dtype_params())
+@pytest.mark.parametrize("shape", SHAPES)
+def test_skinny_linear_matches_reference(dtype, shape):
+    lanes, rows, n, k = shape
+    gen = torch.Generator().manual_seed(rows * 17 + k)
+    x = randn(lanes, rows, k, dtype=dtype, gen=gen)
+    w = randn(lanes, n, k, dtype=dtype, scale=k**-0.5, gen=gen)
+    out = poisoned(lanes, rows, n, dtype=dtype)
+    assert skinny_linear(x, w, out=out, block_n=16, block_k=32) is out
+    assert_close(out, x.double().cpu() @ w.double().cpu().mT, dtype)
 
 
 @pytest.mark.parametrize("dtype", dtype_params())
@@ -68,3 +80,5 @@ def test_skinny_glu_refuses_what_it_cannot_take():
         skinny_glu(x, w, torch.zeros(2, 8, 64, device=DEVICE))
     with pytest.raises(ValueError, match="out"):
         skinny_glu(x, w, w, out=torch.zeros(2, 3, 8, device=DEVICE))
+    with pytest.raises(ValueError, match="w: expected"):
+        skinny_linear(x, torch.zeros(2, 16, 32, device=DEVICE))

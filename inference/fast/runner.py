@@ -185,16 +185,16 @@ class FastRunner(SpeculativeSteps):
             [b for b in (64, 128, 256, 512, 1024) if b < max_context] if device.type == "cuda" else []
         )
         self.prefill_graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        # A prompt on the device: the index of its last position, the reused prefix's length (start), then its
-        # ids (one copy from the host carries all three); the prefill graphs read these views.
+        # A prompt on the device: the index of its last position, the reused prefix's length (start), then its ids
+        # (one copy from prompt_host carries all three: the same tensor on the CPU, a pinned one on a GPU).
         self.prompt_staged = zeros(max_context + 2, dtype=torch.long)
         self.prompt_last, self.prompt_start = self.prompt_staged[:1], self.prompt_staged[1:2]
-        self.prompt_ids = self.prompt_staged[2:]
-        self.prompt_host = self.prompt_staged  # where the host writes it: here on the CPU, pinned on a GPU
+        self.prompt_ids, self.prompt_host = self.prompt_staged[2:], self.prompt_staged
         if device.type == "cuda":
             self.prompt_host = torch.zeros(max_context + 2, dtype=torch.long, pin_memory=True)
             self.prompt_copied = torch.cuda.Event()
             self.host_tokens = torch.zeros(RING, dtype=torch.int32, pin_memory=True)
+            self.host_ring = self.host_tokens.numpy()  # the same memory, read without a tensor per token
             self.token_events = [torch.cuda.Event() for _ in range(RING)]
         self.residual_choice, self.residual_seconds = 0, []  # place_residual's
         self.suffix_graphs = SuffixGraphs(self)  # a prompt's part after a reused prefix, by bucket
@@ -687,7 +687,7 @@ class FastRunner(SpeculativeSteps):
                 return
             position = pending.popleft()
             self.token_events[position % RING].synchronize()
-            token = int(self.host_tokens[position % RING])
+            token = int(self.host_ring[position % RING])
             # steps already queued keep the screen; those launched from here on read the whole head (its graph
             # exists: the switch waits on no capture)
             if watch is not None and self._leaves_screen(watch, position):

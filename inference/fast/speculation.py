@@ -189,7 +189,7 @@ class SpeculativeSteps:
             counts.decode_steps += 1
             if on_gpu:
                 self.token_events[position % RING].synchronize()
-                token = int(self.host_tokens[position % RING])
+                token = int(self.host_ring[position % RING])
                 if queued:  # the GPU went from the step before straight to this one: its time is the step's
                     # the timer is recorded after the token's event: that one's completion does not imply this one's
                     self.step_timers[position % RING].synchronize()

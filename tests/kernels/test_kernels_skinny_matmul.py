@@ -19,26 +19,19 @@ SHAPES = [(2, 1, 48, 64), (3, 9, 40, 72), (2, 16, 64, 128), (2, 17, 33, 96), (1,
 
 @pytest.mark.parametrize("dtype", dtype_params())
 @pytest.mark.parametrize("shape", SHAPES)
-def test_skinny_glu_matches_reference(dtype, shape):
+@pytest.mark.parametrize("glu", [True, False], ids=["skinny_glu", "skinny_linear"])
+def test_skinny_products_match_the_reference(dtype, shape, glu):
     lanes, rows, n, k = shape
     gen = torch.Generator().manual_seed(rows * 31 + n)
     x = randn(lanes, rows, k, dtype=dtype, gen=gen)
     w1, w3 = (randn(lanes, n, k, dtype=dtype, scale=k**-0.5, gen=gen) for _ in range(2))
     out = poisoned(lanes, rows, n, dtype=dtype)
-    assert skinny_glu(x, w1, w3, out=out, block_n=16, block_k=32) is out
-    assert_close(out, reference(x, w1, w3), dtype)
-
-
-@pytest.mark.parametrize("dtype", dtype_params())
-@pytest.mark.parametrize("shape", SHAPES)
-def test_skinny_linear_matches_reference(dtype, shape):
-    lanes, rows, n, k = shape
-    gen = torch.Generator().manual_seed(rows * 17 + k)
-    x = randn(lanes, rows, k, dtype=dtype, gen=gen)
-    w = randn(lanes, n, k, dtype=dtype, scale=k**-0.5, gen=gen)
-    out = poisoned(lanes, rows, n, dtype=dtype)
-    assert skinny_linear(x, w, out=out, block_n=16, block_k=32) is out
-    assert_close(out, x.double().cpu() @ w.double().cpu().mT, dtype)
+    if glu:
+        assert skinny_glu(x, w1, w3, out=out, block_n=16, block_k=32) is out
+        assert_close(out, reference(x, w1, w3), dtype)
+    else:
+        assert skinny_linear(x, w1, out=out, block_n=16, block_k=32) is out
+        assert_close(out, x.double().cpu() @ w1.double().cpu().mT, dtype)
 
 
 @pytest.mark.parametrize("dtype", dtype_params())

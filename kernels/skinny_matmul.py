@@ -69,10 +69,11 @@ def _skinny_kernel(
         xt = tl.load(x_ptr + x_offs + k0, mask=t_ok[:, None] & k_ok[None, :], other=0.0)
         w_mask = row_ok[:, None] & k_ok[None, :]
         w1 = tl.load(w1_ptr + w_offs + k0, mask=w_mask, other=0.0, eviction_policy="evict_first")
-        gate = tl.dot(xt, tl.trans(w1), gate)  # [BLOCK_M, BLOCK_N]
+        # [BLOCK_M, BLOCK_N]; "ieee": fp32 weights multiply exactly, not in TF32 (bf16 ones are exact either way)
+        gate = tl.dot(xt, tl.trans(w1), gate, input_precision="ieee")
         if GLU:
             w3 = tl.load(w3_ptr + w_offs + k0, mask=w_mask, other=0.0, eviction_policy="evict_first")
-            up = tl.dot(xt, tl.trans(w3), up)
+            up = tl.dot(xt, tl.trans(w3), up, input_precision="ieee")
     dtype = out_ptr.dtype.element_ty
     if GLU:
         g = gate.to(dtype).to(tl.float32)  # each product rounded to the dtype, as a matmul's output is

@@ -45,6 +45,7 @@ SEED_RANGE = (-(2**63), 2**63 - 1)  # an int64, as OpenAI takes it: one seed, on
 MAX_API_TEMPERATURE = 2.0
 # The most alternatives a token's logprobs may list (OpenAI's top_logprobs limit)
 MAX_N_INDENT = 256  # columns; deeper code is not written by hand
+MAX_STOP_TOKEN_IDS = 64  # a request's own stop tokens, at most
 MAX_TOP_LOGPROBS = 20
 
 
@@ -64,6 +65,11 @@ class SamplingParams:
     # > 0: the text stops before a line indented less than this (llama.cpp's n_indent): a code completion
     # inside a block ends where the block does
     n_indent: int = 0
+    # vLLM's: the model's end tokens do not end the reply (max_new_tokens or a stop does: a fixed-length
+    # benchmark's); more tokens that end it, with their text unless special; the matched stop string kept
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self):
         def bad(name: str, why: str):
@@ -110,6 +116,14 @@ class SamplingParams:
             or not 0 <= self.n_indent <= MAX_N_INDENT
         ):
             bad("n_indent", f"must be an integer in [0, {MAX_N_INDENT}], got {self.n_indent!r}")
+        for name in ("ignore_eos", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, f"must be a boolean, got {getattr(self, name)!r}")
+        ids = self.stop_token_ids
+        if not isinstance(ids, tuple) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            bad("stop_token_ids", f"must be a list of token ids (integers), got {ids!r:.60}")
+        if len(ids) > MAX_STOP_TOKEN_IDS or any(i < 0 for i in ids):
+            bad("stop_token_ids", f"takes at most {MAX_STOP_TOKEN_IDS} ids, each >= 0")
 
     @property
     def greedy(self) -> bool:

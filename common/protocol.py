@@ -195,8 +195,9 @@ class JobSpec:
 
     def sampling_params(self) -> SamplingParams:
         params = dict(self.params)
-        if "stop" in params:
-            params["stop"] = tuple(params["stop"] or ())
+        for name in ("stop", "stop_token_ids"):  # lists in JSON
+            if name in params:
+                params[name] = tuple(params[name] or ())
         return SamplingParams(**params)
 
     def to_json(self) -> str:

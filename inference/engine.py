@@ -180,10 +180,11 @@ def parse_device(name: str | None) -> torch.device:
 
 
 class StopStrings:
-    """Holds back text that could be the start of a stop string; cuts before the first match."""
+    """Holds back text that could be the start of a stop string; cuts before the first match (or after it)."""
 
-    def __init__(self, stops: tuple[str, ...]):
-        self.stops = stops
+    def __init__(self, stops: tuple[str, ...], included: bool = False):
+        """included: the text ends after the matched stop string, not before it."""
+        self.stops, self.included = stops, included
         self.longest = max(map(len, stops), default=0)
         self.pending = ""
 
@@ -192,9 +193,10 @@ class StopStrings:
         if not self.stops:
             return text, False
         self.pending += text
-        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, -len(s)) for s in self.stops if (i := self.pending.find(s)) >= 0]
         if hits:
-            shown, self.pending = self.pending[: min(hits)], ""
+            at, minus_length = min(hits)  # the first match (the longest of those starting there)
+            shown, self.pending = self.pending[: at - minus_length if self.included else at], ""
             return shown, True
         cut = len(self.pending) - self._held()
         shown, self.pending = self.pending[:cut], self.pending[cut:]
@@ -473,11 +475,14 @@ class Engine:
         params = replace(
             params, max_new_tokens=min(params.max_new_tokens, self.max_context - len(prompt_ids))
         )
-        stop_ids = (
-            self.tokenizer.stop_ids | extra_stop_ids
-        )  # the model's end tokens and the tokenizer's eos_token
+        asked = frozenset(params.stop_token_ids)  # the request's own: their text is part of the reply
+        if any(i >= self.config.vocab_size for i in asked):
+            raise InvalidRequest("stop_token_ids", f"token ids must be in [0, {self.config.vocab_size})")
+        # the model's end tokens and the tokenizer's eos_token, unless ignored
+        stop_ids = (frozenset() if params.ignore_eos else self.tokenizer.stop_ids) | extra_stop_ids | asked
         decoder = self.tokenizer.stream_decoder(prompt_ids)
-        stops, indent = StopStrings(params.stop), IndentStop(params.n_indent)
+        stops = StopStrings(params.stop, included=params.include_stop_str_in_output)
+        indent = IndentStop(params.n_indent)
         shown: list[str] = []
         token_times: list[float] = []
         finish, stop_matched = "length", False
@@ -503,7 +508,8 @@ class Engine:
                 token_times.append(now)
                 spec = self.speculation_counts(runner, len(token_times))
                 counts = (spec.decode_steps, spec.draft_n, spec.draft_n_accepted)
-                if token in stop_ids:
+                ends = token in stop_ids
+                if ends and token not in asked:
                     finish = "stop"
                     yield TextDelta("", [token], now, *counts)
                     break
@@ -513,7 +519,7 @@ class Engine:
                 if params.logprobs is not None:
                     logprobs = [delta_entry(self.token_names, token, *runner.last_logprobs)]
                 yield TextDelta(text, [token], now, *counts, logprobs)
-                if stop_matched:
+                if stop_matched or ends:
                     finish = "stop"
                     break
                 if should_stop is not None and should_stop():

@@ -47,10 +47,7 @@ PARTICIPANT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 EXTENSION_NEUTRAL = {
     "min_tokens": (0,),
     "min_p": (0, 0.0),
-    "ignore_eos": (False,),
-    "include_stop_str_in_output": (False,),
     "skip_special_tokens": (True,),
-    "stop_token_ids": ([],),
     "bad_words": ([],),
     "allowed_token_ids": ([],),
     "use_beam_search": (False,),
@@ -110,7 +107,7 @@ HONOURED = frozenset(
         "top_k", "repetition_penalty", "seed", "stop", "n", "best_of", "frequency_penalty", "presence_penalty",
         "logprobs", "top_logprobs", "tools", "functions", "tool_choice", "function_call", "echo", "suffix",
         "logit_bias", "response_format", "modalities", "add_special_tokens", "chat_template_kwargs", "n_indent",
-        *PENALTY_WINDOWS,
+        "ignore_eos", "stop_token_ids", "include_stop_str_in_output", *PENALTY_WINDOWS,
     }
 )  # fmt: skip
 # Fields that change nothing in the reply, whatever their value: accepted and not used.
@@ -238,6 +235,10 @@ def _sampling_params(body: dict, max_new_tokens: int, chat: bool, model_defaults
         "seed": body.get("seed"),
         "stop": _stop(body.get("stop")),
         "n_indent": body.get("n_indent"),  # llama.cpp's: a completion inside a block ends with the block
+        # vLLM's: a fixed length (end tokens ignored), the request's own stop tokens, the stop string kept
+        "ignore_eos": body.get("ignore_eos"),
+        "stop_token_ids": _stop_token_ids(body.get("stop_token_ids")),
+        "include_stop_str_in_output": body.get("include_stop_str_in_output"),
     }
     defaults = {  # OpenAI's, then the model's own (only MODEL_DEFAULT_KEYS: a worker's word; the cap below)
         "max_new_tokens": max_new_tokens if chat else min(COMPLETIONS_MAX_TOKENS, max_new_tokens),
@@ -260,7 +261,17 @@ def _sampling_params(body: dict, max_new_tokens: int, chat: bool, model_defaults
         **{name: value for name, value in asdict(params).items() if name != "logprobs"},  # set by the caller
         "max_new_tokens": min(params.max_new_tokens, max_new_tokens),
         "stop": list(params.stop),
+        "stop_token_ids": list(params.stop_token_ids),
     }
+
+
+def _stop_token_ids(ids) -> tuple | None:
+    """vLLM's list of ids as the sampling parameters take it (their check says what is wrong)."""
+    if ids is None:
+        return None
+    if not isinstance(ids, list):
+        raise InvalidRequest("stop_token_ids", f"must be a list of token ids, got {ids!r:.60}")
+    return tuple(ids)
 
 
 def _stop(stop) -> tuple | None:

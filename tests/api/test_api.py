@@ -15,7 +15,7 @@ import openai
 import pytest
 import redis
 
-from common.events import SamplingParams
+from common.events import SamplingParams, TextDelta
 from common.protocol import job_key
 from tests.support import ROOT, WebServer, WorkerProcess, e2e_model
 
@@ -168,6 +168,55 @@ def test_stop_strings_cut_the_text_streamed_or_not(stack):
     assert (reply.choices[0].text, reply.choices[0].finish_reason) == (expected, "stop")
     chunks = client.completions.create(**kwargs, stop=[stop, "never there"], stream=True)
     assert "".join(c.choices[0].text for c in chunks) == expected
+
+
+def test_vllms_length_and_stop_fields_through_the_official_client(stack, engine):
+    """ignore_eos, stop_token_ids and include_stop_str_in_output (vLLM's, through extra_body) reach the worker: the
+    replies are what our own engine gives for the same request."""
+    client = api(stack.web)
+    advised = {
+        k: v for k, v in engine.sampling_defaults.items() if k not in ("max_new_tokens", "temperature")
+    }
+
+    def local(prompt: str, **params) -> tuple[list[int], object]:
+        events = list(engine.generate(engine.encode_prompt(prompt), SamplingParams(**advised, **params)))
+        return [t for e in events if isinstance(e, TextDelta) for t in e.token_ids], events[-1]
+
+    # a prompt whose greedy reply ends with the model's end token before 24 tokens
+    candidates = ['if __name__ == "__main__":\n    main()\n', "def f():\n    pass\n", '"""Tests."""\n']
+    prompt = next(
+        p for p in candidates if local(p, max_new_tokens=24, temperature=0)[1].finish_reason == "stop"
+    )
+    kwargs = {"model": stack.model, "prompt": prompt, "max_tokens": 24, "temperature": 0}
+    reply = client.completions.create(**kwargs, extra_body={"ignore_eos": True})
+    tokens, done = local(prompt, max_new_tokens=24, temperature=0, ignore_eos=True)
+    assert (reply.choices[0].finish_reason, reply.usage.completion_tokens) == ("length", 24) == (
+        done.finish_reason, done.stats.completion_tokens)  # fmt: skip
+    assert reply.choices[0].text == done.text
+
+    # the request's own stop token: the reply ends with it, its text included
+    stop_id = tokens[5]
+    reply = client.completions.create(**kwargs, extra_body={"ignore_eos": True, "stop_token_ids": [stop_id]})
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.usage.completion_tokens == tokens.index(stop_id) + 1
+    assert reply.choices[0].text == local(prompt, max_new_tokens=24, temperature=0, ignore_eos=True,
+                                          stop_token_ids=(stop_id,))[1].text  # fmt: skip
+
+    # the stop string kept, streamed or not
+    stop = done.text[4:6]
+    expected = done.text[: done.text.find(stop) + 2]
+    body = {"ignore_eos": True, "include_stop_str_in_output": True}
+    reply = client.completions.create(**kwargs, stop=[stop], extra_body=body)
+    assert (reply.choices[0].text, reply.choices[0].finish_reason) == (expected, "stop")
+    chunks = client.completions.create(**kwargs, stop=[stop], extra_body=body, stream=True)
+    assert "".join(c.choices[0].text for c in chunks) == expected
+    # an id past the model's vocabulary: the worker refuses it, and serves on
+    with pytest.raises(openai.BadRequestError, match="stop_token_ids"):
+        client.completions.create(**kwargs, extra_body={"stop_token_ids": [10**9]})
+    assert (
+        client.completions.create(**kwargs).choices[0].text
+        == local(prompt, max_new_tokens=24, temperature=0)[1].text
+    )
 
 
 def counts(usage) -> tuple[int, int, int]:

@@ -271,10 +271,7 @@ def test_the_defaults_of_fields_we_cannot_honour_are_accepted():
         {"verbosity": "low"},
         # vLLM's and llama.cpp's constraints, which a client written for them sends through extra_body
         {"min_tokens": 64},
-        {"ignore_eos": True},
         {"min_p": 0.1},
-        {"stop_token_ids": [2]},
-        {"include_stop_str_in_output": True},
         {"skip_special_tokens": False},
         {"guided_json": {"type": "object"}},
         {"guided_choice": ["yes", "no"]},
@@ -282,7 +279,6 @@ def test_the_defaults_of_fields_we_cannot_honour_are_accepted():
         {"grammar": 'root ::= "a"'},
         {"use_beam_search": True},
         {"prompt_logprobs": 0},  # vLLM: still the prompt tokens' own log-probabilities
-        {"ignore_eos": 1},  # not JSON's false
         # vLLM's chat template switches: another prompt than the checkpoint's template renders
         {"add_generation_prompt": False},
         {"continue_final_message": True},
@@ -307,6 +303,16 @@ def test_the_defaults_of_fields_we_cannot_honour_are_accepted():
 )
 def test_fields_that_would_change_the_reply_are_refused_not_dropped(change):
     assert refused_field({**CHAT, **change}) == next(iter(change))
+
+
+def test_vllms_length_and_stop_fields_reach_the_sampling_parameters():
+    body = {**CHAT, "ignore_eos": True, "stop_token_ids": [7, 9], "include_stop_str_in_output": True}
+    params = parse(body, chat=True).spec.sampling_params()
+    assert params.ignore_eos and params.include_stop_str_in_output and params.stop_token_ids == (7, 9)
+    assert parse(CHAT, chat=True).spec.sampling_params().stop_token_ids == ()
+    for bad in ({"ignore_eos": 1}, {"include_stop_str_in_output": "yes"}, {"stop_token_ids": 7},
+                {"stop_token_ids": [-1]}, {"stop_token_ids": [True]}, {"stop_token_ids": list(range(65))}):  # fmt: skip
+        assert refused_field({**CHAT, **bad}) == next(iter(bad))
 
 
 def test_a_refusal_says_which_value_would_be_taken_or_what_to_use_instead():

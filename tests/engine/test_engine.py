@@ -101,6 +101,31 @@ def test_eos_stops_without_text(tmp_path, checkpoints):
     assert done.text == continuation(plain.tokenizer, prompt, tokens[:cut])
 
 
+def test_ignore_eos_decodes_past_the_end_token_to_the_length_asked(tmp_path, checkpoints):
+    path = shutil.copytree(checkpoints["tiny-laneformer"], tmp_path / "ckpt")
+    plain = Engine.load(path, device="cpu")
+    prompt = plain.encode_prompt("for i in range(10):")
+    tokens = greedy_by_recomputation(plain, prompt, 12)
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [tokens[5]]}))
+    with_eos = Engine.load(path, device="cpu")
+    assert run(with_eos, prompt, max_new_tokens=12)[1].finish_reason == "stop"
+    events, done = run(with_eos, prompt, max_new_tokens=12, ignore_eos=True)
+    assert done.finish_reason == "length" and done.stats.completion_tokens == 12
+    assert [t for e in events if isinstance(e, TextDelta) for t in e.token_ids] == tokens
+    assert done.text == continuation(plain.tokenizer, prompt, tokens)
+
+
+def test_a_requests_stop_token_ends_the_reply_with_its_text(engine):
+    prompt = engine.encode_prompt("for i in range(10):")
+    tokens = greedy_by_recomputation(engine, prompt, 12)
+    cut = tokens.index(tokens[6])  # its first occurrence
+    done = run(engine, prompt, max_new_tokens=12, stop_token_ids=(tokens[6],))[1]
+    assert done.finish_reason == "stop" and done.stats.completion_tokens == cut + 1
+    assert done.text == continuation(engine.tokenizer, prompt, tokens[: cut + 1])
+    with pytest.raises(InvalidRequest, match="stop_token_ids"):
+        run(engine, prompt, stop_token_ids=(engine.config.vocab_size,))
+
+
 def test_the_tokenizers_eos_token_stops_too(tmp_path, checkpoints, monkeypatch):
     # generation_config.json names other end ids; the tokenizer's eos_token (</s>) still ends the generation,
     # as in vLLM, and its text is never shown
@@ -132,6 +157,16 @@ def test_stop_strings_cut_before_the_match_and_never_leak(engine):
     assert streamed == expected  # nothing of the stop string was ever shown
 
 
+def test_include_stop_str_in_output_ends_the_text_after_the_match(engine):
+    prompt = engine.encode_prompt("def main():")
+    full = run(engine, prompt, max_new_tokens=40)[1].text
+    stop = full[len(full) // 2 : len(full) // 2 + 5]
+    expected = full[: full.find(stop) + len(stop)]
+    events, done = run(engine, prompt, max_new_tokens=40, stop=(stop,), include_stop_str_in_output=True)
+    assert done.finish_reason == "stop" and done.text == expected
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == expected
+
+
 def test_text_held_back_for_a_stop_string_is_released_at_the_end(engine):
     prompt = engine.encode_prompt("def main():")
     full = run(engine, prompt, max_new_tokens=20)[1].text
@@ -150,6 +185,9 @@ def test_stop_string_matcher():
     assert stops.push("d") == ("abd", False)
     assert stops.push("zzabcabc") == ("zz", True)
     assert StopStrings(()).push("anything") == ("anything", False)
+    # kept: the first match, the longest of those starting there
+    stops = StopStrings(("b", "bcd", "bc"), included=True)
+    assert stops.push("abcde") == ("abcd", True)
 
 
 def test_cancellation_between_tokens(engine):

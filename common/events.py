@@ -43,9 +43,9 @@ SEED_RANGE = (-(2**63), 2**63 - 1)  # an int64, as OpenAI takes it: one seed, on
 
 # OpenAI's temperature range, which the API holds requests (and a model's recommended default) to
 MAX_API_TEMPERATURE = 2.0
-# The most alternatives a token's logprobs may list (OpenAI's top_logprobs limit)
 MAX_N_INDENT = 256  # columns; deeper code is not written by hand
 MAX_STOP_TOKEN_IDS = 64  # a request's own stop tokens, at most
+# The most alternatives a token's logprobs may list (OpenAI's top_logprobs limit)
 MAX_TOP_LOGPROBS = 20
 
 
@@ -119,6 +119,8 @@ class SamplingParams:
         for name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 bad(name, f"must be a boolean, got {getattr(self, name)!r}")
+        if isinstance(self.stop_token_ids, list):
+            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))  # frozen: set once, here
         ids = self.stop_token_ids
         if not isinstance(ids, tuple) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             bad("stop_token_ids", f"must be a list of token ids (integers), got {ids!r:.60}")

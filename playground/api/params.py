@@ -1,9 +1,9 @@
 """OpenAI request bodies -> a JobSpec, validated once at the edge; every refusal names its field.
 
 Every field a request may carry is one of four kinds here:
-- honoured: read below (model, messages / prompt, max_tokens, temperature, top_p, top_k, stop, seed, a
+- honoured: read below (model, messages / prompt, max_tokens, n, temperature, top_p, top_k, stop, seed, a
   completion's echo, ...);
-- refused unless given the value that changes nothing (n, chat's echo, tools, penalties, other modalities, and
+- refused unless given the value that changes nothing (best_of, chat's echo, tools, penalties, other modalities, and
   the template switches and samplers of vLLM's and llama.cpp's servers that a client written for them sends):
   a 400 naming the field, never a silent drop;
 - ignored, because it changes nothing in the reply (user, metadata, store, service_tier, caching hints, and
@@ -39,6 +39,8 @@ MAX_TEMPLATE_KWARGS_DEPTH = 8
 # What a completion's prompt may be, as a refusal says it (OpenAI's, vLLM's and llama.cpp's forms)
 PROMPT_FORMS = "must be a string, a list of token ids (integers >= 0), or a list holding one of either"
 COMPLETIONS_MAX_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI's legacy API
+# A request's choices (n) at most: each is a generation of its own, run one after another
+MAX_CHOICES = 8
 # OpenAI's pattern for a participant's name; it also keeps a control token's spelling (`<|...|>`) out of the
 # chat template, which copies names outside any message's content.
 PARTICIPANT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -143,6 +145,7 @@ class ApiRequest:
     stream: bool
     include_usage: bool
     echo: bool = False  # a completion's reply begins with its prompt (with logprobs: the prompt's too)
+    n: int = 1  # choices: generations of the same request (with a seed, choice i's is seed + i)
 
     @property
     def logprobs(self) -> bool:
@@ -215,7 +218,9 @@ def parse_request(
         raise InvalidRequest(
             prompt_field, f"is {chars} characters long; the server takes at most {max_prompt_chars}"
         )
-    return ApiRequest(spec=spec, stream=stream, include_usage=include_usage, echo=echo)
+    n = body.get("n")
+    n = 1 if n is None else n
+    return ApiRequest(spec=spec, stream=stream, include_usage=include_usage, echo=echo, n=n)
 
 
 def _sampling_params(body: dict, max_new_tokens: int, chat: bool, model_defaults: dict) -> dict:
@@ -446,8 +451,9 @@ def _is_one(value) -> bool:
 
 
 def _refuse_unsupported(body: dict, chat: bool) -> None:
-    if not _is_one(body.get("n")):
-        raise InvalidRequest("n", f"only n=1 is supported (one reply per request), got {body['n']!r}")
+    n = body.get("n")
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CHOICES):
+        raise InvalidRequest("n", f"must be an integer in [1, {MAX_CHOICES}], got {n!r}")
     if not _is_one(body.get("best_of")):
         raise InvalidRequest("best_of", f"only best_of=1 is supported, got {body['best_of']!r}")
     for name in ("frequency_penalty", "presence_penalty"):

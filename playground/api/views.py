@@ -16,6 +16,7 @@ import functools
 import json
 import logging
 import uuid
+from dataclasses import replace
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -182,6 +183,8 @@ async def complete(request, chat: bool):
     body = json_body(request)
     run, api_request, first = await start_job(request, body, chat)
     echo = run.spec.prompt if api_request.echo else None
+    if api_request.n > 1:
+        return await complete_choices(request, api_request, run, first, echo)
     try:
         if api_request.stream:
             return stream_response(
@@ -192,6 +195,77 @@ async def complete(request, chat: bool):
     except BaseException:  # the client left (CancelledError) or we failed: stop the job
         await run.cancel_unless_finished()
         raise
+
+
+async def complete_choices(request, api_request: ApiRequest, run: JobRun, first: tuple[str, dict],
+                           echo: str | None):  # fmt: skip
+    """n > 1: the choices one after another (the engine decodes one request at a time), each a job of its own and
+    a request against the caller's budget, streamed in turn (each chunk names its choice) or replied together."""
+    if api_request.stream:
+        return stream_response(choices_stream(request, api_request, run, first, echo), run)
+    bodies = []
+    for index in range(api_request.n):
+        if index:
+            run, first = await submit_job(request, choice_spec(api_request.spec, index))
+        try:
+            event, logprobs = await run.until_end(first)
+            bodies.append(await run.finish(event[1], logprobs, echo))
+        except BaseException:
+            await run.cancel_unless_finished()
+            raise
+    body = bodies[0]  # its envelope, and the first choice's timings
+    body["choices"] = [{**each["choices"][0], "index": index} for index, each in enumerate(bodies)]
+    body["usage"] = choices_usage([each["usage"] for each in bodies])
+    return JsonResponse(body)
+
+
+def choice_spec(spec: JobSpec, index: int) -> JobSpec:
+    """Choice `index` of a request: its own job, sampled with the request's seed + index (an int64) where it
+    gives one."""
+    params = dict(spec.params)
+    if params.get("seed") is not None:
+        params["seed"] = (params["seed"] + index + 2**63) % 2**64 - 2**63
+    return replace(spec, id=uuid.uuid4().hex, params=params)
+
+
+def choices_usage(usages: list[dict]) -> dict:
+    """The choices' usage as OpenAI counts it: the prompt once, every choice's completion."""
+    completion = sum(each["completion_tokens"] for each in usages)
+    return {
+        **usages[0],
+        "completion_tokens": completion,
+        "total_tokens": usages[0]["prompt_tokens"] + completion,
+    }
+
+
+async def choices_stream(request, api_request: ApiRequest, run: JobRun, first: tuple[str, dict],
+                         echo: str | None):  # fmt: skip
+    """The SSE lines of n choices: each choice's chunks in turn, under the first's envelope; then the usage
+    chunk (when asked) and [DONE]. A choice that fails ends the stream with its error chunk."""
+    envelope, usages = None, []
+    for index in range(api_request.n):
+        if index:
+            try:
+                run, first = await submit_job(request, choice_spec(api_request.spec, index))
+            except ApiError as exc:
+                yield sse(exc.body)
+                yield DONE_LINE
+                return
+        chunks = Chunks(run.spec, include_usage=False, echo=echo, index=index, final=False)
+        if envelope is None:
+            envelope = chunks.envelope
+            if api_request.include_usage:
+                envelope["usage"] = None  # as OpenAI does: null on every chunk but the usage one
+        chunks.envelope = envelope
+        async for line in job_stream(run, first, chunks):
+            yield line
+        if chunks.done_stats is None:  # an error chunk went out
+            yield DONE_LINE
+            return
+        usages.append(usage(chunks.done_stats))
+    if api_request.include_usage:
+        yield sse({**envelope, "choices": [], "usage": choices_usage(usages)})
+    yield DONE_LINE
 
 
 def stream_response(events, run: JobRun) -> StreamingHttpResponse:
@@ -240,6 +314,12 @@ async def start_job(
     if api_request.logprobs and not served[spec.model].get("logprobs"):
         raise ApiError(400, f"logprobs: the workers of {spec.model!r} do not compute them",
                        param="logprobs", code="invalid_value")  # fmt: skip
+    run, first = await submit_job(request, spec)
+    return run, api_request, first
+
+
+async def submit_job(request, spec: JobSpec) -> tuple[JobRun, tuple[str, dict]]:
+    """A checked job admitted against the caller's budget and queued, and its first real event."""
     # A key has its own budget; without one, the client's address has (see playground/limits.py).
     ip = ip_from_request(request, limit_config().trusted_proxies)
     key_id = str(request.api_key.pk) if request.api_key is not None else None
@@ -277,7 +357,7 @@ async def start_job(
     except BaseException:
         await run.cancel_unless_finished()
         raise
-    return run, api_request, first
+    return run, first
 
 
 def serving(model: str, served: dict[str, dict]) -> None:
@@ -506,9 +586,13 @@ class Chunks:
 
     name = "api"
 
-    def __init__(self, spec: JobSpec, include_usage: bool, echo: str | None = None):
+    def __init__(self, spec: JobSpec, include_usage: bool, echo: str | None = None, index: int = 0,
+                 final: bool = True):  # fmt: skip
+        """index: the choice these chunks carry; final: the stream ends with them ([DONE])."""
         self.spec = spec
         self.include_usage = include_usage
+        self.index, self.final = index, final
+        self.done_stats: dict | None = None  # the job's stats, once its last chunk is out
         self.echo, self.echo_pending = echo, echo is not None  # the prompt, sent as the first text chunk
         self.envelope = reply_envelope(spec, "chat.completion.chunk" if spec.chat else "text_completion")
         if include_usage:
@@ -516,7 +600,7 @@ class Chunks:
 
     def _choice(self, content, finish_reason=None, logprobs=None) -> dict:
         key = "delta" if self.spec.chat else "text"
-        return {"index": 0, key: content, "finish_reason": finish_reason, "logprobs": logprobs}
+        return {"index": self.index, key: content, "finish_reason": finish_reason, "logprobs": logprobs}
 
     def opening(self) -> list[bytes]:
         return [self._line({"role": "assistant", "content": ""})] if self.spec.chat else []
@@ -543,7 +627,7 @@ class Chunks:
 
     def done(self, tail: str, done: dict, queue_ms: float) -> list[bytes]:
         """The last chunk (finish_reason, timings), then the usage chunk when the request asked for it."""
-        stats = done["stats"]
+        stats = self.done_stats = done["stats"]
         content = ({"content": tail} if tail else {}) if self.spec.chat else tail
         choices = [self._choice(content, done["finish_reason"])]
         lines = [sse({**self.envelope, "choices": choices, "timings": timings(stats, queue_ms)})]
@@ -553,7 +637,7 @@ class Chunks:
         return lines
 
     def closing(self) -> list[bytes]:
-        return [DONE_LINE]
+        return [DONE_LINE] if self.final else []
 
 
 class InfillChunks:

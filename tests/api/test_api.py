@@ -219,6 +219,42 @@ def test_vllms_length_and_stop_fields_through_the_official_client(stack, engine)
     )
 
 
+def test_n_choices_are_the_requests_seeds_in_turn_streamed_or_not(stack):
+    """n = 3 sampled with seed 41: choice i is what one request with seed 41 + i replies; the usage counts the
+    prompt once and every choice's tokens; streamed, each chunk names its choice and the text is the same."""
+    client = api(stack.web)
+    kwargs = {"model": stack.model, "prompt": "def parse(line):\n", "max_tokens": 12, "temperature": 1.0}
+    singles = [client.completions.create(**kwargs, seed=41 + i) for i in range(3)]
+    assert len({one.choices[0].text for one in singles}) > 1  # the seeds draw different replies
+    reply = client.completions.create(**kwargs, seed=41, n=3)
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    assert [c.text for c in reply.choices] == [one.choices[0].text for one in singles]
+    assert [c.finish_reason for c in reply.choices] == [one.choices[0].finish_reason for one in singles]
+    assert reply.usage.prompt_tokens == singles[0].usage.prompt_tokens
+    assert reply.usage.completion_tokens == sum(one.usage.completion_tokens for one in singles)
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+    chunks = list(client.completions.create(**kwargs, seed=41, n=3, stream=True,
+                                            stream_options={"include_usage": True}))  # fmt: skip
+    assert len({c.id for c in chunks}) == 1 and chunks[-1].choices == []
+    texts = ["", "", ""]
+    for chunk in chunks[:-1]:
+        assert chunk.usage is None and len(chunk.choices) == 1
+        texts[chunk.choices[0].index] += chunk.choices[0].text
+    assert texts == [c.text for c in reply.choices]
+    assert counts(chunks[-1].usage) == counts(reply.usage)
+
+    # chat, greedy: the same reply twice
+    messages = [{"role": "user", "content": "def add(a, b):"}]
+    chat = client.chat.completions.create(
+        model=stack.model, messages=messages, max_tokens=8, temperature=0, n=2
+    )
+    assert [c.index for c in chat.choices] == [0, 1]
+    assert chat.choices[0].message.content == chat.choices[1].message.content
+    with pytest.raises(openai.BadRequestError, match="n: must be an integer in"):
+        client.completions.create(**kwargs, n=9)
+
+
 def counts(usage) -> tuple[int, int, int]:
     """A usage's token counts; its cached_tokens differ between two runs of one prompt (the second reuses it)."""
     return usage.prompt_tokens, usage.completion_tokens, usage.total_tokens
@@ -300,7 +336,7 @@ def test_bad_requests_are_openai_errors_and_the_server_stays_up(stack):
         ({**chat, "temperature": -1}, "temperature"),
         ({**chat, "top_p": 1.5}, "top_p"),
         ({**chat, "max_tokens": 0}, "max_tokens"),
-        ({**chat, "n": 2}, "n"),
+        ({**chat, "n": 9}, "n"),
         ({**chat, "messages": []}, "messages"),
         ({**chat, "stop": 3}, "stop"),
     ]

@@ -124,7 +124,8 @@ def test_message_parts_roles_and_stop_lists():
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),  # OpenAI's limit is four
         ({"messages": [{"role": ["user"], "content": "x"}]}, "messages[0].role"),
         ({"messages": [{"role": {"name": "user"}, "content": "x"}]}, "messages[0].role"),
-        ({"n": 2}, "n"),
+        ({"n": 9}, "n"),  # past MAX_CHOICES
+        ({"n": 0}, "n"),
         ({"n": True}, "n"),  # JSON's true is not the number 1
         ({"best_of": True}, "best_of"),
         ({"stop": ""}, "stop"),

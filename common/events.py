@@ -57,7 +57,7 @@ class SamplingParams:
     top_k: int = 0  # 0 means no top-k cut
     repetition_penalty: float = 1.0  # 1 means none; > 1 discourages tokens already seen
     seed: int | None = None
-    stop: tuple[str, ...] = ()  # stop strings; the text stops before the first match
+    stop: tuple[str, ...] = ()  # stop strings; the text stops before the first match (after it: below)
     # None: no logprobs; N >= 0: each token's log-probability and the N most likely tokens at its step
     logprobs: int | None = None
     # the same for the prompt's tokens, each given the ones before it (an echoed completion's; vLLM's name)

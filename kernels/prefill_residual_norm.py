@@ -131,12 +131,12 @@ def _row_residual_norm_kernel(
     HAS_NORM: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # every program waits: the chain of dependencies stays transitive
-        gdc_wait()
-        gdc_launch_dependents()
     """The same boundary for a few positions: a program per (position, lane) holds its whole row [DP] in registers
     and reads the other lanes' rows for the sums one row at a time, all loads issued before any is used, so a
     program waits on memory about twice (its inputs, then its norm) instead of once a chunk and pass."""
+    if USE_PDL:  # every program waits: the chain of dependencies stays transitive
+        gdc_wait()
+        gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     lane = tl.program_id(1).to(tl.int64)
     d = tl.arange(0, DP)

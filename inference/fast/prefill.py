@@ -11,8 +11,8 @@ A layer is five Triton launches besides its matrix products (and Qwen2's eager b
     up matmuls ([L, T, F/L] each: w1 and w3 stay apart) and silu_mul (kernels/silu_mul.py, written over gate),
     the down matmul, prefill_residual_norm with the next layer's attention norm
 The products are cuBLAS's, but up to 32 rows (a verify step, a short suffix) kernels/skinny_matmul.py's: gate/up
-and gating in one launch, the others where its launch streams the weight faster. With `pdl` (a Hopper GPU) each
-Triton launch waits on the one before it by programmatic dependent launch. The last layer writes every position's
+and gating in one launch, the others where its launch streams the weight faster. With `pdl` (a Hopper GPU) the
+Triton launches after the first wait on the one before by programmatic dependent launch (not the last layer's). The last layer writes every position's
 keys and values into the cache, then goes on for the one position whose logits are asked for (its attention
 through the decode kernel, its o-proj, MLP and head eager on that row): nothing reads the other rows. Each block
 boundary is one kernel (kernels/prefill_residual_norm.py): eager, those [L, T, D] casts, lane sums and adds were

@@ -22,8 +22,8 @@ Lane groups (Laneformer, where its weights are bf16): from the first delayed lay
 lanes' partials of layer i - d only, so two groups of lanes decode as independent chains of launches, one CUDA
 stream each (forked and joined inside the step's graph), meeting only through those old partials.
 
-Prefill (inference/fast/prefill.py): the reference model's math over the whole prompt (cuBLAS products, Triton
-attention and block boundaries; graphs for short prompts). On the CPU (tests) the kernels run under the interpreter.
+Prefill (inference/fast/prefill.py): the reference model's math over the whole prompt (cuBLAS or few-row Triton
+products, Triton attention and boundaries; graphs for short prompts). On the CPU the kernels run interpreted.
 
 Speculative decoding (inference/speculative.py's drafts and rule, docs/speculative-decoding.md): a drafted step
 runs the current token and k drafts as k+1 positions of the prefill's path (verify), then hands the decode graphs

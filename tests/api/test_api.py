@@ -244,6 +244,13 @@ def test_n_choices_are_the_requests_seeds_in_turn_streamed_or_not(stack):
     assert texts == [c.text for c in reply.choices]
     assert counts(chunks[-1].usage) == counts(reply.usage)
 
+    # an echo with logprobs: each choice begins with the prompt and lists its tokens, scored as one request's
+    echoed = client.completions.create(**kwargs, seed=41, n=2, echo=True, logprobs=1)
+    single = client.completions.create(**kwargs, seed=42, echo=True, logprobs=1)
+    assert [c.text for c in echoed.choices] == [kwargs["prompt"] + one.choices[0].text for one in singles[:2]]
+    assert echoed.choices[1].logprobs.tokens == single.choices[0].logprobs.tokens
+    assert echoed.choices[1].logprobs.text_offset == single.choices[0].logprobs.text_offset
+
     # chat, greedy: the same reply twice
     messages = [{"role": "user", "content": "def add(a, b):"}]
     chat = client.chat.completions.create(

@@ -183,26 +183,21 @@ async def complete(request, chat: bool):
     body = json_body(request)
     run, api_request, first = await start_job(request, body, chat)
     echo = run.spec.prompt if api_request.echo else None
+    if not api_request.stream:
+        return JsonResponse(await reply_body(request, api_request, run, first, echo))
     if api_request.n > 1:
-        return await complete_choices(request, api_request, run, first, echo)
+        return stream_response(choices_stream(request, api_request, run, first, echo), run)
     try:
-        if api_request.stream:
-            return stream_response(
-                job_stream(run, first, Chunks(run.spec, api_request.include_usage, echo)), run
-            )
-        event, logprobs = await run.until_end(first)
-        return JsonResponse(await run.finish(event[1], logprobs, echo))
+        return stream_response(job_stream(run, first, Chunks(run.spec, api_request.include_usage, echo)), run)
     except BaseException:  # the client left (CancelledError) or we failed: stop the job
         await run.cancel_unless_finished()
         raise
 
 
-async def complete_choices(request, api_request: ApiRequest, run: JobRun, first: tuple[str, dict],
-                           echo: str | None):  # fmt: skip
-    """n > 1: the choices one after another (the engine decodes one request at a time), each a job of its own and
-    a request against the caller's budget, streamed in turn (each chunk names its choice) or replied together."""
-    if api_request.stream:
-        return stream_response(choices_stream(request, api_request, run, first, echo), run)
+async def reply_body(request, api_request: ApiRequest, run: JobRun, first: tuple[str, dict],
+                     echo: str | None) -> dict:  # fmt: skip
+    """The non-streamed reply. n > 1: the choices one after another (the engine decodes one request at a time),
+    each a job of its own and a request against the caller's budget, replied together."""
     bodies = []
     for index in range(api_request.n):
         if index:
@@ -210,13 +205,13 @@ async def complete_choices(request, api_request: ApiRequest, run: JobRun, first:
         try:
             event, logprobs = await run.until_end(first)
             bodies.append(await run.finish(event[1], logprobs, echo))
-        except BaseException:
+        except BaseException:  # the client left (CancelledError) or we failed: stop the job
             await run.cancel_unless_finished()
             raise
     body = bodies[0]  # its envelope, and the first choice's timings
     body["choices"] = [{**each["choices"][0], "index": index} for index, each in enumerate(bodies)]
     body["usage"] = choices_usage([each["usage"] for each in bodies])
-    return JsonResponse(body)
+    return body
 
 
 def choice_spec(spec: JobSpec, index: int) -> JobSpec:

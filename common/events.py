@@ -45,6 +45,7 @@ SEED_RANGE = (-(2**63), 2**63 - 1)  # an int64, as OpenAI takes it: one seed, on
 MAX_API_TEMPERATURE = 2.0
 MAX_N_INDENT = 256  # columns; deeper code is not written by hand
 MAX_STOP_TOKEN_IDS = 64  # a request's own stop tokens, at most
+MAX_PREDICTION_CHARS = 1 << 20  # a prediction's text: more than any context here holds
 # The most alternatives a token's logprobs may list (OpenAI's top_logprobs limit)
 MAX_TOP_LOGPROBS = 20
 
@@ -70,6 +71,9 @@ class SamplingParams:
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
     include_stop_str_in_output: bool = False
+    # OpenAI's Predicted Outputs: text the reply is expected to repeat (an edited file's old version), which
+    # speculative decoding drafts from; the reply is the same with or without it, only sooner
+    prediction: str = ""
 
     def __post_init__(self):
         def bad(name: str, why: str):
@@ -126,6 +130,14 @@ class SamplingParams:
             bad("stop_token_ids", f"must be a list of token ids (integers), got {ids!r:.60}")
         if len(ids) > MAX_STOP_TOKEN_IDS or any(i < 0 for i in ids):
             bad("stop_token_ids", f"takes at most {MAX_STOP_TOKEN_IDS} ids, each >= 0")
+        if not isinstance(self.prediction, str):
+            bad("prediction", f"must be text, got {self.prediction!r:.60}")
+        if len(self.prediction) > MAX_PREDICTION_CHARS:
+            bad(
+                "prediction",
+                f"may be at most {MAX_PREDICTION_CHARS:,} characters, got {len(self.prediction):,}",
+            )
+        unicode_text(self.prediction, "prediction")
 
     @property
     def greedy(self) -> bool:

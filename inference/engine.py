@@ -497,7 +497,11 @@ class Engine:
         if params.prompt_logprobs is not None:  # its own forward over the prompt: the runner keeps one row
             lps = prompt_logprobs(self.model, prompt_ids, params.prompt_logprobs, self.tokenizer.max_id + 1)
             scored = prompt_entries(self.token_names, prompt_ids, lps, self.tokenizer.special_ids)
-        tokens = runner.generate_tokens(prompt_ids, params, stop_ids, start=cached)
+        # the prediction's tokens as drafts may come from them (past the context they could never be reached)
+        prediction = self.tokenizer.encode(params.prediction, add_special=False)[: self.max_context]
+        tokens = runner.generate_tokens(
+            prompt_ids, params, stop_ids, start=cached, prediction=tuple(prediction)
+        )
         try:
             for token in tokens:
                 now = time.perf_counter() - start

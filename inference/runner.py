@@ -1,8 +1,9 @@
 """The reference runner: prefill and one-token decode with the plain PyTorch model and the Sampler.
 
 The Engine talks to a runner through three members (the fast CUDA runner in inference/fast/ has the
-same): `generate_tokens(prompt_ids, params, stop_ids, start)` yields token ids, the first right after
-prefill, and ends after a stop id or `params.max_new_tokens` tokens; `last_prefill_ms` is the
+same): `generate_tokens(prompt_ids, params, stop_ids, start, prediction)` yields token ids, the first right
+after prefill, and ends after a stop id or `params.max_new_tokens` tokens (`prediction`: tokens the reply is
+expected to repeat, drafted from as the context is); `last_prefill_ms` is the
 time that first token took; `cache` is the KV cache it reads and writes in place. With `start` > 0
 the cache's rows [0, start) already hold the prompt's first ids (inference/prefix_cache.py) and only
 the rest is prefilled. The caller may close the iterator at any point. `counts` (a
@@ -72,6 +73,7 @@ class ReferenceRunner:
         params: SamplingParams,
         stop_ids: frozenset[int] = frozenset(),
         start: int = 0,
+        prediction: tuple[int, ...] = (),
     ) -> Iterator[int]:
         n = len(prompt_ids)
         check_prompt_span(n, start, self.max_context)
@@ -87,7 +89,8 @@ class ReferenceRunner:
         self._keep_logprobs(logits, token, params)
 
         self.counts = counts = SpeculationCounts()
-        drafter = SuffixDrafter(prompt_ids) if self.speculation.enabled and params.logprobs is None else None
+        speculates = self.speculation.enabled and params.logprobs is None
+        drafter = SuffixDrafter(prompt_ids, prediction) if speculates else None
         draft_length, clock = DraftLength(self.speculation.max_draft), StepClock()
         pos, made = n, 0  # the position of `token` (not yet in the cache); tokens yielded so far
         while True:

@@ -22,7 +22,8 @@ prompt with nothing to copy runs plain one-token steps.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from common.env import EnvError, env_number
@@ -58,11 +59,22 @@ def speculation_asked() -> bool:
 class SuffixDrafter:
     """Proposes the tokens that followed the most recent earlier occurrence of the context's longest suffix
     that occurred before (1 to MAX_NGRAM tokens). The index maps each n-gram to where its latest occurrence
-    ends, over every end but the context's own, so a lookup never finds the suffix itself."""
+    ends, over every end but the context's own, so a lookup never finds the suffix itself.
 
-    def __init__(self, tokens: list[int]):
+    A prediction (OpenAI's Predicted Outputs: text the reply is expected to repeat, an edited file's old version)
+    is searched first at each length: the tokens after its first occurrence of the suffix at or past the last
+    one drafted from, so that drafts walk through it in order as the reply follows it."""
+
+    def __init__(self, tokens: list[int], prediction: Sequence[int] = ()):
         self.tokens: list[int] = []
         self.ends: dict[tuple[int, ...], int] = {}  # n-gram -> end (exclusive) of its latest occurrence
+        self.prediction = list(prediction)
+        # n-gram -> every end of it in the prediction with a token after it, ascending
+        self.predicted_ends: dict[tuple[int, ...], list[int]] = {}
+        for end in range(1, len(self.prediction)):
+            for n in range(1, min(MAX_NGRAM, end) + 1):
+                self.predicted_ends.setdefault(tuple(self.prediction[end - n : end]), []).append(end)
+        self.prediction_at = 0  # where the last draft from the prediction began
         self.extend(tokens)
 
     def extend(self, tokens: list[int]) -> None:
@@ -80,7 +92,13 @@ class SuffixDrafter:
         if k <= 0:
             return []
         for n in range(min(MAX_NGRAM, size), 0, -1):
-            end = self.ends.get(tuple(ctx[size - n :]))
+            suffix = tuple(ctx[size - n :])
+            predicted = self.predicted_ends.get(suffix)
+            if predicted:
+                i = bisect_right(predicted, self.prediction_at)
+                self.prediction_at = predicted[min(i, len(predicted) - 1)]
+                return self.prediction[self.prediction_at : self.prediction_at + k]
+            end = self.ends.get(suffix)
             if end is not None:
                 return ctx[end : end + k]
         return []

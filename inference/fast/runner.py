@@ -629,10 +629,10 @@ class FastRunner(SpeculativeSteps):
             self.prompt_staged[: n + 2].copy_(self.prompt_host[: n + 2], non_blocking=True)
             self.prompt_copied.record()
 
-    def generate_tokens(self, prompt_ids: list[int], params: SamplingParams,
-                        stop_ids: frozenset[int] = frozenset(), start: int = 0) -> Iterator[int]:  # fmt: skip
+    def generate_tokens(self, prompt_ids: list[int], params: SamplingParams, stop_ids: frozenset[int] = frozenset(),
+                        start: int = 0, prediction: tuple[int, ...] = ()) -> Iterator[int]:  # fmt: skip
         """Token ids after the prompt, the first from prefill (from position start: see prefill); stops after a
-        stop id or max_new_tokens (clipped to the context)."""
+        stop id or max_new_tokens (clipped to the context). prediction: more tokens to draft from (SuffixDrafter)."""
         budget = min(params.max_new_tokens, self.max_context - len(prompt_ids))
         greedy = params.greedy and params.repetition_penalty == 1
         screen = self.uses_screen(params)
@@ -657,7 +657,7 @@ class FastRunner(SpeculativeSteps):
         if first in stop_ids or budget <= 1:
             return
         if self.speculation.enabled:
-            yield from self._speculative_decode(prompt_ids, first, budget, greedy, screen, watch, stop_ids)
+            yield from self._speculative_decode(prompt_ids, first, budget, greedy, screen, watch, stop_ids, prediction)  # fmt: skip
             return
         if self.device.type != "cuda":
             for step in range(1, budget):

@@ -130,13 +130,14 @@ class SpeculativeSteps:
             self.seen.index_fill_(0, torch.tensor(dropped, device=self.device), False)
 
     def _speculative_decode(self, prompt_ids: list[int], first: int, budget: int, greedy: bool, screen: bool,
-                            watch: ScreenWatch | None, stop_ids: frozenset[int]) -> Iterator[int]:  # fmt: skip
+                            watch: ScreenWatch | None, stop_ids: frozenset[int],
+                            prediction: tuple[int, ...] = ()) -> Iterator[int]:  # fmt: skip
         """generate_tokens after its first token, with drafts (inference/runner.py's rule, step for step): a verify
         step when the context's suffix has a draft, else plain steps. Plain steps are the graph replays of plain
         decoding, LOOKAHEAD of them queued on a GPU; a draft found while steps are queued stops the queueing, and
         the verify step runs once the queue has drained (its draft is then taken at the context's end)."""
         counts = self.counts = SpeculationCounts()
-        drafter, context = SuffixDrafter([*prompt_ids, first]), {*prompt_ids, first}
+        drafter, context = SuffixDrafter([*prompt_ids, first], prediction), {*prompt_ids, first}
         length, clock = DraftLength(self.speculation.max_draft), StepClock()
         on_gpu = self.device.type == "cuda"
         depth = LOOKAHEAD if on_gpu else 1

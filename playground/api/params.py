@@ -109,15 +109,15 @@ HONOURED = frozenset(
         "top_k", "repetition_penalty", "seed", "stop", "n", "best_of", "frequency_penalty", "presence_penalty",
         "logprobs", "top_logprobs", "tools", "functions", "tool_choice", "function_call", "echo", "suffix",
         "logit_bias", "response_format", "modalities", "add_special_tokens", "chat_template_kwargs", "n_indent",
-        "ignore_eos", "stop_token_ids", "include_stop_str_in_output", *PENALTY_WINDOWS,
+        "ignore_eos", "stop_token_ids", "include_stop_str_in_output", "prediction", *PENALTY_WINDOWS,
     }
 )  # fmt: skip
 # Fields that change nothing in the reply, whatever their value: accepted and not used.
 IGNORED = frozenset(
     {
-        # OpenAI's: who asks, what to keep, billing and caching hints; a prediction only speeds a reply up,
-        # and parallel_tool_calls only means something with tools (refused)
-        "user", "metadata", "store", "service_tier", "prediction", "parallel_tool_calls", "prompt_cache_key",
+        # OpenAI's: who asks, what to keep, billing and caching hints; parallel_tool_calls only means something
+        # with tools (refused)
+        "user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
         "prompt_cache_retention", "safety_identifier",
         # vLLM's: scheduling and caching, and the settings of refused features (beam search, guided decoding)
         "request_id", "priority", "cache_salt", "length_penalty", "guided_decoding_backend",
@@ -244,6 +244,7 @@ def _sampling_params(body: dict, max_new_tokens: int, chat: bool, model_defaults
         "ignore_eos": body.get("ignore_eos"),
         "stop_token_ids": _stop_token_ids(body.get("stop_token_ids")),
         "include_stop_str_in_output": body.get("include_stop_str_in_output"),
+        "prediction": _prediction(body.get("prediction")),  # OpenAI's Predicted Outputs: drafts, sooner
     }
     defaults = {  # OpenAI's, then the model's own (only MODEL_DEFAULT_KEYS: a worker's word; the cap below)
         "max_new_tokens": max_new_tokens if chat else min(COMPLETIONS_MAX_TOKENS, max_new_tokens),
@@ -268,6 +269,27 @@ def _sampling_params(body: dict, max_new_tokens: int, chat: bool, model_defaults
         "stop": list(params.stop),
         "stop_token_ids": list(params.stop_token_ids),
     }
+
+
+def _prediction(prediction) -> str | None:
+    """OpenAI's `prediction` ({"type": "content", "content": text or a list of text parts}) as its text."""
+    if prediction is None:
+        return None
+    content = prediction.get("content") if isinstance(prediction, dict) else None
+    if (
+        not isinstance(prediction, dict)
+        or prediction.get("type") != "content"
+        or set(prediction) - {"type", "content"}
+    ):
+        raise InvalidRequest("prediction", 'must be {"type": "content", "content": ...}')
+    if isinstance(content, list) and all(
+        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+        for part in content
+    ):
+        content = "".join(part["text"] for part in content)
+    if not isinstance(content, str):
+        raise InvalidRequest("prediction", "content must be text or a list of text parts")
+    return content
 
 
 def _stop_token_ids(ids) -> tuple | None:

@@ -307,6 +307,33 @@ def test_timings_count_drafts_on_a_code_edit(stack, engine):
     assert reply.choices[0].text == local[-1].text
 
 
+def test_a_prediction_makes_drafts_and_changes_nothing_in_the_reply(stack):
+    """OpenAI's Predicted Outputs through the official client: the reply given as its own prediction comes back
+    the same in fewer model steps, most of its tokens accepted drafts; a malformed one is refused, naming it."""
+    from inference.bench.workload import WORKLOAD
+
+    client = api(stack.web)
+    kwargs = {"model": stack.model, "prompt": WORKLOAD[-1].text, "max_tokens": 48, "temperature": 0}
+    plain = client.completions.create(**kwargs)
+    text = plain.choices[0].text
+    predicted = client.completions.create(
+        **kwargs, extra_body={"prediction": {"type": "content", "content": text}}
+    )
+    assert predicted.choices[0].text == text
+    before, after = plain.model_extra["timings"], predicted.model_extra["timings"]
+    assert after["draft_n_accepted"] > before["draft_n_accepted"]
+    assert after["decode_steps"] < before["decode_steps"]
+    # chat takes it as a first-class argument of the client, content as text parts too
+    chat = {"model": stack.model, "messages": [{"role": "user", "content": "def fib(n):"}], "max_tokens": 24,
+            "temperature": 0}  # fmt: skip
+    reply = client.chat.completions.create(**chat).choices[0].message.content
+    parts = [{"type": "text", "text": reply[:5]}, {"type": "text", "text": reply[5:]}]
+    again = client.chat.completions.create(**chat, prediction={"type": "content", "content": parts})
+    assert again.choices[0].message.content == reply
+    with pytest.raises(openai.BadRequestError, match="prediction"):
+        client.chat.completions.create(**chat, prediction={"type": "file", "content": reply})
+
+
 def test_sse_framing_ends_with_done(stack):
     body = {"model": stack.model, "prompt": "x = ", "max_tokens": 3, "stream": True}
     with httpx.stream("POST", f"{stack.web.url}/v1/completions", json=body, timeout=60) as response:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from common.events import InvalidRequest
+from common.events import MAX_PREDICTION_CHARS, InvalidRequest
 from common.protocol import JobSpec
 from playground.api.params import parse_request
 
@@ -191,7 +191,7 @@ def test_fields_that_change_nothing_and_default_values_are_accepted():
     assert parse(body, chat=True).spec.model == "m"
     # what the official client and the common ones send beside the parameters (all change nothing)
     sent_by_clients = {"store": True, "service_tier": "auto", "parallel_tool_calls": True, "prompt_cache_key": "k",
-                       "prediction": {"type": "content", "content": "x"}, "safety_identifier": "h",
+                       "safety_identifier": "h",
                        "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     assert parse({**CHAT, **sent_by_clients}, chat=True).include_usage
 
@@ -314,6 +314,21 @@ def test_vllms_length_and_stop_fields_reach_the_sampling_parameters():
     for bad in ({"ignore_eos": 1}, {"include_stop_str_in_output": "yes"}, {"stop_token_ids": 7},
                 {"stop_token_ids": [-1]}, {"stop_token_ids": [True]}, {"stop_token_ids": list(range(65))}):  # fmt: skip
         assert refused_field({**CHAT, **bad}) == next(iter(bad))
+
+
+def test_a_prediction_reaches_the_sampling_parameters_as_its_text():
+    """OpenAI's Predicted Outputs: content as text, or as the list of text parts the official client types."""
+    body = {**CHAT, "prediction": {"type": "content", "content": "def f():\n"}}
+    assert parse(body, chat=True).spec.sampling_params().prediction == "def f():\n"
+    parts = [{"type": "text", "text": "def "}, {"type": "text", "text": "f():"}]
+    body = {**CHAT, "prediction": {"type": "content", "content": parts}}
+    assert parse(body, chat=True).spec.sampling_params().prediction == "def f():"
+    assert parse(CHAT, chat=True).spec.sampling_params().prediction == ""
+    for bad in ("text", {"content": "x"}, {"type": "file", "content": "x"}, {"type": "content", "content": 3},
+                {"type": "content", "content": [{"type": "image_url", "image_url": "u"}]},
+                {"type": "content", "content": "x", "extra": 1}, {"type": "content", "content": "\ud83d"},
+                {"type": "content", "content": "x" * (MAX_PREDICTION_CHARS + 1)}):  # fmt: skip
+        assert refused_field({**CHAT, "prediction": bad}) == "prediction"
 
 
 def test_a_refusal_says_which_value_would_be_taken_or_what_to_use_instead():

@@ -45,6 +45,27 @@ def test_drafter_draft_may_run_into_the_suffix_itself():
     assert drafter.draft(5) == [5, 6]  # what followed the latest earlier (.., 5, 6), up to the context's end
 
 
+def test_a_prediction_is_drafted_from_first_and_in_order():
+    # the context's own (2, 3) was followed by 7 5; the prediction's first (2, 3) by 4 4, and it wins
+    drafter = SuffixDrafter([9, 2, 3, 7, 5, 2, 3], prediction=[2, 3, 4, 4, 2, 3, 6])
+    assert drafter.draft(2) == [4, 4]
+    drafter.extend([4, 4, 2, 3])
+    assert drafter.draft(3) == [6]  # the prediction's end: what follows it is not known
+    drafter.extend([8, 1])
+    assert drafter.draft(2) == []  # (8, 1) and (1) occur nowhere
+
+
+def test_drafts_walk_through_a_prediction_past_where_the_last_one_began():
+    drafter = SuffixDrafter([0, 1, 2], prediction=[1, 2, 5, 1, 2, 6, 1, 2])
+    assert drafter.draft(1) == [5]  # (1, 2)'s first occurrence: a prediction's end has no token after it
+    drafter.extend([7, 1, 2])  # the reply left the prediction, then came back to (1, 2): its next occurrence
+    assert drafter.draft(1) == [6]
+    drafter.extend([9, 1, 2])  # none is left past it: the latest again
+    assert drafter.draft(1) == [6]
+    # the context is searched where the prediction has no match
+    assert SuffixDrafter([3, 4, 8, 3, 4], prediction=[1, 2]).draft(1) == [8]
+
+
 def test_draft_length_grows_shrinks_and_pauses():
     length = DraftLength(max_draft=8)
     assert length.next() == 4
@@ -213,6 +234,25 @@ def default_engines():
     plain.runner.speculation = OFF
     assert engine.runner.speculation.enabled  # on by default
     return engine, plain
+
+
+def test_a_prediction_changes_no_token_and_is_drafted_from(default_engines):
+    """OpenAI's Predicted Outputs: the reply itself as the prediction makes most of its tokens accepted drafts;
+    a wrong prediction costs nothing but rejected drafts; the tokens are the model's either way."""
+    engine, plain = default_engines
+    ids = engine.encode_prompt(WORKLOAD[-1].text)
+    params = SamplingParams(max_new_tokens=48, temperature=0)
+    reply = list(plain.generate(ids, params))[-1]
+    tokens = lambda events: [t for e in events if isinstance(e, TextDelta) for t in e.token_ids]  # noqa: E731
+    expected = tokens(plain.generate(ids, params))
+    without = list(engine.generate(ids, params))
+    right = list(engine.generate(ids, replace(params, prediction=reply.text)))
+    wrong = list(engine.generate(ids, replace(params, prediction="zebra " * 40)))
+    assert tokens(without) == tokens(right) == tokens(wrong) == expected
+    assert right[-1].text == without[-1].text == reply.text
+    accepted = lambda events: events[-1].stats.draft_n_accepted  # noqa: E731
+    assert accepted(right) > accepted(without) and accepted(right) >= 0.75 * (len(expected) - 1)
+    assert right[-1].stats.decode_steps < without[-1].stats.decode_steps
 
 
 @pytest.mark.parametrize("prompt", WORKLOAD, ids=[p.name for p in WORKLOAD])

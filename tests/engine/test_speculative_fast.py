@@ -84,6 +84,19 @@ def test_greedy_tokens_are_plain_decodings(preset, seed, length, settings):
 
 
 @torch.no_grad()
+def test_a_prediction_of_the_reply_is_drafted_from_and_changes_no_token():
+    model, params = model_of("tiny-llama"), SamplingParams(max_new_tokens=16)
+    prompt = [5, 9, 300, 41]  # nothing in it to copy
+    plain, drafted, runner = both_ways(model, prompt, params)
+    assert drafted == plain
+    with_prediction = list(runner.generate_tokens(prompt, params, prediction=tuple(plain[1:])))
+    assert with_prediction == plain
+    counts = runner.counts
+    assert counts.decode_steps + counts.draft_n_accepted == len(plain) - 1, counts
+    assert ON_GPU or counts.draft_n_accepted >= len(plain) // 2, counts
+
+
+@torch.no_grad()
 def test_packed_projections_go_on_from_a_verify_step():
     # one lane, o-proj, gate/up and down-proj packed: the gate/up's sums and norm scalar live across a step's
     # layers only (the o-proj clears them), so a verify step leaves nothing for them to undo

@@ -10,5 +10,5 @@ class ChosenIds:
     def __init__(self, ids):
         self.ids = list(ids)
 
-    def generate_tokens(self, prompt_ids, params, eos_ids, start=0):
+    def generate_tokens(self, prompt_ids, params, eos_ids, start=0, prediction=()):
         yield from self.ids[: params.max_new_tokens]

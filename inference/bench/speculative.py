@@ -6,8 +6,9 @@ of a verify step.
     python -m inference.bench.speculative --verify-curve [--json out.json]    (the GPU table, one command)
 
 Part one, per workload prompt (inference/bench/workload.py), greedy: decode tok/s plain and with drafts (the
-engine's figure, generated tokens over decode time), tokens per step, the drafts kept, and whether the two
-outputs are the same tokens (they must be). The runner is the engine's: on a GPU the fast runner (--backend
+engine's figure, generated tokens over decode time), tokens per step, the drafts kept, then with the plain reply's
+text as the request's prediction (OpenAI's Predicted Outputs: a perfect prediction, the most it can give), and
+whether the outputs are the same tokens (they must be). The runner is the engine's: on a GPU the fast runner (--backend
 reference times the reference runner instead).
 --verify-curve (GPU only: it refuses without one) is part one on the fast runner, then per 2B-class preset
 (VERIFY_PRESETS, random bf16 weights) the fast runner's verify step over k+1 positions (FastRunner.verify_greedy,
@@ -28,6 +29,7 @@ import json
 import os
 import statistics
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -52,8 +54,8 @@ def run_workload(model: str, device: str, max_tokens: int, repeats: int) -> list
     runner = engine.runner
     speculates = hasattr(runner, "speculation")
     params = SamplingParams(max_new_tokens=max_tokens, temperature=0)
-    engine_run = lambda ids: list(engine.generate(ids, params))  # noqa: E731
-    engine_run(engine.encode_prompt(WORKLOAD[0].text))  # warm-up: first-call allocations, kernels, graphs
+    # warm-up: first-call allocations, kernels, graphs
+    list(engine.generate(engine.encode_prompt(WORKLOAD[0].text), params))
     rows = []
     for prompt in WORKLOAD:
         ids = engine.encode_prompt(prompt.text)
@@ -63,23 +65,28 @@ def run_workload(model: str, device: str, max_tokens: int, repeats: int) -> list
             "prompt_tokens": len(ids),
             "runner": type(runner).__name__,
         }
-        outputs, best = {}, {"plain": 0.0, "speculative": 0.0}
+        modes = ("plain", "speculative", "predicted")
+        outputs, best, reply = {}, dict.fromkeys(modes, 0.0), ""
         for _ in range(repeats):  # the modes alternate; each keeps its fastest run (a shared machine's noise)
-            for mode in ("plain", "speculative"):
+            for mode in modes:
                 if speculates:
-                    runner.speculation = SpeculationSettings(enabled=mode == "speculative")
-                events = engine_run(ids)
+                    runner.speculation = SpeculationSettings(enabled=mode != "plain")
+                events = list(
+                    engine.generate(ids, replace(params, prediction=reply if mode == "predicted" else ""))
+                )
                 stats = events[-1].stats
                 outputs[mode] = [t for e in events if isinstance(e, TextDelta) for t in e.token_ids]
                 best[mode] = max(best[mode], stats.decode_tok_s)
-                if mode == "speculative":
-                    row.update(tokens=stats.completion_tokens, steps=stats.decode_steps)
-                    row.update(draft_n=stats.draft_n, draft_n_accepted=stats.draft_n_accepted)
-        row.update(plain_tok_s=round(best["plain"], 1), speculative_tok_s=round(best["speculative"], 1))
-        row["identical"] = outputs["plain"] == outputs["speculative"]
-        row["speedup"] = (
-            round(row["speculative_tok_s"] / row["plain_tok_s"], 2) if row["plain_tok_s"] else 0.0
-        )
+                reply = events[-1].text if mode == "plain" else reply
+                if mode != "plain":
+                    prefix = "" if mode == "speculative" else "predicted_"
+                    row.update({f"{prefix}steps": stats.decode_steps, f"{prefix}draft_n": stats.draft_n,
+                                f"{prefix}draft_n_accepted": stats.draft_n_accepted})  # fmt: skip
+                    row["tokens"] = stats.completion_tokens
+        row.update({f"{mode}_tok_s": round(best[mode], 1) for mode in modes})
+        row["identical"] = outputs["plain"] == outputs["speculative"] == outputs["predicted"]
+        for mode, key in (("speculative", "speedup"), ("predicted", "predicted_speedup")):
+            row[key] = round(row[f"{mode}_tok_s"] / row["plain_tok_s"], 2) if row["plain_tok_s"] else 0.0
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -288,6 +295,10 @@ def main(argv: list[str] | None = None) -> None:
             # the bars: edits >= 2x plain (median over the set), free generation within 3% of plain
             "edit_speedup_median": statistics.median(r["speedup"] for r in rows if r["kind"] == "edit"),
             "free_speedup_median": statistics.median(r["speedup"] for r in rows if r["kind"] == "free"),
+            # the plain reply as the request's prediction
+            "predicted_edit_speedup_median": statistics.median(
+                r["predicted_speedup"] for r in rows if r["kind"] == "edit"
+            ),
         }
         print(json.dumps(summary), flush=True)
     curves = []

@@ -273,3 +273,17 @@ def test_workload_greedy_identical_on_the_default_model(default_engines, prompt)
     # every token after the first came from a step: plain ones one each, verify steps 1 + accepted each
     stats = done.stats
     assert stats.completion_tokens - 1 <= stats.decode_steps + stats.draft_n_accepted
+
+
+def test_the_workload_rows_time_plain_drafted_and_predicted_decoding_of_the_same_tokens():
+    from inference.bench.speculative import run_workload
+
+    rows = run_workload(e2e_model(), "cpu", max_tokens=12, repeats=1)
+    assert [row["prompt"] for row in rows] == [prompt.name for prompt in WORKLOAD]
+    for row in rows:
+        assert (
+            row["identical"] and min(row["plain_tok_s"], row["speculative_tok_s"], row["predicted_tok_s"]) > 0
+        )
+        assert row["predicted_draft_n_accepted"] <= row["predicted_draft_n"]
+    # the reply as its own prediction: most of its tokens come as accepted drafts
+    assert sum(r["predicted_draft_n_accepted"] for r in rows) > sum(r["draft_n_accepted"] for r in rows)

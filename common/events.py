@@ -195,6 +195,11 @@ class Stats:
     decode_steps: int = 0
     draft_n: int = 0
     draft_n_accepted: int = 0
+    # a request's prediction (SamplingParams.prediction): its tokens (0: none), and of the drafts, those taken
+    # from it and those of them the model accepted
+    prediction_tokens: int = 0
+    prediction_n: int = 0
+    prediction_n_accepted: int = 0
 
     @property
     def bandwidth_gbs(self) -> float:

@@ -560,6 +560,9 @@ class Engine:
             decode_steps=spec.decode_steps,
             draft_n=spec.draft_n,
             draft_n_accepted=spec.draft_n_accepted,
+            prediction_tokens=len(prediction),
+            prediction_n=spec.prediction_n,
+            prediction_n_accepted=spec.prediction_n_accepted,
         )
         yield Done(finish_reason=finish, text="".join(shown), stats=stats)
 

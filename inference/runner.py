@@ -122,8 +122,7 @@ class ReferenceRunner:
             del history[-len(emitted) :]  # the loop above appends each token as it is yielded
             last = len(emitted) - 1  # emitted[last] is the model's own choice, unless an accepted stop id
             accepted = last + int(last < len(draft) and emitted[last] == draft[last])
-            counts.draft_n += len(draft)
-            counts.draft_n_accepted += accepted
+            counts.add(drafter, len(draft), accepted)
             draft_length.update(len(draft), accepted, clock.cost(time.perf_counter() - step_start))
             for extra in emitted[:-1]:
                 yield extra

@@ -75,6 +75,7 @@ class SuffixDrafter:
             for n in range(1, min(MAX_NGRAM, end) + 1):
                 self.predicted_ends.setdefault(tuple(self.prediction[end - n : end]), []).append(end)
         self.prediction_at = 0  # where the last draft from the prediction began
+        self.from_prediction = False  # whether the last draft came from the prediction
         self.extend(tokens)
 
     def extend(self, tokens: list[int]) -> None:
@@ -89,6 +90,7 @@ class SuffixDrafter:
 
     def draft(self, k: int) -> list[int]:
         ctx, size = self.tokens, len(self.tokens)
+        self.from_prediction = False
         if k <= 0:
             return []
         for n in range(min(MAX_NGRAM, size), 0, -1):
@@ -97,6 +99,7 @@ class SuffixDrafter:
             if predicted:
                 i = bisect_right(predicted, self.prediction_at)
                 self.prediction_at = predicted[min(i, len(predicted) - 1)]
+                self.from_prediction = True
                 return self.prediction[self.prediction_at : self.prediction_at + k]
             end = self.ends.get(suffix)
             if end is not None:
@@ -172,3 +175,13 @@ class SpeculationCounts:
     decode_steps: int = 0  # model steps after the prefill (plain and verify alike)
     draft_n: int = 0  # draft tokens proposed
     draft_n_accepted: int = 0  # of which the model accepted
+    prediction_n: int = 0  # of the drafts, those taken from the request's prediction
+    prediction_n_accepted: int = 0  # of which the model accepted
+
+    def add(self, drafter: SuffixDrafter, drafted: int, accepted: int) -> None:
+        """A verify step's draft of `drafted` tokens, `accepted` of them kept (the drafter's last draft)."""
+        self.draft_n += drafted
+        self.draft_n_accepted += accepted
+        if drafter.from_prediction:
+            self.prediction_n += drafted
+            self.prediction_n_accepted += accepted

@@ -163,8 +163,7 @@ class SpeculativeSteps:
                     self._take_verified(front, emitted, chosen, context)
                 last = len(emitted) - 1  # emitted[last] is the model's own choice, unless an accepted stop id
                 accepted = last + int(last < len(draft) and emitted[last] == draft[last])
-                counts.draft_n += len(draft)
-                counts.draft_n_accepted += accepted
+                counts.add(drafter, len(draft), accepted)
                 length.update(len(draft), accepted, clock.cost(time.perf_counter() - began))
                 front += len(emitted)
                 for token in emitted:

@@ -226,11 +226,17 @@ def choice_spec(spec: JobSpec, index: int) -> JobSpec:
 def choices_usage(usages: list[dict]) -> dict:
     """The choices' usage as OpenAI counts it: the prompt once, every choice's completion."""
     completion = sum(each["completion_tokens"] for each in usages)
-    return {
+    out = {
         **usages[0],
         "completion_tokens": completion,
         "total_tokens": usages[0]["prompt_tokens"] + completion,
     }
+    if "completion_tokens_details" in out:
+        out["completion_tokens_details"] = {
+            key: sum(each["completion_tokens_details"][key] for each in usages)
+            for key in out["completion_tokens_details"]
+        }
+    return out
 
 
 async def choices_stream(request, api_request: ApiRequest, run: JobRun, first: tuple[str, dict],
@@ -709,14 +715,22 @@ def top_by_text(entries: list[dict]) -> dict[str, float]:
 
 
 def usage(stats: dict) -> dict:
-    """OpenAI's usage: the prompt tokens read from a cache (an earlier request's prefix) among the prompt's."""
+    """OpenAI's usage: the prompt tokens read from a cache (an earlier request's prefix) among the prompt's; with
+    a prediction, its drafts the model accepted and those it rejected."""
     prompt, completion = stats["prompt_tokens"], stats["completion_tokens"]
-    return {
+    out = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": stats.get("cached_tokens", 0)},
     }
+    if stats.get("prediction_tokens"):
+        accepted = stats.get("prediction_n_accepted", 0)
+        out["completion_tokens_details"] = {
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": stats.get("prediction_n", 0) - accepted,
+        }
+    return out
 
 
 def timings(stats: dict, queue_ms: float) -> dict:

@@ -323,6 +323,11 @@ def test_a_prediction_makes_drafts_and_changes_nothing_in_the_reply(stack):
     before, after = plain.model_extra["timings"], predicted.model_extra["timings"]
     assert after["draft_n_accepted"] > before["draft_n_accepted"]
     assert after["decode_steps"] < before["decode_steps"]
+    # OpenAI's usage counts of the prediction: here its drafts the model kept and those it did not
+    details = predicted.usage.completion_tokens_details
+    assert 0 < details.accepted_prediction_tokens <= after["draft_n_accepted"]
+    assert details.accepted_prediction_tokens + details.rejected_prediction_tokens <= after["draft_n"]
+    assert plain.usage.completion_tokens_details is None
     # chat takes it as a first-class argument of the client, content as text parts too
     chat = {"model": stack.model, "messages": [{"role": "user", "content": "def fib(n):"}], "max_tokens": 24,
             "temperature": 0}  # fmt: skip

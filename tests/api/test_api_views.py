@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 from django.test import AsyncClient
 
 from common.protocol import JobSpec, cancel_key, events_key, queue_key
-from playground.api.views import JobRun, job_error, openai_logprobs, timings, usage
+from playground.api.views import JobRun, choices_usage, job_error, openai_logprobs, timings, usage
 from playground.jobs import job_client
 
 STATS = {"prompt_tokens": 40, "completion_tokens": 11, "prefill_ms": 20.0, "ttft_ms": 25.0, "total_ms": 120.0}
@@ -44,6 +44,19 @@ def test_cached_prompt_tokens_are_cache_n_and_left_out_of_the_prefill_rate():
         "total_tokens": 51,
         "prompt_tokens_details": {"cached_tokens": 36},
     }
+
+
+def test_a_predictions_drafts_are_in_the_usage_and_summed_over_choices():
+    with_prediction = {**STATS, "prediction_tokens": 30, "prediction_n": 12, "prediction_n_accepted": 9}
+    details = {"accepted_prediction_tokens": 9, "rejected_prediction_tokens": 3}
+    assert usage(with_prediction)["completion_tokens_details"] == details
+    assert "completion_tokens_details" not in usage(STATS)  # no prediction: nothing to count
+    both = choices_usage([usage(with_prediction), usage({**with_prediction, "prediction_n_accepted": 12})])
+    assert both["completion_tokens_details"] == {
+        "accepted_prediction_tokens": 21,
+        "rejected_prediction_tokens": 3,
+    }
+    assert both["completion_tokens"] == 2 * STATS["completion_tokens"]
 
 
 @pytest.mark.parametrize(

@@ -48,7 +48,7 @@ def test_drafter_draft_may_run_into_the_suffix_itself():
 def test_a_prediction_is_drafted_from_first_and_in_order():
     # the context's own (2, 3) was followed by 7 5; the prediction's first (2, 3) by 4 4, and it wins
     drafter = SuffixDrafter([9, 2, 3, 7, 5, 2, 3], prediction=[2, 3, 4, 4, 2, 3, 6])
-    assert drafter.draft(2) == [4, 4]
+    assert drafter.draft(2) == [4, 4] and drafter.from_prediction
     drafter.extend([4, 4, 2, 3])
     assert drafter.draft(3) == [6]  # the prediction's end: what follows it is not known
     drafter.extend([8, 1])
@@ -63,7 +63,8 @@ def test_drafts_walk_through_a_prediction_past_where_the_last_one_began():
     drafter.extend([9, 1, 2])  # none is left past it: the latest again
     assert drafter.draft(1) == [6]
     # the context is searched where the prediction has no match
-    assert SuffixDrafter([3, 4, 8, 3, 4], prediction=[1, 2]).draft(1) == [8]
+    drafter = SuffixDrafter([3, 4, 8, 3, 4], prediction=[1, 2])
+    assert drafter.draft(1) == [8] and not drafter.from_prediction
 
 
 def test_draft_length_grows_shrinks_and_pauses():
@@ -253,6 +254,14 @@ def test_a_prediction_changes_no_token_and_is_drafted_from(default_engines):
     accepted = lambda events: events[-1].stats.draft_n_accepted  # noqa: E731
     assert accepted(right) > accepted(without) and accepted(right) >= 0.75 * (len(expected) - 1)
     assert right[-1].stats.decode_steps < without[-1].stats.decode_steps
+    # the drafts taken from the prediction, counted apart (the API's usage reports them)
+    stats = right[-1].stats
+    assert stats.prediction_tokens > 0 and 0.5 * (
+        len(expected) - 1
+    ) <= stats.prediction_n_accepted <= accepted(right)
+    assert stats.prediction_n_accepted <= stats.prediction_n <= stats.draft_n
+    assert (without[-1].stats.prediction_tokens, without[-1].stats.prediction_n) == (0, 0)
+    assert wrong[-1].stats.prediction_tokens > 0 and wrong[-1].stats.prediction_n_accepted == 0
 
 
 @pytest.mark.parametrize("prompt", WORKLOAD, ids=[p.name for p in WORKLOAD])

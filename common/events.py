@@ -198,8 +198,8 @@ class Stats:
     # a request's prediction (SamplingParams.prediction): its tokens (0: none), and of the drafts, those taken
     # from it and those of them the model accepted
     prediction_tokens: int = 0
-    prediction_n: int = 0
-    prediction_n_accepted: int = 0
+    prediction_draft_n: int = 0
+    prediction_draft_n_accepted: int = 0
 
     @property
     def bandwidth_gbs(self) -> float:

@@ -497,11 +497,11 @@ class Engine:
         if params.prompt_logprobs is not None:  # its own forward over the prompt: the runner keeps one row
             lps = prompt_logprobs(self.model, prompt_ids, params.prompt_logprobs, self.tokenizer.max_id + 1)
             scored = prompt_entries(self.token_names, prompt_ids, lps, self.tokenizer.special_ids)
-        # the prediction's tokens as drafts may come from them (past the context they could never be reached)
-        prediction = self.tokenizer.encode(params.prediction, add_special=False)[: self.max_context]
-        tokens = runner.generate_tokens(
-            prompt_ids, params, stop_ids, start=cached, prediction=tuple(prediction)
-        )
+        # a prediction is read only where drafts are made; cut to the context, which bounds the drafter's index
+        drafts = params.logprobs is None and getattr(getattr(runner, "speculation", None), "enabled", False)
+        text = params.prediction if drafts else ""
+        prediction = tuple(self.tokenizer.encode_text(text, bos=False)[: self.max_context]) if text else ()
+        tokens = runner.generate_tokens(prompt_ids, params, stop_ids, start=cached, prediction=prediction)
         try:
             for token in tokens:
                 now = time.perf_counter() - start
@@ -561,8 +561,8 @@ class Engine:
             draft_n=spec.draft_n,
             draft_n_accepted=spec.draft_n_accepted,
             prediction_tokens=len(prediction),
-            prediction_n=spec.prediction_n,
-            prediction_n_accepted=spec.prediction_n_accepted,
+            prediction_draft_n=spec.prediction_draft_n,
+            prediction_draft_n_accepted=spec.prediction_draft_n_accepted,
         )
         yield Done(finish_reason=finish, text="".join(shown), stats=stats)
 

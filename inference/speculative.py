@@ -22,7 +22,7 @@ prompt with nothing to copy runs plain one-token steps.
 from __future__ import annotations
 
 import os
-from bisect import bisect_right
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -62,8 +62,9 @@ class SuffixDrafter:
     ends, over every end but the context's own, so a lookup never finds the suffix itself.
 
     A prediction (OpenAI's Predicted Outputs: text the reply is expected to repeat, an edited file's old version)
-    is searched first at each length: the tokens after its first occurrence of the suffix at or past the last
-    one drafted from, so that drafts walk through it in order as the reply follows it."""
+    is searched first at each length: the tokens after its first occurrence of the suffix at or past where the
+    reply would be had it followed the prediction since the last draft from it (else its latest), so that drafts
+    walk through it in order, past repeated lines, as the reply follows it."""
 
     def __init__(self, tokens: list[int], prediction: Sequence[int] = ()):
         self.tokens: list[int] = []
@@ -74,9 +75,10 @@ class SuffixDrafter:
         for end in range(1, len(self.prediction)):
             for n in range(1, min(MAX_NGRAM, end) + 1):
                 self.predicted_ends.setdefault(tuple(self.prediction[end - n : end]), []).append(end)
-        self.prediction_at = 0  # where the last draft from the prediction began
         self.from_prediction = False  # whether the last draft came from the prediction
         self.extend(tokens)
+        # (where in the prediction the last draft from it began, the context's length then)
+        self.prediction_mark = (0, len(self.tokens))
 
     def extend(self, tokens: list[int]) -> None:
         for token in tokens:
@@ -97,10 +99,11 @@ class SuffixDrafter:
             suffix = tuple(ctx[size - n :])
             predicted = self.predicted_ends.get(suffix)
             if predicted:
-                i = bisect_right(predicted, self.prediction_at)
-                self.prediction_at = predicted[min(i, len(predicted) - 1)]
-                self.from_prediction = True
-                return self.prediction[self.prediction_at : self.prediction_at + k]
+                began, length = self.prediction_mark
+                i = bisect_left(predicted, began + size - length)
+                end = predicted[min(i, len(predicted) - 1)]
+                self.prediction_mark, self.from_prediction = (end, size), True
+                return self.prediction[end : end + k]
             end = self.ends.get(suffix)
             if end is not None:
                 return ctx[end : end + k]
@@ -175,13 +178,13 @@ class SpeculationCounts:
     decode_steps: int = 0  # model steps after the prefill (plain and verify alike)
     draft_n: int = 0  # draft tokens proposed
     draft_n_accepted: int = 0  # of which the model accepted
-    prediction_n: int = 0  # of the drafts, those taken from the request's prediction
-    prediction_n_accepted: int = 0  # of which the model accepted
+    prediction_draft_n: int = 0  # of the drafts, those taken from the request's prediction
+    prediction_draft_n_accepted: int = 0  # of which the model accepted
 
     def add(self, drafter: SuffixDrafter, drafted: int, accepted: int) -> None:
         """A verify step's draft of `drafted` tokens, `accepted` of them kept (the drafter's last draft)."""
         self.draft_n += drafted
         self.draft_n_accepted += accepted
         if drafter.from_prediction:
-            self.prediction_n += drafted
-            self.prediction_n_accepted += accepted
+            self.prediction_draft_n += drafted
+            self.prediction_draft_n_accepted += accepted

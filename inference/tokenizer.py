@@ -185,10 +185,10 @@ class Tokenizer:
             ids.insert(0, self.bos_id)
         return ids
 
-    def encode_text(self, text: str) -> list[int]:
-        """A prompt's tokens, BOS first where the model takes one: every character of it as text."""
+    def encode_text(self, text: str, bos: bool = True) -> list[int]:
+        """A prompt's tokens, BOS first where the model takes one (and `bos`): every character of it as text."""
         ids = self._plain.encode(text, add_special_tokens=False).ids
-        if self.add_bos:
+        if bos and self.add_bos:
             ids.insert(0, self.bos_id)
         return ids
 

@@ -46,7 +46,8 @@ def row_fields(spec: JobSpec, done: dict) -> dict:
         "messages": spec.messages,
         # the chat template's further variables beside the sampling: what the share page shows of the run
         "params": {
-            **spec.params,
+            # a prediction changes nothing in the output: not kept
+            **{name: value for name, value in spec.params.items() if name != "prediction"},
             **({"chat_template_kwargs": spec.template_kwargs} if spec.template_kwargs else {}),
             # a fill-in-the-middle job's code after the cursor (the prompt is the code before it)
             **({"suffix": spec.suffix} if spec.suffix is not None else {}),

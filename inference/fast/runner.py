@@ -637,11 +637,8 @@ class FastRunner(SpeculativeSteps):
         greedy = params.greedy and params.repetition_penalty == 1
         screen = self.uses_screen(params)
         # sampled steps through the screen report their candidates; flat logits send the request to the whole head
-        watch = (
-            ScreenWatch(self.cfg.vocab_size, self.settings.screen_leave_share)
-            if screen and not greedy
-            else None
-        )
+        sampled_screen = screen and not greedy
+        watch = ScreenWatch(self.cfg.vocab_size, self.settings.screen_leave_share) if sampled_screen else None
         self.screen_left_at = None  # the position whose step's count made this request leave the screen
         self.counts = SpeculationCounts() if self.speculation.enabled else None
         self.sampling.copy_(torch.tensor([params.temperature, params.top_k, params.top_p,
@@ -657,7 +654,9 @@ class FastRunner(SpeculativeSteps):
         if first in stop_ids or budget <= 1:
             return
         if self.speculation.enabled:
-            yield from self._speculative_decode(prompt_ids, first, budget, greedy, screen, watch, stop_ids, prediction)  # fmt: skip
+            yield from self._speculative_decode(
+                prompt_ids, first, budget, greedy, screen, watch, stop_ids, prediction
+            )
             return
         if self.device.type != "cuda":
             for step in range(1, budget):

@@ -214,10 +214,11 @@ def parse_request(
             model, prompt=text, prompt_ids=ids, suffix=suffix, params=params, source="api", **named
         )
         prompt_field, chars = "prompt", len(text or "") + len(suffix or "")  # ids: counted by _prompt
-    if chars > max_prompt_chars:
-        raise InvalidRequest(
-            prompt_field, f"is {chars} characters long; the server takes at most {max_prompt_chars}"
-        )
+    for field, size in ((prompt_field, chars), ("prediction", len(params["prediction"]))):
+        if size > max_prompt_chars:
+            raise InvalidRequest(
+                field, f"is {size} characters long; the server takes at most {max_prompt_chars}"
+            )
     n = body.get("n")
     n = 1 if n is None else n
     return ApiRequest(spec=spec, stream=stream, include_usage=include_usage, echo=echo, n=n)

@@ -725,10 +725,10 @@ def usage(stats: dict) -> dict:
         "prompt_tokens_details": {"cached_tokens": stats.get("cached_tokens", 0)},
     }
     if stats.get("prediction_tokens"):
-        accepted = stats.get("prediction_n_accepted", 0)
+        accepted = stats.get("prediction_draft_n_accepted", 0)
         out["completion_tokens_details"] = {
             "accepted_prediction_tokens": accepted,
-            "rejected_prediction_tokens": stats.get("prediction_n", 0) - accepted,
+            "rejected_prediction_tokens": stats.get("prediction_draft_n", 0) - accepted,
         }
     return out
 
@@ -881,7 +881,7 @@ async def run_task(request, body: dict, task: str, **spec_fields) -> dict:
 # llama.cpp's /infill fields and the /v1/completions field each one is
 INFILL_FIELDS = {"n_predict": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
                  "seed": "seed", "stop": "stop", "stream": "stream", "model": "model",
-                 "repeat_penalty": "repetition_penalty", "n_indent": "n_indent"}  # fmt: skip
+                 "repeat_penalty": "repetition_penalty", "n_indent": "n_indent", "prediction": "prediction"}  # fmt: skip
 
 
 @endpoint("POST")

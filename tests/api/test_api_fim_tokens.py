@@ -141,6 +141,10 @@ def test_infill_in_llama_cpp_shape(stack, engine):
     assert answer["content"] == local.text and answer["stop"] is True
     assert answer["tokens_predicted"] == local.stats.completion_tokens
     assert answer["timings"]["predicted_n"] == local.stats.completion_tokens
+    # a prediction of the middle (OpenAI's, taken here too): drafts from it, the same middle
+    predicted = post(stack.web, "/infill", {**body, "prediction": {"type": "content", "content": local.text}})
+    assert predicted.status_code == 200, predicted.text
+    assert predicted.json()["content"] == local.text
 
     with httpx.stream("POST", stack.web.url + "/infill", json={**body, "stream": True}, timeout=60) as stream:
         lines = [json.loads(line[6:]) for line in stream.iter_lines() if line.startswith("data: ")]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from common.events import MAX_PREDICTION_CHARS, InvalidRequest
+from common.events import MAX_PREDICTION_CHARS, InvalidRequest, SamplingParams
 from common.protocol import JobSpec
 from playground.api.params import parse_request
 
@@ -327,8 +327,10 @@ def test_a_prediction_reaches_the_sampling_parameters_as_its_text():
     for bad in ("text", {"content": "x"}, {"type": "file", "content": "x"}, {"type": "content", "content": 3},
                 {"type": "content", "content": [{"type": "image_url", "image_url": "u"}]},
                 {"type": "content", "content": "x", "extra": 1}, {"type": "content", "content": "\ud83d"},
-                {"type": "content", "content": "x" * (MAX_PREDICTION_CHARS + 1)}):  # fmt: skip
+                {"type": "content", "content": "x" * (MAX_CHARS + 1)}):  # fmt: skip
         assert refused_field({**CHAT, "prediction": bad}) == "prediction"
+    with pytest.raises(InvalidRequest, match="prediction: may be at most"):  # the engine's own bound
+        SamplingParams(prediction="x" * (MAX_PREDICTION_CHARS + 1))
 
 
 def test_a_refusal_says_which_value_would_be_taken_or_what_to_use_instead():

@@ -47,11 +47,18 @@ def test_cached_prompt_tokens_are_cache_n_and_left_out_of_the_prefill_rate():
 
 
 def test_a_predictions_drafts_are_in_the_usage_and_summed_over_choices():
-    with_prediction = {**STATS, "prediction_tokens": 30, "prediction_n": 12, "prediction_n_accepted": 9}
+    with_prediction = {
+        **STATS,
+        "prediction_tokens": 30,
+        "prediction_draft_n": 12,
+        "prediction_draft_n_accepted": 9,
+    }
     details = {"accepted_prediction_tokens": 9, "rejected_prediction_tokens": 3}
     assert usage(with_prediction)["completion_tokens_details"] == details
     assert "completion_tokens_details" not in usage(STATS)  # no prediction: nothing to count
-    both = choices_usage([usage(with_prediction), usage({**with_prediction, "prediction_n_accepted": 12})])
+    both = choices_usage(
+        [usage(with_prediction), usage({**with_prediction, "prediction_draft_n_accepted": 12})]
+    )
     assert both["completion_tokens_details"] == {
         "accepted_prediction_tokens": 21,
         "rejected_prediction_tokens": 3,

@@ -55,13 +55,19 @@ def test_a_prediction_is_drafted_from_first_and_in_order():
     assert drafter.draft(2) == []  # (8, 1) and (1) occur nowhere
 
 
-def test_drafts_walk_through_a_prediction_past_where_the_last_one_began():
+def test_drafts_walk_through_a_prediction_where_the_reply_is_in_it():
     drafter = SuffixDrafter([0, 1, 2], prediction=[1, 2, 5, 1, 2, 6, 1, 2])
     assert drafter.draft(1) == [5]  # (1, 2)'s first occurrence: a prediction's end has no token after it
-    drafter.extend([7, 1, 2])  # the reply left the prediction, then came back to (1, 2): its next occurrence
+    drafter.extend([7, 1, 2])  # 3 tokens on from that draft's start: the occurrence there, not the first
     assert drafter.draft(1) == [6]
-    drafter.extend([9, 1, 2])  # none is left past it: the latest again
+    drafter.extend([9, 1, 2])  # none is left at or past where the reply would be: the latest again
     assert drafter.draft(1) == [6]
+    # a repeated line: after a long accepted draft the walk goes on from where the reply is, not back to the first
+    line = [4, 5, 6, 7]
+    drafter = SuffixDrafter([0, 4, 5], prediction=[*line, 8, *line, 9])
+    assert drafter.draft(8) == [6, 7, 8, 4, 5, 6, 7, 9]
+    drafter.extend([6, 7, 8, 4, 5])
+    assert drafter.draft(2) == [6, 7] and drafter.draft(3) == [6, 7, 9]
     # the context is searched where the prediction has no match
     drafter = SuffixDrafter([3, 4, 8, 3, 4], prediction=[1, 2])
     assert drafter.draft(1) == [8] and not drafter.from_prediction
@@ -258,10 +264,10 @@ def test_a_prediction_changes_no_token_and_is_drafted_from(default_engines):
     stats = right[-1].stats
     assert stats.prediction_tokens > 0 and 0.5 * (
         len(expected) - 1
-    ) <= stats.prediction_n_accepted <= accepted(right)
-    assert stats.prediction_n_accepted <= stats.prediction_n <= stats.draft_n
-    assert (without[-1].stats.prediction_tokens, without[-1].stats.prediction_n) == (0, 0)
-    assert wrong[-1].stats.prediction_tokens > 0 and wrong[-1].stats.prediction_n_accepted == 0
+    ) <= stats.prediction_draft_n_accepted <= accepted(right)
+    assert stats.prediction_draft_n_accepted <= stats.prediction_draft_n <= stats.draft_n
+    assert (without[-1].stats.prediction_tokens, without[-1].stats.prediction_draft_n) == (0, 0)
+    assert wrong[-1].stats.prediction_tokens > 0 and wrong[-1].stats.prediction_draft_n_accepted == 0
 
 
 @pytest.mark.parametrize("prompt", WORKLOAD, ids=[p.name for p in WORKLOAD])

@@ -35,6 +35,13 @@ async def test_saving_twice_keeps_one_row():
     assert len(row.id) == 12 and row.get_absolute_url() == f"/g/{row.id}"
 
 
+async def test_a_prediction_is_not_kept_with_the_run():
+    """A prediction changes nothing in the output (it may be as long as the prompt): the row keeps the rest."""
+    spec = JobSpec(model="m", prompt="hello", params={"max_new_tokens": 3, "prediction": "hello world"})
+    row = await save_generation(spec, done_event())
+    assert row.params == {"max_new_tokens": 3}
+
+
 async def test_gpu_bandwidth_and_chat_messages():
     messages = [
         {"role": "system", "content": "be brief"},

@@ -187,6 +187,7 @@ class StopStrings:
         self.stops, self.included = stops, included
         self.longest = max(map(len, stops), default=0)
         self.pending = ""
+        self.matched: str | None = None  # the stop string that ended the text
 
     def push(self, text: str) -> tuple[str, bool]:
         """(text safe to show now, whether a stop string matched)."""
@@ -196,6 +197,7 @@ class StopStrings:
         hits = [(i, -len(s)) for s in self.stops if (i := self.pending.find(s)) >= 0]
         if hits:
             at, minus_length = min(hits)  # the first match (the longest of those starting there)
+            self.matched = self.pending[at : at - minus_length]
             shown, self.pending = self.pending[: at - minus_length if self.included else at], ""
             return shown, True
         cut = len(self.pending) - self._held()
@@ -218,6 +220,7 @@ class IndentStop:
     def __init__(self, columns: int):
         self.columns = columns
         self.pending = ""  # the last newline and what follows it, while that line's depth is still unknown
+        self.stopped = False  # a shallower line ended the text
 
     def push(self, text: str) -> tuple[str, bool]:
         """(text safe to show now, whether a shallower line began)."""
@@ -234,6 +237,7 @@ class IndentStop:
                 return "".join(shown), False
             if depth < self.columns and line[depth] not in "\r\n":  # a shallower line with code on it
                 shown.append(text[start : newline + 1])
+                self.stopped = True
                 return "".join(shown), True
             shown.append(text[start : newline + 1])
             start = newline + 1
@@ -252,6 +256,22 @@ def cut_text(stops: StopStrings, indent: IndentStop, text: str, last: bool = Fal
         text += indent.pending
         indent.pending = ""
     return text, by_string or by_indent
+
+
+def why_it_ended(
+    finish: str, stops: StopStrings, indent: IndentStop, produced: list[int], asked: frozenset[int]
+) -> tuple[str, str | int | None]:
+    """(Done.ended_by, Done.stop_reason) of a generation that finished with `finish`, its filters as they ended
+    and the tokens it produced: a stop string cuts the text before a stop token of the request's ends it."""
+    if finish != "stop":
+        return finish, None
+    if stops.matched is not None:
+        return "stop_string", stops.matched
+    if indent.stopped:
+        return "indent", None
+    if produced and produced[-1] in asked:
+        return "stop_token", produced[-1]
+    return "eos", None
 
 
 # generation_config.json's keys that are a request's sampling defaults (as vLLM reads them, do_sample aside):
@@ -496,7 +516,7 @@ class Engine:
         scored = None
         if params.prompt_logprobs is not None:  # its own forward over the prompt: the runner keeps one row
             lps = prompt_logprobs(self.model, prompt_ids, params.prompt_logprobs, self.tokenizer.max_id + 1)
-            scored = prompt_entries(self.token_names, prompt_ids, lps, self.tokenizer.special_ids)
+            scored = prompt_entries(self.token_names, prompt_ids, lps)
         # a prediction is read only where drafts are made; cut to the context, which bounds the drafter's index
         drafts = params.logprobs is None and getattr(getattr(runner, "speculation", None), "enabled", False)
         text = params.prediction if drafts else ""
@@ -564,7 +584,8 @@ class Engine:
             prediction_draft_n=spec.prediction_draft_n,
             prediction_draft_n_accepted=spec.prediction_draft_n_accepted,
         )
-        yield Done(finish_reason=finish, text="".join(shown), stats=stats)
+        ended_by, stop_reason = why_it_ended(finish, stops, indent, produced, asked)
+        yield Done(finish, "".join(shown), stats, ended_by=ended_by, stop_reason=stop_reason)
 
 
 class _MemoryStages:

@@ -58,8 +58,12 @@ class TokenNames:
         return raw.decode("utf-8", errors="replace"), list(raw)
 
     def entry(self, token_id: int, logprob: float) -> dict:
+        """A special token (a BOS, an end token) is marked: a reply's or an echo's text leaves it out."""
         text, raw = self.name(token_id)
-        return {"id": token_id, "token": text, "bytes": raw, "logprob": logprob}
+        entry = {"id": token_id, "token": text, "bytes": raw, "logprob": logprob}
+        if token_id in self._special:
+            entry["special"] = True
+        return entry
 
 
 def _uses_byte_level(tok) -> bool:
@@ -106,15 +110,8 @@ def prompt_logprobs(model: Transformer, ids: list[int], top: int, vocab: int, ro
     return out
 
 
-def prompt_entries(
-    names: TokenNames, ids: list[int], scored: list[tuple], special: frozenset[int]
-) -> list[dict]:
+def prompt_entries(names: TokenNames, ids: list[int], scored: list[tuple]) -> list[dict]:
     """A prompt's entries in the shape of a generated token's (delta_entry), the first without a logprob
-    (nothing precedes it); a special token the tokenizer added (a BOS) is marked: it is not in the prompt's
-    text."""
+    (nothing precedes it)."""
     entries = [{**names.entry(ids[0], None), "top": []}]
-    entries += [delta_entry(names, token, *lp) for token, lp in zip(ids[1:], scored, strict=True)]
-    for entry in entries:
-        if entry["id"] in special:
-            entry["special"] = True
-    return entries
+    return entries + [delta_entry(names, token, *lp) for token, lp in zip(ids[1:], scored, strict=True)]

@@ -106,4 +106,4 @@ class StandinEngine:
             total_ms=total_ms,
             token_times=token_times,
         )
-        yield Done(finish_reason=finish_reason, text="".join(text), stats=stats)
+        yield Done(finish_reason, "".join(text), stats, ended_by=finish_reason)

@@ -177,7 +177,8 @@ def parse_request(
         raise InvalidRequest("body", "must be a JSON object")
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise InvalidRequest("model", "is required: one of the ids that GET /v1/models lists")
+        given = "is required" if model in (None, "") else f"must be a string, got {json.dumps(model)[:40]}"
+        raise InvalidRequest("model", f"{given}: one of the ids that GET /v1/models lists")
     _refuse_unsupported(body, chat)
     stream = _optional(body, "stream", bool, False)
     include_usage = False
@@ -188,6 +189,7 @@ def parse_request(
         if not isinstance(options, dict):
             raise InvalidRequest("stream_options", "must be an object")
         include_usage = _optional(options, "include_usage", bool, False, "stream_options.include_usage")
+        _refuse_stream_options(options)
 
     params = _sampling_params(body, max_new_tokens, chat, model_defaults or {})
     logprobs = _logprobs(body, chat)
@@ -381,8 +383,11 @@ def _content(content, where: str) -> str:
         return unicode_text(content, where)
     # The list form: [{"type": "text", "text": "..."}, ...]; only text parts mean anything to us.
     if isinstance(content, list) and all(isinstance(part, dict) for part in content):
-        if any(part.get("type") != "text" or not isinstance(part.get("text"), str) for part in content):
-            raise InvalidRequest(where, "only text parts ({type: text, text}) are supported")
+        for i, part in enumerate(content):
+            if part.get("type") != "text":
+                raise InvalidRequest(f"{where}[{i}]", "only text parts ({type: text, text}) are supported")
+            if not isinstance(part.get("text"), str):
+                raise InvalidRequest(f"{where}[{i}].text", "a text part's text must be a string")
         return unicode_text("".join(part["text"] for part in content), where)
     raise InvalidRequest(where, "must be a string or a list of text parts")
 
@@ -467,6 +472,21 @@ def _optional(body: dict, name: str, kind: type, default, field: str | None = No
     if not isinstance(value, kind):
         raise InvalidRequest(field or name, f"must be a {kind.__name__}, got {value!r}")
     return value
+
+
+# stream_options' other keys, with the values that change nothing (OpenAI's obfuscation pads chunks against
+# length side channels, which a stream here does not need; vLLM's usage in every chunk is not sent)
+STREAM_OPTIONS_NEUTRAL = {"include_obfuscation": (True, False), "continuous_usage_stats": (False,)}
+
+
+def _refuse_stream_options(options: dict) -> None:
+    for key, value in options.items():
+        if key == "include_usage" or value in STREAM_OPTIONS_NEUTRAL.get(key, ()):
+            continue
+        if key in STREAM_OPTIONS_NEUTRAL:
+            raise InvalidRequest(f"stream_options.{key}", f"is not supported (got {value!r}); include_usage "
+                                 "gives the usage in the stream's last chunk")  # fmt: skip
+        raise InvalidRequest(f"stream_options.{key}", "is not an option here (it takes include_usage)")
 
 
 def _is_one(value) -> bool:

@@ -12,6 +12,7 @@ SIGKILL included, the lease lapses and the job's worker cancels it within second
 from __future__ import annotations
 
 import asyncio
+import codecs
 import functools
 import json
 import logging
@@ -525,8 +526,11 @@ class JobRun:
             choice = {"index": 0, "message": {"role": "assistant", "content": done["text"]}}
         else:
             choice = {"index": 0, "text": (echo or "") + done["text"]}
-        shaped = None if logprobs is None else openai_logprobs(logprobs, self.spec.chat)
-        body["choices"] = [{**choice, "finish_reason": done["finish_reason"], "logprobs": shaped}]
+        # a reply that ended at once (its end token has no entry) still has the logprobs object it asked for
+        asked = self.spec.params.get("logprobs") is not None
+        shaped = openai_logprobs(logprobs or [], self.spec.chat) if asked else None
+        body["choices"] = [{**choice, "finish_reason": done["finish_reason"], "logprobs": shaped,
+                            "stop_reason": done.get("stop_reason")}]  # fmt: skip
         body["usage"] = usage(done["stats"])
         body["timings"] = timings(done["stats"], self.queue_ms)
         return body
@@ -550,7 +554,7 @@ async def job_stream(run: JobRun, first: tuple[str, dict], chunks: Chunks | Infi
                 if line is not None:
                     yield line
             if kind == "delta":
-                line = chunks.delta(data, sum(map(len, streamed)))
+                line = chunks.delta(data)
                 if line is not None:
                     streamed.append(data["text"])
                     yield line
@@ -595,13 +599,15 @@ class Chunks:
         self.index, self.final = index, final
         self.done_stats: dict | None = None  # the job's stats, once its last chunk is out
         self.echo, self.echo_pending = echo, echo is not None  # the prompt, sent as the first text chunk
+        self.offsets = TextOffsets()
         self.envelope = reply_envelope(spec, "chat.completion.chunk" if spec.chat else "text_completion")
         if include_usage:
             self.envelope["usage"] = None  # as OpenAI does: null on every chunk but the usage one
 
-    def _choice(self, content, finish_reason=None, logprobs=None) -> dict:
+    def _choice(self, content, finish_reason=None, logprobs=None, stop_reason=None) -> dict:
         key = "delta" if self.spec.chat else "text"
-        return {"index": self.index, key: content, "finish_reason": finish_reason, "logprobs": logprobs}
+        return {"index": self.index, key: content, "finish_reason": finish_reason, "logprobs": logprobs,
+                "stop_reason": stop_reason}  # fmt: skip
 
     def opening(self) -> list[bytes]:
         return [self._line({"role": "assistant", "content": ""})] if self.spec.chat else []
@@ -613,24 +619,23 @@ class Chunks:
         self.echo_pending = False
         return self._line(self.echo, prompt_logprobs)
 
-    def delta(self, data: dict, offset: int) -> bytes | None:
-        """A delta event's chunk (None when it has neither text nor logprobs); `offset`: the characters of the
-        reply sent before it."""
+    def delta(self, data: dict) -> bytes | None:
+        """A delta event's chunk (None when it has neither text nor logprobs)."""
         if not (data["text"] or data.get("logprobs")):
             return None
         content = {"content": data["text"]} if self.spec.chat else data["text"]
-        return self._line(content, data.get("logprobs"), offset + len(self.echo or ""))
+        return self._line(content, data.get("logprobs"))
 
-    def _line(self, content, logprobs: list[dict] | None = None, offset: int = 0) -> bytes:
+    def _line(self, content, logprobs: list[dict] | None = None) -> bytes:
         """`logprobs`: the worker's entries for this chunk's tokens."""
-        shaped = None if logprobs is None else openai_logprobs(logprobs, self.spec.chat, offset)
+        shaped = None if logprobs is None else openai_logprobs(logprobs, self.spec.chat, self.offsets)
         return sse({**self.envelope, "choices": [self._choice(content, logprobs=shaped)]})
 
     def done(self, tail: str, done: dict, queue_ms: float) -> list[bytes]:
         """The last chunk (finish_reason, timings), then the usage chunk when the request asked for it."""
         stats = self.done_stats = done["stats"]
         content = ({"content": tail} if tail else {}) if self.spec.chat else tail
-        choices = [self._choice(content, done["finish_reason"])]
+        choices = [self._choice(content, done["finish_reason"], stop_reason=done.get("stop_reason"))]
         lines = [sse({**self.envelope, "choices": choices, "timings": timings(stats, queue_ms)})]
         if self.include_usage:
             usage_body = {"choices": [], "usage": usage(stats), "timings": timings(stats, queue_ms)}
@@ -657,7 +662,7 @@ class InfillChunks:
     def echo_line(self, prompt_logprobs: list[dict] | None) -> None:
         return None
 
-    def delta(self, data: dict, offset: int) -> bytes | None:
+    def delta(self, data: dict) -> bytes | None:
         return sse(infill_body(self.run, data["text"], None)) if data["text"] else None
 
     def done(self, tail: str, done: dict, queue_ms: float) -> list[bytes]:
@@ -682,10 +687,49 @@ def reply_envelope(spec: JobSpec, object_type: str) -> dict:
     return {"id": prefix + spec.id, "object": object_type, "created": int(spec.created), "model": spec.model}
 
 
-def openai_logprobs(entries: list[dict], chat: bool, offset: int = 0) -> dict:
-    """The worker's per-token entries ({id, token, bytes, logprob, top: [...]}) in OpenAI's shapes: chat's
-    {content: [{token, logprob, bytes, top_logprobs}]}, the legacy completions' parallel lists, where
-    `offset` is the characters of the reply before these tokens (text_offset counts from there)."""
+class TextOffsets:
+    """The legacy completions' text_offset: where each token starts in the choice's text, counted over the
+    tokens in order (an echoed prompt's first), across the chunks of a stream. The text is the tokens' bytes
+    decoded with U+FFFD for what is not UTF-8: a token that holds part of a character starts where that
+    character does, bytes left unfinished before a token that does not continue them are a U+FFFD before it,
+    and a special token (a BOS, an end token generated under ignore_eos) adds nothing."""
+
+    def __init__(self):
+        self.chars = 0
+        self.unfinished = b""  # the start of a character whose other bytes have not come yet
+
+    def take(self, entries: list[dict]) -> list[int]:
+        offsets = []
+        for entry in entries:
+            if entry.get("special"):
+                offsets.append(self.chars)
+                continue
+            data = bytes(entry["bytes"])
+            if self.unfinished and not continues(self.unfinished, data):
+                self.chars += len(self.unfinished.decode(errors="replace"))
+                self.unfinished = b""
+            offsets.append(self.chars)
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            self.chars += len(decoder.decode(self.unfinished + data))
+            self.unfinished = decoder.getstate()[0]
+        return offsets
+
+
+def continues(unfinished: bytes, data: bytes) -> bool:
+    """Whether `data` goes on with the character that `unfinished` (a valid start of one) begins."""
+    lead = unfinished[0]
+    size = 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(unfinished + data[: size - len(unfinished)])
+    except UnicodeDecodeError:
+        return False
+    return bool(data)
+
+
+def openai_logprobs(entries: list[dict], chat: bool, offsets: TextOffsets | None = None) -> dict:
+    """The worker's per-token entries ({id, token, bytes, logprob, top: [...], special?}) in OpenAI's shapes:
+    chat's {content: [{token, logprob, bytes, top_logprobs}]}, the legacy completions' parallel lists;
+    `offsets`: the text offsets counted so far (a stream's), else these entries are the whole choice's."""
     if chat:
 
         def item(entry: dict) -> dict:
@@ -693,16 +737,12 @@ def openai_logprobs(entries: list[dict], chat: bool, offset: int = 0) -> dict:
 
         content = [{**item(e), "top_logprobs": [item(t) for t in e["top"]]} for e in entries]
         return {"content": content, "refusal": None}
-    offsets = []
-    for entry in entries:
-        offsets.append(offset)
-        offset += 0 if entry.get("special") else len(entry["token"])  # a BOS is not in an echo's text
     return {
         "tokens": [e["token"] for e in entries],
         "token_logprobs": [e["logprob"] for e in entries],
         # as vLLM: the most likely tokens, the chosen one included
         "top_logprobs": [top_by_text([*e["top"], e]) if e["top"] else None for e in entries],
-        "text_offset": offsets,
+        "text_offset": (offsets or TextOffsets()).take(entries),
     }
 
 
@@ -787,6 +827,10 @@ async def tokenize(request):
     body = json_object(request)
     if "messages" in body and body["messages"] is not None:
         messages = parse_messages(body["messages"])
+        chars = sum(len(m["content"]) for m in messages)
+        if chars > settings.PLAYGROUND_MAX_PROMPT_CHARS:  # as /v1/chat/completions counts a chat
+            raise ApiError(400, f"messages: are {chars} characters long; the server takes at most "
+                           f"{settings.PLAYGROUND_MAX_PROMPT_CHARS}", param="messages", code="invalid_value")  # fmt: skip
         spec_fields = {"messages": messages, "chat": True}
     else:
         prompt = body.get("prompt", body.get("content"))  # llama.cpp names it content
@@ -882,6 +926,20 @@ async def run_task(request, body: dict, task: str, **spec_fields) -> dict:
 INFILL_FIELDS = {"n_predict": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
                  "seed": "seed", "stop": "stop", "stream": "stream", "model": "model",
                  "repeat_penalty": "repetition_penalty", "n_indent": "n_indent", "prediction": "prediction"}  # fmt: skip
+INFILL_NAMES = {completion: infill for infill, completion in INFILL_FIELDS.items()}
+
+
+def in_infill_terms(exc: ApiError) -> ApiError:
+    """A refusal of a completion field, named as /infill's client sent it (n_predict, not max_tokens)."""
+    error = exc.body["error"]
+    param = error["param"]
+    name = INFILL_NAMES.get(param, param)
+    if name == param:
+        return exc
+    message = error["message"]
+    message = name + message[len(param) :] if message.startswith(param + ":") else message
+    return ApiError(exc.status, message, type=error["type"], param=name, code=error["code"],
+                    headers=exc.headers, counted=exc.counted)  # fmt: skip
 
 
 @endpoint("POST")
@@ -904,12 +962,17 @@ async def infill(request):
         raise ApiError(400, f"{unknown[0]}: not a field of /infill here (it takes {', '.join(sorted(known))})",
                        param=unknown[0], code="invalid_value")  # fmt: skip
     completion = {INFILL_FIELDS[k]: v for k, v in body.items() if k in INFILL_FIELDS and v is not None}
+    if completion.get("max_tokens") == -1 and not isinstance(completion["max_tokens"], bool):
+        del completion["max_tokens"]  # llama.cpp's n_predict -1: no limit of the client's own
     completion.setdefault("model", body.get("model") or await first_fim_model())
     completion.setdefault("max_tokens", settings.PLAYGROUND_MAX_NEW_TOKENS)  # llama.cpp: until it stops
     prefix = check_text(prefix + typed, "input_prefix")
     check_text(suffix, "input_suffix")
     completion["prompt"] = "-"  # parse_request's placeholder: the job takes (prefix, suffix) below
-    run, api_request, first = await start_job(request, completion, chat=False, fim=(prefix, suffix))
+    try:
+        run, api_request, first = await start_job(request, completion, chat=False, fim=(prefix, suffix))
+    except ApiError as exc:
+        raise in_infill_terms(exc) from None
     try:
         if api_request.stream:
             return stream_response(job_stream(run, first, InfillChunks(run)), run)
@@ -926,15 +989,28 @@ async def first_fim_model() -> str:
     return next((name for name, info in served.items() if info["workers"] and info["fim"]), "")
 
 
+# llama.cpp's stop_type for what ended an infill: a stop word, the token limit or the indentation rule, the end
+INFILL_STOP_TYPES = {
+    "stop_string": "word",
+    "length": "limit",
+    "indent": "limit",
+    "eos": "eos",
+    "stop_token": "eos",
+}
+
+
 def infill_body(run: JobRun, content: str, done: dict | None) -> dict:
     if done is None:
         return {"content": content, "stop": False}
     stats = done["stats"]
+    ended_by = done.get("ended_by", "length" if done["finish_reason"] == "length" else "eos")
+    word = {"stopping_word": done["stop_reason"]} if ended_by == "stop_string" else {}
     return {
         "content": content,
         "stop": True,
         "model": run.spec.model,
-        "stop_type": "limit" if done["finish_reason"] == "length" else "eos",
+        "stop_type": INFILL_STOP_TYPES.get(ended_by, "eos"),
+        **word,
         "tokens_predicted": stats["completion_tokens"],
         "tokens_evaluated": stats["prompt_tokens"],
         "timings": timings(stats, run.queue_ms),

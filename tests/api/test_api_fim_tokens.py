@@ -22,6 +22,9 @@ from tests.support.fim_checkpoint import fim_stack, greedy_middle
 
 PREFIX = "def area(radius):\n    return "
 SUFFIX = "\n\n\nprint(area(2.0))\n"
+INFILL = {"model": "coder", "input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 24, "temperature": 0}
+# what ended a middle (Done.ended_by) -> llama.cpp's stop_type for it
+INFILL_STOP_TYPES = {"eos": "eos", "length": "limit", "indent": "limit", "stop_string": "word"}
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +95,10 @@ def test_tokenize_refusals_say_what_is_wrong(stack):
         ("/tokenize", {"model": "coder", "prompt": "x", "add_special_tokens": "yes"}, 400, "boolean"),
         ("/detokenize", {"model": "coder", "tokens": [1, "2"]}, 400, "list of token ids"),
         ("/detokenize", {"model": "coder", "tokens": [10**9]}, 400, "token ids must be integers in [0,"),
-    ]
+        # a chat is counted as /v1/chat/completions counts it, against the same cap
+        ("/tokenize", {"model": "coder", "messages": [{"role": "user", "content": "ab " * 40_000}]}, 400,
+         "messages: are 120000 characters long"),
+    ]  # fmt: skip
     for path, body, status, words in cases:
         reply = post(stack.web, path, body)
         assert reply.status_code == status, (body, reply.text)
@@ -160,23 +166,94 @@ def test_infill_in_llama_cpp_shape(stack, engine):
 
 
 def test_infill_n_indent_ends_the_middle_with_its_block(stack, engine):
-    # llama.cpp's n_indent: the worker stops before a line indented less, as the local engine does
-    body = {
-        "model": "coder",
-        "input_prefix": PREFIX,
-        "input_suffix": SUFFIX,
-        "n_predict": 24,
-        "temperature": 0,
-    }
+    # llama.cpp's n_indent: the worker stops before a line indented less, as the local engine does, and says
+    # so as llama.cpp does (stop_type limit)
     for n_indent in (0, 4, 40):
         local = greedy_middle(engine, PREFIX, SUFFIX, 24, n_indent=n_indent)[1]
-        reply = post(stack.web, "/infill", {**body, "n_indent": n_indent})
+        reply = post(stack.web, "/infill", {**INFILL, "n_indent": n_indent})
         assert reply.status_code == 200, reply.text
         assert reply.json()["content"] == local.text
+        assert reply.json()["stop_type"] == INFILL_STOP_TYPES[local.ended_by]
     for bad in (-1, 257, "4", True):
-        reply = post(stack.web, "/infill", {**body, "n_indent": bad})
+        reply = post(stack.web, "/infill", {**INFILL, "n_indent": bad})
         assert reply.status_code == 400 and reply.json()["error"]["param"] == "n_indent", reply.text
-    assert post(stack.web, "/infill", body).status_code == 200  # the worker took the refusals in its stride
+    assert post(stack.web, "/infill", INFILL).status_code == 200  # the worker took the refusals in its stride
+
+
+def test_infill_says_what_ended_the_middle_as_llama_cpp_does(stack, engine):
+    body = INFILL
+    free = greedy_middle(engine, PREFIX, SUFFIX, 24)[1]
+    word = free.text[len(free.text) // 2 :][:3]
+    assert len(word) == 3, free.text
+    by_word = post(stack.web, "/infill", {**body, "stop": [word]}).json()
+    assert by_word["content"] == free.text[: free.text.find(word)]
+    assert (by_word["stop_type"], by_word["stopping_word"]) == ("word", word)
+    assert post(stack.web, "/infill", body).json()["stop_type"] == INFILL_STOP_TYPES[free.ended_by]
+    # n_predict -1 is llama.cpp's "no limit of mine": the server's own cap
+    unlimited = post(stack.web, "/infill", {**body, "n_predict": -1})
+    assert unlimited.status_code == 200, unlimited.text
+    assert unlimited.json()["content"].startswith(free.text)
+    # a refusal names the field as /infill's client sent it
+    for bad in (0, -2, "5", 1.5):
+        reply = post(stack.web, "/infill", {**body, "n_predict": bad})
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == "n_predict", reply.text
+        assert reply.json()["error"]["message"].startswith("n_predict:"), reply.text
+
+
+def test_completions_give_vllms_stop_reason_streamed_and_not(stack):
+    client = api(stack.web)
+    kwargs = {
+        "model": "coder",
+        "prompt": "import os\n\ndef list_files(path):\n",
+        "max_tokens": 24,
+        "temperature": 0,
+    }
+    free = client.completions.create(**kwargs).choices[0]
+    assert free.model_extra["stop_reason"] is None
+    stop = free.text[len(free.text) // 2 :][:3]
+    choice = client.completions.create(**kwargs, stop=[stop]).choices[0]
+    assert (choice.finish_reason, choice.model_extra["stop_reason"]) == ("stop", stop)
+    last = [c for c in client.completions.create(**kwargs, stop=[stop], stream=True) if c.choices][-1]
+    assert (last.choices[0].finish_reason, last.choices[0].model_extra["stop_reason"]) == ("stop", stop)
+
+
+def test_a_reply_that_ends_at_once_still_has_its_logprobs_object(stack, engine):
+    # a one-token prompt after which the model's first choice is its end token, found with the local copy
+    vocab = engine.tokenizer.max_id + 1
+    with torch.inference_mode():
+        first = engine.model(torch.arange(vocab)[:, None])[:, -1, :vocab].argmax(-1)
+    ends = engine.tokenizer.stop_ids
+    prompt = next(
+        [i] for i in range(vocab) if int(first[i]) in ends and i not in engine.tokenizer.special_ids
+    )
+    reply = api(stack.web).completions.create(
+        model="coder", prompt=prompt, max_tokens=8, temperature=0, logprobs=1
+    )
+    choice = reply.choices[0]
+    assert (choice.text, choice.finish_reason, reply.usage.completion_tokens) == ("", "stop", 1)
+    assert choice.logprobs is not None
+    assert (choice.logprobs.tokens, choice.logprobs.token_logprobs, choice.logprobs.text_offset) == (
+        [],
+        [],
+        [],
+    )
+
+
+def test_text_offsets_index_the_text_through_split_characters_streamed_and_not(stack):
+    prompt = "import os\n\ndef list_files(path):\n"  # the tiny model answers with stray bytes too
+    kwargs = {"model": "coder", "prompt": prompt, "max_tokens": 48, "temperature": 0, "logprobs": 0}
+    client = api(stack.web)
+    choice = client.completions.create(**kwargs).choices[0]
+    text, tokens, offsets = choice.text, choice.logprobs.tokens, choice.logprobs.text_offset
+    # every token that is whole characters is found at its offset, also after tokens that were not
+    whole = [i for i, token in enumerate(tokens) if "\ufffd" not in token]
+    assert all(text[offsets[i] :].startswith(tokens[i]) for i in whole), list(
+        zip(tokens, offsets, strict=True)
+    )
+    assert any("\ufffd" in token for token in tokens[: whole[-1]]), "no split or stray bytes: nothing checked"
+    streamed = [o for c in client.completions.create(**kwargs, stream=True) if c.choices and c.choices[0].logprobs
+                for o in c.choices[0].logprobs.text_offset]  # fmt: skip
+    assert streamed == offsets
 
 
 def test_fim_refusals_name_the_model_and_the_field(stack):

@@ -111,7 +111,9 @@ def test_message_parts_roles_and_stop_lists():
         ({"messages": []}, "messages"),
         ({"messages": ["hi"]}, "messages[0]"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]"),
+        ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
+        ({"model": 5}, "model"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_completion_tokens": "many"}, "max_completion_tokens"),
         ({"temperature": -0.5}, "temperature"),
@@ -134,6 +136,11 @@ def test_message_parts_roles_and_stop_lists():
         ({"stream": "yes"}, "stream"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"stream": True, "stream_options": {"include_usage": "y"}}, "stream_options.include_usage"),
+        ({"stream": True, "stream_options": {"include_usage": True, "typo": 1}}, "stream_options.typo"),
+        (
+            {"stream": True, "stream_options": {"continuous_usage_stats": True}},
+            "stream_options.continuous_usage_stats",
+        ),
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"logprobs": 21}, "logprobs"),
         ({"tools": [{"type": "function"}]}, "tools"),
@@ -141,6 +148,19 @@ def test_message_parts_roles_and_stop_lists():
 )
 def test_bad_chat_parameters_name_their_field(change, field):
     assert refused_field({**CHAT, **change}) == field
+
+
+def test_a_model_of_the_wrong_type_is_told_so_not_that_it_is_missing():
+    with pytest.raises(InvalidRequest, match=r'model: must be a string, got \["default"\]'):
+        parse({**CHAT, "model": ["default"]}, chat=True)
+    with pytest.raises(InvalidRequest, match="model: is required"):
+        parse({k: v for k, v in CHAT.items() if k != "model"}, chat=True)
+
+
+def test_stream_options_that_change_nothing_are_taken():
+    for options in ({"include_obfuscation": False}, {"include_usage": True, "continuous_usage_stats": False}):
+        request = parse({**CHAT, "stream": True, "stream_options": options}, chat=True)
+        assert request.include_usage == options.get("include_usage", False)
 
 
 @pytest.mark.parametrize("prompt", [None, 3, {"text": "a"}, [None], ["a", "b"]])

@@ -10,7 +10,15 @@ import redis.asyncio as aioredis
 from django.test import AsyncClient
 
 from common.protocol import JobSpec, cancel_key, events_key, queue_key
-from playground.api.views import JobRun, choices_usage, job_error, openai_logprobs, timings, usage
+from playground.api.views import (
+    JobRun,
+    TextOffsets,
+    choices_usage,
+    job_error,
+    openai_logprobs,
+    timings,
+    usage,
+)
 from playground.jobs import job_client
 
 STATS = {"prompt_tokens": 40, "completion_tokens": 11, "prefill_ms": 20.0, "ttft_ms": 25.0, "total_ms": 120.0}
@@ -216,3 +224,35 @@ def test_a_token_the_tokenizer_added_takes_no_characters_of_an_echo():
     assert shaped["token_logprobs"] == [None, -1.0, -2.0, -0.5]
     assert shaped["text_offset"] == [0, 0, 3, 5]
     assert shaped["top_logprobs"] == [None, None, None, None]  # logprobs: 0 asks for no alternatives
+
+
+def logprob_entry(raw: bytes, special: bool = False) -> dict:
+    entry = {"id": 0, "token": raw.decode(errors="replace"), "bytes": list(raw), "logprob": -1.0, "top": []}
+    return {**entry, "special": True} if special else entry
+
+
+def test_text_offsets_follow_the_text_through_split_characters_and_special_tokens():
+    # "é" split over two byte tokens, an end token generated under ignore_eos, then "ok": the text is "aéok"
+    entries = [logprob_entry(b"a"), logprob_entry(b"\xc3"), logprob_entry(b"\xa9"),
+               logprob_entry(b"<|endoftext|>", special=True), logprob_entry(b"ok")]  # fmt: skip
+    offsets = openai_logprobs(entries, chat=False)["text_offset"]
+    assert offsets == [0, 1, 1, 2, 2]
+    text = "aéok"
+    assert [text[o:] for o in offsets] == ["aéok", "éok", "éok", "ok", "ok"]
+    # a byte that starts a character nothing finishes is a U+FFFD of its own, before the next token
+    entries = [logprob_entry(b"a"), logprob_entry(b"\xed"), logprob_entry(b"idth"), logprob_entry(b"\xc3")]
+    assert openai_logprobs(entries, chat=False)["text_offset"] == [0, 1, 2, 6]  # text "a\ufffdidth\ufffd"
+
+
+def test_a_stream_counts_text_offsets_on_from_its_earlier_chunks():
+    entries = [
+        logprob_entry(b"x = "),
+        logprob_entry(b"\xe2\x82"),
+        logprob_entry(b"\xac"),
+        logprob_entry(b"1"),
+    ]
+    whole = openai_logprobs(entries, chat=False)["text_offset"]
+    offsets = TextOffsets()
+    chunked = [o for part in ([entries[0], entries[1]], [entries[2]], [entries[3]])
+               for o in openai_logprobs(part, chat=False, offsets=offsets)["text_offset"]]  # fmt: skip
+    assert chunked == whole == [0, 4, 4, 5]

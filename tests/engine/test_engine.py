@@ -97,6 +97,7 @@ def test_eos_stops_without_text(tmp_path, checkpoints):
     with_eos = Engine.load(path, device="cpu")
     events, done = run(with_eos, prompt, max_new_tokens=12)
     assert done.finish_reason == "stop" and done.stats.completion_tokens == cut + 1
+    assert (done.ended_by, done.stop_reason) == ("eos", None)
     assert events[-2].token_ids == [eos] and events[-2].text == ""
     assert done.text == continuation(plain.tokenizer, prompt, tokens[:cut])
 
@@ -111,6 +112,7 @@ def test_ignore_eos_decodes_past_the_end_token_to_the_length_asked(tmp_path, che
     assert run(with_eos, prompt, max_new_tokens=12)[1].finish_reason == "stop"
     events, done = run(with_eos, prompt, max_new_tokens=12, ignore_eos=True)
     assert done.finish_reason == "length" and done.stats.completion_tokens == 12
+    assert (done.ended_by, done.stop_reason) == ("length", None)
     assert [t for e in events if isinstance(e, TextDelta) for t in e.token_ids] == tokens
     assert done.text == continuation(plain.tokenizer, prompt, tokens)
 
@@ -121,6 +123,7 @@ def test_a_requests_stop_token_ends_the_reply_with_its_text(engine):
     cut = tokens.index(tokens[6])  # its first occurrence
     done = run(engine, prompt, max_new_tokens=12, stop_token_ids=(tokens[6],))[1]
     assert done.finish_reason == "stop" and done.stats.completion_tokens == cut + 1
+    assert (done.ended_by, done.stop_reason) == ("stop_token", tokens[6])  # vLLM's stop_reason: the token
     assert done.text == continuation(engine.tokenizer, prompt, tokens[: cut + 1])
     with pytest.raises(InvalidRequest, match="stop_token_ids"):
         run(engine, prompt, stop_token_ids=(engine.config.vocab_size,))
@@ -153,6 +156,7 @@ def test_stop_strings_cut_before_the_match_and_never_leak(engine):
     expected = full[: full.find(stop)]
     events, done = run(engine, prompt, max_new_tokens=40, stop=("never appears \x00", stop))
     assert done.finish_reason == "stop" and done.text == expected
+    assert (done.ended_by, done.stop_reason) == ("stop_string", stop)  # the one of the two that matched
     streamed = "".join(e.text for e in events if isinstance(e, TextDelta))
     assert streamed == expected  # nothing of the stop string was ever shown
 
@@ -172,6 +176,7 @@ def test_text_held_back_for_a_stop_string_is_released_at_the_end(engine):
     full = run(engine, prompt, max_new_tokens=20)[1].text
     events, done = run(engine, prompt, max_new_tokens=20, stop=(full[-2:] + "\x00",))
     assert done.finish_reason == "length" and done.text == full
+    assert (done.ended_by, done.stop_reason) == ("length", None)
     assert "".join(e.text for e in events if isinstance(e, TextDelta)) == full
 
 

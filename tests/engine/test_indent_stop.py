@@ -75,3 +75,4 @@ def test_the_default_models_middle_ends_with_its_function():
     *_, kept = engine.generate(ids, SamplingParams(max_new_tokens=60, n_indent=4))
     assert cut_by_rule(free.text, 4) != free.text, "the free middle no longer passes the function's end"
     assert kept.text == cut_by_rule(free.text, 4) and kept.finish_reason == "stop"
+    assert (kept.ended_by, kept.stop_reason) == ("indent", None)

@@ -120,6 +120,8 @@ class GenerateConsumer(AsyncWebsocketConsumer):
             await self.detach()
 
     async def receive(self, text_data=None, bytes_data=None):
+        if not getattr(self, "counted", False):
+            return  # a socket over the address's cap, being closed: what it sent is dropped, the page sends again
         limit = settings.PLAYGROUND_MAX_FRAME_BYTES
         size = len(bytes_data) if text_data is None else len(text_data.encode("utf-8", "surrogatepass"))
         if size > limit:  # checked before parsing: a huge frame costs no JSON work

@@ -12,7 +12,9 @@
  * Exposes kogPage.connection:
  *   createSocket(url)   htmx.createWebSocket: a socket whose closes htmx takes for normal ones
  *   reconnectNow()      reconnects at once when the socket is closed (Retry, online, the tab shown)
- *   retrySlowly()       the next reconnects wait the longest delay (the server turned this tab away)
+ *   turnedAway(why)     the server closes this socket (too many open pages): retry slowly, say why, and keep
+ *                       a request sent on it for a socket the server takes
+ *   taken()             the server took this socket (its first frame): a request that waited goes out
  *   onOpen(event), onClose(event)   the htmx:wsOpen and htmx:wsClose handlers
  *   setConnection(state)            connecting | open | closed, as the page shows it
  */
@@ -48,9 +50,20 @@
   }
 
   // The server closes a socket over its per-address cap (too_many_sockets): this tab retries at the slowest
-  // pace, not at once, until another tab of the address closes.
-  function retrySlowly() {
+  // pace, not at once, until another tab of the address closes. The server drops what this socket sent, so a
+  // request sent on it waits, and goes out on a socket the server takes.
+  function turnedAway(why) {
+    state.turnedAway = why;
     state.retry.count = Math.max(state.retry.count, RETRY_MS.length - 1);
+    if (state.request && state.request.sent) {
+      state.request.sent = false;
+      page.view.setPhase("sending", page.send.waitingNote());
+    }
+  }
+
+  function taken() {
+    state.turnedAway = "";
+    if (state.request && !state.request.sent && state.connection === "open") page.send.sendWaitingRequest();
   }
 
   function reconnectNow() {
@@ -66,9 +79,9 @@
     state.retry.count = 0;
     setConnection("open");
     if (state.request) {
-      // one that waited for the connection goes out now; one that went out before the drop never got
-      // its job id back, so there is nothing to resume
-      if (!state.request.sent) return page.send.sendWaitingRequest();
+      // one that waited for the connection goes out now (on a tab the server turned away, once it takes
+      // this socket); one that went out before the drop never got its job id back: nothing to resume
+      if (!state.request.sent) return state.turnedAway ? undefined : page.send.sendWaitingRequest();
       state.request = null;
       return page.receive.refuse("the connection dropped before the job started; please try again");
     }
@@ -96,9 +109,11 @@
   // While the socket is down (and its retries go on in the background): the run's clock stops, since the
   // page cannot tell how the run goes, what arrived can be copied, and the words say what happens next.
   function showConnectionLost(unreachable) {
-    const words = unreachable ? "server unreachable · retrying" : "connection lost · reconnecting";
+    const away = state.turnedAway;
+    let words = unreachable ? "server unreachable · retrying" : "connection lost · reconnecting";
+    if (away) words = "too many open pages · retrying";
     page.view.setText(ui.workerText, words);
-    const lost = unreachable ? "the server is unreachable" : "connection lost";
+    const lost = away ? `turned away: ${away}` : unreachable ? "the server is unreachable" : "connection lost";
     if (state.request && !state.request.sent) return page.view.setPhase("sending", page.send.waitingNote());
     if (state.request) return page.view.setPhase("reconnecting", lost); // sent, no job id back: onOpen says so
     const run = state.run;
@@ -106,7 +121,9 @@
     if (run.frozenAt === null) run.frozenAt = performance.now();
     if (run.shown) ui.copy.hidden = !run.text;
     if (run.stopRequested) page.view.setPhase("stopping", `${lost} · stops once reconnected`);
-    else if (!run.restored) page.view.setPhase("reconnecting", unreachable ? `${lost} · still trying` : lost);
+    else if (!run.restored) {
+      page.view.setPhase("reconnecting", unreachable && !away ? `${lost} · still trying` : lost);
+    }
   }
 
   function setConnection(connection) {
@@ -120,5 +137,5 @@
     }
   }
 
-  page.connection = { createSocket, reconnectNow, retrySlowly, onOpen, onClose, setConnection };
+  page.connection = { createSocket, reconnectNow, turnedAway, taken, onOpen, onClose, setConnection };
 })();

@@ -5,6 +5,7 @@
  *
  * Exposes kogPage.conversation:
  *   setConversation(turns)   the earlier turns, from a reload or a share page (invalid ones dropped), shown
+ *                            (in code completion: said to be left out, as the next request leaves them)
  *   showFollowUp()           shows Follow up when the run on screen can be followed up on
  *   followUp()               Follow up: the run's prompt and answer become the latest earlier turn
  *   newChat()                New chat: the next prompt starts afresh
@@ -51,14 +52,15 @@
     ui.conversationTurns.replaceChildren(...items);
     const n = state.conversation.length;
     const turns = `${n} earlier turn${n === 1 ? "" : "s"}`;
-    ui.conversation.hidden = !n;
+    const fim = ui.fim.checked; // a code completion reads only the code around the cursor, not the turns
+    ui.conversation.hidden = !n || fim;
     ui.conversationNote.hidden = !n;
     // once shown: a hidden list has no height to scroll (a reload, the first Follow up)
     ui.conversationTurns.scrollTop = ui.conversationTurns.scrollHeight; // the latest turn in view
     page.view.setText(ui.conversationSummary, `Earlier turns · ${n}`);
-    page.view.setText(ui.conversationCount, `follows up on ${turns}`);
+    page.view.setText(ui.conversationCount, fim ? `code completion leaves out ${turns}` : `follows up on ${turns}`);
     const followUpHint = "Ask a follow-up: the model reads the earlier turns.";
-    ui.prompt.placeholder = n ? followUpHint : ui.prompt.dataset.placeholder;
+    ui.prompt.placeholder = n && !fim ? followUpHint : ui.prompt.dataset.placeholder;
     showFollowUp();
   }
 

@@ -36,7 +36,10 @@
     } catch (err) {
       return;
     }
-    if (frame.type === "workers") return page.view.showWorkers(frame);
+    if (frame.type === "workers") {
+      if (state.turnedAway) page.connection.taken(); // the server keeps this socket: it sends its workers first
+      return page.view.showWorkers(frame);
+    }
     if (frame.job_id) {
       if (state.request && frame.job_id !== state.run.jobId) acceptJob(frame.job_id);
       if (frame.job_id !== state.run.jobId) return; // a frame of an earlier run
@@ -245,7 +248,7 @@
 
   function requestError(frame) {
     if (frame.code === "too_many_sockets") {
-      page.connection.retrySlowly(); // the server closes this socket next
+      page.connection.turnedAway(frame.message); // the server closes this socket next
       return page.view.flashNote(frame.message);
     }
     // A refused request (bad field, busy, queue full) or a broken frame: the socket stays usable.

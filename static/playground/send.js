@@ -27,7 +27,7 @@
       temperature: number(ui.temperature),
       top_p: number(ui.topP),
       max_tokens: number(ui.maxTokens),
-      history: state.conversation.length ? state.conversation : undefined,
+      history: state.conversation.length && !ui.fim.checked ? state.conversation : undefined,
       // code completion: the prompt is the code before the cursor, this the code after it
       suffix: ui.fim.checked ? ui.suffix.value : undefined,
     };
@@ -64,7 +64,7 @@
       return page.receive.refuse(problem);
     }
     state.request = { frame: generateFrame(), at: performance.now(), sent: false };
-    if (state.connection !== "open") {
+    if (state.connection !== "open" || state.turnedAway) {
       // not handed to the extension, whose queue would send it whenever the connection returns (a Stop
       // could not take it back): onOpen sends it, and says so meanwhile
       event.preventDefault();
@@ -77,6 +77,7 @@
   }
 
   function waitingNote() {
+    if (state.turnedAway) return `waiting: ${state.turnedAway} · sends once the server takes this page`;
     const unreachable = state.retry.count > page.UNREACHABLE_AFTER;
     return `waiting for the connection${unreachable ? " (the server is unreachable)" : ""} · sends once connected`;
   }

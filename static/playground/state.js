@@ -59,6 +59,7 @@
     conversation: [], // the earlier turns the next prompt follows up on: [{prompt, answer}], oldest first
     countdownTimer: null, // a rate limit's "try again in N s", counting down
     retry: { timer: null, count: 0 }, // the next reconnect, and the failed tries since the last open
+    turnedAway: "", // why the server closed this tab's sockets (too many open pages), until one is taken
     focusHeir: null, // the button that takes the focus once it is enabled (view.passFocus)
   };
 

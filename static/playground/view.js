@@ -266,7 +266,9 @@
     const on = ui.fim.checked;
     ui.suffixField.hidden = !on;
     ui.promptLabel.textContent = on ? "Code before the cursor" : "Prompt";
+    ui.prompt.required = !on; // the cursor may be at the file's start: the code after it is enough
     ui.system.closest("details").hidden = on; // a completion between two pieces of code has no system prompt
+    if (page.conversation) page.conversation.setConversation(state.conversation); // nor earlier turns
   }
 
   // ---- workers and models ------------------------------------------------------------------------

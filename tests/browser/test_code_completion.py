@@ -4,6 +4,8 @@ the share page showing the same three parts. The worker serves a tiny checkpoint
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from common.code_blocks import cursor_block_indent
@@ -91,3 +93,33 @@ def test_a_model_without_fim_tokens_is_refused_beside_the_code(coder, page):
     page.click("#generate")
     page.wait_for_selector("#state[data-state=error]", timeout=15_000)
     assert "plain has no fill-in-the-middle tokens" in page.text_content("body")
+
+
+def test_a_cursor_at_the_files_start_completes_and_earlier_turns_are_left_out_saying_so(coder, page):
+    web, checkpoint = coder
+    from inference.engine import Engine
+
+    engine = Engine.load(str(checkpoint), device="cpu")
+    middle = greedy_middle(engine, "", SUFFIX, 40, n_indent=cursor_block_indent(""))[1].text
+    open_playground(page, web.url, model="coder")
+    sent = []
+    page.on("websocket", lambda socket: socket.on("framesent", lambda frame: sent.append(frame)))
+    page.reload()  # the socket opened after the listener: its frames are seen
+    page.wait_for_selector('#app[data-connected="true"]')
+    page.evaluate("kogPage.conversation.setConversation([{prompt: 'Say hi.', answer: 'hi'}])")
+    assert page.text_content("#conversation-count") == "follows up on 1 earlier turn"
+    page.check("#fim")
+    assert page.text_content("#conversation-count") == "code completion leaves out 1 earlier turn"
+    assert page.locator("#conversation").is_hidden()
+    # a checkbox of its own size, its label on one line
+    box, label = page.locator("#fim").bounding_box(), page.locator(".fim-toggle").bounding_box()
+    assert box["width"] < 24 and label["height"] < 2 * box["height"] + 8
+    page.fill("#prompt", "")  # nothing before the cursor
+    page.fill("#suffix", SUFFIX)
+    page.fill("#temperature", "0")
+    page.fill("#max-tokens", "40")
+    page.click("#generate")
+    page.wait_for_selector("#output[data-stream-check=ok]", timeout=60_000)
+    assert page.text_content("#output") == middle
+    generate = [json.loads(f) for f in sent if isinstance(f, str) and '"generate"' in f]
+    assert generate and "history" not in generate[-1] and generate[-1]["suffix"] == SUFFIX

@@ -80,4 +80,20 @@ def test_a_tab_over_the_addresss_cap_is_told_and_retries_slowly(server, page, br
     second.wait_for_timeout(4000)
     # at the slowest pace (3 s), not the first pace after an open (250 ms): a tight loop would try ~16 times
     assert len([t for t in tries if t - first_try < 4]) <= 3, [round(t - first_try, 2) for t in tries]
+    second.wait_for_function(
+        "() => document.getElementById('worker-text').textContent.includes('too many open pages')"
+    )
+    assert "unreachable" not in second.text_content("#worker-text")
+    # a request made meanwhile waits, saying why, whether the click met a socket about to be closed or none
+    second.fill("#prompt", "abc")
+    second.fill("#max-tokens", "3")
+    second.click("#generate")
+    second.wait_for_function(
+        "() => document.getElementById('state').textContent.includes('open pages per address')"
+    )
+    second.wait_for_timeout(3500)  # a try or two more while the first page is still open: still waiting
+    assert second.get_attribute("#state", "data-state") == "sending", second.text_content("#state")
+    page.close()  # the address's page closes: the next try is taken, and the request goes out then
+    second.wait_for_selector("#state[data-state=done]", timeout=30_000)
+    assert second.text_content("#output") == "abc"
     second.context.close()

@@ -212,8 +212,9 @@ class Done:
     text: str
     stats: Stats
     # what ended it: the model's end token ("eos"), a stop string, a token of the request's stop_token_ids, a
-    # shallower line (n_indent), the token limit, a cancel; stop_reason is vLLM's: the stop string or token
-    ended_by: Literal["eos", "stop_string", "stop_token", "indent", "length", "cancelled"] = "eos"
+    # shallower line (n_indent), the token limit, a cancel (None: not said); stop_reason is vLLM's: the stop
+    # string or token
+    ended_by: Literal["eos", "stop_string", "stop_token", "indent", "length", "cancelled"] | None = None
     stop_reason: str | int | None = None
     kind: Literal["done"] = "done"
 

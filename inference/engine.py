@@ -262,13 +262,14 @@ def why_it_ended(
     finish: str, stops: StopStrings, indent: IndentStop, produced: list[int], asked: frozenset[int]
 ) -> tuple[str, str | int | None]:
     """(Done.ended_by, Done.stop_reason) of a generation that finished with `finish`, its filters as they ended
-    and the tokens it produced: a stop string cuts the text before a stop token of the request's ends it."""
+    and the tokens it produced. The indentation rule reads only the text before a stop string's match, so when
+    both stopped it, it cut first; a stop string cuts the text before a stop token of the request's ends it."""
     if finish != "stop":
         return finish, None
-    if stops.matched is not None:
-        return "stop_string", stops.matched
     if indent.stopped:
         return "indent", None
+    if stops.matched is not None:
+        return "stop_string", stops.matched
     if produced and produced[-1] in asked:
         return "stop_token", produced[-1]
     return "eos", None

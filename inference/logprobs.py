@@ -58,11 +58,14 @@ class TokenNames:
         return raw.decode("utf-8", errors="replace"), list(raw)
 
     def entry(self, token_id: int, logprob: float) -> dict:
-        """A special token (a BOS, an end token) is marked: a reply's or an echo's text leaves it out."""
+        """A special token (a BOS, an end token) is marked: a reply's or an echo's text leaves it out; so is a
+        byte-fallback token, whose decoder shows a byte that ends no character as a U+FFFD of its own."""
         text, raw = self.name(token_id)
         entry = {"id": token_id, "token": text, "bytes": raw, "logprob": logprob}
         if token_id in self._special:
             entry["special"] = True
+        elif token_id in self._byte_fallback:
+            entry["byte_fallback"] = True
         return entry
 
 

@@ -481,7 +481,9 @@ STREAM_OPTIONS_NEUTRAL = {"include_obfuscation": (True, False), "continuous_usag
 
 def _refuse_stream_options(options: dict) -> None:
     for key, value in options.items():
-        if key == "include_usage" or value in STREAM_OPTIONS_NEUTRAL.get(key, ()):
+        if key == "include_usage" or value is None:
+            continue
+        if isinstance(value, bool) and value in STREAM_OPTIONS_NEUTRAL.get(key, ()):
             continue
         if key in STREAM_OPTIONS_NEUTRAL:
             raise InvalidRequest(f"stream_options.{key}", f"is not supported (got {value!r}); include_usage "

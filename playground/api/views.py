@@ -691,12 +691,14 @@ class TextOffsets:
     """The legacy completions' text_offset: where each token starts in the choice's text, counted over the
     tokens in order (an echoed prompt's first), across the chunks of a stream. The text is the tokens' bytes
     decoded with U+FFFD for what is not UTF-8: a token that holds part of a character starts where that
-    character does, bytes left unfinished before a token that does not continue them are a U+FFFD before it,
-    and a special token (a BOS, an end token generated under ignore_eos) adds nothing."""
+    character does, bytes left unfinished before a token that does not continue them are a U+FFFD before it (a
+    U+FFFD each where byte-fallback tokens held them, as SentencePiece's decoder shows them), and a special
+    token (a BOS, an end token generated under ignore_eos) adds nothing."""
 
     def __init__(self):
         self.chars = 0
         self.unfinished = b""  # the start of a character whose other bytes have not come yet
+        self.by_bytes = False  # those bytes came from byte-fallback tokens
 
     def take(self, entries: list[dict]) -> list[int]:
         offsets = []
@@ -706,12 +708,14 @@ class TextOffsets:
                 continue
             data = bytes(entry["bytes"])
             if self.unfinished and not continues(self.unfinished, data):
-                self.chars += len(self.unfinished.decode(errors="replace"))
+                shown = self.unfinished.decode(errors="replace")
+                self.chars += len(self.unfinished) if self.by_bytes else len(shown)
                 self.unfinished = b""
             offsets.append(self.chars)
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             self.chars += len(decoder.decode(self.unfinished + data))
             self.unfinished = decoder.getstate()[0]
+            self.by_bytes = bool(self.unfinished) and bool(entry.get("byte_fallback"))
         return offsets
 
 
@@ -1003,7 +1007,7 @@ def infill_body(run: JobRun, content: str, done: dict | None) -> dict:
     if done is None:
         return {"content": content, "stop": False}
     stats = done["stats"]
-    ended_by = done.get("ended_by", "length" if done["finish_reason"] == "length" else "eos")
+    ended_by = done.get("ended_by") or ("length" if done["finish_reason"] == "length" else "eos")
     word = {"stopping_word": done["stop_reason"]} if ended_by == "stop_string" else {}
     return {
         "content": content,

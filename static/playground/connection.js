@@ -26,6 +26,7 @@
   const ui = page.ui;
 
   const RETRY_MS = [250, 500, 1000, 2000, 3000]; // reconnect delays after each failed try; the last repeats
+  const TAKEN_AFTER_MS = 2000; // a socket the server has not turned away by then is one it took
 
   function createSocket(url) {
     const ws = new WebSocket(url, []);
@@ -56,12 +57,17 @@
     state.turnedAway = why;
     state.retry.count = Math.max(state.retry.count, RETRY_MS.length - 1);
     if (state.request && state.request.sent) {
+      if (state.request.stopRequested) {
+        state.request = null; // stopped before the server could take it: it is simply not sent
+        return page.view.setPhase("cancelled", "not sent");
+      }
       state.request.sent = false;
       page.view.setPhase("sending", page.send.waitingNote());
     }
   }
 
   function taken() {
+    clearTimeout(state.retry.takenTimer);
     state.turnedAway = "";
     if (state.request && !state.request.sent && state.connection === "open") page.send.sendWaitingRequest();
   }
@@ -81,7 +87,7 @@
     if (state.request) {
       // one that waited for the connection goes out now (on a tab the server turned away, once it takes
       // this socket); one that went out before the drop never got its job id back: nothing to resume
-      if (!state.request.sent) return state.turnedAway ? undefined : page.send.sendWaitingRequest();
+      if (!state.request.sent) return state.turnedAway ? awaitTaken() : page.send.sendWaitingRequest();
       state.request = null;
       return page.receive.refuse("the connection dropped before the job started; please try again");
     }
@@ -97,6 +103,16 @@
     } else if (run.resuming) {
       page.view.setPhase("reconnecting", "resuming the run…");
     }
+  }
+
+  // The server turns a socket away at once (its first frame); one that was not turned away within a while
+  // was taken, even if its first frame (the workers' status) is slow to come.
+  function awaitTaken() {
+    clearTimeout(state.retry.takenTimer);
+    const socket = state.socket;
+    state.retry.takenTimer = setTimeout(() => {
+      if (state.turnedAway && state.socket === socket && state.connection === "open") taken();
+    }, TAKEN_AFTER_MS);
   }
 
   function onClose(event) {

@@ -57,7 +57,7 @@
     const base = !!(state.models[name] || {}).base;
     const prompt = ui.prompt;
     prompt.dataset.placeholder = base ? prompt.dataset.codePlaceholder : prompt.dataset.chatPlaceholder;
-    if (!state.conversation.length) prompt.placeholder = prompt.dataset.placeholder;
+    if (!state.conversation.length || ui.fim.checked) prompt.placeholder = prompt.dataset.placeholder;
     ui.baseHint.hidden = !base;
   }
 

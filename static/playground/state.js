@@ -58,7 +58,7 @@
     chosen: new Set(), // the sampling fields the person set (settings.js): the model leaves them alone
     conversation: [], // the earlier turns the next prompt follows up on: [{prompt, answer}], oldest first
     countdownTimer: null, // a rate limit's "try again in N s", counting down
-    retry: { timer: null, count: 0 }, // the next reconnect, and the failed tries since the last open
+    retry: { timer: null, count: 0, takenTimer: null }, // the next reconnect, the failed tries since the last open
     turnedAway: "", // why the server closed this tab's sockets (too many open pages), until one is taken
     focusHeir: null, // the button that takes the focus once it is enabled (view.passFocus)
   };

@@ -141,6 +141,10 @@ def test_message_parts_roles_and_stop_lists():
             {"stream": True, "stream_options": {"continuous_usage_stats": True}},
             "stream_options.continuous_usage_stats",
         ),
+        (
+            {"stream": True, "stream_options": {"include_obfuscation": 1}},
+            "stream_options.include_obfuscation",
+        ),
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"logprobs": 21}, "logprobs"),
         ({"tools": [{"type": "function"}]}, "tools"),
@@ -158,7 +162,8 @@ def test_a_model_of_the_wrong_type_is_told_so_not_that_it_is_missing():
 
 
 def test_stream_options_that_change_nothing_are_taken():
-    for options in ({"include_obfuscation": False}, {"include_usage": True, "continuous_usage_stats": False}):
+    for options in ({"include_obfuscation": False}, {"include_usage": True, "continuous_usage_stats": False},
+                    {"include_obfuscation": None}):  # fmt: skip
         request = parse({**CHAT, "stream": True, "stream_options": options}, chat=True)
         assert request.include_usage == options.get("include_usage", False)
 

@@ -244,6 +244,17 @@ def test_text_offsets_follow_the_text_through_split_characters_and_special_token
     assert openai_logprobs(entries, chat=False)["text_offset"] == [0, 1, 2, 6]  # text "a\ufffdidth\ufffd"
 
 
+def test_byte_fallback_bytes_that_end_no_character_are_a_replacement_each():
+    # SentencePiece's decoder shows <0xE2><0x82> before a word as two U+FFFD; byte-level BPE's shows one
+    fallback = [{**logprob_entry(b), "byte_fallback": True} for b in (b"\xe2", b"\x82")]
+    word = logprob_entry(b" x")
+    assert openai_logprobs([*fallback, word], chat=False)["text_offset"] == [0, 0, 2]  # "\ufffd\ufffd x"
+    plain = [logprob_entry(b"\xe2"), logprob_entry(b"\x82"), word]
+    assert openai_logprobs(plain, chat=False)["text_offset"] == [0, 0, 1]  # "\ufffd x"
+    euro = [*fallback, {**logprob_entry(b"\xac"), "byte_fallback": True}, word]
+    assert openai_logprobs(euro, chat=False)["text_offset"] == [0, 0, 0, 1]  # "\u20ac x": a whole character
+
+
 def test_a_stream_counts_text_offsets_on_from_its_earlier_chunks():
     entries = [
         logprob_entry(b"x = "),

@@ -5,7 +5,7 @@ import pytest
 
 from common.events import SamplingParams
 from common.names import default_model
-from inference.engine import Engine, IndentStop, StopStrings, cut_text
+from inference.engine import Engine, IndentStop, StopStrings, cut_text, why_it_ended
 from inference.fim_training import psm_prompt
 
 BODY = "x = 1\n    y = 2\n\n    \tz\n  w = 3\nv\n"
@@ -57,6 +57,17 @@ def test_a_stop_string_before_the_dedent_wins_and_the_held_whitespace_before_it_
     assert streamed(list("a\n    b END\nc\n"), 4, stop=("END",)) == ("a\n    b ", True)
     assert streamed(list("a\n   END"), 4, stop=("END",)) == ("a\n   ", True)
     assert streamed(list("a\nb END"), 4, stop=("END",)) == ("a\n", True)
+
+
+def test_the_indentation_rule_is_what_ended_a_text_it_cut_before_a_stop_string():
+    # the rule holds the newline, then "x #" both starts a shallower line and holds the stop string
+    stops, indent = StopStrings(("#",)), IndentStop(4)
+    for piece in ("    a = 1", "\n", "x #"):
+        text, matched = cut_text(stops, indent, piece)
+    assert matched and stops.matched == "#" and indent.stopped
+    assert why_it_ended("stop", stops, indent, [7], frozenset()) == ("indent", None)
+    assert why_it_ended("stop", StopStrings(("#",)), IndentStop(0), [7], frozenset({7})) == ("stop_token", 7)
+    assert why_it_ended("length", stops, indent, [7], frozenset()) == ("length", None)
 
 
 def test_the_value_is_checked():

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -25,6 +26,7 @@ import weakref
 import redis
 from django.conf import settings
 from django.http import JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 
 from common.protocol import PREFIX, JobSpec, QueueFull
 from playground.jobs import job_client
@@ -43,10 +45,27 @@ def queue_unreachable(exc: redis.RedisError) -> str:
     return f"the job queue is unreachable ({type(exc).__name__})"
 
 
+def probe(view):
+    """A read-only probe: GET and HEAD, and any other method a JSON 405 (not the CSRF check's HTML page)."""
+
+    @csrf_exempt
+    @functools.wraps(view)
+    async def wrapped(request, *args, **kwargs):
+        if request.method not in ("GET", "HEAD"):
+            response = JsonResponse({"error": f"{request.method} is not allowed here; use GET"}, status=405)
+            response["Allow"] = "GET, HEAD"
+            return response
+        return await view(request, *args, **kwargs)
+
+    return wrapped
+
+
+@probe
 async def healthz(request):
     return JsonResponse({"ok": True})
 
 
+@probe
 async def health(request):
     try:
         workers = await job_client().workers()
@@ -64,6 +83,7 @@ async def health(request):
     return JsonResponse({"status": "ok", "models": models})
 
 
+@probe
 async def readyz(request):
     result = await readiness()
     return JsonResponse(result, status=200 if result["ready"] else 503)

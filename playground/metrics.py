@@ -28,6 +28,7 @@ from prometheus_client import (
 )
 
 from common.protocol import EVENTS_TTL_S, PREFIX, JobClient, queue_key
+from playground.health import probe
 from playground.jobs import job_client
 from playground.store import database_bytes
 from playground.supervise import RESTARTS_KEY
@@ -169,6 +170,7 @@ async def refresh_database_size() -> None:
         DATABASE_BYTES.set(size)
 
 
+@probe
 async def metrics_view(request):
     token = os.environ.get("PLAYGROUND_METRICS_TOKEN", "")
     if token:

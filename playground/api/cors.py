@@ -54,8 +54,8 @@ class ApiCorsMiddleware(MiddlewareMixin):  # the mixin keeps the async chain asy
         origin = allowed_origin(request.headers.get("Origin"))
         if origin is not None:
             response["Access-Control-Allow-Origin"] = origin
-            # a 429's wait, for the script to read
-            response["Access-Control-Expose-Headers"] = "Retry-After"
+            # a 429's or 503's wait and the request's id (the server's log names it), for the script to read
+            response["Access-Control-Expose-Headers"] = "Retry-After, X-Request-Id"
             if origin != "*":
                 response["Vary"] = ", ".join(filter(None, [response.get("Vary"), "Origin"]))
         return response

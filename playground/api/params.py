@@ -28,6 +28,10 @@ from common.events import (
 from common.protocol import MAX_PROMPT_IDS, JobSpec, is_token_id
 
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# A message's other fields: as OpenAI's API, an unknown one is refused rather than dropped. These come empty in
+# an assistant message as the openai client returns it, sent back as history: accepted empty, refused otherwise.
+MESSAGE_FIELDS = frozenset({"role", "content", "name"})
+EMPTY_MESSAGE_FIELDS = frozenset({"refusal", "annotations", "audio", "function_call", "tool_calls"})
 # OpenAI's own limit; every stop string is searched for after every token, so a long list would
 # slow the worker for everyone in the queue.
 MAX_STOP_SEQUENCES = 4
@@ -240,7 +244,8 @@ def _sampling_params(body: dict, max_new_tokens: int, chat: bool, model_defaults
         # vLLM / llama.cpp extensions (extra_body in the openai client); vLLM's -1 is its "off", our 0
         "top_k": 0 if _same_value(body.get("top_k"), -1) else body.get("top_k"),
         "repetition_penalty": body.get("repetition_penalty"),
-        "seed": body.get("seed"),
+        # llama.cpp's and Ollama's -1 asks for a fresh seed, i.e. none
+        "seed": None if _same_value(body.get("seed"), -1) else body.get("seed"),
         "stop": _stop(body.get("stop")),
         "n_indent": body.get("n_indent"),  # llama.cpp's: a completion inside a block ends with the block
         # vLLM's: a fixed length (end tokens ignored), the request's own stop tokens, the stop string kept
@@ -366,6 +371,7 @@ def _messages(messages) -> list[dict]:
         role = CHAT_ROLES.get(role) if isinstance(role, str) else None  # a list or object is no key
         if role is None:
             raise InvalidRequest(f"{where}.role", f"must be one of {', '.join(CHAT_ROLES)}")
+        _refuse_message_fields(message, where)
         turn = {"role": role, "content": _content(message.get("content"), f"{where}.content")}
         name = message.get("name")
         if name is not None:  # the chat template gets it, as transformers gives it; most templates ignore it
@@ -376,6 +382,16 @@ def _messages(messages) -> list[dict]:
             turn["name"] = name
         rendered.append(turn)
     return rendered
+
+
+def _refuse_message_fields(message: dict, where: str) -> None:
+    for key, value in message.items():
+        if key in MESSAGE_FIELDS or value is None or (key in EMPTY_MESSAGE_FIELDS and value in ([], "")):
+            continue  # null is absent, as for the request's own fields
+        if key in ("tool_calls", "function_call"):
+            raise InvalidRequest(f"{where}.{key}", "tool calls are not supported here (nor `tools`): the "
+                                 "history must be text turns")  # fmt: skip
+        raise InvalidRequest(f"{where}.{key}", "unknown field: a message takes role, content and name")
 
 
 def _content(content, where: str) -> str:

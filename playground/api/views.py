@@ -39,6 +39,7 @@ from playground.store import save_generation
 log = logging.getLogger("playground.api")
 INTERNAL_ERROR = "Internal server error (the details are in the server's log)"
 STREAM_START_GRACE_S = 5.0
+NO_WORKER_RETRY_S = 5
 MAX_BODY_DEPTH = 32  # levels of [ and { in a request body
 _background: set[asyncio.Task] = set()
 
@@ -131,7 +132,8 @@ async def models(request):
 
 @endpoint("GET")
 async def model_detail(request, model: str):
-    card = (await known_models()).get(model)
+    models = await known_models()
+    card = models.get(model) or models.get(model.removesuffix("/"))  # no id ends in "/"
     if card is None:
         raise ApiError(404, f"The model {model!r} does not exist", param="model", code="model_not_found")
     return JsonResponse(card)
@@ -370,7 +372,9 @@ def serving(model: str, served: dict[str, dict]) -> None:
         # OpenAI's status for it (the client raises NotFoundError), as GET /v1/models/<id> answers
         raise ApiError(404, message, param="model", code="model_not_found")
     if not models[model]["workers"]:
-        raise ApiError(503, f"No worker serves {model!r} right now", "server_error", code="no_workers")
+        # a lost worker is started again within seconds (playground/supervise.py, compose's restart)
+        raise ApiError(503, f"No worker serves {model!r} right now", "server_error", code="no_workers",
+                       headers={"Retry-After": str(NO_WORKER_RETRY_S)})  # fmt: skip
 
 
 def in_background(coroutine) -> None:
@@ -901,7 +905,8 @@ async def run_task(request, body: dict, task: str, **spec_fields) -> dict:
     if model is None:
         model = next((name for name, info in served.items() if info["workers"]), None)
         if model is None:
-            raise ApiError(503, "No worker is up", "server_error", code="no_workers")
+            raise ApiError(503, "No worker is up", "server_error", code="no_workers",
+                           headers={"Retry-After": str(NO_WORKER_RETRY_S)})  # fmt: skip
     if not isinstance(model, str):
         raise ApiError(400, "model: must be a string", param="model", code="invalid_value")
     serving(model, served)

@@ -440,6 +440,9 @@ def test_head_answers_where_get_does_and_only_there(stack):
         assert head.status_code == 200 and head.content == b"" and int(head.headers["content-length"]) > 0
         assert http.get("/models").json()["data"]  # no stray body was left on the connection
         assert http.head(f"/models/{stack.model}").status_code == 200
+        assert (
+            http.get(f"/models/{stack.model}/").json()["id"] == stack.model
+        )  # a trailing slash is no new id
         post_only = http.head("/chat/completions")
         assert post_only.status_code == 405 and post_only.headers["allow"] == "POST"
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import http.server
+import re
 import threading
 
 import pytest
@@ -39,7 +40,8 @@ FETCH = """async ([url, method, body]) => {
     try {
         const response = await fetch(url, {method, body, headers: {
             "Authorization": "Bearer sk-test", "Content-Type": "application/json"}});
-        return {status: response.status, json: await response.json()};
+        return {status: response.status, json: await response.json(),
+                requestId: response.headers.get("x-request-id")};
     } catch (error) {
         return {refused: String(error)};
     }
@@ -58,6 +60,9 @@ def test_only_the_named_web_app_may_call_the_api_from_a_browser(start_web, brows
         # a POST with a JSON body goes through the preflight; its error is readable too
         bad = page.evaluate(FETCH, [web.url + "/v1/completions", "POST", '{"model": "nope", "prompt": "x"}'])
         assert bad["status"] == 404 and bad["json"]["error"]["code"] == "model_not_found"
+        assert re.fullmatch(
+            r"[0-9a-f]{32}", bad["requestId"] or ""
+        )  # exposed: the app can quote it in a report
 
         page.goto(f"http://localhost:{app_origin}/")  # the same page on another origin: not named
         refused = page.evaluate(FETCH, [web.url + "/v1/models", "GET", None])

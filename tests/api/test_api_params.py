@@ -44,6 +44,12 @@ def test_completion_parameters_map_onto_sampling_params():
     assert (request.stream, request.include_usage) == (True, True)
 
 
+def test_seed_minus_one_is_llama_cpps_random_seed_and_other_negatives_are_seeds():
+    assert parse({**CHAT, "seed": -1}, chat=True).spec.sampling_params().seed is None
+    assert parse({**CHAT, "seed": -2}, chat=True).spec.sampling_params().seed == -2
+    assert refused_field({**CHAT, "seed": True}) == "seed"  # JSON's true is not the integer 1
+
+
 def test_max_completion_tokens_wins_over_max_tokens():
     spec = parse({**CHAT, "max_tokens": 5, "max_completion_tokens": 9}, chat=True).spec
     assert spec.params["max_new_tokens"] == 9
@@ -413,6 +419,29 @@ def test_their_neutral_values_are_accepted():
         {"model": "m", "prompt": "def f():", "suffix": ""}, chat=False
     )  # an empty suffix asks nothing
     assert completion.spec.prompt == "def f():" and completion.spec.suffix is None
+
+
+def test_a_message_field_that_would_be_dropped_is_refused_and_the_clients_own_empty_ones_are_not():
+    call = {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    for message, field in (
+        ({"role": "assistant", "content": "x", "tool_calls": [call]}, "messages[1].tool_calls"),
+        (
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            "messages[1].tool_calls",
+        ),  # not content
+        ({"role": "assistant", "content": "x", "function_call": {"name": "f"}}, "messages[1].function_call"),
+        ({"role": "assistant", "content": "x", "prefix": True}, "messages[1].prefix"),
+        ({"role": "user", "content": "x", "audio": {"id": "a"}}, "messages[1].audio"),
+        ({"role": "user", "content": "x", "whatever": 1}, "messages[1].whatever"),
+    ):
+        assert refused_field({**CHAT, "messages": [CHAT["messages"][0], message]}) == field
+    # an assistant message as the openai client returns it (model_dump), sent back as history
+    echoed = {"role": "assistant", "content": "x", "refusal": None, "annotations": [], "audio": None,
+              "function_call": None, "tool_calls": None, "anything": None}  # fmt: skip
+    assert parse({**CHAT, "messages": [CHAT["messages"][0], echoed]}, chat=True).spec.messages[1] == {
+        "role": "assistant",
+        "content": "x",
+    }
 
 
 def test_a_participants_name_goes_to_the_template_in_openais_form_only():

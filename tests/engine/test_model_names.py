@@ -98,6 +98,7 @@ def test_without_models_the_web_expects_the_default_and_asks_to_retry_while_no_w
     with pytest.raises(openai.InternalServerError) as refused:  # 503: the openai client retries these
         client.completions.create(model=default, prompt="def f(", max_tokens=2)
     assert refused.value.status_code == 503 and refused.value.body["code"] == "no_workers"
+    assert refused.value.response.headers["Retry-After"] == "5"  # a lost worker is started again in seconds
     with pytest.raises(openai.NotFoundError) as unknown:
         client.completions.create(model="nope", prompt="def f(", max_tokens=2)
     assert unknown.value.status_code == 404 and unknown.value.body["code"] == "model_not_found"

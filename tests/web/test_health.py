@@ -7,7 +7,7 @@ import json
 
 import pytest
 import redis
-from django.test import AsyncRequestFactory
+from django.test import AsyncClient, AsyncRequestFactory
 
 from common.protocol import JobSpec, WorkerChannel, job_key, queue_key
 from common.redis_server import free_port
@@ -111,3 +111,12 @@ async def test_health_is_the_conventional_probe_without_a_generation(settings, s
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     assert r.keys(job_key("*")) == []  # it asked nothing of the worker
     r.close()
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/health", "/readyz", "/metrics"])
+async def test_a_probe_refuses_other_methods_with_a_json_405_not_the_csrf_page(path):
+    response = await AsyncClient(enforce_csrf_checks=True).post(
+        path, {"a": 1}, content_type="application/json"
+    )
+    assert response.status_code == 405 and response["Allow"] == "GET, HEAD"
+    assert json.loads(response.content) == {"error": "POST is not allowed here; use GET"}

@@ -233,8 +233,11 @@
       const text = element.textContent;
       const promptElement = document.getElementById(element.dataset.prompt || "");
       const prompt = promptElement ? promptElement.textContent : "";
-      const context = promptContext({ chat: element.dataset.chat === "true", prompt, system: "", text });
+      const chat = element.dataset.chat === "true";
+      const context = promptContext({ chat, prompt, system: "", text });
       render(element, text, { context, contextElement: document.getElementById("output-context") });
+      // code (a completion, or an answer that continues its code prompt) keeps its lines on a phone (the stylesheet)
+      if (element.parentElement) element.parentElement.dataset.code = String(!chat || !!context);
     }
     for (const button of document.querySelectorAll("[data-copy-code-from]")) {
       const source = document.getElementById(button.dataset.copyCodeFrom);

@@ -21,7 +21,9 @@
   }
 
   function copyOutput() {
-    window.kogClipboard.copy(ui.context.textContent + runOnScreen().text).then((ok) => {
+    // as shown: the prompt it continued, the output, and a code completion's code after the cursor
+    const shown = ui.context.textContent + runOnScreen().text + ui.outputSuffix.textContent;
+    window.kogClipboard.copy(shown).then((ok) => {
       if (ok) return window.kogClipboard.flash(ui.copy, "Copied");
       // last resort: select the text so that Ctrl+C copies it
       const range = document.createRange();
@@ -113,7 +115,8 @@
       if (state.run.phase === "error" && !state.request) page.view.setPhase("idle");
       if (event.target === ui.prompt) page.view.clearPromptError();
       if (event.target === ui.maxTokens) page.view.updateTokenLimit();
-      page.settings.choose(event.target.name); // a sampling field the person set is theirs
+      // a sampling field the person set is theirs: the hint under them stops naming it at once
+      if (page.settings.choose(event.target.name)) page.settings.followModel();
       page.store.persistSoon();
     });
     window.addEventListener("pagehide", page.store.persist);

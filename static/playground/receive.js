@@ -60,12 +60,15 @@
     switch (frame.type) {
       case "queue":
         run.queue = frame.position;
+        run.queueOverdueAt = null;
         if (frame.position === null) follow("queued", "starting…");
         else if (frame.workers === 0) follow("queued", "waiting for a worker to start");
         else {
           // the server's estimate from the model's measured job length, when it has one
           const wait = frame.wait_s == null ? "" : `, about ${Math.max(1, Math.round(frame.wait_s))} s`;
           follow("queued", (frame.position === 0 ? "next in line" : `${frame.position} ahead`) + wait);
+          // an average job's length: the meters' clock says so once the wait outruns it (view.js)
+          run.queueOverdueAt = frame.wait_s == null ? null : performance.now() + 1000 * frame.wait_s;
         }
         break;
       case "started":

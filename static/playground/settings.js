@@ -7,7 +7,8 @@
  *
  * Owns: which fields the person chose (state.chosen, saved with the form by store.js).
  * Exposes kogPage.settings:
- *   choose(field)    the person set this field (temperature, top_p, max_tokens): the model leaves it alone
+ *   choose(field)    the person set this field (temperature, top_p, max_tokens): the model leaves it alone;
+ *                    true when it was the model's until then
  *   followModel()    the unchosen fields to the selected model's recommendation, else the page's default;
  *                    the prompt's placeholder and hint to the model's kind (base: code; chat: a request)
  */
@@ -23,8 +24,11 @@
     max_tokens: ["maxTokens", "max_new_tokens"] };
   const LABELS = { temperature: "temperature", top_p: "top-p", max_tokens: "max tokens" };
 
+  // true when the field was the model's until now
   function choose(field) {
-    if (FIELDS[field]) state.chosen.add(field);
+    if (!FIELDS[field] || state.chosen.has(field)) return false;
+    state.chosen.add(field);
+    return true;
   }
 
   function followModel() {

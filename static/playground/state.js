@@ -35,7 +35,7 @@
     return {
       phase: "idle", jobId: null, lastId: "0-0", note: "", model: "", maxTokens: null,
       chat: false, prompt: "", system: "", suffix: null, context: "", stopRequested: false, restored: false,
-      pending: [], text: "", n: 0, t: 0, tFirst: null, queue: null,
+      pending: [], text: "", n: 0, t: 0, tFirst: null, queue: null, queueOverdueAt: null,
       steps: 0, draftN: 0, draftAccepted: 0, // model steps after the first token; drafted and kept tokens
       startedAt: 0, endedAt: null, stats: null, outcome: "", outcomeNote: "",
       shown: false, // its output has the pane (from its prefill on)

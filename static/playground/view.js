@@ -100,7 +100,11 @@
     window.kogHighlight.appendText(ui.context, context);
     // a code completion's code after the cursor, dimmed after the middle: text, never markup
     ui.outputSuffix.textContent = state.run.suffix || "";
-    ui.copy.title = context ? "Copies the prompt and the completion, as shown" : "Copies the output";
+    // a completion (or a base model's answer) is code: the stylesheet keeps its lines unwrapped on a phone
+    ui.outputBox.dataset.code = String(!state.run.chat || !!(state.models[state.run.model] || {}).base);
+    ui.copy.title = state.run.suffix
+      ? "Copies the code before the cursor, the completion and the code after it, as shown"
+      : context ? "Copies the prompt and the completion, as shown" : "Copies the output";
     return context;
   }
 
@@ -143,6 +147,11 @@
     setText(ui.tokStep, steps > 0 && run.n > 1 ? ((run.n - 1) / steps).toFixed(2) : "–");
     setText(ui.accepted, drafted > 0 ? ((100 * kept) / drafted).toFixed(0) : "–");
     setText(ui.queue, run.phase === "queued" && run.queue !== null ? String(run.queue) : "–");
+    if (run.phase === "queued" && run.queueOverdueAt !== null && now > run.queueOverdueAt) {
+      run.queueOverdueAt = null; // said once: the status line is a live region, not a ticking clock
+      run.note = `${run.queue === 0 ? "next in line" : `${run.queue} ahead`}, longer than the usual job`;
+      showState();
+    }
     const clock = run.endedAt ?? run.frozenAt ?? now; // stopped while the connection is down
     setText(ui.elapsed, run.startedAt ? ((clock - run.startedAt) / 1000).toFixed(2) : "–");
   }

@@ -69,6 +69,9 @@ def test_code_completion_streams_the_middle_between_the_code_and_shares_it(coder
     assert all(suffix == SUFFIX for text, suffix in outputs if text)  # the code after it stayed below
     assert page.locator("#output-box img, #output-box script, #output-box b").count() == 0
     assert page.evaluate("window.pwned") is None
+    page.click("#copy")  # Copy takes the three as shown: code that runs as pasted
+    page.wait_for_selector("#copy:text('Copied')")
+    assert page.evaluate("navigator.clipboard.readText()") == PREFIX + middle + SUFFIX
 
     share = page.get_attribute("#share", "href")
     page.goto(web.url + share)

@@ -1,5 +1,5 @@
-"""What a visitor sees of the fair share: a queued run's place with an estimated wait, and a tab over the
-address's cap on open pages told so (and not reconnecting in a loop)."""
+"""What a visitor sees of the fair share: a queued run's place with an estimated wait (and word when the wait
+outruns it), and a tab over the address's cap on open pages told so (and not reconnecting in a loop)."""
 
 from __future__ import annotations
 
@@ -62,6 +62,10 @@ def test_a_queued_run_shows_its_place_and_an_estimated_wait(server, page, redis_
         page.wait_for_selector("#state[data-state=queued]", timeout=15_000)
         page.wait_for_function("() => /about \\d+ s/.test(document.getElementById('state').textContent)")
         assert re.search(r"next in line, about 6 s", page.text_content("#state")), page.text_content("#state")
+        assert page.text_content("#queue") == "0"  # the meter counts the jobs ahead
+        # the estimate is an average job's length: once the wait outruns it, the line says so (once)
+        page.wait_for_selector("#state:text('next in line, longer than the usual job')", timeout=15_000)
+        assert page.get_attribute("#state", "data-state") == "queued"
     finally:
         in_thread(on_queue(redis_server, "cancel", busy))
     page.wait_for_selector("#state[data-state=done]", timeout=30_000)

@@ -900,6 +900,38 @@ def test_a_prompt_over_the_context_leaves_the_last_answer_and_says_why_under_the
         phone.context.close()
 
 
+def test_on_a_phone_code_keeps_its_lines_and_a_follow_up_keeps_the_form_on_the_screen(
+    server, default_model, browser
+):
+    page = new_page(browser, viewport=PHONE, is_mobile=True, has_touch=True)
+    try:
+        open_playground(page, server.url, model=default_model.name)
+        page.fill("#temperature", "0")
+        generate(page, "def greet(name):\n", 24)
+        wait_for_state(page, "done", timeout=60_000)
+        # a base model's answer is code: its lines stay whole (a wrapped one would start at column 0)
+        assert page.get_attribute("#output-box", "data-code") == "true"
+        assert page.evaluate("getComputedStyle(document.getElementById('output-box')).whiteSpace") == "pre"
+        page.tap("#follow-up")
+        # the note under a phone's narrow label row: on a line of its own, the form within the screen
+        assert "follows up on 1 earlier turn" in page.text_content("#conversation-note")
+        assert (
+            page.locator("#conversation-count").bounding_box()["height"] < 30
+        )  # one line, not a word a line
+        form = page.locator("#prompt-form").bounding_box()
+        assert form["x"] + form["width"] <= PHONE["width"], form
+        assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+        # what a base model does with a follow-up, as the hint under the prompt says: it goes on with the code
+        assert (
+            page.get_attribute("#prompt", "placeholder")
+            == "More code: the model continues after the earlier turns."
+        )
+        assert page.is_visible("#base-hint")
+        assert page.errors == []
+    finally:
+        page.context.close()
+
+
 # ---- 8b. a conversation --------------------------------------------------------------------------
 
 
@@ -1459,6 +1491,8 @@ def test_the_sampling_fields_follow_the_models_advice_until_the_person_sets_them
 
     page.select_option("#model", advised_model)
     page.fill("#temperature", "1.1")  # the person's: it stays, whatever the model
+    # and the hint stops calling it the model's at once, not at the next word from the workers
+    assert page.text_content("#sampling-hint").startswith(f"Top-p 0.9, max tokens 40: what {advised_model}")
     page.select_option("#model", MODEL)
     assert sampling_fields(page) == ("1.1", "0.95", "512")
     page.select_option("#model", advised_model)

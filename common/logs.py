@@ -69,6 +69,15 @@ class PlainFormatter(logging.Formatter):
         return f"{line} [job {job_id}]" if job_id else line
 
 
+class WithoutTraceback(logging.Filter):
+    """For expected refusals that Django logs with their exception (a request for a Host the site does not answer
+    to: scanners, a mistyped name): the message says it all, the traceback would bury the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
 def formatter_class(fmt: str | None = None) -> type[logging.Formatter]:
     fmt = (fmt or os.environ.get("LOG_FORMAT", "json")).strip().lower()
     if fmt not in ("json", "plain"):
@@ -83,7 +92,9 @@ def logging_config(level: str | None = None, fmt: str | None = None) -> dict:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"default": {"()": f"{cls.__module__}.{cls.__qualname__}"}},
+        "filters": {"without_traceback": {"()": f"{__name__}.WithoutTraceback"}},
         "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "default"}},
+        "loggers": {"django.security.DisallowedHost": {"filters": ["without_traceback"]}},
         "root": {"handlers": ["console"], "level": level or os.environ.get("LOG_LEVEL", "INFO")},
     }
 

@@ -32,12 +32,16 @@ def check_link(path: Path) -> None:
     snapshot copied or mounted without it loses every file. One check for config, tokenizer and weights."""
     if path.is_symlink() and not path.exists():
         target = os.readlink(path)
-        hint = (
-            "; an HF cache snapshot's files live in its cache's blobs/ folder: mount the whole "
-            "models--<org>--<name> folder, or copy the snapshot with its files (cp -rL)"
-            if "blobs" in Path(target).parts
-            else ""
-        )
+        hint = ""
+        if "blobs" in Path(target).parts:
+            # the blobs/ folder is there: the file itself was never (fully) downloaded, or was removed
+            whole = (path.parent / target).parent.is_dir()
+            hint = (
+                "; its blob is missing from the cache: download the model again (hf download <org>/<name>)"
+                if whole
+                else "; an HF cache snapshot's files live in its cache's blobs/ folder: mount the whole "
+                "models--<org>--<name> folder, or copy the snapshot with its files (cp -rL)"
+            )
         raise CheckpointError(f"{path} is a broken symbolic link (to {target}){hint}")
 
 

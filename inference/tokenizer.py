@@ -131,7 +131,11 @@ class Tokenizer:
                     "tokenizer.json is read here: write it with transformers, "
                     f"AutoTokenizer.from_pretrained({str(path)!r}).save_pretrained({str(path)!r})"
                 )
-            raise CheckpointError(f"{tok_file}: missing (only tokenizer.json checkpoints are supported)")
+            raise CheckpointError(
+                f"{tok_file}: missing, and no other tokenizer file beside it (save_pretrained of the model alone "
+                "writes none): write the base model's there with transformers, "
+                f"AutoTokenizer.from_pretrained('<base model>').save_pretrained({str(path)!r})"
+            )
         try:
             tok = HFTokenizer.from_file(str(tok_file))
         except Exception as e:  # the Rust parser's errors are one-line already

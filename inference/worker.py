@@ -50,6 +50,7 @@ from common.protocol import HEARTBEAT_INTERVAL_S, STALL_EXIT_CODE, JobSpec, Work
 from common.redis_server import redacted_url, url_problem
 from inference.config import env_max_context, env_prefix_slots
 from inference.failures import is_device_error, is_memory_error
+from inference.speculative import SpeculationSettings
 from inference.standin import PREFIX as STANDIN_PREFIX
 from inference.standin import StandinEngine
 from inference.tokenizer_build import continues_code
@@ -607,6 +608,7 @@ def main(argv: list[str] | None = None) -> None:
         read_settings()
         env_max_context()  # read again by Engine.load
         env_prefix_slots()  # and this one by the engine's prefix cache
+        SpeculationSettings.from_env()  # KOG_SPECULATIVE, KOG_DRAFT_MAX: read again by each runner
         _setting(None, "KOG_BACKEND", BACKENDS)
         device = _setting(args.device, "KOG_DEVICE", DEVICES)
         dtype = _setting(args.dtype, "KOG_DTYPE", DTYPE_NAMES)

@@ -28,6 +28,9 @@ from common.redis_server import free_port, redacted_url, start_redis, url_proble
 from playground.supervise import Child, Supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
+# The worker's exits that a restart cannot mend (inference/worker.py, torch-free here): a setting it cannot use
+# (2), a model it cannot load (78). The launch ends on them, rather than restarting it forever.
+WORKER_FINAL_CODES = frozenset({2, 78})
 
 
 def spawn(args: list[str], env: dict) -> subprocess.Popen:
@@ -83,6 +86,34 @@ def wait_for_port(host: str, port: int, processes: dict[str, subprocess.Popen]) 
         except OSError:
             stop_requested.wait(0.1)
     return False
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Another server on the port (an earlier `make run`) ends the launch in one line: daphne would fail to bind
+    and be restarted forever, while the address showed the other server's page."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as twisted binds: TIME_WAIT is no owner
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise SystemExit(
+                f"cannot serve on {host}:{port}: {exc.strerror} (another playground still running?); stop it, "
+                "or choose another port: --port N (make run RUN_ARGS='--port N')"
+            ) from None
+
+
+def machine_names() -> list[str]:
+    """The names and addresses other machines reach this one by: its host name, and the address of the interface
+    that leads out (no packet is sent)."""
+    names = {socket.gethostname(), socket.getfqdn()}
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            udp.connect(("192.0.2.1", 9))  # TEST-NET-1: only picks the route
+            names.add(udp.getsockname()[0])
+    except OSError:
+        pass  # no route out: the host name still counts
+    return sorted(name for name in names if name and name != "0.0.0.0")
 
 
 def check_redis(url: str) -> None:
@@ -145,6 +176,12 @@ def main(argv: list[str] | None = None) -> int:
             f"DJANGO_DEBUG is on: its error pages show the settings, so it serves on 127.0.0.1 only, not "
             f"--host {args.host}; unset DJANGO_DEBUG (make run) to serve others"
         )
+    check_port_free(args.host, args.port)
+    if not loopback(args.host) and not env.get("DJANGO_ALLOWED_HOSTS", "").strip():
+        # served to other machines: the site answers to this machine's own names and addresses too (a domain
+        # name in front of it goes into DJANGO_ALLOWED_HOSTS)
+        hosts = ["127.0.0.1", "localhost", *([args.host] if args.host not in ("0.0.0.0", "::") else [])]
+        env["DJANGO_ALLOWED_HOSTS"] = ",".join(dict.fromkeys([*hosts, *machine_names()]))
     if not env.get("DJANGO_SECRET_KEY", "").strip():  # unset or empty: a fresh machine serves all the same
         env["DJANGO_SECRET_KEY"] = local_secret_key()
     if args.model:  # the web offers (and /readyz probes) the models this worker serves, not the default
@@ -214,13 +251,15 @@ def serve(args: argparse.Namespace, env: dict, supervisor: Supervisor) -> int:
     migrate = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env)
     if stop_requested.is_set():
         return 0
+    if migrate.returncode == 2:  # a web setting it cannot use: its one line above names it
+        raise SystemExit(2)
     if migrate.returncode:
         raise SystemExit(f"manage.py migrate failed with code {migrate.returncode}; see its output above")
     daphne_args = ["-m", "playground.serve", "-b", args.host, "-p", str(args.port)]
     supervisor.launch(Child("daphne", lambda: spawn(daphne_args, env)))
     if not args.no_worker:
         worker = WorkerStarts(args, env)
-        supervisor.launch(Child("worker", worker, on_exit=worker.retire))
+        supervisor.launch(Child("worker", worker, on_exit=worker.retire, final_codes=WORKER_FINAL_CODES))
         print("loading the model…")
         if not wait_for_worker(env["REDIS_URL"], worker.worker_id, supervisor.processes()):
             if stop_requested.is_set():
@@ -230,10 +269,18 @@ def serve(args: argparse.Namespace, env: dict, supervisor: Supervisor) -> int:
         if stop_requested.is_set():
             return 0
         raise SystemExit(f"daphne did not start on port {args.port}; see its log above")
-    print(f"\n  Playground: http://{args.host}:{args.port}/   (Ctrl-C stops it)\n", flush=True)
+    print(f"\n  Playground: http://{args.host}:{args.port}/   (Ctrl-C stops it)", flush=True)
+    if not loopback(args.host):
+        print(
+            f"  It answers to: {env['DJANGO_ALLOWED_HOSTS'].replace(',', ', ')} (DJANGO_ALLOWED_HOSTS)",
+            flush=True,
+        )
+    print(flush=True)
     supervisor.publish_counts()
     while not stop_requested.wait(0.5):
         supervisor.check()
+        if supervisor.ended:
+            raise SystemExit(supervisor.ended)
     return 0
 
 

@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> None:
     from daphne.cli import CommandLineInterface
     from django.conf import settings
 
+    from playground.startup import settings_or_exit
+
+    settings_or_exit()
     add_reason_phrases()
     CommandLineInterface().run(daphne_args(sys.argv[1:] if argv is None else argv,
                                            settings.PLAYGROUND_MAX_FRAME_BYTES))  # fmt: skip

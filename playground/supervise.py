@@ -30,11 +30,14 @@ log = logging.getLogger("playground.supervise")
 @dataclass
 class Child:
     """One supervised process. `start` starts it and returns it (it may raise: tried again later);
-    `on_exit` runs once after it died, before it starts again (e.g. the worker's heartbeat retired)."""
+    `on_exit` runs once after it died, before it starts again (e.g. the worker's heartbeat retired). An exit with
+    one of `final_codes` (what it was told cannot work: starting it again would fail again) is not restarted:
+    the supervisor's `ended` says so, for the launcher to stop on."""
 
     name: str
     start: Callable[[], subprocess.Popen]
     on_exit: Callable[[], None] | None = None
+    final_codes: frozenset[int] = frozenset()
     process: subprocess.Popen | None = None
     started_at: float = 0.0
     restarts: int = 0
@@ -50,6 +53,7 @@ class Supervisor:
     def __init__(self, redis_url: str | None = None):
         self.children: dict[str, Child] = {}
         self.redis_url = redis_url
+        self.ended: str | None = None  # why a child exited for good (a final code), once one has
 
     def launch(self, child: Child) -> Child:
         """Start `child` for the first time (an exception propagates: the launch fails)."""
@@ -81,13 +85,21 @@ class Supervisor:
                 self._restart(child)
 
     def _died(self, child: Child, code: int, now: float) -> None:
+        final = code in child.final_codes
         why = " (a job stalled it)" if child.name == "worker" and code == STALL_EXIT_CODE else ""
-        say(f"{child.name} exited with code {code}{why}; starting it again in {child.delay_s:g} s")
+        if not final:
+            say(f"{child.name} exited with code {code}{why}; starting it again in {child.delay_s:g} s")
         if child.on_exit is not None:
             try:
                 child.on_exit()
             except Exception as exc:  # noqa: BLE001 - a restart must not wait on a tidy-up that failed
                 say(f"could not tidy up after {child.name}: {exc}")
+        if final:
+            del self.children[child.name]  # not started again, not stopped again
+            self.ended = (
+                f"{child.name} exited with code {code}: starting it again would not help; see its line above"
+            )
+            return
         self._backoff(child, now)
 
     def _backoff(self, child: Child, now: float) -> None:
@@ -104,8 +116,7 @@ class Supervisor:
             self._backoff(child, time.monotonic())
             return
         child.started_at, child.due_at = time.monotonic(), None
-        say(f"{child.name} restarted (restart {child.restarts})")
-        log.warning("%s restarted (restart %d)", child.name, child.restarts)
+        say(f"{child.name} restarted (restart {child.restarts})")  # once: the launcher's log is this terminal
         self.publish_counts()
 
     def publish_counts(self) -> None:

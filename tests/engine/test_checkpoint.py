@@ -322,11 +322,12 @@ def test_model_safetensors_wins_over_an_index_as_in_transformers(tmp_path, monke
 
 def hf_snapshot(tmp_path, source, with_files=()):
     """`source` as an HF cache holds it, models--acme--tiny/snapshots/<hash>/: each file a link to
-    ../../blobs/<hash>; only the blobs of `with_files` there (a snapshot mounted without its blobs/ has none)."""
+    ../../blobs/<hash>; only the blobs of `with_files` there (none: a snapshot mounted without its blobs/)."""
     repo = tmp_path / "hub" / "models--acme--tiny"
     snapshot = repo / "snapshots" / "0123456789abcdef"
     snapshot.mkdir(parents=True)
-    (repo / "blobs").mkdir()
+    if with_files:
+        (repo / "blobs").mkdir()
     for file in sorted(source.iterdir()):
         blob = hashlib.sha256(file.name.encode()).hexdigest()
         if file.name in with_files:
@@ -361,6 +362,8 @@ def test_a_snapshot_without_its_blobs_says_which_file_is_a_broken_link(tmp_path)
     with pytest.raises(CheckpointError) as info:
         Tokenizer.from_dir(no_tokenizer_config)
     assert str(info.value).startswith(broken(no_tokenizer_config, "tokenizer_config.json"))
+    # the cache's blobs/ is there without this one: downloaded in part, not mounted in part
+    assert "its blob is missing from the cache: download the model again" in str(info.value)
     # all but the weights: the engine says so of the weights
     no_weights = hf_snapshot(tmp_path / "weights", source, {p.name for p in source.glob("*.json")})
     with pytest.raises(CheckpointError) as info:

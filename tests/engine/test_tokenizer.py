@@ -252,8 +252,11 @@ def test_bos_from_post_processor(tmp_path):
 
 
 def test_missing_or_corrupt_tokenizer(tmp_path):
-    with pytest.raises(CheckpointError, match="tokenizer.json: missing"):
+    with pytest.raises(CheckpointError, match="tokenizer.json: missing") as info:
         Tokenizer.from_dir(tmp_path)
+    assert f"AutoTokenizer.from_pretrained('<base model>').save_pretrained({str(tmp_path)!r})" in str(
+        info.value
+    )
     (tmp_path / "tokenizer.json").write_text('{"model": ')
     with pytest.raises(CheckpointError, match="tokenizer.json: cannot be parsed"):
         Tokenizer.from_dir(tmp_path)

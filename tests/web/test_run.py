@@ -1,6 +1,7 @@
 """`python -m playground.run` (what `make run` calls) as a person runs it in a terminal, up to Ctrl-C."""
 
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -135,6 +136,8 @@ def test_it_serves_as_production_with_no_debug_page_and_the_enforced_policy(tmp_
         assert missing.value.code == 404 and "URLconf" not in missing.value.read().decode()
         rest = ctrl_c(launcher)
     assert launcher.returncode == 0, "".join(lines) + rest
+    # the refused Host in the log: one line naming it, no traceback (scanners send such requests all day)
+    assert "Invalid HTTP_HOST header: 'evil.example'" in rest and "Traceback" not in rest, rest
 
 
 def test_debug_pages_are_refused_off_loopback(tmp_path):
@@ -142,3 +145,62 @@ def test_debug_pages_are_refused_off_loopback(tmp_path):
         output, _ = launcher.communicate(timeout=60)
     assert launcher.returncode != 0
     assert output.strip().startswith("DJANGO_DEBUG is on: its error pages show the settings"), output
+
+
+def test_a_port_already_served_ends_the_launch_in_one_line_before_anything_starts(tmp_path):
+    with socket.socket() as other:  # an earlier playground, still running
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        with launched(tmp_path, "--port", str(port), "--no-worker") as (launcher, _):
+            output, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode != 0
+    assert output.strip() == (
+        f"cannot serve on 127.0.0.1:{port}: Address already in use (another playground still running?); stop it, "
+        "or choose another port: --port N (make run RUN_ARGS='--port N')"
+    ), output  # and no redis-server started: it said nothing of one
+
+
+def test_a_model_that_cannot_load_ends_the_launch_instead_of_restarting_its_worker(tmp_path):
+    (tmp_path / "not-a-checkpoint").mkdir()
+    with launched(tmp_path, "--model", str(tmp_path / "not-a-checkpoint")) as (launcher, _):
+        started = []
+        for _ in range(100):  # its children, before they end
+            started = started or children(launcher.pid)
+            if launcher.poll() is not None:
+                break
+            time.sleep(0.1)
+        output, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode not in (0, None)
+    assert "cannot load model" in output and "Traceback" not in output, output
+    assert "starting it again in" not in output and "restarted" not in output, output
+    assert [pid for pid in started if alive(pid)] == []
+
+
+def test_a_web_setting_it_cannot_use_ends_the_launch_in_one_line(tmp_path):
+    with launched(tmp_path, "--no-worker", env={"PLAYGROUND_MAX_QUEUE": "abc"}) as (launcher, _):
+        output, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode == 2
+    assert output.strip().splitlines()[-1] == (
+        "PLAYGROUND_MAX_QUEUE: must be a whole number of jobs, 0 or more (0: no bound), got 'abc'"
+    ), output
+    assert "Traceback" not in output, output
+
+
+def test_served_to_other_machines_it_answers_to_this_machines_names(tmp_path):
+    from playground.run import machine_names
+
+    with launched(tmp_path, "--host", "0.0.0.0", "--no-worker", env={"DJANGO_ALLOWED_HOSTS": ""}) as (
+        launcher,
+        port,
+    ):
+        lines: list[str] = []
+        read_until(launcher, "It answers to: ", lines)
+        for name in machine_names():  # what another machine's browser sends as Host
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/healthz", headers={"Host": f"{name}:{port}"}
+            )
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                assert reply.status == 200, name
+        rest = ctrl_c(launcher)
+    assert launcher.returncode == 0, "".join(lines) + rest

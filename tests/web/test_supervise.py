@@ -70,3 +70,19 @@ def test_a_start_that_fails_is_tried_again_and_a_long_run_resets_the_backoff(mon
         child.due_at - time.monotonic() <= supervise.RESTART_FIRST_S
     )  # ... so its next crash waits the least
     child.process.wait()
+
+
+def test_an_exit_that_a_restart_cannot_mend_ends_the_child_for_good_and_says_so(capsys):
+    tidied = []
+    supervisor = Supervisor()
+    supervisor.launch(Child("worker", crashing, on_exit=lambda: tidied.append(1), final_codes=frozenset({3})))
+    until(supervisor, lambda: supervisor.ended is not None)
+    assert (
+        supervisor.ended == "worker exited with code 3: starting it again would not help; see its line above"
+    )
+    assert (
+        tidied == [1] and supervisor.processes() == {}
+    )  # tidied up, and neither restarted nor stopped again
+    time.sleep(supervise.RESTART_FIRST_S + 0.1)
+    supervisor.check()
+    assert supervisor.processes() == {} and "starting it again in" not in capsys.readouterr().out

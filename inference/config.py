@@ -34,7 +34,7 @@ def check_link(path: Path) -> None:
         target = os.readlink(path)
         hint = ""
         if "blobs" in Path(target).parts:
-            # the blobs/ folder is there: the file itself was never (fully) downloaded, or was removed
+            # with the cache's blobs/ folder there, this file was never (fully) downloaded, or was removed
             whole = (path.parent / target).parent.is_dir()
             hint = (
                 "; its blob is missing from the cache: download the model again (hf download <org>/<name>)"

@@ -4,12 +4,14 @@ Migrates the database, starts a Redis server of its own when REDIS_URL is unset,
 worker (the default model, or --model / MODELS; on CUDA when there is a GPU) and daphne on
 http://127.0.0.1:8000, then keeps them up until Ctrl-C: one that dies (a crash, a kill, its stall
 watchdog's restart code) is started again after a backoff (playground.supervise), the restart logged and
-counted in /metrics. Only a start that fails before the playground first serves ends the launch.
+counted in /metrics. A start that fails before the playground first serves ends the launch, and so does a
+worker whose first start exits with a code a restart cannot mend (a setting it cannot use, a model it cannot load).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import secrets
 import signal
@@ -28,8 +30,7 @@ from common.redis_server import free_port, redacted_url, start_redis, url_proble
 from playground.supervise import Child, Supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
-# The worker's exits that a restart cannot mend (inference/worker.py, torch-free here): a setting it cannot use
-# (2), a model it cannot load (78). The launch ends on them, rather than restarting it forever.
+# The worker's exits that a restart cannot mend (inference/worker.py's usage and load codes; torch-free here).
 WORKER_FINAL_CODES = frozenset({2, 78})
 
 
@@ -97,6 +98,8 @@ def check_port_free(host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise SystemExit(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
             raise SystemExit(
                 f"cannot serve on {host}:{port}: {exc.strerror} (another playground still running?); stop it, "
                 "or choose another port: --port N (make run RUN_ARGS='--port N')"
@@ -104,16 +107,17 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def machine_names() -> list[str]:
-    """The names and addresses other machines reach this one by: its host name, and the address of the interface
-    that leads out (no packet is sent)."""
-    names = {socket.gethostname(), socket.getfqdn()}
+    """The names and addresses other machines reach this one by: its host name (no reverse lookup: it may hang),
+    and the IPv4 address of the interface that leads out (no packet is sent)."""
+    names = {socket.gethostname()}
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
             udp.connect(("192.0.2.1", 9))  # TEST-NET-1: only picks the route
             names.add(udp.getsockname()[0])
     except OSError:
         pass  # no route out: the host name still counts
-    return sorted(name for name in names if name and name != "0.0.0.0")
+    # a name with "_" is no host name a browser's request may carry (RFC 1034): Django refuses it whatever the list
+    return sorted(name for name in names if name and name != "0.0.0.0" and "_" not in name)
 
 
 def check_redis(url: str) -> None:
@@ -178,10 +182,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     check_port_free(args.host, args.port)
     if not loopback(args.host) and not env.get("DJANGO_ALLOWED_HOSTS", "").strip():
-        # served to other machines: the site answers to this machine's own names and addresses too (a domain
-        # name in front of it goes into DJANGO_ALLOWED_HOSTS)
-        hosts = ["127.0.0.1", "localhost", *([args.host] if args.host not in ("0.0.0.0", "::") else [])]
-        env["DJANGO_ALLOWED_HOSTS"] = ",".join(dict.fromkeys([*hosts, *machine_names()]))
+        # other machines ask for this one by its own name or address (a domain name in front of it is the host's)
+        own = [] if args.host in ("0.0.0.0", "::") else [f"[{args.host}]" if ":" in args.host else args.host]
+        env["DJANGO_ALLOWED_HOSTS"] = ",".join(
+            dict.fromkeys(["127.0.0.1", "localhost", *own, *machine_names()])
+        )
     if not env.get("DJANGO_SECRET_KEY", "").strip():  # unset or empty: a fresh machine serves all the same
         env["DJANGO_SECRET_KEY"] = local_secret_key()
     if args.model:  # the web offers (and /readyz probes) the models this worker serves, not the default
@@ -246,8 +251,8 @@ class WorkerStarts:
 
 def serve(args: argparse.Namespace, env: dict, supervisor: Supervisor) -> int:
     """Starts daphne and the worker under `supervisor` and keeps them (and its Redis) up until a stop is asked
-    for (0). A start that fails before the playground first serves ends the launch (SystemExit); the caller
-    stops what runs."""
+    for (0). A start that fails before the playground first serves, or a worker's first start that exits for
+    good (supervisor.ended), ends the launch (SystemExit); the caller stops what runs."""
     migrate = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env)
     if stop_requested.is_set():
         return 0
@@ -268,6 +273,9 @@ def serve(args: argparse.Namespace, env: dict, supervisor: Supervisor) -> int:
     if not wait_for_port(args.host, args.port, supervisor.processes()):
         if stop_requested.is_set():
             return 0
+        worker_exit = supervisor.processes().get("worker")
+        if worker_exit is not None and worker_exit.poll() is not None:  # the worker ended it, not daphne
+            raise SystemExit(f"the worker exited with code {worker_exit.returncode}; see its line above")
         raise SystemExit(f"daphne did not start on port {args.port}; see its log above")
     print(f"\n  Playground: http://{args.host}:{args.port}/   (Ctrl-C stops it)", flush=True)
     if not loopback(args.host):

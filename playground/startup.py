@@ -7,11 +7,11 @@ import sys
 
 
 def settings_or_exit() -> None:
-    from django.conf import settings
+    import django
     from django.core.exceptions import ImproperlyConfigured
 
     try:
-        settings.INSTALLED_APPS  # noqa: B018 - the first access imports playground/settings.py
+        django.setup()  # imports playground/settings.py, then the apps' ready() (the rate limits' variables)
     except (ImproperlyConfigured, ValueError) as exc:  # ValueError: common/logs.py's LOG_FORMAT
         print(exc, file=sys.stderr)
         sys.exit(2)

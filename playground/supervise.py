@@ -30,9 +30,10 @@ log = logging.getLogger("playground.supervise")
 @dataclass
 class Child:
     """One supervised process. `start` starts it and returns it (it may raise: tried again later);
-    `on_exit` runs once after it died, before it starts again (e.g. the worker's heartbeat retired). An exit with
-    one of `final_codes` (what it was told cannot work: starting it again would fail again) is not restarted:
-    the supervisor's `ended` says so, for the launcher to stop on."""
+    `on_exit` runs once after it died, before it starts again (e.g. the worker's heartbeat retired). A first
+    start that exits with one of `final_codes` (what it was told cannot work) is not restarted: the supervisor's
+    `ended` says so, for the launcher to stop on; after a restart the same code may be passing (memory a crashed
+    process still held), so it is restarted."""
 
     name: str
     start: Callable[[], subprocess.Popen]
@@ -85,7 +86,7 @@ class Supervisor:
                 self._restart(child)
 
     def _died(self, child: Child, code: int, now: float) -> None:
-        final = code in child.final_codes
+        final = code in child.final_codes and child.restarts == 0
         why = " (a job stalled it)" if child.name == "worker" and code == STALL_EXIT_CODE else ""
         if not final:
             say(f"{child.name} exited with code {code}{why}; starting it again in {child.delay_s:g} s")

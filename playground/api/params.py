@@ -28,8 +28,7 @@ from common.events import (
 from common.protocol import MAX_PROMPT_IDS, JobSpec, is_token_id
 
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-# A message's other fields: as OpenAI's API, an unknown one is refused rather than dropped. These come empty in
-# an assistant message as the openai client returns it, sent back as history: accepted empty, refused otherwise.
+# A message's other fields are refused (as OpenAI's are), but for the empty ones the openai client's replies carry.
 MESSAGE_FIELDS = frozenset({"role", "content", "name"})
 EMPTY_MESSAGE_FIELDS = frozenset({"refusal", "annotations", "audio", "function_call", "tool_calls"})
 # OpenAI's own limit; every stop string is searched for after every token, so a long list would
@@ -244,8 +243,7 @@ def _sampling_params(body: dict, max_new_tokens: int, chat: bool, model_defaults
         # vLLM / llama.cpp extensions (extra_body in the openai client); vLLM's -1 is its "off", our 0
         "top_k": 0 if _same_value(body.get("top_k"), -1) else body.get("top_k"),
         "repetition_penalty": body.get("repetition_penalty"),
-        # llama.cpp's and Ollama's -1 asks for a fresh seed, i.e. none
-        "seed": None if _same_value(body.get("seed"), -1) else body.get("seed"),
+        "seed": None if _random_seed(body.get("seed")) else body.get("seed"),
         "stop": _stop(body.get("stop")),
         "n_indent": body.get("n_indent"),  # llama.cpp's: a completion inside a block ends with the block
         # vLLM's: a fixed length (end tokens ignored), the request's own stop tokens, the stop string kept
@@ -579,6 +577,11 @@ def _not_supported(name: str) -> str:
     if neutral:
         return f"is not supported (only {json.dumps(neutral[0])}, which changes nothing)"
     return "is not supported"
+
+
+def _random_seed(seed) -> bool:
+    """llama.cpp's and Ollama's -1: a fresh seed, i.e. none (the integer only: -1.0 is refused as 1.0 is)."""
+    return type(seed) is int and seed == -1
 
 
 def _same_value(value, neutral) -> bool:

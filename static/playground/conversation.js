@@ -59,12 +59,7 @@
     ui.conversationTurns.scrollTop = ui.conversationTurns.scrollHeight; // the latest turn in view
     page.view.setText(ui.conversationSummary, `Earlier turns · ${n}`);
     page.view.setText(ui.conversationCount, fim ? `code completion leaves out ${turns}` : `follows up on ${turns}`);
-    // a base model's follow-up is more code after the earlier turns, as its hint under the prompt says
-    const base = !!(state.models[ui.model.value] || {}).base;
-    const followUpHint = base
-      ? "More code: the model continues after the earlier turns."
-      : "Ask a follow-up: the model reads the earlier turns.";
-    ui.prompt.placeholder = n && !fim ? followUpHint : ui.prompt.dataset.placeholder;
+    page.settings.showPromptKind();
     showFollowUp();
   }
 

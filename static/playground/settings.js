@@ -11,6 +11,7 @@
  *                    true when it was the model's until then
  *   followModel()    the unchosen fields to the selected model's recommendation, else the page's default;
  *                    the prompt's placeholder and hint to the model's kind (base: code; chat: a request)
+ *   showPromptKind() the prompt's placeholder and hint alone (a conversation began or ended)
  */
 (function () {
   "use strict";
@@ -56,14 +57,18 @@
   }
 
   // A base model continues code: the placeholder is a function's start and a line under the prompt says
-  // so; a chat model's placeholder is a request. A conversation's follow-up hint stays (conversation.js).
-  function showPromptKind(name) {
+  // so; a chat model's placeholder is a request. A follow-up's says what the model does with the earlier turns.
+  function showPromptKind(name = ui.model.value) {
     const base = !!(state.models[name] || {}).base;
     const prompt = ui.prompt;
     prompt.dataset.placeholder = base ? prompt.dataset.codePlaceholder : prompt.dataset.chatPlaceholder;
-    if (!state.conversation.length || ui.fim.checked) prompt.placeholder = prompt.dataset.placeholder;
+    const followingUp = state.conversation.length && !ui.fim.checked; // code completion leaves the turns out
+    const followUpHint = base
+      ? "More code: the model continues after the earlier turns."
+      : "Ask a follow-up: the model reads the earlier turns.";
+    prompt.placeholder = followingUp ? followUpHint : prompt.dataset.placeholder;
     ui.baseHint.hidden = !base;
   }
 
-  page.settings = { choose, followModel };
+  page.settings = { choose, followModel, showPromptKind };
 })();

@@ -100,8 +100,8 @@
     window.kogHighlight.appendText(ui.context, context);
     // a code completion's code after the cursor, dimmed after the middle: text, never markup
     ui.outputSuffix.textContent = state.run.suffix || "";
-    // a completion (or a base model's answer) is code: the stylesheet keeps its lines unwrapped on a phone
-    ui.outputBox.dataset.code = String(!state.run.chat || !!(state.models[state.run.model] || {}).base);
+    // code, as the share page decides it (highlight.js): the stylesheet keeps its lines unwrapped on a phone
+    ui.outputBox.dataset.code = String(!state.run.chat || !!context);
     ui.copy.title = state.run.suffix
       ? "Copies the code before the cursor, the completion and the code after it, as shown"
       : context ? "Copies the prompt and the completion, as shown" : "Copies the output";

@@ -47,6 +47,7 @@ def test_completion_parameters_map_onto_sampling_params():
 def test_seed_minus_one_is_llama_cpps_random_seed_and_other_negatives_are_seeds():
     assert parse({**CHAT, "seed": -1}, chat=True).spec.sampling_params().seed is None
     assert parse({**CHAT, "seed": -2}, chat=True).spec.sampling_params().seed == -2
+    assert refused_field({**CHAT, "seed": -1.0}) == "seed"  # as 1.0 is: a seed is an integer
     assert refused_field({**CHAT, "seed": True}) == "seed"  # JSON's true is not the integer 1
 
 

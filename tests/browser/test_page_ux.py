@@ -976,6 +976,10 @@ def test_a_follow_up_sends_the_earlier_turns_keeps_them_over_a_reload_and_a_new_
     page.reload()  # the conversation belongs to the tab: a reload keeps it
     page.wait_for_selector("#worker-status[data-up=true]", timeout=15_000)
     assert page.locator("#conversation-turns pre").all_text_contents() == [first_prompt, first_answer]
+    # the follow-up's placeholder is the base model's, once the workers said which kind it is
+    page.wait_for_function(
+        "() => document.getElementById('prompt').placeholder.startsWith('More code:')", timeout=15_000
+    )
     generate(page, follow_up, 8)
     wait_for_state(page, "done", timeout=60_000)
     turns = [

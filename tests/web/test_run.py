@@ -164,9 +164,9 @@ def test_a_port_already_served_ends_the_launch_in_one_line_before_anything_start
 def test_a_model_that_cannot_load_ends_the_launch_instead_of_restarting_its_worker(tmp_path):
     (tmp_path / "not-a-checkpoint").mkdir()
     with launched(tmp_path, "--model", str(tmp_path / "not-a-checkpoint")) as (launcher, _):
-        started = []
-        for _ in range(100):  # its children, before they end
-            started = started or children(launcher.pid)
+        started = set()
+        for _ in range(100):  # every child seen before they end
+            started |= set(children(launcher.pid))
             if launcher.poll() is not None:
                 break
             time.sleep(0.1)

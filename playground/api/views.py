@@ -712,8 +712,8 @@ class TextOffsets:
                 continue
             data = bytes(entry["bytes"])
             if self.unfinished and not continues(self.unfinished, data):
-                shown = self.unfinished.decode(errors="replace")
-                self.chars += len(self.unfinished) if self.by_bytes else len(shown)
+                replaced = len(self.unfinished.decode(errors="replace"))  # U+FFFDs: one per maximal bad part
+                self.chars += len(self.unfinished) if self.by_bytes else replaced
                 self.unfinished = b""
             offsets.append(self.chars)
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -837,7 +837,7 @@ async def tokenize(request):
         messages = parse_messages(body["messages"])
         chars = sum(len(m["content"]) for m in messages)
         if chars > settings.PLAYGROUND_MAX_PROMPT_CHARS:  # as /v1/chat/completions counts a chat
-            raise ApiError(400, f"messages: are {chars} characters long; the server takes at most "
+            raise ApiError(400, f"messages: is {chars} characters long; the server takes at most "
                            f"{settings.PLAYGROUND_MAX_PROMPT_CHARS}", param="messages", code="invalid_value")  # fmt: skip
         spec_fields = {"messages": messages, "chat": True}
     else:
@@ -971,7 +971,7 @@ async def infill(request):
         raise ApiError(400, f"{unknown[0]}: not a field of /infill here (it takes {', '.join(sorted(known))})",
                        param=unknown[0], code="invalid_value")  # fmt: skip
     completion = {INFILL_FIELDS[k]: v for k, v in body.items() if k in INFILL_FIELDS and v is not None}
-    if completion.get("max_tokens") == -1 and not isinstance(completion["max_tokens"], bool):
+    if type(completion.get("max_tokens")) is int and completion["max_tokens"] == -1:
         del completion["max_tokens"]  # llama.cpp's n_predict -1: no limit of the client's own
     completion.setdefault("model", body.get("model") or await first_fim_model())
     completion.setdefault("max_tokens", settings.PLAYGROUND_MAX_NEW_TOKENS)  # llama.cpp: until it stops

@@ -97,7 +97,7 @@ def test_tokenize_refusals_say_what_is_wrong(stack):
         ("/detokenize", {"model": "coder", "tokens": [10**9]}, 400, "token ids must be integers in [0,"),
         # a chat is counted as /v1/chat/completions counts it, against the same cap
         ("/tokenize", {"model": "coder", "messages": [{"role": "user", "content": "ab " * 40_000}]}, 400,
-         "messages: are 120000 characters long"),
+         "messages: is 120000 characters long"),
     ]  # fmt: skip
     for path, body, status, words in cases:
         reply = post(stack.web, path, body)

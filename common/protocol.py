@@ -635,6 +635,11 @@ class JobClient:
         """Wake the followers of `model`'s queued jobs: their positions changed."""
         await self.r.xadd(moved_key(model), {"moved": "1"}, maxlen=MOVED_MAXLEN, approximate=True)
 
+    async def forget(self, job_id: str) -> None:
+        """Drop an ended job's record and events at once, where their one reader has read them (a tokenizer job's
+        answer: its prompt would otherwise stay in Redis for the events' TTL)."""
+        await self.r.delete(job_key(job_id), events_key(job_id), followers_key(job_id), cancel_key(job_id))
+
     async def outcome(self, job_id: str, block_ms: int = 250, known: bool = False) -> tuple[str, dict]:
         """The job's terminal event, (type, data), once it comes: where events() ends."""
         kind, data = "", {}

@@ -102,7 +102,7 @@ class GenerateConsumer(AsyncWebsocketConsumer):
         cap = settings.PLAYGROUND_MAX_SOCKETS_PER_IP
         if cap and _open_sockets[self.address] >= cap:
             await self.send_error("too_many_sockets", f"at most {cap} open pages per address; close one")
-            return await self.close(code=1008)
+            return await self.close(code=4008)  # autobahn takes 1000 or 3000-4999 from an application
         _open_sockets[self.address] += 1
         self.counted = True
         self.status_task = asyncio.create_task(self.watch_workers())
@@ -305,7 +305,7 @@ class GenerateConsumer(AsyncWebsocketConsumer):
         """The socket closed while following its job: let the lease lapse now, so that the job's grace for
         a reload starts here, and see to the job once the grace is over."""
         await self.lease.release()
-        task = asyncio.create_task(cancel_if_orphaned(self.jobs, self.spec.id, self.client_ip))
+        task = asyncio.create_task(cancel_if_orphaned(self.jobs, self.spec, self.client_ip))
         _orphan_checks.add(task)
         task.add_done_callback(_orphan_checks.discard)
 
@@ -334,26 +334,27 @@ class GenerateConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=json.dumps({"type": "error", "code": code, "message": message, **extra}))
 
 
-async def cancel_if_orphaned(jobs: JobClient, job_id: str, client_ip: str) -> None:
+async def cancel_if_orphaned(jobs: JobClient, spec: JobSpec, client_ip: str) -> None:
     """After a page closed: unless a client resumed the job within the grace period, cancel it (its worker
-    would, at its next flush, but a queued job leaves the queue only this way) and charge its tokens.
+    would, at its next flush, but a queued job leaves the queue only this way), count it and charge its tokens.
     A web process that dies never gets here: then the worker alone ends the job."""
     await asyncio.sleep(settings.PLAYGROUND_ORPHAN_GRACE_S)
     try:
-        if await jobs.followed(job_id):
-            return  # the socket that resumed it charges its tokens when it ends
-        if (await jobs.status(job_id)).get("status") in ("queued", "running"):
-            log.info("cancelling %s: its page closed", job_id)
-            await jobs.cancel(job_id)
-        await charge_when_ended(jobs, job_id, client_ip)
+        if await jobs.followed(spec.id):
+            return  # the socket that resumed it counts and charges it when it ends
+        if (await jobs.status(spec.id)).get("status") in ("queued", "running"):
+            log.info("cancelling %s: its page closed", spec.id)
+            await jobs.cancel(spec.id)
+        await see_it_end(jobs, spec, client_ip)
     except redis.RedisError as exc:
-        log.warning("orphan check for %s failed: %s", job_id, exc)
+        log.warning("orphan check for %s failed: %s", spec.id, exc)
 
 
-async def charge_when_ended(jobs: JobClient, job_id: str, client_ip: str) -> None:
-    """Charge the tokens of a job no socket saw end: a page that closes right after asking must not
-    generate outside its client's token budget."""
-    kind, data = await jobs.outcome(job_id, known=True)
+async def see_it_end(jobs: JobClient, spec: JobSpec, client_ip: str) -> None:
+    """Count in the metrics and charge the tokens of a job no socket saw end: the worker's work counts, and a
+    page that closes right after asking must not generate outside its client's token budget."""
+    kind, data = await jobs.outcome(spec.id, known=True)
+    await metrics.observe_finished(jobs.r, spec.id, spec.model, spec.source, kind, data, queue_ms=None)
     if kind == "done" and data.get("stats"):
         tokens = data["stats"]["completion_tokens"]
-        await limits.limiter().charge_tokens(client_ip, None, tokens, job_id)
+        await limits.limiter().charge_tokens(client_ip, None, tokens, spec.id)

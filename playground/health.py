@@ -55,7 +55,15 @@ def probe(view):
             response = JsonResponse({"error": f"{request.method} is not allowed here; use GET"}, status=405)
             response["Allow"] = "GET, HEAD"
             return response
-        return await view(request, *args, **kwargs)
+        response = await view(request, *args, **kwargs)
+        if (
+            response.status_code >= 500
+        ):  # an expected answer (a model loading, Redis away): one line, not an ERROR
+            log.warning(
+                "%s answered %d: %s", request.path, response.status_code, response.content[:200].decode()
+            )
+            response._has_been_logged = True  # read by django.utils.log.log_response
+        return response
 
     return wrapped
 

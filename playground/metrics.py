@@ -24,6 +24,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    disable_created_metrics,
     generate_latest,
 )
 
@@ -32,6 +33,8 @@ from playground.health import probe
 from playground.jobs import job_client
 from playground.store import database_bytes
 from playground.supervise import RESTARTS_KEY
+
+disable_created_metrics()  # a counter's *_created series is a gauge of its own nobody graphs
 
 REGISTRY = CollectorRegistry()
 log = logging.getLogger(__name__)

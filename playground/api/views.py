@@ -914,11 +914,23 @@ async def run_task(request, body: dict, task: str, **spec_fields) -> dict:
         raise ApiError(400, f"The model {model!r} has no tokenizer to ask (a stand-in engine)", param="model",
                        code="invalid_value")  # fmt: skip
     spec = JobSpec(model, task=task, source="api", id=request.request_id, **spec_fields)
+    # a request like a generation: the caller's budget of requests, and its turn and cap in the queue
+    ip = ip_from_request(request, limit_config().trusted_proxies)
+    key_id = str(request.api_key.pk) if request.api_key is not None else None
+    verdict = await limiter().admit(ip, api_key=key_id)
+    if not verdict.allowed:
+        raise ApiError(429, verdict.message, type="rate_limit_error", code="rate_limit_exceeded",
+                       headers={"Retry-After": str(verdict.retry_after_s)})  # fmt: skip
     try:
-        await jobs.submit(spec)
+        await jobs.submit(spec, visitor=visitor(ip, key_id))
     except QueueFull as exc:
+        await limiter().refund(verdict)
         raise ApiError(429, str(exc), type="rate_limit_error", code="queue_full",
                        headers={"Retry-After": "1"}) from None  # fmt: skip
+    except VisitorBusy as exc:
+        await limiter().refund(verdict)
+        raise ApiError(429, str(exc), type="rate_limit_error", code="too_many_jobs",
+                       headers={"Retry-After": "2"}) from None  # fmt: skip
     try:
         async with asyncio.timeout(TASK_TIMEOUT_S):
             kind, data = await jobs.outcome(spec.id, block_ms=100, known=True)
@@ -926,6 +938,7 @@ async def run_task(request, body: dict, task: str, **spec_fields) -> dict:
         await jobs.cancel(spec.id)
         raise ApiError(503, f"The model's worker did not answer within {TASK_TIMEOUT_S:g} s (it is busy); "
                        "please try again", "server_error", code="busy") from None  # fmt: skip
+    await jobs.forget(spec.id)  # read: nothing else asks for it
     if kind == "error":
         raise job_error(data)
     return data

@@ -88,6 +88,41 @@ def test_tokenize_gives_the_model_tokenizers_ids(stack, engine):
     assert back.status_code == 200 and back.json() == {"prompt": text}
 
 
+def test_tokenize_is_a_request_against_the_callers_budget_and_leaves_nothing_in_redis(
+    stack, redis_server, tmp_path
+):
+    from common.protocol import events_key, job_key
+    from tests.support import WebServer
+
+    # its own web process at 3 requests a minute, whose one caller is a fresh address (through a trusted proxy)
+    env = {
+        "MODELS": "coder",
+        "PLAYGROUND_IP_REQUESTS_PER_MIN": "3",
+        "PLAYGROUND_TRUSTED_PROXIES": "127.0.0.1",
+    }
+    limited = WebServer(redis_server, tmp_path, env)
+    try:
+        caller = {"X-Forwarded-For": "203.0.113.9"}
+        body = {"model": "coder", "prompt": "def f(x):\n    return x\n" * 50}
+        answered = [
+            httpx.post(limited.url + "/tokenize", json=body, headers=caller, timeout=60) for _ in range(3)
+        ]
+        assert [reply.status_code for reply in answered] == [200, 200, 200]
+        refused = httpx.post(limited.url + "/tokenize", json=body, headers=caller, timeout=60)
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limit_exceeded"
+        assert int(refused.headers["Retry-After"]) > 0
+        detokenized = httpx.post(
+            limited.url + "/detokenize", json={"model": "coder", "tokens": [1]}, headers=caller
+        )
+        assert detokenized.status_code == 429  # the same budget
+    finally:
+        limited.stop()
+    store = redis.Redis.from_url(redis_server)
+    for reply in answered:  # each answer read, its job's record and events (the prompt) are gone at once
+        job_id = reply.headers["x-request-id"]
+        assert store.exists(job_key(job_id), events_key(job_id)) == 0, job_id
+
+
 def test_tokenize_refusals_say_what_is_wrong(stack):
     cases = [
         ("/tokenize", {"model": "nope", "prompt": "x"}, 404, "does not exist"),

@@ -123,11 +123,11 @@ async def test_two_concurrent_clients_each_get_their_own_complete_output(start_w
 
 
 async def test_stop_ends_the_run_and_keeps_the_partial_text(start_worker):
-    start_worker(models=["standin:200"])
+    start_worker(models=["standin:50"])
     communicator = await connect()
     prompt = "0123456789" * 100
     await communicator.send_json_to(
-        {"type": "generate", "prompt": prompt, "model": "standin:200", "max_tokens": 1000}
+        {"type": "generate", "prompt": prompt, "model": "standin:50", "max_tokens": 1000}
     )
     frames = []
     while not any(f["type"] == "delta" for f in frames):
@@ -143,7 +143,7 @@ async def test_stop_ends_the_run_and_keeps_the_partial_text(start_worker):
 
     # the socket serves the next run
     await communicator.send_json_to(
-        {"type": "generate", "prompt": "again", "model": "standin:200", "max_tokens": 5}
+        {"type": "generate", "prompt": "again", "model": "standin:50", "max_tokens": 5}
     )
     assert (await run_to_end(communicator))[-1]["text"] == "again"
     await communicator.disconnect()
@@ -300,13 +300,13 @@ async def test_resuming_a_job_whose_record_lost_its_spec_is_unknown_not_a_crash(
 
 
 async def test_a_second_generate_while_one_runs_is_refused(start_worker):
-    start_worker(models=["standin:200"])
+    start_worker(models=["standin:50"])
     communicator = await connect()
     await communicator.send_json_to(
-        {"type": "generate", "prompt": "x" * 400, "model": "standin:200", "max_tokens": 400}
+        {"type": "generate", "prompt": "x" * 400, "model": "standin:50", "max_tokens": 400}
     )
     assert (await next_frame(communicator))["type"] == "queue"
-    await communicator.send_json_to({"type": "generate", "prompt": "y", "model": "standin:200"})
+    await communicator.send_json_to({"type": "generate", "prompt": "y", "model": "standin:50"})
     frame = await next_frame(communicator, skip=("workers", "started", "prefilled", "delta"))
     assert frame["type"] == "error" and frame["code"] == "busy"
     await communicator.send_json_to({"type": "stop"})
@@ -315,14 +315,14 @@ async def test_a_second_generate_while_one_runs_is_refused(start_worker):
 
 
 async def test_queue_position_then_stop_while_queued(start_worker):
-    start_worker(models=["standin:200"])
+    start_worker(models=["standin:50"])
     busy, waiting = await connect(), await connect()
     await busy.send_json_to(
-        {"type": "generate", "prompt": "b" * 600, "model": "standin:200", "max_tokens": 600}
+        {"type": "generate", "prompt": "b" * 600, "model": "standin:50", "max_tokens": 600}
     )
     while (await next_frame(busy))["type"] != "delta":
         pass
-    await waiting.send_json_to({"type": "generate", "prompt": "w", "model": "standin:200"})
+    await waiting.send_json_to({"type": "generate", "prompt": "w", "model": "standin:50"})
     queued = await next_frame(waiting)
     assert queued["type"] == "queue" and queued["position"] == 0 and queued["workers"] == 1
     await waiting.send_json_to({"type": "stop"})
@@ -349,6 +349,31 @@ async def test_a_job_whose_page_closed_is_cancelled_after_the_grace_period(start
         if (await client.status(job_id)).get("status") == "cancelled":
             break
     assert (await client.status(job_id))["status"] == "cancelled"
+
+
+async def test_a_job_that_ends_after_its_page_closed_is_counted(start_worker, settings):
+    from playground import metrics
+
+    settings.PLAYGROUND_ORPHAN_GRACE_S = 3  # longer than the job: it ends while nobody follows it
+    start_worker(models=["standin:50"])
+    tokens = metrics.REGISTRY.get_sample_value("kog_generated_tokens_total", {"model": "standin:50"}) or 0
+    communicator = await connect()
+    await communicator.send_json_to(
+        {"type": "generate", "prompt": "y" * 40, "model": "standin:50", "max_tokens": 40}
+    )
+    job_id = (await next_frame(communicator))["job_id"]
+    await communicator.disconnect()  # the tab closes; the job ends within the grace, seen by no socket
+    client = jobs.job_client()
+    for _ in range(100):
+        await asyncio.sleep(0.1)
+        counted = metrics.REGISTRY.get_sample_value("kog_generated_tokens_total", {"model": "standin:50"})
+        if counted == tokens + 40:
+            break
+    assert (await client.status(job_id))["status"] == "done"
+    assert (
+        metrics.REGISTRY.get_sample_value("kog_generated_tokens_total", {"model": "standin:50"})
+        == tokens + 40
+    )
 
 
 async def test_worker_status_follows_workers_coming_and_going(start_worker):

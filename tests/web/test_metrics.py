@@ -57,6 +57,9 @@ async def test_the_scrape_reads_queue_depth_workers_and_running_jobs_from_redis(
     assert value(samples, "kog_queue_depth", model="configured-model") == 2
     assert value(samples, "kog_queue_depth", model="served-model") == 0  # a served model is listed too
     assert value(samples, "kog_workers") == 2 and value(samples, "kog_running_jobs") == 1
+    metrics.count_error("queue_down")  # a counter with a child: the client would add its *_created gauge
+    _, samples = await scrape()
+    assert not [name for name, _ in samples if name.endswith("_created")]
 
 
 async def test_a_scrape_with_redis_down_still_answers_and_says_so(settings):

@@ -56,6 +56,12 @@ def test_the_command_deletes_runs_older_than_n_days_and_a_dry_run_only_counts_th
 
     with pytest.raises(CommandError, match="0 or more"):
         call_command("prune_generations", "--older-than-days", "-1")
+    # 0 keeps them all as PLAYGROUND_RETENTION_DAYS, and deletes them all here: only when meant
+    with pytest.raises(CommandError, match="add --all to mean it"):
+        call_command("prune_generations", "--older-than-days", "0")
+    assert Generation.objects.count() == 1
+    call_command("prune_generations", "--older-than-days", "0", "--all")
+    assert Generation.objects.count() == 0
     with pytest.raises(CommandError):
         call_command("prune_generations")  # no default: the number of days is the caller's choice
 

@@ -66,6 +66,8 @@ def test_the_share_page_has_a_title_and_link_preview_and_may_be_cached_but_not_i
     assert len(description) < 260
     assert tag_attribute(page, "meta", "property", "og:title") == title.removesuffix(" · Kog playground")
     assert tag_attribute(page, "meta", "property", "og:description") == description
+    assert tag_attribute(page, "meta", "property", "og:url") == f"http://testserver/g/{row.id}"
+    assert tag_attribute(page, "meta", "name", "twitter:card") == "summary"  # a card, not a bare link
     assert XSS not in page  # escaped everywhere, the <head> included
     assert tag_attribute(page, "meta", "name", "robots") == "noindex"
     assert response["X-Robots-Tag"] == "noindex"

@@ -265,7 +265,7 @@ class GenerateConsumer(AsyncWebsocketConsumer):
         stats = done.get("stats")
         if stats:
             stats = {key: value for key, value in stats.items() if key != "token_times"}
-            queue_ms = queue_ms if queue_ms is not None else await self.queue_wait_ms(spec.id)
+            queue_ms = queue_ms if queue_ms is not None else await queue_wait_ms(self.jobs, spec.id)
             if queue_ms is not None:
                 stats["queue_ms"] = queue_ms
         share_url = None
@@ -287,14 +287,6 @@ class GenerateConsumer(AsyncWebsocketConsumer):
             "stats": stats,
             "share_url": share_url,
         }
-
-    async def queue_wait_ms(self, job_id: str) -> float | None:
-        """The job's wait for a worker, from its record: for a socket that resumed it after its `started` event."""
-        try:
-            job = await self.jobs.status(job_id)
-            return (float(job["started"]) - float(job["created"])) * 1000
-        except (KeyError, ValueError, redis.RedisError):
-            return None  # the run is over either way: its stats go without it
 
     def attach(self, spec: JobSpec, lease: Lease) -> None:
         """Follow `spec`'s job, holding `lease` (taken already) for as long as this socket follows it."""
@@ -334,6 +326,15 @@ class GenerateConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=json.dumps({"type": "error", "code": code, "message": message, **extra}))
 
 
+async def queue_wait_ms(jobs: JobClient, job_id: str) -> float | None:
+    """The job's wait for a worker, from its record: for a reader that did not see its `started` event."""
+    try:
+        job = await jobs.status(job_id)
+        return (float(job["started"]) - float(job["created"])) * 1000
+    except (KeyError, ValueError, redis.RedisError):
+        return None  # the run is over either way: its stats go without it
+
+
 async def cancel_if_orphaned(jobs: JobClient, spec: JobSpec, client_ip: str) -> None:
     """After a page closed: unless a client resumed the job within the grace period, cancel it (its worker
     would, at its next flush, but a queued job leaves the queue only this way), count it and charge its tokens.
@@ -354,7 +355,8 @@ async def see_it_end(jobs: JobClient, spec: JobSpec, client_ip: str) -> None:
     """Count in the metrics and charge the tokens of a job no socket saw end: the worker's work counts, and a
     page that closes right after asking must not generate outside its client's token budget."""
     kind, data = await jobs.outcome(spec.id, known=True)
-    await metrics.observe_finished(jobs.r, spec.id, spec.model, spec.source, kind, data, queue_ms=None)
-    if kind == "done" and data.get("stats"):
+    if kind == "done" and data.get("stats"):  # first: the budget matters more than a metric
         tokens = data["stats"]["completion_tokens"]
         await limits.limiter().charge_tokens(client_ip, None, tokens, spec.id)
+    queue_ms = await queue_wait_ms(jobs, spec.id)
+    await metrics.observe_finished(jobs.r, spec.id, spec.model, spec.source, kind, data, queue_ms)

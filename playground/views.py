@@ -225,6 +225,7 @@ def generation(request, generation_id: str):
         "left_out_count": len(missing),
         "finish": finish_label(row),
         "try_url": reverse("index") + "?" + urlencode({"from": row.pk}),
+        "page_url": request.build_absolute_uri(row.get_absolute_url()),  # og:url, without a query string
         "preview": preview(row),
     }
     response = render(request, "playground/generation.html", context)

@@ -931,6 +931,9 @@ async def run_task(request, body: dict, task: str, **spec_fields) -> dict:
         await limiter().refund(verdict)
         raise ApiError(429, str(exc), type="rate_limit_error", code="too_many_jobs",
                        headers={"Retry-After": "2"}) from None  # fmt: skip
+    except Exception:  # never queued (the queue is down): the request does not count either
+        await limiter().refund(verdict)
+        raise
     try:
         async with asyncio.timeout(TASK_TIMEOUT_S):
             kind, data = await jobs.outcome(spec.id, block_ms=100, known=True)
@@ -938,6 +941,9 @@ async def run_task(request, body: dict, task: str, **spec_fields) -> dict:
         await jobs.cancel(spec.id)
         raise ApiError(503, f"The model's worker did not answer within {TASK_TIMEOUT_S:g} s (it is busy); "
                        "please try again", "server_error", code="busy") from None  # fmt: skip
+    except BaseException:  # the client left: a queued job would hold its place and the caller's job slot
+        await jobs.cancel(spec.id)
+        raise
     await jobs.forget(spec.id)  # read: nothing else asks for it
     if kind == "error":
         raise job_error(data)

@@ -354,7 +354,7 @@ async def test_a_job_whose_page_closed_is_cancelled_after_the_grace_period(start
 async def test_a_job_that_ends_after_its_page_closed_is_counted(start_worker, settings):
     from playground import metrics
 
-    settings.PLAYGROUND_ORPHAN_GRACE_S = 3  # longer than the job: it ends while nobody follows it
+    settings.PLAYGROUND_ORPHAN_GRACE_S = 5  # longer than the job: it ends while nobody follows it
     start_worker(models=["standin:50"])
     tokens = metrics.REGISTRY.get_sample_value("kog_generated_tokens_total", {"model": "standin:50"}) or 0
     communicator = await connect()

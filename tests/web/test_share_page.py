@@ -53,7 +53,7 @@ def test_the_share_page_has_a_title_and_link_preview_and_may_be_cached_but_not_i
     first_line = f"def quicksort(xs):  # {XSS} " + "sorted " * 20
     output = "    if len(xs) <= 1:\n        return xs\n" + "x" * 500
     row = make_generation(prompt=f"\n\n{first_line}\n    pass\n", output=output, model="qwen-coder")
-    response = client.get(f"/g/{row.id}")
+    response = client.get(f"/g/{row.id}?utm_source=x")  # a link as shared, tracking and all
     page = response.content.decode()
 
     title = html.unescape(re.search(r"<title>(.*?)</title>", page, re.S).group(1))

@@ -1,4 +1,4 @@
-"""python manage.py prune_generations --older-than-days N [--dry-run]"""
+"""python manage.py prune_generations --older-than-days N [--all] [--dry-run]"""
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -22,7 +22,9 @@ class Command(BaseCommand):
     def handle(self, *args, older_than_days, dry_run, all, **options):
         if older_than_days < 0:
             raise CommandError(f"--older-than-days must be 0 or more, got {older_than_days}")
-        if older_than_days == 0 and not all:  # PLAYGROUND_RETENTION_DAYS=0 keeps them all: not a slip here
+        if older_than_days == 0 and not (
+            all or dry_run
+        ):  # PLAYGROUND_RETENTION_DAYS=0 keeps them all: not a slip here
             raise CommandError("--older-than-days 0 deletes every saved generation; add --all to mean it")
         count = prune_generations(older_than_days, dry_run=dry_run)
         if dry_run:

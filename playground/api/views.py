@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import contextlib
 import functools
 import json
 import logging
@@ -322,18 +323,22 @@ async def start_job(
     return run, api_request, first
 
 
-async def submit_job(request, spec: JobSpec) -> tuple[JobRun, tuple[str, dict]]:
-    """A checked job admitted against the caller's budget and queued, and its first real event."""
-    # A key has its own budget; without one, the client's address has (see playground/limits.py).
+def caller(request) -> tuple[str, str | None]:
+    """(address, key id): a key has its own budget; without one, the client's address has (playground/limits.py)."""
     ip = ip_from_request(request, limit_config().trusted_proxies)
-    key_id = str(request.api_key.pk) if request.api_key is not None else None
+    return ip, str(request.api_key.pk) if request.api_key is not None else None
+
+
+@contextlib.asynccontextmanager
+async def admitted(ip: str, key_id: str | None):
+    """The caller admitted against its budget, then the body queues its job: a refusal either way is a 429 with
+    its Retry-After, and a request whose job was not queued is not charged."""
     verdict = await limiter().admit(ip, api_key=key_id)
     if not verdict.allowed:
         raise ApiError(429, verdict.message, type="rate_limit_error", code="rate_limit_exceeded",
                        headers={"Retry-After": str(verdict.retry_after_s)})  # fmt: skip
-    run = JobRun(spec, ip, key_id)
     try:
-        await run.submit()
+        yield
     except QueueFull as exc:
         await limiter().refund(verdict)  # turned away: a client that honours Retry-After is not charged
         # A queue drains as fast as its workers generate: a second is a fair first retry.
@@ -348,6 +353,14 @@ async def submit_job(request, spec: JobSpec) -> tuple[JobRun, tuple[str, dict]]:
     except Exception:  # never queued (the queue is down, a bug): the request does not count either
         await limiter().refund(verdict)
         raise
+
+
+async def submit_job(request, spec: JobSpec) -> tuple[JobRun, tuple[str, dict]]:
+    """A checked job admitted against the caller's budget and queued, and its first real event."""
+    ip, key_id = caller(request)
+    run = JobRun(spec, ip, key_id)
+    async with admitted(ip, key_id):
+        await run.submit()
 
     try:
         # Wait for the job's first real event before any status line goes out, so that a refusal
@@ -914,26 +927,9 @@ async def run_task(request, body: dict, task: str, **spec_fields) -> dict:
         raise ApiError(400, f"The model {model!r} has no tokenizer to ask (a stand-in engine)", param="model",
                        code="invalid_value")  # fmt: skip
     spec = JobSpec(model, task=task, source="api", id=request.request_id, **spec_fields)
-    # a request like a generation: the caller's budget of requests, and its turn and cap in the queue
-    ip = ip_from_request(request, limit_config().trusted_proxies)
-    key_id = str(request.api_key.pk) if request.api_key is not None else None
-    verdict = await limiter().admit(ip, api_key=key_id)
-    if not verdict.allowed:
-        raise ApiError(429, verdict.message, type="rate_limit_error", code="rate_limit_exceeded",
-                       headers={"Retry-After": str(verdict.retry_after_s)})  # fmt: skip
-    try:
+    ip, key_id = caller(request)  # a request like a generation: the caller's budget, its turn and job cap
+    async with admitted(ip, key_id):
         await jobs.submit(spec, visitor=visitor(ip, key_id))
-    except QueueFull as exc:
-        await limiter().refund(verdict)
-        raise ApiError(429, str(exc), type="rate_limit_error", code="queue_full",
-                       headers={"Retry-After": "1"}) from None  # fmt: skip
-    except VisitorBusy as exc:
-        await limiter().refund(verdict)
-        raise ApiError(429, str(exc), type="rate_limit_error", code="too_many_jobs",
-                       headers={"Retry-After": "2"}) from None  # fmt: skip
-    except Exception:  # never queued (the queue is down): the request does not count either
-        await limiter().refund(verdict)
-        raise
     try:
         async with asyncio.timeout(TASK_TIMEOUT_S):
             kind, data = await jobs.outcome(spec.id, block_ms=100, known=True)
